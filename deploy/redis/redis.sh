@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Local Redis for llmbus from Debian's redis-server (installed if missing).
+# Usage: deploy/redis/redis.sh start|stop|status   (idempotent)
+set -euo pipefail
+
+CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
+RUN_DIR=$CACHE/run
+PORT=${REDIS_PORT:-6379}
+PID_FILE=$RUN_DIR/redis.pid
+
+log() { echo "[redis] $*" >&2; }
+
+answering() { command -v redis-cli >/dev/null && [ "$(redis-cli -p "$PORT" ping 2>/dev/null)" = "PONG" ]; }
+
+install() {
+  command -v redis-server >/dev/null && return
+  log "installing Debian's redis-server"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
+}
+
+start() {
+  if answering; then log "already answering on 127.0.0.1:$PORT"; return; fi
+  install
+  mkdir -p "$RUN_DIR/redis-data"
+  redis-server --bind 127.0.0.1 --port "$PORT" --daemonize yes --pidfile "$PID_FILE" \
+    --dir "$RUN_DIR/redis-data" --logfile "$RUN_DIR/redis.log" --save "" --appendonly no
+  for _ in $(seq 1 50); do answering && { log "ready on 127.0.0.1:$PORT"; return; }; sleep 0.1; done
+  log "not answering; see $RUN_DIR/redis.log"; exit 1
+}
+
+stop() {
+  if answering; then redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; log "stopped"; else log "not running"; fi
+  rm -f "$PID_FILE"
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  status) if answering; then echo running; else echo stopped; exit 1; fi ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,57 @@
+"""Create or verify topics: idempotent, safe to run from every service and every test."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from llmbus.settings import BusSettings
+from llmbus.topics import TopicSpec, Topics
+
+log = logging.getLogger(__name__)
+
+
+async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec]]) -> list[str]:
+    """Create missing topics with their catalog config; grow partitions that are too few.
+
+    Returns the names it created. Existing topics with more partitions are left alone.
+    """
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id="llmbus-admin",
+        request_timeout_ms=int(settings.admin_timeout_s * 1000),
+    )
+    await asyncio.wait_for(admin.start(), settings.admin_timeout_s)
+    try:
+        existing = set(await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s))
+        missing = [
+            NewTopic(name, spec.partitions, 1, topic_configs=spec.config()) for name, spec in wanted if name not in existing
+        ]
+        if missing:
+            try:
+                await asyncio.wait_for(admin.create_topics(missing), settings.admin_timeout_s)
+            except TopicAlreadyExistsError:  # a concurrent creator won the race
+                pass
+            log.info("created topics %s", [t.name for t in missing])
+        present = [(name, spec) for name, spec in wanted if name in existing]
+        if present:
+            await _grow_partitions(admin, present, settings.admin_timeout_s)
+        return [t.name for t in missing]
+    finally:
+        await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
+
+
+async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, TopicSpec]], timeout_s: float) -> None:
+    described = await asyncio.wait_for(admin.describe_topics([n for n, _ in present]), timeout_s)
+    counts = {d["topic"]: len(d["partitions"]) for d in described}
+    grow = {n: NewPartitions(spec.partitions) for n, spec in present if counts.get(n, spec.partitions) < spec.partitions}
+    if grow:
+        await asyncio.wait_for(admin.create_partitions(grow), timeout_s)
+        log.info("grew partitions of %s", sorted(grow))
+
+
+async def ensure_catalog(settings: BusSettings) -> list[str]:
+    return await ensure_topics(settings, Topics(settings.topic_prefix).all_specs())

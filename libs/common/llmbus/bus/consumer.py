@@ -1,0 +1,199 @@
+"""Consumer factory and the loop every service runs: bounded concurrency, ordered commits.
+
+Offsets are committed only after a record's work and outputs are done (at-least-once);
+records of one partition may finish out of order, the commit point never passes an
+unfinished one. A record whose handler raises goes to `on_error` (the DLQ); if that fails
+too the loop stops, so the service restarts from its last commit instead of losing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from prometheus_client import Counter, Histogram
+
+from llmbus.bus.offsets import OffsetTracker
+from llmbus.settings import BusSettings
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[ConsumerRecord], Awaitable[None]]
+ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
+
+CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
+HANDLE_SECONDS = Histogram(
+    "llmbus_handler_seconds", "Time from a record's start to its handler's end", ["service", "topic"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+
+
+def make_consumer(
+    settings: BusSettings,
+    *topics: str,
+    group_id: str | None,
+    client_id: str,
+    from_beginning: bool = True,
+    **overrides: object,
+) -> AIOKafkaConsumer:
+    options: dict[str, object] = {
+        "bootstrap_servers": settings.kafka_bootstrap,
+        "client_id": client_id,
+        "group_id": group_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest" if from_beginning else "latest",
+        "max_poll_records": settings.max_poll_records,
+        "session_timeout_ms": settings.session_timeout_ms,
+        "heartbeat_interval_ms": settings.heartbeat_interval_ms,
+        "request_timeout_ms": max(settings.request_timeout_ms, settings.session_timeout_ms + 5000),
+        "isolation_level": "read_committed",
+    }
+    options.update(overrides)
+    return AIOKafkaConsumer(*topics, **options)  # type: ignore[arg-type]
+
+
+class ConsumerLoop:
+    def __init__(
+        self,
+        consumer: AIOKafkaConsumer,
+        handler: Handler,
+        on_error: ErrorHandler,
+        settings: BusSettings,
+        *,
+        service: str,
+        max_in_flight: int = 1,
+        commit_offsets: bool = True,
+        drain_grace_s: float | None = None,
+    ) -> None:
+        self._consumer = consumer
+        self._handler = handler
+        self._on_error = on_error
+        self._settings = settings
+        self._service = service
+        self._max_in_flight = max_in_flight
+        self._commit_offsets = commit_offsets  # False for group-less readers of compacted state
+        self._drain_grace_s = settings.stop_timeout_s if drain_grace_s is None else drain_grace_s
+        self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slot_freed = asyncio.Event()
+        self._fatal: BaseException | None = None
+        self.last_poll_monotonic = time.monotonic()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def rebalance_listener(self) -> ConsumerRebalanceListener:
+        loop = self
+
+        class _Listener(ConsumerRebalanceListener):
+            async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+                await loop.commit()
+                loop._tracker.forget(list(revoked))
+
+            async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+                log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
+
+        return _Listener()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll, hand records to the handler, commit; returns after `stop` and a final commit."""
+        next_commit = time.monotonic() + self._settings.commit_interval_s
+        paused = False
+        try:
+            while not stop.is_set():
+                if self._fatal is not None:
+                    raise self._fatal
+                self.last_poll_monotonic = time.monotonic()
+                free = self._max_in_flight - len(self._tasks)
+                if free <= 0 and not paused:
+                    self._consumer.pause(*self._consumer.assignment())
+                    paused = True
+                elif free > 0 and paused:
+                    self._consumer.resume(*self._consumer.paused())
+                    paused = False
+                if paused:
+                    # Keep polling (it keeps the group membership alive) but wait for a free slot.
+                    self._slot_freed.clear()
+                    try:
+                        await asyncio.wait_for(self._slot_freed.wait(), self._settings.poll_timeout_ms / 1000)
+                    except TimeoutError:
+                        pass
+                    await self._consumer.getmany(timeout_ms=0)
+                else:
+                    batches = await self._consumer.getmany(
+                        timeout_ms=self._settings.poll_timeout_ms, max_records=min(free, self._settings.max_poll_records)
+                    )
+                    for tp, records in batches.items():
+                        for record in records:
+                            self._start(tp, record)
+                if time.monotonic() >= next_commit:
+                    await self.commit()
+                    next_commit = time.monotonic() + self._settings.commit_interval_s
+        finally:
+            await self.drain(self._drain_grace_s)
+
+    def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        self._tracker.started(tp, record.offset)
+        task = asyncio.create_task(self._handle(tp, record))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        started = time.perf_counter()
+        try:
+            await self._handler(record)
+            outcome = "ok"
+        except asyncio.CancelledError:
+            return  # not done: stays uncommitted and is redelivered
+        except Exception as exc:  # noqa: BLE001 - every failure is routed, none dropped
+            try:
+                await self._on_error(record, exc)
+                outcome = "dead_letter"
+            except Exception as fatal:  # noqa: BLE001
+                log.exception("could not dead-letter %s[%d]@%d; stopping", record.topic, record.partition, record.offset)
+                self._fatal = fatal
+                self._slot_freed.set()
+                return
+        HANDLE_SECONDS.labels(self._service, record.topic).observe(time.perf_counter() - started)
+        CONSUMED.labels(self._service, record.topic, outcome).inc()
+        self._tracker.done(tp, record.offset)
+        self._slot_freed.set()
+
+    async def commit(self) -> None:
+        offsets = self._tracker.to_commit()
+        if not offsets or not self._commit_offsets:
+            return
+        assigned = self._consumer.assignment()
+        offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
+        if not offsets:
+            return
+        await asyncio.wait_for(
+            self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}),
+            self._settings.commit_timeout_s,
+        )
+        self._tracker.committed(offsets)
+
+    async def drain(self, grace_s: float) -> None:
+        """Let in-flight records finish for up to `grace_s`, cancel the rest, commit what is done."""
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            await self.commit()
+        except Exception:  # noqa: BLE001 - uncommitted work is redelivered, never lost
+            log.warning("final commit failed; the uncommitted records will be redelivered", exc_info=True)
+
+
+async def stop_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> None:
+    try:
+        await asyncio.wait_for(consumer.stop(), timeout_s)
+    except TimeoutError:
+        log.warning("consumer did not stop within %.1fs", timeout_s)

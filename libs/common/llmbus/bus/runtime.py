@@ -1,0 +1,74 @@
+"""What every service process shares: one producer, the topic names, signals, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.structs import ConsumerRecord
+from prometheus_client import start_http_server
+
+from llmbus.bus.codec import BadMessage
+from llmbus.bus.dlq import send_to_dlq
+from llmbus.bus.producer import Publisher, make_producer, stop_producer
+from llmbus.messages import ErrorCode
+from llmbus.settings import BusSettings
+from llmbus.telemetry import setup_logging, setup_tracing
+from llmbus.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Bus:
+    """The connection bundle a service's handlers are given."""
+
+    settings: BusSettings
+    service: str
+    topics: Topics
+    producer: AIOKafkaProducer
+    publisher: Publisher
+
+    @classmethod
+    async def start(cls, settings: BusSettings, service: str, client_suffix: str = "") -> "Bus":
+        producer = make_producer(settings, client_id=f"llmbus-{service}{client_suffix}")
+        await asyncio.wait_for(producer.start(), settings.admin_timeout_s)
+        return cls(settings, service, Topics(settings.topic_prefix), producer,
+                   Publisher(producer, service, settings.send_timeout_s))
+
+    async def stop(self) -> None:
+        await stop_producer(self.producer, self.settings.stop_timeout_s)
+
+    async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
+        """Default `on_error` of a ConsumerLoop: the DLQ, with the reason."""
+        if isinstance(exc, BadMessage):
+            await send_to_dlq(self.publisher, self.topics, record, exc.code, exc.reason, self.service, exc.request_id)
+        else:
+            log.exception("handler failed on %s[%d]@%d", record.topic, record.partition, record.offset, exc_info=exc)
+            await send_to_dlq(self.publisher, self.topics, record, ErrorCode.INTERNAL,
+                              f"{type(exc).__name__}: {exc}", self.service)
+
+
+ServiceMain = Callable[[BusSettings, asyncio.Event], Awaitable[None]]
+
+
+def run_service(service: str, main: ServiceMain, settings: BusSettings | None = None) -> None:
+    """Run a service until SIGTERM/SIGINT; `main` returns after `stop` is set and work is drained."""
+    settings = settings or BusSettings()
+    setup_logging(service, settings.log_level, settings.log_json)
+    setup_tracing(service, settings.otel_console)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
+
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(settings, stop)
+
+    asyncio.run(_run())

@@ -1,0 +1,143 @@
+"""`llmbus`: bring the local stack up, chat through it, look at the fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmbus import topics as t
+from llmbus.bus import decode
+from llmbus.bus.admin import ensure_catalog
+from llmbus.cli import stack
+from llmbus.client import LlmbusClient, TopicTail
+from llmbus.messages import ChatMessage, InferenceRequest, WorkerState, WorkerStatus
+from llmbus.settings import BusSettings
+
+app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
+console = Console()
+
+
+@app.command()
+def up(
+    workers: int = typer.Option(2, help="sim engine-workers to start"),
+    sim_speedup: float = typer.Option(1.0, help="sim engine time compression (0 = no time)"),
+    demo: bool = typer.Option(True, help="stream a demo answer once the stack is ready"),
+) -> None:
+    """Start Kafka, Redis, the topics and the services, then stream a demo answer."""
+    console.print("[bold]Kafka and Redis[/bold]")
+    stack.infra_up()
+    settings = BusSettings()
+    created = asyncio.run(ensure_catalog(settings))
+    console.print(f"topics: {len(created)} created, catalog verified")
+    for proc in stack.default_services(workers, sim_speedup):
+        pid = stack.start(proc)
+        console.print(f"  {proc.name:<10} pid {pid:<7} log {proc.log_file}")
+    ready = asyncio.run(_wait_ready(settings, workers, timeout_s=120))
+    console.print(f"{ready} worker(s) ready")
+    if demo:
+        chat("Explain in one sentence why Kafka suits LLM request routing.", model="sim-llama-8b", max_tokens=40)
+
+
+@app.command()
+def down(infra: bool = typer.Option(True, help="also stop Kafka and Redis")) -> None:
+    """Stop the services (they drain), then Kafka and Redis."""
+    for proc in stack.running_services():
+        if stack.stop(proc):
+            console.print(f"stopped {proc.name}")
+    if infra:
+        stack.infra_down()
+
+
+@app.command()
+def chat(
+    text: str,
+    model: str = typer.Option("sim-llama-8b", help="model to ask"),
+    max_tokens: int = typer.Option(64),
+    tenant: str = typer.Option("default"),
+    temperature: float = typer.Option(1.0),
+) -> None:
+    """Send one request through the bus and stream the answer token by token."""
+
+    async def _chat() -> None:
+        request = InferenceRequest(messages=[ChatMessage(role="user", content=text)], model=model,
+                                   max_tokens=max_tokens, tenant=tenant, temperature=temperature)
+        console.print(f"[dim]request {request.request_id} → {model}[/dim]")
+        started = time.perf_counter()
+        first: float | None = None
+        async with LlmbusClient() as client:
+            async for chunk in client.stream(request):
+                if chunk.delta and first is None:
+                    first = time.perf_counter()
+                console.print(chunk.delta, end="", soft_wrap=True, highlight=False)
+                if chunk.final:
+                    console.print()
+                    if chunk.error:
+                        console.print(f"[red]error {chunk.error.code}: {chunk.error.message}[/red]")
+                    usage = chunk.usage
+                    ttft = f"{(first - started) * 1000:.0f} ms" if first else "-"
+                    console.print(f"[dim]usage: prompt {usage.prompt_tokens if usage else 0}, completion "
+                                  f"{usage.completion_tokens if usage else 0} tokens · chunks {chunk.seq + 1} · "
+                                  f"TTFT {ttft} · total {(time.perf_counter() - started) * 1000:.0f} ms[/dim]")
+
+    asyncio.run(_chat())
+
+
+@app.command()
+def status(seconds: float = typer.Option(2.5, help="how long to read heartbeats")) -> None:
+    """The fleet as its heartbeats describe it."""
+    fleet = asyncio.run(_read_fleet(BusSettings(), seconds))
+    table = Table("worker", "state", "model", "running", "waiting", "KV use", "prefix hit", "gen tok/s", "cold start")
+    for s in sorted(fleet.values(), key=lambda s: s.worker_id):
+        table.add_row(s.worker_id, s.state, ",".join(s.models), str(s.num_requests_running),
+                      str(s.num_requests_waiting), f"{s.kv_cache_usage_perc:.0%}", f"{s.prefix_cache_hit_rate:.0%}",
+                      f"{s.generation_tokens_per_s:.0f}", f"{s.cold_start_s}s")
+    console.print(table)
+
+
+@app.command()
+def topics() -> None:
+    """Create or verify every topic of the catalog."""
+    created = asyncio.run(ensure_catalog(BusSettings()))
+    console.print(f"created: {created or 'none'}; all {len(t.CATALOG)} catalog topics present")
+
+
+async def _read_fleet(settings: BusSettings, seconds: float) -> dict[str, WorkerStatus]:
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(t.Topics(settings.topic_prefix).name(t.WORKERS), bootstrap_servers=settings.kafka_bootstrap,
+                                group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+    fleet: dict[str, WorkerStatus] = {}
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                for record in records:
+                    status = decode(record, WorkerStatus)
+                    fleet[status.worker_id] = status
+    finally:
+        await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
+    return fleet
+
+
+async def _wait_ready(settings: BusSettings, workers: int, timeout_s: float) -> int:
+    tail = await TopicTail(settings, t.Topics(settings.topic_prefix).name(t.WORKERS)).start()
+    ready: set[str] = set()
+    try:
+        async for record in tail.records(timeout_s):
+            status = decode(record, WorkerStatus)  # type: ignore[arg-type]
+            if status.state == WorkerState.READY:
+                ready.add(status.worker_id)
+            if len(ready) >= workers:
+                break
+    finally:
+        await tail.stop()
+    return len(ready)
+
+
+if __name__ == "__main__":
+    app()

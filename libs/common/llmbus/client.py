@@ -1,0 +1,111 @@
+"""A small Kafka client for llmbus: send a request, stream its chunks, wait for results.
+
+What the CLI, tests and benchmarks use; outside clients can do the same with any Kafka
+client (see README: raw JSON onto llm.requests, read the reply topic by request id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from llmbus import topics as t
+from llmbus.bus import Bus, decode
+from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk
+from llmbus.settings import BusSettings
+
+
+class TopicTail:
+    """Reads a topic from its end (as of `start`), group-less: sees only what comes after."""
+
+    def __init__(self, settings: BusSettings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+        # Group-less subscription: aiokafka assigns every partition of the topic itself.
+        self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap, group_id=None,
+                                         enable_auto_commit=False, isolation_level="read_committed",
+                                         auto_offset_reset="latest", request_timeout_ms=settings.request_timeout_ms)
+
+    async def start(self) -> "TopicTail":
+        await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.admin_timeout_s
+        while not (tps := sorted(self.consumer.assignment())):
+            if loop.time() > deadline:
+                await self.stop()
+                raise LookupError(f"topic {self.topic} has no partitions (does it exist?)")
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(self.consumer.seek_to_end(*tps), self.settings.admin_timeout_s)
+        for tp in tps:  # resolve positions now, so nothing produced after start() is missed
+            await asyncio.wait_for(self.consumer.position(tp), self.settings.admin_timeout_s)
+        return self
+
+    async def records(self, timeout_s: float) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (remaining := deadline - loop.time()) > 0:
+            batches = await self.consumer.getmany(timeout_ms=int(min(remaining, 0.2) * 1000))
+            for records in batches.values():
+                for record in records:
+                    yield record  # type: ignore[misc]
+
+    async def stop(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.consumer.stop(), self.settings.stop_timeout_s)
+
+
+class LlmbusClient:
+    def __init__(self, settings: BusSettings | None = None) -> None:
+        self.settings = settings or BusSettings()
+        self.topics = t.Topics(self.settings.topic_prefix)
+        self._bus: Bus | None = None
+
+    async def __aenter__(self) -> "LlmbusClient":
+        self._bus = await Bus.start(self.settings, t.CLIENT)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._bus is not None:
+            await self._bus.stop()
+
+    async def send(self, request: InferenceRequest) -> None:
+        assert self._bus is not None
+        await self._bus.publisher.publish(self.topics.name(t.REQUESTS), request,
+                                          key=request.session_id or request.request_id)
+
+    async def stream(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TokenChunk]:
+        """Send `request` and yield its chunks in seq order until the final one."""
+        tail = await TopicTail(self.settings, self.topics.name(request.reply_topic)).start()
+        try:
+            await self.send(request)
+            async for record in tail.records(timeout_s):
+                if record.key != request.request_id.encode():  # type: ignore[attr-defined]
+                    continue
+                chunk = decode(record, TokenChunk)  # type: ignore[arg-type]
+                yield chunk
+                if chunk.final:
+                    return
+            raise TimeoutError(f"no final chunk for {request.request_id} within {timeout_s}s")
+        finally:
+            await tail.stop()
+
+
+async def collect_results(settings: BusSettings, request_ids: set[str], timeout_s: float,
+                          tail: TopicTail | None = None) -> dict[str, list[InferenceResult]]:
+    """Every result published for `request_ids` (after the tail's start) within timeout_s."""
+    topics = t.Topics(settings.topic_prefix)
+    own_tail = tail is None
+    tail = tail or await TopicTail(settings, topics.name(t.RESULTS)).start()
+    found: dict[str, list[InferenceResult]] = {}
+    try:
+        async for record in tail.records(timeout_s):
+            result = decode(record, InferenceResult)  # type: ignore[arg-type]
+            if result.request_id in request_ids:
+                found.setdefault(result.request_id, []).append(result)
+    finally:
+        if own_tail:
+            await tail.stop()
+    return found

@@ -1,0 +1,172 @@
+"""The request path: InferenceRequest → RoutedRequest → Dispatch → TokenChunk / InferenceResult."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from llmbus.messages.base import Message, Part, new_request_id, now_ms
+from llmbus.messages.errors import ErrorInfo
+
+DEFAULT_REPLY_TOPIC = "llm.tokens"
+
+
+class ChatMessage(Part):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=2_000_000)
+
+
+class InferenceRequest(Message):
+    """What a client produces onto llm.requests (key: session id, else request id)."""
+
+    request_id: str = Field(default_factory=new_request_id, min_length=1, max_length=128)
+    tenant: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    user_id: str | None = Field(default=None, max_length=256)
+    session_id: str | None = Field(default=None, max_length=256)
+    model: str | None = Field(default=None, max_length=256, description="Explicit model; None lets the router choose.")
+    messages: list[ChatMessage] = Field(default_factory=list, max_length=10_000)
+    prompt: str | None = Field(default=None, max_length=2_000_000, description="Plain completion prompt instead of messages.")
+    max_tokens: int = Field(default=256, ge=1, le=1_000_000)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list, max_length=16)
+    category: str | None = Field(default=None, max_length=64, description="e.g. chat, quick_edit, tab_completion")
+    complexity: float | None = Field(default=None, ge=0.0, le=1.0, description="Caller's score; the router scores when absent.")
+    token_budget: int | None = Field(default=None, ge=0)
+    tenant_tier: str | None = Field(default=None, max_length=32)
+    priority: int = Field(default=0, ge=0, le=9, description="0 = most urgent.")
+    deadline_ms: int | None = Field(default=None, description="Absolute epoch ms after which the answer is useless.")
+    reply_topic: str = Field(default=DEFAULT_REPLY_TOPIC, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    stream: bool = True
+    metadata: dict[str, str] = Field(default_factory=dict)
+    created_at_ms: int = Field(default_factory=now_ms)
+
+    @model_validator(mode="after")
+    def _has_input(self) -> "InferenceRequest":
+        if not self.messages and self.prompt is None:
+            raise ValueError("a request needs `messages` or `prompt`")
+        return self
+
+    def prompt_text(self) -> str:
+        """The text the engine sees: a plain prompt, or the chat rendered as role-tagged turns."""
+        if self.prompt is not None:
+            return self.prompt
+        return "".join(f"<|{m.role}|>\n{m.content}\n" for m in self.messages) + "<|assistant|>\n"
+
+    @property
+    def deterministic(self) -> bool:
+        return self.temperature == 0.0 or self.seed is not None
+
+
+class RoutedRequest(Message):
+    """router → scheduler on llm.routed (key: target model)."""
+
+    request: InferenceRequest
+    model: str
+    route_reason: str = "explicit"
+    fallback_chain: list[str] = Field(default_factory=list)
+    experiment_id: str | None = None
+    variant: str | None = None
+    shadow: bool = False
+    prompt_tokens_est: int = 0
+    trimmed_tokens: int = 0
+    received_at_ms: int = Field(default_factory=now_ms)
+    routed_at_ms: int = Field(default_factory=now_ms)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+
+class Dispatch(Message):
+    """scheduler → one engine-worker on llm.dispatch.<worker_id> (key: request id)."""
+
+    routed: RoutedRequest
+    worker_id: str
+    attempt: int = Field(default=1, ge=1)
+    dispatched_at_ms: int = Field(default_factory=now_ms)
+    prefix_block_hashes: list[str] = Field(default_factory=list)
+
+    @property
+    def request_id(self) -> str:
+        return self.routed.request.request_id
+
+    @property
+    def dedupe_key(self) -> str:
+        return f"{self.request_id}:{self.attempt}"
+
+
+class Usage(Part):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+
+
+class TokenChunk(Message):
+    """engine-worker → the request's reply topic (key: request id); batched, ordered by seq."""
+
+    request_id: str
+    tenant: str
+    seq: int = Field(ge=0)
+    delta: str = ""
+    tokens: int = Field(default=0, ge=0, description="Tokens carried in this chunk.")
+    final: bool = False
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: ErrorInfo | None = None
+    model: str | None = None
+    shadow: bool = False
+    attempt: int = 1
+
+
+class Timings(Part):
+    """Milliseconds, measured by the services on the path."""
+
+    received_at_ms: int | None = None
+    queued_ms: float | None = Field(default=None, description="Received → engine started the request.")
+    ttft_ms: float | None = Field(default=None, description="Received → first token.")
+    total_ms: float | None = Field(default=None, description="Received → final token.")
+    engine_ms: float | None = Field(default=None, description="Engine start → final token.")
+    tpot_ms: float | None = Field(default=None, description="Mean time per output token after the first.")
+
+
+class ResultStatus(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+
+
+class InferenceResult(Message):
+    """Exactly one per request id on llm.results (key: request id)."""
+
+    request_id: str
+    tenant: str
+    status: ResultStatus
+    error: ErrorInfo | None = None
+    model: str | None = None
+    worker_id: str | None = None
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage = Field(default_factory=Usage)
+    timings: Timings = Field(default_factory=Timings)
+    cached: bool = False
+    shadow: bool = False
+    experiment_id: str | None = None
+    variant: str | None = None
+    route_reason: str | None = None
+    attempt: int = 1
+    produced_by: str = ""
+    completed_at_ms: int = Field(default_factory=now_ms)

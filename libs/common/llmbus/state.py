@@ -1,0 +1,37 @@
+"""Redis-held state shared across restarts: dedupe markers for exactly-once effects."""
+
+from __future__ import annotations
+
+import redis.asyncio as redis
+
+
+def redis_client(url: str) -> redis.Redis:
+    # Bounded like every other network call: a dead Redis fails fast instead of hanging.
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=False)
+
+
+class DedupeStore:
+    """Remembers which (request id, step) effects already happened, for a retention window.
+
+    At-least-once delivery redelivers a record whose offset was not committed; checking
+    here before acting (and marking after the outputs are acknowledged) makes the effect
+    happen once. The window between an ack and the mark is the only duplicate window.
+    """
+
+    def __init__(self, client: redis.Redis, namespace: str, ttl_s: int = 7 * 24 * 3600) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._ttl_s = ttl_s
+
+    def _key(self, kind: str, ident: str) -> str:
+        return f"llmbus:{self._namespace}:{kind}:{ident}"
+
+    async def is_done(self, kind: str, ident: str) -> bool:
+        return bool(await self._client.exists(self._key(kind, ident)))
+
+    async def mark_done(self, kind: str, ident: str, value: str = "1") -> None:
+        await self._client.set(self._key(kind, ident), value, ex=self._ttl_s)
+
+    async def claim(self, kind: str, ident: str, value: str = "1") -> bool:
+        """Atomically take `ident` for this kind; False when someone already did."""
+        return bool(await self._client.set(self._key(kind, ident), value, ex=self._ttl_s, nx=True))

@@ -1,0 +1,123 @@
+"""The topic catalog: every topic's name, key, value type, partitions and retention.
+
+Services never spell topic names: they ask a `Topics` object, which also applies the
+namespace prefix (`LLMBUS_TOPIC_PREFIX`) that lets tests and several stacks share a broker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmbus import messages as m
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    name: str
+    key: str
+    value: type[m.Message]
+    writers: tuple[str, ...]
+    readers: tuple[str, ...]
+    partitions: int = 4
+    retention_ms: int = 7 * DAY_MS
+    compacted: bool = False
+    notes: str = ""
+    extra_config: dict[str, str] = field(default_factory=dict)
+
+    def config(self) -> dict[str, str]:
+        cfg = {"retention.ms": str(self.retention_ms)}
+        if self.compacted:
+            cfg |= {"cleanup.policy": "compact", "min.compaction.lag.ms": "0", "segment.ms": "600000"}
+        return cfg | self.extra_config
+
+
+REQUESTS = "llm.requests"
+ROUTED = "llm.routed"
+DISPATCH_PREFIX = "llm.dispatch."
+TOKENS = m.DEFAULT_REPLY_TOPIC
+SHADOW_TOKENS = "llm.shadow"
+RESULTS = "llm.results"
+OUTCOMES = "llm.outcomes"
+WORKERS = "llm.workers"
+NODES = "llm.nodes"
+MODELS = "llm.models"
+EXPERIMENTS = "llm.experiments"
+FEEDBACK = "llm.feedback"
+COMPARISONS = "llm.comparisons"
+SCALING = "llm.scaling"
+COSTS = "llm.costs"
+BUDGETS = "llm.budgets"
+CONTROL = "llm.control"
+DLQ = "llm.dlq"
+
+CLIENT = "client"
+ROUTER = "router"
+SCHEDULER = "scheduler"
+WORKER = "engine-worker"
+COMPARATOR = "shadow-comparator"
+AUTOSCALER = "autoscaler"
+COST = "cost-accounting"
+ANALYTICS = "analytics"
+ALL_SERVICES = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST)
+
+CATALOG: tuple[TopicSpec, ...] = (
+    TopicSpec(REQUESTS, "session id, else request id", m.InferenceRequest, (CLIENT,), (ROUTER,), partitions=8,
+              notes="replayable log of what clients asked"),
+    TopicSpec(ROUTED, "target model", m.RoutedRequest, (ROUTER,), (SCHEDULER,), partitions=8,
+              notes="keyed by model so one scheduler instance owns a model"),
+    TopicSpec(TOKENS, "request id", m.TokenChunk, (WORKER,), (CLIENT,), partitions=8, retention_ms=DAY_MS,
+              notes="default reply topic; chunks batched, ordered by seq"),
+    TopicSpec(SHADOW_TOKENS, "request id", m.TokenChunk, (WORKER,), (COMPARATOR,), partitions=4, retention_ms=DAY_MS,
+              notes="reply topic of shadow copies; never read by clients"),
+    TopicSpec(RESULTS, "request id", m.InferenceResult, (WORKER, ROUTER, SCHEDULER),
+              (COMPARATOR, COST, AUTOSCALER, ANALYTICS, CLIENT), partitions=8,
+              notes="exactly one final result per request id"),
+    TopicSpec(OUTCOMES, "request id", m.DispatchOutcome, (WORKER,), (SCHEDULER,), partitions=4,
+              notes="one per dispatch attempt: completed, failed, retryable"),
+    TopicSpec(WORKERS, "worker id", m.WorkerStatus, (WORKER,), (SCHEDULER, AUTOSCALER, COST), partitions=1,
+              compacted=True, notes="heartbeats"),
+    TopicSpec(NODES, "node id", m.NodeProfile, (WORKER,), (SCHEDULER, COST), partitions=1, compacted=True),
+    TopicSpec(MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER), partitions=1, compacted=True),
+    TopicSpec(EXPERIMENTS, "experiment id", m.Experiment, (CLIENT, COMPARATOR), (ROUTER,), partitions=1, compacted=True),
+    TopicSpec(FEEDBACK, "request id", m.Feedback, (CLIENT,), (COMPARATOR,), partitions=4),
+    TopicSpec(COMPARISONS, "experiment id", m.Comparison, (COMPARATOR,), (ANALYTICS,), partitions=1),
+    TopicSpec(SCALING, "pool", m.ScaleDecision, (AUTOSCALER,), (COST, ANALYTICS), partitions=1),
+    TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (ANALYTICS,), partitions=4),
+    TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
+    TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER), (WORKER, SCHEDULER), partitions=1),
+    TopicSpec(DLQ, "original key", m.DeadLetter, ALL_SERVICES, (ANALYTICS,), partitions=1, retention_ms=30 * DAY_MS,
+              notes="nothing is dropped silently"),
+)
+
+DISPATCH_SPEC = TopicSpec(DISPATCH_PREFIX + "<worker_id>", "request id", m.Dispatch, (SCHEDULER,), (WORKER,),
+                          partitions=1, retention_ms=DAY_MS, notes="one topic per worker; never key-hashed")
+
+BY_NAME = {spec.name: spec for spec in CATALOG}
+
+
+class Topics:
+    """Topic names under one namespace prefix ('' in production)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+
+    def name(self, base: str) -> str:
+        return f"{self.prefix}{base}"
+
+    def dispatch(self, worker_id: str) -> str:
+        return self.name(DISPATCH_PREFIX + worker_id)
+
+    def group(self, service: str, suffix: str = "") -> str:
+        """Consumer group ids live in the same namespace as the topics."""
+        return f"{self.prefix}llmbus.{service}{'.' + suffix if suffix else ''}"
+
+    def spec_of(self, name: str) -> TopicSpec:
+        base = name.removeprefix(self.prefix)
+        if base.startswith(DISPATCH_PREFIX):
+            return DISPATCH_SPEC
+        return BY_NAME[base]
+
+    def all_specs(self) -> list[tuple[str, TopicSpec]]:
+        return [(self.name(spec.name), spec) for spec in CATALOG]

@@ -1,0 +1,8 @@
+"""`python -m services.engine_worker` (the guard matters: vLLM spawns processes)."""
+
+from llmbus import topics as t
+from llmbus.bus import run_service
+from services.engine_worker.app import main
+
+if __name__ == "__main__":
+    run_service(t.WORKER, main)

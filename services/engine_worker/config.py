@@ -1,0 +1,44 @@
+"""Engine-worker settings (env prefix LLMBUS_WORKER_)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMBUS_WORKER_", extra="ignore")
+
+    # Stable across restarts: the worker resumes its own dispatch topic from committed offsets.
+    worker_id: str = Field(default_factory=lambda: f"worker-{socket.gethostname()}-{os.getpid()}")
+    node_id: str = Field(default_factory=socket.gethostname)
+    engine: Literal["sim", "vllm", "openai-http"] = "sim"
+    model: str = "sim-llama-8b"
+    model_version: str = "1"
+    max_in_flight: int = 256
+    heartbeat_interval_s: float = 1.0
+    node_profile_interval_s: float = 60.0
+    chunk_interval_ms: float = 20.0  # token chunks are flushed this often ...
+    chunk_max_tokens: int = 16  # ... or when this many tokens are waiting
+    drain_grace_s: float = 20.0  # SIGTERM: finish in-flight work this long, then hand it back
+
+    # sim engine
+    sim_profile: str = "llama-3.1-8b-h100"
+    sim_speedup: float = 1.0  # 0: take no time
+    sim_max_model_len: int = 8192
+    sim_max_num_seqs: int = 64
+
+    # vllm engine
+    vllm_model_path: str = ""
+    vllm_max_model_len: int = 2048
+    vllm_max_num_seqs: int = 16
+    vllm_dtype: str = "auto"
+
+    # openai-http engine
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    openai_api_key: str = ""
+    openai_model: str = ""

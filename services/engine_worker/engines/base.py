@@ -1,0 +1,102 @@
+"""The one interface every engine (vllm, sim, openai-http) implements for the worker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from llmbus.messages import ErrorCode
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt: str
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    priority: int = 0
+    trace_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """What one engine step produced for one request (cumulative counts, new text)."""
+
+    delta: str
+    new_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_prompt_tokens: int = 0
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Gauges and counters with vLLM's meaning (see vllm/v1/metrics)."""
+
+    num_requests_running: int = 0
+    num_requests_waiting: int = 0
+    kv_block_size: int = 16
+    kv_blocks_total: int = 0
+    kv_blocks_free: int = 0
+    kv_cache_usage_perc: float = 0.0
+    prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits_total: int = 0  # of which found
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_preemptions_total: int = 0
+
+
+class EngineError(Exception):
+    """A failure the worker turns into a result: retryable ones go back to the scheduler."""
+
+    code: ErrorCode = ErrorCode.ENGINE_FAILED
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class AdmissionError(EngineError):
+    """Refused before starting: prompt + max_tokens exceed the model length or free KV."""
+
+    code = ErrorCode.OVER_CAPACITY
+
+
+class EngineOOM(EngineError):
+    code = ErrorCode.ENGINE_OOM
+
+
+class EngineDead(EngineError):
+    code = ErrorCode.ENGINE_FAILED
+
+
+class Engine(Protocol):
+    name: str  # "vllm" | "sim" | "openai-http"
+    model: str
+    max_model_len: int
+    max_num_seqs: int
+
+    async def start(self) -> None: ...
+
+    async def warmup(self) -> None: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
+        """Raise AdmissionError if the request cannot be taken now."""
+        ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def stop(self) -> None: ...

@@ -1,0 +1,171 @@
+"""Engine-worker handlers: a dispatch becomes a token stream, one result and one outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka.structs import ConsumerRecord
+
+from llmbus import topics as t
+from llmbus.bus import Bus, decode
+from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
+from llmbus.messages import (
+    Control,
+    ControlAction,
+    Dispatch,
+    DispatchOutcome,
+    ErrorCode,
+    ErrorInfo,
+    FinishReason,
+    InferenceResult,
+    OutcomeStatus,
+    ResultStatus,
+    Timings,
+    Usage,
+    now_ms,
+)
+from llmbus.replies import publish_result, reply_topic_of
+from llmbus.state import DedupeStore
+from services.engine_worker.config import WorkerSettings
+from services.engine_worker.engines.base import AdmissionError, Engine, EngineError, EngineOutput, EngineRequest
+from services.engine_worker.streaming import ChunkBatcher
+
+log = logging.getLogger(__name__)
+
+
+class WorkerHandlers:
+    def __init__(self, bus: Bus, settings: WorkerSettings, engine: Engine, dedupe: DedupeStore) -> None:
+        self.bus = bus
+        self.settings = settings
+        self.engine = engine
+        self.dedupe = dedupe
+        self.draining = False
+        self.running: set[str] = set()  # request ids in the engine now
+        self.engine_failures = 0
+        self.engine_failed = asyncio.Event()  # the app restarts the engine when set
+
+    async def on_dispatch(self, record: ConsumerRecord) -> None:
+        dispatch = decode(record, Dispatch)
+        if await self.dedupe.is_done("final", dispatch.request_id) or await self.dedupe.is_done(
+            "superseded", dispatch.dedupe_key
+        ):
+            await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
+            return
+        if self.draining:
+            await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker draining"))
+            return
+        await self._run(dispatch, as_dict(record.headers))
+
+    async def on_control(self, record: ConsumerRecord) -> None:
+        control = decode(record, Control)
+        if control.action == ControlAction.CANCEL and control.target_id in self.running:
+            await self.engine.abort(control.target_id)
+        elif control.action == ControlAction.DRAIN and control.target_id == self.settings.worker_id:
+            self.draining = True
+
+    async def abort_all(self) -> None:
+        """Drain's last step: whatever still runs is aborted and handed back to the scheduler."""
+        for request_id in list(self.running):
+            await self.engine.abort(request_id)
+
+    async def _run(self, dispatch: Dispatch, headers: dict[str, str]) -> None:
+        routed = dispatch.routed
+        request = routed.request
+        prompt = request.prompt_text()
+        try:
+            self.engine.check_admission(self.engine.count_tokens(prompt), request.max_tokens)
+        except AdmissionError as refused:
+            await self._retryable(dispatch, ErrorInfo.of(refused.code, str(refused)))
+            return
+        reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
+        batcher = ChunkBatcher(request.request_id, request.tenant, self.settings.chunk_interval_ms,
+                               self.settings.chunk_max_tokens, model=routed.model, shadow=routed.shadow,
+                               attempt=dispatch.attempt)
+        engine_request = EngineRequest(
+            request_id=request.request_id, prompt=prompt, max_tokens=request.max_tokens,
+            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=tuple(request.stop),
+            priority=request.priority, trace_headers={k: v for k, v in headers.items() if k in (TRACEPARENT, TRACESTATE)},
+        )
+        started_ms = time.time() * 1000
+        first_token_ms: float | None = None
+        text: list[str] = []
+        last: EngineOutput | None = None
+        self.running.add(request.request_id)
+        try:
+            async for out in self.engine.generate(engine_request):
+                last = out
+                if out.new_tokens and first_token_ms is None:
+                    first_token_ms = time.time() * 1000
+                text.append(out.delta)
+                if (chunk := batcher.add(out.delta, out.new_tokens)) is not None:
+                    await self.bus.publisher.publish(reply_topic, chunk, key=request.request_id)
+        except EngineError as failed:
+            self._note_engine_failure(failed)
+            await self._retryable(dispatch, ErrorInfo.of(failed.code, str(failed)))
+            return
+        finally:
+            self.running.discard(request.request_id)
+        if last is not None and last.finish_reason == "abort" and self.draining:
+            await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker drained before it finished"))
+            return
+        if (chunk := batcher.flush()) is not None:
+            await self.bus.publisher.publish(reply_topic, chunk, key=request.request_id)
+        result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
+        await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, batcher.last_seq)
+        await self.dedupe.mark_done("final", request.request_id)
+        await self._outcome(dispatch, OutcomeStatus.COMPLETED, prompt_tokens=result.usage.prompt_tokens,
+                            completion_tokens=result.usage.completion_tokens)
+
+    def _result(self, dispatch: Dispatch, text: str, last: EngineOutput | None, started_ms: float,
+                first_token_ms: float | None) -> InferenceResult:
+        routed = dispatch.routed
+        done_ms = time.time() * 1000
+        received = routed.received_at_ms
+        completion = last.completion_tokens if last else 0
+        aborted = last is not None and last.finish_reason == "abort"
+        timings = Timings(
+            received_at_ms=received,
+            queued_ms=round(started_ms - received, 3),
+            ttft_ms=round(first_token_ms - received, 3) if first_token_ms else None,
+            total_ms=round(done_ms - received, 3),
+            engine_ms=round(done_ms - started_ms, 3),
+            tpot_ms=round((done_ms - first_token_ms) / (completion - 1), 3) if first_token_ms and completion > 1 else None,
+        )
+        return InferenceResult(
+            request_id=routed.request_id,
+            tenant=routed.request.tenant,
+            status=ResultStatus.ERROR if aborted else ResultStatus.OK,
+            error=ErrorInfo.of(ErrorCode.CANCELLED, "cancelled by the client") if aborted else None,
+            model=routed.model,
+            worker_id=self.settings.worker_id,
+            text=text,
+            finish_reason=FinishReason(last.finish_reason) if last and last.finish_reason else FinishReason.STOP,
+            usage=Usage(prompt_tokens=last.prompt_tokens if last else 0, completion_tokens=completion,
+                        cached_prompt_tokens=last.cached_prompt_tokens if last else 0),
+            timings=timings,
+            shadow=routed.shadow,
+            experiment_id=routed.experiment_id,
+            variant=routed.variant,
+            route_reason=routed.route_reason,
+            attempt=dispatch.attempt,
+            produced_by=self.bus.service,
+            completed_at_ms=now_ms(),
+        )
+
+    def _note_engine_failure(self, failed: EngineError) -> None:
+        log.error("engine failed: %s", failed)
+        self.engine_failures += 1
+        self.engine_failed.set()
+
+    async def _retryable(self, dispatch: Dispatch, error: ErrorInfo) -> None:
+        await self._outcome(dispatch, OutcomeStatus.RETRYABLE, error=error)
+
+    async def _outcome(self, dispatch: Dispatch, status: OutcomeStatus, error: ErrorInfo | None = None,
+                       prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        outcome = DispatchOutcome(request_id=dispatch.request_id, worker_id=self.settings.worker_id,
+                                  attempt=dispatch.attempt, status=status, error=error, model=dispatch.routed.model,
+                                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        await self.bus.publisher.publish(self.bus.topics.name(t.OUTCOMES), outcome, key=dispatch.request_id,
+                                         tenant=dispatch.routed.request.tenant)

@@ -1,0 +1,52 @@
+"""Token chunks: batched by time or count, numbered, never one message per token."""
+
+from __future__ import annotations
+
+import time
+
+from llmbus.messages import TokenChunk
+
+
+class ChunkBatcher:
+    """Collects engine deltas; `add` returns a chunk when one is due (pure, clock injected)."""
+
+    def __init__(self, request_id: str, tenant: str, interval_ms: float, max_tokens: int, *, model: str,
+                 shadow: bool = False, attempt: int = 1, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+        self.request_id = request_id
+        self.tenant = tenant
+        self.interval_s = interval_ms / 1000
+        self.max_tokens = max_tokens
+        self.model = model
+        self.shadow = shadow
+        self.attempt = attempt
+        self._clock = clock
+        self._text: list[str] = []
+        self._tokens = 0
+        self._opened_at: float | None = None
+        self.next_seq = 0
+
+    def add(self, delta: str, tokens: int) -> TokenChunk | None:
+        if not delta and not tokens:
+            return None
+        if self._opened_at is None:
+            self._opened_at = self._clock()
+        self._text.append(delta)
+        self._tokens += tokens
+        first = self.next_seq == 0  # the first token goes out at once: it is the TTFT
+        if first or self._tokens >= self.max_tokens or self._clock() - self._opened_at >= self.interval_s:
+            return self.flush()
+        return None
+
+    def flush(self) -> TokenChunk | None:
+        if not self._text:
+            return None
+        chunk = TokenChunk(request_id=self.request_id, tenant=self.tenant, seq=self.next_seq,
+                           delta="".join(self._text), tokens=self._tokens, model=self.model, shadow=self.shadow,
+                           attempt=self.attempt)
+        self.next_seq += 1
+        self._text, self._tokens, self._opened_at = [], 0, None
+        return chunk
+
+    @property
+    def last_seq(self) -> int:
+        return self.next_seq - 1
