@@ -15,12 +15,17 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
+from llmbus import semconv
+from llmbus.bus.headers import REQUEST_ID, as_dict, trace_context
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.settings import BusSettings
+from llmbus.telemetry import request_id_var
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("llmbus.bus")
 
 Handler = Callable[[ConsumerRecord], Awaitable[None]]
 ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
@@ -145,8 +150,23 @@ class ConsumerLoop:
 
     async def _handle(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         started = time.perf_counter()
+        headers = as_dict(record.headers)
+        request_id_var.set(headers.get(REQUEST_ID))  # each task has its own context: logs carry it
+        span = tracer.start_span(
+            f"{record.topic} process",
+            context=trace_context(record.headers),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                semconv.MESSAGING_SYSTEM: "kafka",
+                semconv.MESSAGING_DESTINATION: record.topic,
+                semconv.MESSAGING_PARTITION: str(record.partition),
+                semconv.MESSAGING_OFFSET: record.offset,
+                semconv.LLMBUS_REQUEST_ID: headers.get(REQUEST_ID, ""),
+            },
+        )
         try:
-            await self._handler(record)
+            with trace.use_span(span, end_on_exit=True):
+                await self._handler(record)
             outcome = "ok"
         except asyncio.CancelledError:
             return  # not done: stays uncommitted and is redelivered

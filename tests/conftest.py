@@ -1,0 +1,61 @@
+"""Shared fixtures: the real local Kafka and Redis (started by `make test`), namespaces, services."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from llmbus.bus.admin import ensure_catalog
+from llmbus.settings import BusSettings
+from tests.support import ServiceProc, fresh_settings
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_up() -> None:
+    if not _answers("127.0.0.1", 9092):
+        pytest.fail("Kafka is not answering on 127.0.0.1:9092: run `make test` (it starts it) or `make infra`")
+
+
+@pytest.fixture(scope="session")
+def redis_up() -> None:
+    if not _answers("127.0.0.1", 6379):
+        pytest.fail("Redis is not answering on 127.0.0.1:6379: run `make test` (it starts it) or `make infra`")
+
+
+@pytest.fixture
+async def bus_settings(kafka_up: None, redis_up: None) -> AsyncIterator[BusSettings]:
+    """A fresh topic namespace with the whole catalog created in it."""
+    settings = fresh_settings()
+    await ensure_catalog(settings)
+    yield settings
+
+
+@pytest.fixture
+def services(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[list[ServiceProc]]:
+    """Append ServiceProc objects (started); all are killed at the end, logs shown on failure."""
+    started: list[ServiceProc] = []
+    yield started
+    failed = getattr(request.node, "rep_call", None)
+    for proc in started:
+        proc.kill()
+        if failed is not None and failed.failed:
+            print(f"\n--- log of {proc.name} ---\n{proc.log_tail()}")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+

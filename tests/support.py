@@ -1,0 +1,102 @@
+"""Test helpers: an isolated topic namespace per test and services run as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmbus import topics as t
+from llmbus.bus import decode
+from llmbus.client import TopicTail
+from llmbus.messages import WorkerState, WorkerStatus
+from llmbus.settings import BusSettings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fresh_settings(**overrides: object) -> BusSettings:
+    """Settings under a namespace no other test uses (topics and groups alike)."""
+    return BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False, **overrides)  # type: ignore[arg-type]
+
+
+@dataclass
+class ServiceProc:
+    """One service as its own process, with its log kept for the test's report."""
+
+    module: str
+    settings: BusSettings
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path = Path("/tmp")
+    name: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> "ServiceProc":
+        self.name = self.name or self.module.rsplit(".", 1)[-1]
+        env = os.environ | {
+            "LLMBUS_TOPIC_PREFIX": self.settings.topic_prefix,
+            "LLMBUS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+            "LLMBUS_REDIS_URL": self.settings.redis_url,
+            "LLMBUS_LOG_JSON": "false",
+            "PYTHONUNBUFFERED": "1",
+        } | self.env
+        self.log_path = self.log_dir / f"{self.settings.topic_prefix}{self.name}.log"
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", self.module], cwd=REPO, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL: no drain, no commit — what a crash looks like."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM and wait: the graceful path."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+                raise
+        return self.proc.returncode
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except (AttributeError, FileNotFoundError):
+            return ""
+
+
+async def wait_workers_ready(settings: BusSettings, worker_ids: set[str], timeout_s: float = 60) -> None:
+    tail = await TopicTail(settings, t.Topics(settings.topic_prefix).name(t.WORKERS)).start()
+    ready: set[str] = set()
+    try:
+        async for record in tail.records(timeout_s):
+            status = decode(record, WorkerStatus)  # type: ignore[arg-type]
+            if status.state == WorkerState.READY:
+                ready.add(status.worker_id)
+            if worker_ids <= ready:
+                return
+    finally:
+        await tail.stop()
+    raise TimeoutError(f"workers {worker_ids - ready} not ready within {timeout_s}s")
+
+
+async def eventually(predicate, timeout_s: float = 30, interval_s: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if await predicate():
+            return
+        await asyncio.sleep(interval_s)
+    raise TimeoutError("condition not met in time")
