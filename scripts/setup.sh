@@ -19,6 +19,8 @@ apt_install() {
 command -v java >/dev/null || { log "installing Java 17"; apt_install openjdk-17-jre-headless; }
 command -v mvn >/dev/null || { log "installing Maven"; apt_install maven; }
 command -v redis-server >/dev/null || { log "installing redis-server"; apt_install redis-server; }
+# docker-compose (Debian's) only validates deploy/compose here; no engine is needed for that.
+command -v docker-compose >/dev/null || { log "installing docker-compose"; apt_install docker-compose || true; }
 
 PY=$(command -v python3.11 || command -v python3)
 "$PY" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || { log "Python >= 3.11 needed"; exit 1; }

@@ -58,4 +58,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     report = yield
     setattr(item, f"rep_{report.when}", report)
     return report
-

@@ -37,19 +37,29 @@ class ServiceProc:
     name: str = ""
     proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "ServiceProc":
+    def start(self) -> ServiceProc:
         self.name = self.name or self.module.rsplit(".", 1)[-1]
-        env = os.environ | {
-            "LLMBUS_TOPIC_PREFIX": self.settings.topic_prefix,
-            "LLMBUS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
-            "LLMBUS_REDIS_URL": self.settings.redis_url,
-            "LLMBUS_LOG_JSON": "false",
-            "PYTHONUNBUFFERED": "1",
-        } | self.env
+        env = (
+            os.environ
+            | {
+                "LLMBUS_TOPIC_PREFIX": self.settings.topic_prefix,
+                "LLMBUS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
+                "LLMBUS_REDIS_URL": self.settings.redis_url,
+                "LLMBUS_LOG_JSON": "false",
+                "PYTHONUNBUFFERED": "1",
+            }
+            | self.env
+        )
         self.log_path = self.log_dir / f"{self.settings.topic_prefix}{self.name}.log"
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", self.module], cwd=REPO, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", self.module],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         return self
 
     def kill(self) -> None:

@@ -35,8 +35,16 @@ class Lifecycle:
         self._rates = RateTracker()
 
     async def beat(self) -> None:
-        status = build_status(self.settings, self.handlers.engine, self.state, self.dispatch_topic, self._rates,
-                              time.monotonic(), cold_start_s=self.cold_start_s, started_at_ms=self.started_at_ms)
+        status = build_status(
+            self.settings,
+            self.handlers.engine,
+            self.state,
+            self.dispatch_topic,
+            self._rates,
+            time.monotonic(),
+            cold_start_s=self.cold_start_s,
+            started_at_ms=self.started_at_ms,
+        )
         metrics.export(status)
         await self.bus.publisher.publish(self.bus.topics.name(t.WORKERS), status, key=self.settings.worker_id)
 
@@ -48,7 +56,7 @@ class Lifecycle:
         while True:
             try:
                 await self.beat()
-            except Exception:  # noqa: BLE001 - a missed beat is logged, the next one retries
+            except Exception:
                 log.warning("heartbeat failed", exc_info=True)
             await asyncio.sleep(self.settings.heartbeat_interval_s)
 
@@ -85,12 +93,25 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     log.info("ready after %.2fs cold start", life.cold_start_s)
 
     dispatches = make_consumer(settings, group_id=topics.group(t.WORKER, ws.worker_id), client_id=ws.worker_id)
-    controls = make_consumer(settings, topics.name(t.CONTROL), group_id=topics.group(t.WORKER, f"{ws.worker_id}.control"),
-                             client_id=f"{ws.worker_id}-control", from_beginning=False)
-    dispatch_loop = ConsumerLoop(dispatches, handlers.on_dispatch, bus.dead_letter, settings, service=t.WORKER,
-                                 max_in_flight=ws.max_in_flight, drain_grace_s=ws.drain_grace_s + 10)
-    control_loop = ConsumerLoop(controls, handlers.on_control, bus.dead_letter, settings, service=t.WORKER,
-                                max_in_flight=16)
+    controls = make_consumer(
+        settings,
+        topics.name(t.CONTROL),
+        group_id=topics.group(t.WORKER, f"{ws.worker_id}.control"),
+        client_id=f"{ws.worker_id}-control",
+        from_beginning=False,
+    )
+    dispatch_loop = ConsumerLoop(
+        dispatches,
+        handlers.on_dispatch,
+        bus.dead_letter,
+        settings,
+        service=t.WORKER,
+        max_in_flight=ws.max_in_flight,
+        drain_grace_s=ws.drain_grace_s + 10,
+    )
+    control_loop = ConsumerLoop(
+        controls, handlers.on_control, bus.dead_letter, settings, service=t.WORKER, max_in_flight=16
+    )
     dispatches.subscribe([dispatch_topic], listener=dispatch_loop.rebalance_listener())
     for consumer in (dispatches, controls):
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
@@ -116,8 +137,9 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         await bus.stop()
 
 
-async def _drain(life: Lifecycle, handlers: WorkerHandlers, loop: ConsumerLoop, loops_stop: asyncio.Event,
-                 grace_s: float) -> None:
+async def _drain(
+    life: Lifecycle, handlers: WorkerHandlers, loop: ConsumerLoop, loops_stop: asyncio.Event, grace_s: float
+) -> None:
     """Stop taking work, let in-flight requests finish for grace_s, hand back the rest."""
     handlers.draining = True
     await life.set_state(WorkerState.DRAINING)

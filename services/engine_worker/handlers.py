@@ -80,13 +80,25 @@ class WorkerHandlers:
             await self._retryable(dispatch, ErrorInfo.of(refused.code, str(refused)))
             return
         reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
-        batcher = ChunkBatcher(request.request_id, request.tenant, self.settings.chunk_interval_ms,
-                               self.settings.chunk_max_tokens, model=routed.model, shadow=routed.shadow,
-                               attempt=dispatch.attempt)
+        batcher = ChunkBatcher(
+            request.request_id,
+            request.tenant,
+            self.settings.chunk_interval_ms,
+            self.settings.chunk_max_tokens,
+            model=routed.model,
+            shadow=routed.shadow,
+            attempt=dispatch.attempt,
+        )
         engine_request = EngineRequest(
-            request_id=request.request_id, prompt=prompt, max_tokens=request.max_tokens,
-            temperature=request.temperature, top_p=request.top_p, seed=request.seed, stop=tuple(request.stop),
-            priority=request.priority, trace_headers={k: v for k, v in headers.items() if k in (TRACEPARENT, TRACESTATE)},
+            request_id=request.request_id,
+            prompt=prompt,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=tuple(request.stop),
+            priority=request.priority,
+            trace_headers={k: v for k, v in headers.items() if k in (TRACEPARENT, TRACESTATE)},
         )
         started_ms = time.time() * 1000
         first_token_ms: float | None = None
@@ -115,11 +127,16 @@ class WorkerHandlers:
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
         await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, batcher.last_seq)
         await self.dedupe.mark_done("final", request.request_id)
-        await self._outcome(dispatch, OutcomeStatus.COMPLETED, prompt_tokens=result.usage.prompt_tokens,
-                            completion_tokens=result.usage.completion_tokens)
+        await self._outcome(
+            dispatch,
+            OutcomeStatus.COMPLETED,
+            prompt_tokens=result.usage.prompt_tokens,
+            completion_tokens=result.usage.completion_tokens,
+        )
 
-    def _result(self, dispatch: Dispatch, text: str, last: EngineOutput | None, started_ms: float,
-                first_token_ms: float | None) -> InferenceResult:
+    def _result(
+        self, dispatch: Dispatch, text: str, last: EngineOutput | None, started_ms: float, first_token_ms: float | None
+    ) -> InferenceResult:
         routed = dispatch.routed
         done_ms = time.time() * 1000
         received = routed.received_at_ms
@@ -131,7 +148,9 @@ class WorkerHandlers:
             ttft_ms=round(first_token_ms - received, 3) if first_token_ms else None,
             total_ms=round(done_ms - received, 3),
             engine_ms=round(done_ms - started_ms, 3),
-            tpot_ms=round((done_ms - first_token_ms) / (completion - 1), 3) if first_token_ms and completion > 1 else None,
+            tpot_ms=round((done_ms - first_token_ms) / (completion - 1), 3)
+            if first_token_ms and completion > 1
+            else None,
         )
         return InferenceResult(
             request_id=routed.request_id,
@@ -142,8 +161,11 @@ class WorkerHandlers:
             worker_id=self.settings.worker_id,
             text=text,
             finish_reason=FinishReason(last.finish_reason) if last and last.finish_reason else FinishReason.STOP,
-            usage=Usage(prompt_tokens=last.prompt_tokens if last else 0, completion_tokens=completion,
-                        cached_prompt_tokens=last.cached_prompt_tokens if last else 0),
+            usage=Usage(
+                prompt_tokens=last.prompt_tokens if last else 0,
+                completion_tokens=completion,
+                cached_prompt_tokens=last.cached_prompt_tokens if last else 0,
+            ),
             timings=timings,
             shadow=routed.shadow,
             experiment_id=routed.experiment_id,
@@ -162,10 +184,24 @@ class WorkerHandlers:
     async def _retryable(self, dispatch: Dispatch, error: ErrorInfo) -> None:
         await self._outcome(dispatch, OutcomeStatus.RETRYABLE, error=error)
 
-    async def _outcome(self, dispatch: Dispatch, status: OutcomeStatus, error: ErrorInfo | None = None,
-                       prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
-        outcome = DispatchOutcome(request_id=dispatch.request_id, worker_id=self.settings.worker_id,
-                                  attempt=dispatch.attempt, status=status, error=error, model=dispatch.routed.model,
-                                  prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
-        await self.bus.publisher.publish(self.bus.topics.name(t.OUTCOMES), outcome, key=dispatch.request_id,
-                                         tenant=dispatch.routed.request.tenant)
+    async def _outcome(
+        self,
+        dispatch: Dispatch,
+        status: OutcomeStatus,
+        error: ErrorInfo | None = None,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
+        outcome = DispatchOutcome(
+            request_id=dispatch.request_id,
+            worker_id=self.settings.worker_id,
+            attempt=dispatch.attempt,
+            status=status,
+            error=error,
+            model=dispatch.routed.model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+        await self.bus.publisher.publish(
+            self.bus.topics.name(t.OUTCOMES), outcome, key=dispatch.request_id, tenant=dispatch.routed.request.tenant
+        )

@@ -30,12 +30,25 @@ class RateTracker:
         return prompt_rate, gen_rate
 
 
-def build_status(settings: WorkerSettings, engine: Engine, state: WorkerState, dispatch_topic: str,
-                 rates: RateTracker, now_s: float, *, cold_start_s: float | None, started_at_ms: int,
-                 model_format: str | None = None, gpu_healthy: bool = True, ecc_uncorrected: int = 0) -> WorkerStatus:
+def build_status(
+    settings: WorkerSettings,
+    engine: Engine,
+    state: WorkerState,
+    dispatch_topic: str,
+    rates: RateTracker,
+    now_s: float,
+    *,
+    cold_start_s: float | None,
+    started_at_ms: int,
+    model_format: str | None = None,
+    gpu_healthy: bool = True,
+    ecc_uncorrected: int = 0,
+) -> WorkerStatus:
     stats = engine.stats()
     prompt_rate, gen_rate = rates.rates(stats, now_s)
-    hit_rate = stats.prefix_cache_hits_total / stats.prefix_cache_queries_total if stats.prefix_cache_queries_total else 0.0
+    hit_rate = (
+        stats.prefix_cache_hits_total / stats.prefix_cache_queries_total if stats.prefix_cache_queries_total else 0.0
+    )
     return WorkerStatus(
         worker_id=settings.worker_id,
         node_id=settings.node_id,

@@ -10,8 +10,18 @@ from llmbus.messages import TokenChunk
 class ChunkBatcher:
     """Collects engine deltas; `add` returns a chunk when one is due (pure, clock injected)."""
 
-    def __init__(self, request_id: str, tenant: str, interval_ms: float, max_tokens: int, *, model: str,
-                 shadow: bool = False, attempt: int = 1, clock=time.monotonic) -> None:  # type: ignore[no-untyped-def]
+    def __init__(
+        self,
+        request_id: str,
+        tenant: str,
+        interval_ms: float,
+        max_tokens: int,
+        *,
+        model: str,
+        shadow: bool = False,
+        attempt: int = 1,
+        clock=time.monotonic,
+    ) -> None:  # type: ignore[no-untyped-def]
         self.request_id = request_id
         self.tenant = tenant
         self.interval_s = interval_ms / 1000
@@ -40,9 +50,16 @@ class ChunkBatcher:
     def flush(self) -> TokenChunk | None:
         if not self._text:
             return None
-        chunk = TokenChunk(request_id=self.request_id, tenant=self.tenant, seq=self.next_seq,
-                           delta="".join(self._text), tokens=self._tokens, model=self.model, shadow=self.shadow,
-                           attempt=self.attempt)
+        chunk = TokenChunk(
+            request_id=self.request_id,
+            tenant=self.tenant,
+            seq=self.next_seq,
+            delta="".join(self._text),
+            tokens=self._tokens,
+            model=self.model,
+            shadow=self.shadow,
+            attempt=self.attempt,
+        )
         self.next_seq += 1
         self._text, self._tokens, self._opened_at = [], 0, None
         return chunk

@@ -1,27 +1,118 @@
-"""Router wiring: one consumer loop over llm.requests."""
+"""Router wiring: state followers (models, experiments, budgets), the request loop, cache filling."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.router.budgets import BudgetBook
+from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
+from services.router.limits import RedisRateLimiter
+from services.router.policy.complexity import build_scorer
+from services.router.policy.config import RouterPolicy, load_policy, with_default_model
+from services.router.policy.pipeline import RouterCore
+from services.router.state_follow import caught_up
+
+
+def build_core(
+    policy: RouterPolicy, redis_namespace: str, redis_url: str
+) -> tuple[RouterCore, BudgetBook, RedisResponseCache]:
+    client = redis_client(redis_url)
+    budgets = BudgetBook()
+    cache = RedisResponseCache(
+        client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
+    )
+    core = RouterCore(
+        policy,
+        build_scorer(policy.scorer.name, policy.scorer.params),
+        limiter=RedisRateLimiter(client, redis_namespace),
+        cache=cache,
+        budgets=budgets,
+    )
+    return core, budgets, cache
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     router_settings = RouterSettings()
+    policy = load_policy(router_settings.policy_path)
+    if router_settings.default_model:
+        policy = with_default_model(policy, router_settings.default_model)
     bus = await Bus.start(settings, t.ROUTER)
-    handlers = RouterHandlers(bus, router_settings)
-    consumer = make_consumer(settings, group_id=bus.topics.group(t.ROUTER), client_id="llmbus-router")
-    loop = ConsumerLoop(consumer, handlers.on_request, bus.dead_letter, settings, service=t.ROUTER,
-                        max_in_flight=router_settings.max_in_flight)
-    consumer.subscribe([bus.topics.name(t.REQUESTS)], listener=loop.rebalance_listener())
-    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+    topics = bus.topics
+    core, budgets, cache = build_core(policy, f"{settings.topic_prefix}router", settings.redis_url)
+    handlers = RouterHandlers(bus, router_settings, core, budgets, cache)
+
+    state = make_consumer(
+        settings,
+        topics.name(t.MODELS),
+        topics.name(t.EXPERIMENTS),
+        topics.name(t.BUDGETS),
+        group_id=None,
+        client_id="llmbus-router-state",
+    )
+    state_loop = ConsumerLoop(
+        state, _state_dispatch(handlers, topics), bus.dead_letter, settings, service=t.ROUTER, commit_offsets=False
+    )
+    requests = make_consumer(settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router")
+    request_loop = ConsumerLoop(
+        requests,
+        handlers.on_request,
+        bus.dead_letter,
+        settings,
+        service=t.ROUTER,
+        max_in_flight=router_settings.max_in_flight,
+    )
+    consumers = [state]
+    loops = [state_loop]
+    if router_settings.cache_fill and policy.cache.enabled:
+        # Earliest on a new group: a few stale results only miss their (expired) pending marks.
+        results = make_consumer(settings, group_id=topics.group(t.ROUTER, "results"), client_id="llmbus-router-results")
+        results_loop = ConsumerLoop(
+            results, handlers.on_result, bus.dead_letter, settings, service=t.ROUTER, max_in_flight=256
+        )
+        results.subscribe([topics.name(t.RESULTS)], listener=results_loop.rebalance_listener())
+        consumers.append(results)
+        loops.append(results_loop)
     try:
-        await loop.run(stop)
+        for consumer in consumers:
+            await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+        tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
+        # State first: experiments and budgets already in the log apply to the first request.
+        await caught_up(state, state_loop, router_settings.state_catch_up_s)
+        requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
+        await asyncio.wait_for(requests.start(), settings.admin_timeout_s)
+        consumers.append(requests)
+        tasks.append(asyncio.create_task(request_loop.run(stop)))
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                stop.set()
+        await asyncio.gather(*tasks)
     finally:
-        await stop_consumer(consumer, settings.stop_timeout_s)
+        for consumer in consumers:
+            await stop_consumer(consumer, settings.stop_timeout_s)
+        with contextlib.suppress(Exception):
+            await cache.close()
         await bus.stop()
+
+
+def _state_dispatch(handlers: RouterHandlers, topics: t.Topics) -> Callable[[ConsumerRecord], Awaitable[None]]:
+    by_topic = {
+        topics.name(t.MODELS): handlers.on_model,
+        topics.name(t.EXPERIMENTS): handlers.on_experiment,
+        topics.name(t.BUDGETS): handlers.on_budget,
+    }
+
+    async def dispatch(record: ConsumerRecord) -> None:
+        await by_topic[record.topic](record)
+
+    return dispatch

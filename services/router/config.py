@@ -8,6 +8,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class RouterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMBUS_ROUTER_", extra="ignore")
 
-    default_model: str = "sim-llama-8b"
+    # The routing policy (YAML); None: services/router/policies/default.yaml (the seed's tiers).
+    policy_path: str | None = None
+    # Dev override of the policy's default target (e.g. "sim-llama-8b" on a stack with only sim workers).
+    default_model: str | None = None
     max_in_flight: int = 512
     allowed_reply_topic_prefix: str = "llm."  # reply topics must live in the llm.* namespace
+    # How long to read llm.models / llm.experiments / llm.budgets before routing the first request,
+    # so experiments and budgets already in the log apply from the first request on.
+    state_catch_up_s: float = 15.0
+    # Fill the exact cache from llm.results (a router replica group reads them once).
+    cache_fill: bool = True

@@ -1,22 +1,41 @@
-"""Router handlers: decode → route (core) → publish. Bad input ends as DLQ + final error."""
+"""Router handlers: decode → RouterCore → publish. Bad input ends as DLQ + final error.
+
+A refusal (limits, budget, prompt too long) or a cache hit is not a bad message: it ends
+as a final chunk on the client's reply topic and one InferenceResult, with no DLQ entry.
+"""
 
 from __future__ import annotations
+
+import asyncio
 
 from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
 from llmbus.bus.dlq import send_to_dlq
-from llmbus.messages import ErrorInfo, InferenceRequest, now_ms
-from llmbus.replies import publish_error, reply_topic_of
+from llmbus.messages import BudgetStatus, ErrorInfo, Experiment, InferenceRequest, InferenceResult, ModelSpec, now_ms
+from llmbus.replies import publish_error, publish_result, reply_topic_of
+from services.router.budgets import BudgetBook
+from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
-from services.router.core.route import Rejected, check_reply_topic, route
+from services.router.core.route import Rejected, check_reply_topic
+from services.router.policy.pipeline import RouteOutcome, RouterCore
 
 
 class RouterHandlers:
-    def __init__(self, bus: Bus, settings: RouterSettings) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        settings: RouterSettings,
+        core: RouterCore,
+        budgets: BudgetBook,
+        cache: RedisResponseCache | None = None,
+    ) -> None:
         self.bus = bus
         self.settings = settings
+        self.core = core
+        self.budgets = budgets
+        self.cache = cache
         self.routed_topic = bus.topics.name(t.ROUTED)
 
     async def on_request(self, record: ConsumerRecord) -> None:
@@ -28,15 +47,65 @@ class RouterHandlers:
             await self._reject_bad(record, bad)
             return
         except Rejected as rejected:
-            await self._reject_bad(record, BadMessage(rejected.code, rejected.reason, request.request_id, request.tenant))
+            await self._reject_bad(
+                record, BadMessage(rejected.code, rejected.reason, request.request_id, request.tenant)
+            )
             return
-        routed = route(request, self.settings.default_model, received_at_ms)
-        await self.bus.publisher.publish(self.routed_topic, routed, key=routed.model, request_id=request.request_id,
-                                         tenant=request.tenant)
+        outcome = await self.core.route(request, received_at_ms)
+        await self._publish(request, outcome)
+
+    async def _publish(self, request: InferenceRequest, outcome: RouteOutcome) -> None:
+        publisher = self.bus.publisher
+        if outcome.result is not None:
+            reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
+            for chunk in outcome.content_chunks:
+                await publisher.publish(
+                    reply_topic, chunk, key=request.request_id, request_id=request.request_id, tenant=request.tenant
+                )
+            await publish_result(publisher, self.bus.topics, outcome.result, reply_topic, last_seq=outcome.last_seq)
+            return
+        assert outcome.routed is not None
+        # The primary and its shadow copies go out together; the record is done when all are acknowledged.
+        await asyncio.gather(
+            *[
+                publisher.publish(
+                    self.routed_topic,
+                    routed,
+                    key=routed.model,
+                    request_id=routed.request_id,
+                    tenant=routed.request.tenant,
+                )
+                for routed in [outcome.routed, *outcome.shadows]
+            ]
+        )
+
+    async def on_result(self, record: ConsumerRecord) -> None:
+        if self.cache is not None:
+            await self.cache.complete(decode(record, InferenceResult))
+
+    async def on_model(self, record: ConsumerRecord) -> None:
+        if record.value is None:  # tombstone: the model is gone
+            if record.key:
+                self.core.catalog.remove(record.key.decode())
+            return
+        self.core.catalog.apply_spec(decode(record, ModelSpec))
+
+    async def on_experiment(self, record: ConsumerRecord) -> None:
+        if record.value is None:
+            self.core.experiments.apply(None, record.key.decode() if record.key else None)
+            return
+        self.core.experiments.apply(decode(record, Experiment))
+
+    async def on_budget(self, record: ConsumerRecord) -> None:
+        if record.value is None:
+            self.budgets.apply(None, record.key.decode() if record.key else None)
+            return
+        self.budgets.apply(decode(record, BudgetStatus))
 
     async def _reject_bad(self, record: ConsumerRecord, bad: BadMessage) -> None:
-        await send_to_dlq(self.bus.publisher, self.bus.topics, record, bad.code, bad.reason, self.bus.service,
-                          bad.request_id)
+        await send_to_dlq(
+            self.bus.publisher, self.bus.topics, record, bad.code, bad.reason, self.bus.service, bad.request_id
+        )
         if bad.request_id is None:
             return  # nobody to answer: the DLQ entry is the only trace
         await publish_error(

@@ -22,15 +22,22 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
 
     workers = make_consumer(settings, topics.name(t.WORKERS), group_id=None, client_id="llmbus-scheduler-fleet")
     routed = make_consumer(settings, group_id=topics.group(t.SCHEDULER), client_id="llmbus-scheduler")
-    outcomes = make_consumer(settings, group_id=topics.group(t.SCHEDULER, "outcomes"),
-                             client_id="llmbus-scheduler-outcomes")
+    outcomes = make_consumer(
+        settings, group_id=topics.group(t.SCHEDULER, "outcomes"), client_id="llmbus-scheduler-outcomes"
+    )
     loops = [
-        ConsumerLoop(workers, handlers.on_worker_status, bus.dead_letter, settings, service=t.SCHEDULER,
-                     commit_offsets=False),
-        ConsumerLoop(routed, handlers.on_routed, bus.dead_letter, settings, service=t.SCHEDULER,
-                     max_in_flight=sched.max_in_flight),
-        ConsumerLoop(outcomes, handlers.on_outcome, bus.dead_letter, settings, service=t.SCHEDULER,
-                     max_in_flight=256),
+        ConsumerLoop(
+            workers, handlers.on_worker_status, bus.dead_letter, settings, service=t.SCHEDULER, commit_offsets=False
+        ),
+        ConsumerLoop(
+            routed,
+            handlers.on_routed,
+            bus.dead_letter,
+            settings,
+            service=t.SCHEDULER,
+            max_in_flight=sched.max_in_flight,
+        ),
+        ConsumerLoop(outcomes, handlers.on_outcome, bus.dead_letter, settings, service=t.SCHEDULER, max_in_flight=256),
     ]
     routed.subscribe([topics.name(t.ROUTED)], listener=loops[1].rebalance_listener())
     outcomes.subscribe([topics.name(t.OUTCOMES)], listener=loops[2].rebalance_listener())

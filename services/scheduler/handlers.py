@@ -7,7 +7,6 @@ import logging
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.messages import (
     Dispatch,
@@ -51,8 +50,11 @@ class SchedulerHandlers:
             return
         routed, worker_id, attempt = placed
         if attempt >= self.settings.max_attempts:
-            await self._fail(routed, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS,
-                                                  f"{attempt} attempts failed; last: {outcome.error}"), attempt)
+            await self._fail(
+                routed,
+                ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, f"{attempt} attempts failed; last: {outcome.error}"),
+                attempt,
+            )
             return
         await self.place(routed, attempt + 1, exclude=frozenset({worker_id}))
 
@@ -64,16 +66,21 @@ class SchedulerHandlers:
         if worker is None and exclude:
             worker = await self._wait_for_worker(routed.model, frozenset())
         if worker is None:
-            await self._fail(routed, ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE,
-                                                  f"no ready worker serves {routed.model!r}"), attempt)
+            await self._fail(
+                routed, ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no ready worker serves {routed.model!r}"), attempt
+            )
             return
         worker_id = worker.status.worker_id
         dispatch = Dispatch(routed=routed, worker_id=worker_id, attempt=attempt)
         self.fleet.placed(worker_id, routed.request_id)
         self.in_flight[routed.request_id] = (routed, worker_id, attempt)
-        await self.bus.publisher.publish(worker.status.dispatch_topic or self.bus.topics.dispatch(worker_id), dispatch,
-                                         key=routed.request_id, request_id=routed.request_id,
-                                         tenant=routed.request.tenant)
+        await self.bus.publisher.publish(
+            worker.status.dispatch_topic or self.bus.topics.dispatch(worker_id),
+            dispatch,
+            key=routed.request_id,
+            request_id=routed.request_id,
+            tenant=routed.request.tenant,
+        )
         await self.dedupe.mark_done("placed", key)
 
     async def _wait_for_worker(self, model: str, exclude: frozenset[str]):  # type: ignore[no-untyped-def]

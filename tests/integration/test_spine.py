@@ -20,13 +20,20 @@ from tests.support import ServiceProc, wait_workers_ready
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 
-def start_stack(settings: BusSettings, services: list[ServiceProc], worker_ids: tuple[str, ...] = ("w1",),
-                speedup: str = "50") -> dict[str, ServiceProc]:
-    procs = {"router": ServiceProc("services.router", settings).start(),
-             "scheduler": ServiceProc("services.scheduler", settings).start()}
+def start_stack(
+    settings: BusSettings, services: list[ServiceProc], worker_ids: tuple[str, ...] = ("w1",), speedup: str = "50"
+) -> dict[str, ServiceProc]:
+    procs = {
+        "router": ServiceProc("services.router", settings).start(),
+        "scheduler": ServiceProc("services.scheduler", settings).start(),
+    }
     for wid in worker_ids:
-        procs[wid] = ServiceProc("services.engine_worker", settings, name=wid, env={
-            "LLMBUS_WORKER_WORKER_ID": wid, "LLMBUS_WORKER_SIM_SPEEDUP": speedup}).start()
+        procs[wid] = ServiceProc(
+            "services.engine_worker",
+            settings,
+            name=wid,
+            env={"LLMBUS_WORKER_WORKER_ID": wid, "LLMBUS_WORKER_SIM_SPEEDUP": speedup},
+        ).start()
     services.extend(procs.values())
     return procs
 
@@ -48,24 +55,33 @@ async def read_until(tail: TopicTail, want, timeout_s: float) -> list:  # type: 
     return seen
 
 
-async def test_raw_json_request_streams_ordered_chunks_and_one_result(bus_settings: BusSettings,
-                                                                      services: list[ServiceProc]) -> None:
+async def test_raw_json_request_streams_ordered_chunks_and_one_result(
+    bus_settings: BusSettings, services: list[ServiceProc]
+) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
     start_stack(bus_settings, services)
     await wait_workers_ready(bus_settings, {"w1"})
     tokens = await TopicTail(bus_settings, topics.name(t.TOKENS)).start()
     results = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
     request_id = uuid.uuid4().hex
-    raw = json.dumps({"request_id": request_id, "tenant": "acme", "model": "sim-llama-8b", "max_tokens": 40,
-                      "messages": [{"role": "user", "content": "Tell me about Kafka partitions."}]}).encode()
+    raw = json.dumps(
+        {
+            "request_id": request_id,
+            "tenant": "acme",
+            "model": "sim-llama-8b",
+            "max_tokens": 40,
+            "messages": [{"role": "user", "content": "Tell me about Kafka partitions."}],
+        }
+    ).encode()
     producer = await raw_producer(bus_settings)
     try:
         await asyncio.wait_for(producer.send_and_wait(topics.name(t.REQUESTS), raw, key=request_id.encode()), 30)
     finally:
         await producer.stop()
 
-    records = await read_until(tokens, lambda rs: any(decode(r, TokenChunk).final for r in rs
-                                                      if r.key == request_id.encode()), 60)
+    records = await read_until(
+        tokens, lambda rs: any(decode(r, TokenChunk).final for r in rs if r.key == request_id.encode()), 60
+    )
     chunks = [decode(r, TokenChunk) for r in records if r.key == request_id.encode()]
     assert [c.seq for c in chunks] == list(range(len(chunks))), "chunks arrive in seq order, none missing"
     assert 2 < len(chunks) < 40, "tokens are batched into chunks, not one message per token"
@@ -86,7 +102,8 @@ async def test_raw_json_request_streams_ordered_chunks_and_one_result(bus_settin
 
 
 async def test_malformed_and_invalid_requests_go_to_dlq_and_invalid_gets_final_error(
-        bus_settings: BusSettings, services: list[ServiceProc]) -> None:
+    bus_settings: BusSettings, services: list[ServiceProc]
+) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
     services.append(ServiceProc("services.router", bus_settings).start())
     dlq = await TopicTail(bus_settings, topics.name(t.DLQ)).start()
@@ -95,8 +112,12 @@ async def test_malformed_and_invalid_requests_go_to_dlq_and_invalid_gets_final_e
     producer = await raw_producer(bus_settings)
     try:
         await producer.send_and_wait(topics.name(t.REQUESTS), b"{not json", key=b"garbage")
-        invalid = {"request_id": bad_id, "tenant": "acme", "max_tokens": -5,
-                   "messages": [{"role": "wizard", "content": "hi"}]}
+        invalid = {
+            "request_id": bad_id,
+            "tenant": "acme",
+            "max_tokens": -5,
+            "messages": [{"role": "wizard", "content": "hi"}],
+        }
         await producer.send_and_wait(topics.name(t.REQUESTS), json.dumps(invalid).encode(), key=bad_id.encode())
     finally:
         await producer.stop()
@@ -117,7 +138,8 @@ async def test_malformed_and_invalid_requests_go_to_dlq_and_invalid_gets_final_e
 
 
 async def test_killed_services_resume_from_committed_offsets_without_loss_or_duplicates(
-        bus_settings: BusSettings, services: list[ServiceProc]) -> None:
+    bus_settings: BusSettings, services: list[ServiceProc]
+) -> None:
     """SIGKILL the router and the worker mid-load, restart them: every request ends exactly once."""
     topics = t.Topics(bus_settings.topic_prefix)
     procs = start_stack(bus_settings, services, speedup="20")

@@ -78,7 +78,7 @@ def test_decode_sorts_failures_into_codes() -> None:
 def test_request_needs_input_and_rejects_unknown_fields() -> None:
     with pytest.raises(BadMessage, match="messages"):
         decode(record(json.dumps({"request_id": "r"}).encode()), InferenceRequest)
-    with pytest.raises(BadMessage, match="(?i)extra inputs"):
+    with pytest.raises(BadMessage, match=r"(?i)extra inputs"):
         decode(record(json.dumps({"prompt": "x", "surprise": 1}).encode()), InferenceRequest)
 
 

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
@@ -25,11 +25,17 @@ class TopicTail:
         self.settings = settings
         self.topic = topic
         # Group-less subscription: aiokafka assigns every partition of the topic itself.
-        self.consumer = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap, group_id=None,
-                                         enable_auto_commit=False, isolation_level="read_committed",
-                                         auto_offset_reset="latest", request_timeout_ms=settings.request_timeout_ms)
+        self.consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=settings.kafka_bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="latest",
+            request_timeout_ms=settings.request_timeout_ms,
+        )
 
-    async def start(self) -> "TopicTail":
+    async def start(self) -> TopicTail:
         await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.admin_timeout_s
@@ -57,44 +63,81 @@ class TopicTail:
             await asyncio.wait_for(self.consumer.stop(), self.settings.stop_timeout_s)
 
 
+class ReplyRouter:
+    """One tail of a reply topic shared by every stream of a client: chunks go to their request's queue."""
+
+    def __init__(self, tail: TopicTail) -> None:
+        self.tail = tail
+        self.queues: dict[bytes, asyncio.Queue[TokenChunk]] = {}
+        self.task = asyncio.create_task(self._route())
+
+    async def _route(self) -> None:
+        while True:
+            async for record in self.tail.records(3600):
+                queue = self.queues.get(record.key)  # type: ignore[attr-defined]
+                if queue is not None:
+                    queue.put_nowait(decode(record, TokenChunk))  # type: ignore[arg-type]
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.tail.stop()
+
+
 class LlmbusClient:
     def __init__(self, settings: BusSettings | None = None) -> None:
         self.settings = settings or BusSettings()
         self.topics = t.Topics(self.settings.topic_prefix)
         self._bus: Bus | None = None
+        self._replies: dict[str, ReplyRouter] = {}
 
-    async def __aenter__(self) -> "LlmbusClient":
+    async def __aenter__(self) -> LlmbusClient:
         self._bus = await Bus.start(self.settings, t.CLIENT)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for router in self._replies.values():
+            await router.stop()
         if self._bus is not None:
             await self._bus.stop()
 
     async def send(self, request: InferenceRequest) -> None:
         assert self._bus is not None
-        await self._bus.publisher.publish(self.topics.name(t.REQUESTS), request,
-                                          key=request.session_id or request.request_id)
+        await self._bus.publisher.publish(
+            self.topics.name(t.REQUESTS), request, key=request.session_id or request.request_id
+        )
+
+    async def _reply_router(self, reply_topic: str) -> ReplyRouter:
+        if reply_topic not in self._replies:
+            self._replies[reply_topic] = ReplyRouter(await TopicTail(self.settings, reply_topic).start())
+        return self._replies[reply_topic]
 
     async def stream(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TokenChunk]:
-        """Send `request` and yield its chunks in seq order until the final one."""
-        tail = await TopicTail(self.settings, self.topics.name(request.reply_topic)).start()
+        """Send `request` and yield its chunks in arrival order until the final one."""
+        router = await self._reply_router(self.topics.name(request.reply_topic))
+        key = request.request_id.encode()
+        queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        router.queues[key] = queue
         try:
             await self.send(request)
-            async for record in tail.records(timeout_s):
-                if record.key != request.request_id.encode():  # type: ignore[attr-defined]
-                    continue
-                chunk = decode(record, TokenChunk)  # type: ignore[arg-type]
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            while True:
+                remaining = deadline - asyncio.get_running_loop().time()
+                try:
+                    chunk = await asyncio.wait_for(queue.get(), max(remaining, 0))
+                except TimeoutError:
+                    raise TimeoutError(f"no final chunk for {request.request_id} within {timeout_s}s") from None
                 yield chunk
                 if chunk.final:
                     return
-            raise TimeoutError(f"no final chunk for {request.request_id} within {timeout_s}s")
         finally:
-            await tail.stop()
+            router.queues.pop(key, None)
 
 
-async def collect_results(settings: BusSettings, request_ids: set[str], timeout_s: float,
-                          tail: TopicTail | None = None) -> dict[str, list[InferenceResult]]:
+async def collect_results(
+    settings: BusSettings, request_ids: set[str], timeout_s: float, tail: TopicTail | None = None
+) -> dict[str, list[InferenceResult]]:
     """Every result published for `request_ids` (after the tail's start) within timeout_s."""
     topics = t.Topics(settings.topic_prefix)
     own_tail = tail is None

@@ -59,24 +59,36 @@ def asyncapi_for(service: str) -> dict[str, object]:
             "address": spec.name,
             "description": f"key: {spec.key}. {spec.notes}".strip(),
             "messages": {name: {"$ref": f"#/components/messages/{name}"}},
-            "bindings": {"kafka": {"partitions": spec.partitions,
-                                   "topicConfiguration": {"cleanup.policy": ["compact" if spec.compacted else "delete"],
-                                                          "retention.ms": spec.retention_ms}}},
+            "bindings": {
+                "kafka": {
+                    "partitions": spec.partitions,
+                    "topicConfiguration": {
+                        "cleanup.policy": ["compact" if spec.compacted else "delete"],
+                        "retention.ms": spec.retention_ms,
+                    },
+                }
+            },
         }
         components[name] = {
             "name": name,
             "contentType": "application/json",
-            "headers": {"type": "object", "properties": {
-                "llmbus-schema": {"type": "string", "const": spec.value.schema_name()},
-                "traceparent": {"type": "string", "description": "W3C trace context"},
-                "llmbus-request-id": {"type": "string"},
-                "llmbus-tenant": {"type": "string"},
-            }},
+            "headers": {
+                "type": "object",
+                "properties": {
+                    "llmbus-schema": {"type": "string", "const": spec.value.schema_name()},
+                    "traceparent": {"type": "string", "description": "W3C trace context"},
+                    "llmbus-request-id": {"type": "string"},
+                    "llmbus-tenant": {"type": "string"},
+                },
+            },
             "payload": {"$ref": f"../messages/{name}.json"},
         }
         for action, applies in (("send", sends), ("receive", receives)):
             if applies:
-                operations[f"{action}_{channel_id}"] = {"action": action, "channel": {"$ref": f"#/channels/{channel_id}"}}
+                operations[f"{action}_{channel_id}"] = {
+                    "action": action,
+                    "channel": {"$ref": f"#/channels/{channel_id}"},
+                }
     return {
         "asyncapi": ASYNCAPI_VERSION,
         "info": {"title": f"llmbus {service}", "version": "1"},
@@ -108,12 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     files = render()
     if args.check:
         existing = {str(p.relative_to(args.out)) for p in args.out.rglob("*") if p.is_file() and p.name != "README.md"}
-        drift = sorted(name for name, text in files.items()
-                       if not (args.out / name).exists() or (args.out / name).read_text() != text)
+        drift = sorted(
+            name
+            for name, text in files.items()
+            if not (args.out / name).exists() or (args.out / name).read_text() != text
+        )
         drift += sorted(existing - set(files))
         if drift:
-            print(f"schemas/ drifted from the models ({len(drift)} files): {', '.join(drift)}\n"
-                  "run `make schemas` and commit the result", file=sys.stderr)
+            print(
+                f"schemas/ drifted from the models ({len(drift)} files): {', '.join(drift)}\n"
+                "run `make schemas` and commit the result",
+                file=sys.stderr,
+            )
             return 1
         print(f"schemas/ up to date ({len(files)} files)")
         return 0

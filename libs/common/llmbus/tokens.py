@@ -19,7 +19,9 @@ def estimate_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) if text else 0
 
 
-def prefix_block_hashes(text: str, block_tokens: int = DEFAULT_BLOCK_TOKENS, max_blocks: int | None = None) -> list[str]:
+def prefix_block_hashes(
+    text: str, block_tokens: int = DEFAULT_BLOCK_TOKENS, max_blocks: int | None = None
+) -> list[str]:
     """Chained hashes of the full blocks of `text` (a trailing partial block is not hashed)."""
     block_chars = block_tokens * CHARS_PER_TOKEN
     n_blocks = len(text) // block_chars

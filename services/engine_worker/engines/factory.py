@@ -10,20 +10,37 @@ def build_engine(settings: WorkerSettings) -> Engine:
     if settings.engine == "sim":
         from services.engine_worker.engines.sim.engine import SimConfig, SimEngine
 
-        return SimEngine(SimConfig(model=settings.model, max_model_len=settings.sim_max_model_len,
-                                   max_num_seqs=settings.sim_max_num_seqs, speedup=settings.sim_speedup,
-                                   **_sim_profile(settings)))
+        return SimEngine(
+            SimConfig(
+                model=settings.model,
+                max_model_len=settings.sim_max_model_len,
+                max_num_seqs=settings.sim_max_num_seqs,
+                speedup=settings.sim_speedup,
+                **_sim_profile(settings),
+            )
+        )
     if settings.engine == "vllm":
         from services.engine_worker.engines.vllm_engine import VllmConfig, VllmEngine
 
-        return VllmEngine(VllmConfig(model=settings.model, model_path=settings.vllm_model_path,
-                                     max_model_len=settings.vllm_max_model_len,
-                                     max_num_seqs=settings.vllm_max_num_seqs, dtype=settings.vllm_dtype))
+        return VllmEngine(
+            VllmConfig(
+                model=settings.model,
+                model_path=settings.vllm_model_path,
+                max_model_len=settings.vllm_max_model_len,
+                max_num_seqs=settings.vllm_max_num_seqs,
+                dtype=settings.vllm_dtype,
+            )
+        )
     from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 
-    return OpenAIHttpEngine(OpenAIHttpConfig(model=settings.model, base_url=settings.openai_base_url,
-                                             api_key=settings.openai_api_key,
-                                             upstream_model=settings.openai_model or settings.model))
+    return OpenAIHttpEngine(
+        OpenAIHttpConfig(
+            model=settings.model,
+            base_url=settings.openai_base_url,
+            api_key=settings.openai_api_key,
+            upstream_model=settings.openai_model or settings.model,
+        )
+    )
 
 
 def _sim_profile(settings: WorkerSettings) -> dict[str, object]:

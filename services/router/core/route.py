@@ -1,9 +1,8 @@
-"""Where a request goes (pure): the model it names, else the default."""
+"""Checks on a decoded request that make it a bad message (DLQ + final error) rather than a refusal."""
 
 from __future__ import annotations
 
-from llmbus.messages import ErrorCode, InferenceRequest, RoutedRequest, now_ms
-from llmbus.tokens import estimate_tokens
+from llmbus.messages import ErrorCode, InferenceRequest
 
 
 class Rejected(Exception):
@@ -16,14 +15,3 @@ class Rejected(Exception):
 def check_reply_topic(request: InferenceRequest, allowed_prefix: str) -> None:
     if not request.reply_topic.startswith(allowed_prefix):
         raise Rejected(ErrorCode.INVALID_REQUEST, f"reply_topic must start with {allowed_prefix!r}")
-
-
-def route(request: InferenceRequest, default_model: str, received_at_ms: int | None = None) -> RoutedRequest:
-    model = request.model or default_model
-    return RoutedRequest(
-        request=request,
-        model=model,
-        route_reason="explicit" if request.model else "default",
-        prompt_tokens_est=estimate_tokens(request.prompt_text()),
-        received_at_ms=received_at_ms or now_ms(),
-    )

@@ -32,7 +32,9 @@ class Fleet:
         else:
             view.status, view.seen_monotonic = status, now
 
-    def ready_for(self, model: str, now: float | None = None, exclude: frozenset[str] = frozenset()) -> list[WorkerView]:
+    def ready_for(
+        self, model: str, now: float | None = None, exclude: frozenset[str] = frozenset()
+    ) -> list[WorkerView]:
         now = time.monotonic() if now is None else now
         return [
             v

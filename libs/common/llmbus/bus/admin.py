@@ -9,7 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from llmbus.settings import BusSettings
-from llmbus.topics import TopicSpec, Topics
+from llmbus.topics import Topics, TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,9 @@ async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec
     try:
         existing = set(await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s))
         missing = [
-            NewTopic(name, spec.partitions, 1, topic_configs=spec.config()) for name, spec in wanted if name not in existing
+            NewTopic(name, spec.partitions, 1, topic_configs=spec.config())
+            for name, spec in wanted
+            if name not in existing
         ]
         if missing:
             try:
@@ -47,7 +49,9 @@ async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec
 async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, TopicSpec]], timeout_s: float) -> None:
     described = await asyncio.wait_for(admin.describe_topics([n for n, _ in present]), timeout_s)
     counts = {d["topic"]: len(d["partitions"]) for d in described}
-    grow = {n: NewPartitions(spec.partitions) for n, spec in present if counts.get(n, spec.partitions) < spec.partitions}
+    grow = {
+        n: NewPartitions(spec.partitions) for n, spec in present if counts.get(n, spec.partitions) < spec.partitions
+    }
     if grow:
         await asyncio.wait_for(admin.create_partitions(grow), timeout_s)
         log.info("grew partitions of %s", sorted(grow))

@@ -32,7 +32,9 @@ ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 
 CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
 HANDLE_SECONDS = Histogram(
-    "llmbus_handler_seconds", "Time from a record's start to its handler's end", ["service", "topic"],
+    "llmbus_handler_seconds",
+    "Time from a record's start to its handler's end",
+    ["service", "topic"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
 
@@ -131,7 +133,8 @@ class ConsumerLoop:
                     await self._consumer.getmany(timeout_ms=0)
                 else:
                     batches = await self._consumer.getmany(
-                        timeout_ms=self._settings.poll_timeout_ms, max_records=min(free, self._settings.max_poll_records)
+                        timeout_ms=self._settings.poll_timeout_ms,
+                        max_records=min(free, self._settings.max_poll_records),
                     )
                     for tp, records in batches.items():
                         for record in records:
@@ -174,8 +177,10 @@ class ConsumerLoop:
             try:
                 await self._on_error(record, exc)
                 outcome = "dead_letter"
-            except Exception as fatal:  # noqa: BLE001
-                log.exception("could not dead-letter %s[%d]@%d; stopping", record.topic, record.partition, record.offset)
+            except Exception as fatal:
+                log.exception(
+                    "could not dead-letter %s[%d]@%d; stopping", record.topic, record.partition, record.offset
+                )
                 self._fatal = fatal
                 self._slot_freed.set()
                 return
@@ -208,7 +213,7 @@ class ConsumerLoop:
                 await asyncio.gather(*pending, return_exceptions=True)
         try:
             await self.commit()
-        except Exception:  # noqa: BLE001 - uncommitted work is redelivered, never lost
+        except Exception:
             log.warning("final commit failed; the uncommitted records will be redelivered", exc_info=True)
 
 

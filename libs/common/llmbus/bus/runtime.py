@@ -34,11 +34,16 @@ class Bus:
     publisher: Publisher
 
     @classmethod
-    async def start(cls, settings: BusSettings, service: str, client_suffix: str = "") -> "Bus":
+    async def start(cls, settings: BusSettings, service: str, client_suffix: str = "") -> Bus:
         producer = make_producer(settings, client_id=f"llmbus-{service}{client_suffix}")
         await asyncio.wait_for(producer.start(), settings.admin_timeout_s)
-        return cls(settings, service, Topics(settings.topic_prefix), producer,
-                   Publisher(producer, service, settings.send_timeout_s))
+        return cls(
+            settings,
+            service,
+            Topics(settings.topic_prefix),
+            producer,
+            Publisher(producer, service, settings.send_timeout_s),
+        )
 
     async def stop(self) -> None:
         await stop_producer(self.producer, self.settings.stop_timeout_s)
@@ -49,8 +54,9 @@ class Bus:
             await send_to_dlq(self.publisher, self.topics, record, exc.code, exc.reason, self.service, exc.request_id)
         else:
             log.exception("handler failed on %s[%d]@%d", record.topic, record.partition, record.offset, exc_info=exc)
-            await send_to_dlq(self.publisher, self.topics, record, ErrorCode.INTERNAL,
-                              f"{type(exc).__name__}: {exc}", self.service)
+            await send_to_dlq(
+                self.publisher, self.topics, record, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", self.service
+            )
 
 
 ServiceMain = Callable[[BusSettings, asyncio.Event], Awaitable[None]]

@@ -39,7 +39,13 @@ def up(
     ready = asyncio.run(_wait_ready(settings, workers, timeout_s=120))
     console.print(f"{ready} worker(s) ready")
     if demo:
-        chat("Explain in one sentence why Kafka suits LLM request routing.", model="sim-llama-8b", max_tokens=40)
+        chat(
+            "Explain in one sentence why Kafka suits LLM request routing.",
+            model="sim-llama-8b",
+            max_tokens=40,
+            tenant="default",
+            temperature=1.0,
+        )
 
 
 @app.command()
@@ -63,8 +69,13 @@ def chat(
     """Send one request through the bus and stream the answer token by token."""
 
     async def _chat() -> None:
-        request = InferenceRequest(messages=[ChatMessage(role="user", content=text)], model=model,
-                                   max_tokens=max_tokens, tenant=tenant, temperature=temperature)
+        request = InferenceRequest(
+            messages=[ChatMessage(role="user", content=text)],
+            model=model,
+            max_tokens=max_tokens,
+            tenant=tenant,
+            temperature=temperature,
+        )
         console.print(f"[dim]request {request.request_id} → {model}[/dim]")
         started = time.perf_counter()
         first: float | None = None
@@ -79,9 +90,11 @@ def chat(
                         console.print(f"[red]error {chunk.error.code}: {chunk.error.message}[/red]")
                     usage = chunk.usage
                     ttft = f"{(first - started) * 1000:.0f} ms" if first else "-"
-                    console.print(f"[dim]usage: prompt {usage.prompt_tokens if usage else 0}, completion "
-                                  f"{usage.completion_tokens if usage else 0} tokens · chunks {chunk.seq + 1} · "
-                                  f"TTFT {ttft} · total {(time.perf_counter() - started) * 1000:.0f} ms[/dim]")
+                    console.print(
+                        f"[dim]usage: prompt {usage.prompt_tokens if usage else 0}, completion "
+                        f"{usage.completion_tokens if usage else 0} tokens · chunks {chunk.seq + 1} · "
+                        f"TTFT {ttft} · total {(time.perf_counter() - started) * 1000:.0f} ms[/dim]"
+                    )
 
     asyncio.run(_chat())
 
@@ -92,9 +105,17 @@ def status(seconds: float = typer.Option(2.5, help="how long to read heartbeats"
     fleet = asyncio.run(_read_fleet(BusSettings(), seconds))
     table = Table("worker", "state", "model", "running", "waiting", "KV use", "prefix hit", "gen tok/s", "cold start")
     for s in sorted(fleet.values(), key=lambda s: s.worker_id):
-        table.add_row(s.worker_id, s.state, ",".join(s.models), str(s.num_requests_running),
-                      str(s.num_requests_waiting), f"{s.kv_cache_usage_perc:.0%}", f"{s.prefix_cache_hit_rate:.0%}",
-                      f"{s.generation_tokens_per_s:.0f}", f"{s.cold_start_s}s")
+        table.add_row(
+            s.worker_id,
+            s.state,
+            ",".join(s.models),
+            str(s.num_requests_running),
+            str(s.num_requests_waiting),
+            f"{s.kv_cache_usage_perc:.0%}",
+            f"{s.prefix_cache_hit_rate:.0%}",
+            f"{s.generation_tokens_per_s:.0f}",
+            f"{s.cold_start_s}s",
+        )
     console.print(table)
 
 
@@ -108,8 +129,13 @@ def topics() -> None:
 async def _read_fleet(settings: BusSettings, seconds: float) -> dict[str, WorkerStatus]:
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(t.Topics(settings.topic_prefix).name(t.WORKERS), bootstrap_servers=settings.kafka_bootstrap,
-                                group_id=None, auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        t.Topics(settings.topic_prefix).name(t.WORKERS),
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     fleet: dict[str, WorkerStatus] = {}
     try:

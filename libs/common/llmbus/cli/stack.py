@@ -59,8 +59,15 @@ def start(proc: ServiceProcess) -> int:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"PYTHONUNBUFFERED": "1"} | proc.env
     with proc.log_file.open("ab") as log:
-        child = subprocess.Popen([sys.executable, "-m", proc.module], cwd=REPO, env=env, stdout=log,
-                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", proc.module],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     proc.pid_file.write_text(str(child.pid))
     return child.pid
 
@@ -88,11 +95,17 @@ def stop(proc: ServiceProcess, grace_s: float = 30.0) -> bool:
 def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[ServiceProcess]:
     procs = [ServiceProcess("router", "services.router"), ServiceProcess("scheduler", "services.scheduler")]
     for i in range(1, workers + 1):
-        procs.append(ServiceProcess(f"worker-{i}", "services.engine_worker", {
-            "LLMBUS_WORKER_WORKER_ID": f"sim-{i}",
-            "LLMBUS_WORKER_ENGINE": "sim",
-            "LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup),
-        }))
+        procs.append(
+            ServiceProcess(
+                f"worker-{i}",
+                "services.engine_worker",
+                {
+                    "LLMBUS_WORKER_WORKER_ID": f"sim-{i}",
+                    "LLMBUS_WORKER_ENGINE": "sim",
+                    "LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup),
+                },
+            )
+        )
     return procs
 
 

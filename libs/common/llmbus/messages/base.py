@@ -44,5 +44,5 @@ class Message(BaseModel):
         return self.model_dump_json(exclude_none=True).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "Message":
+    def from_bytes(cls, raw: bytes) -> Message:
         return cls.model_validate_json(raw)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from llmbus.messages.base import Message, Part
+from llmbus.messages.base import Part
 
 
 class ErrorCode(StrEnum):
@@ -45,5 +45,5 @@ class ErrorInfo(Part):
     retry_after_ms: int | None = None
 
     @classmethod
-    def of(cls, code: ErrorCode, message: str, retry_after_ms: int | None = None) -> "ErrorInfo":
+    def of(cls, code: ErrorCode, message: str, retry_after_ms: int | None = None) -> ErrorInfo:
         return cls(code=code, message=message, retryable=code in RETRYABLE, retry_after_ms=retry_after_ms)

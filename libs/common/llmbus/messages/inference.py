@@ -27,14 +27,18 @@ class InferenceRequest(Message):
     session_id: str | None = Field(default=None, max_length=256)
     model: str | None = Field(default=None, max_length=256, description="Explicit model; None lets the router choose.")
     messages: list[ChatMessage] = Field(default_factory=list, max_length=10_000)
-    prompt: str | None = Field(default=None, max_length=2_000_000, description="Plain completion prompt instead of messages.")
+    prompt: str | None = Field(
+        default=None, max_length=2_000_000, description="Plain completion prompt instead of messages."
+    )
     max_tokens: int = Field(default=256, ge=1, le=1_000_000)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     stop: list[str] = Field(default_factory=list, max_length=16)
     category: str | None = Field(default=None, max_length=64, description="e.g. chat, quick_edit, tab_completion")
-    complexity: float | None = Field(default=None, ge=0.0, le=1.0, description="Caller's score; the router scores when absent.")
+    complexity: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Caller's score; the router scores when absent."
+    )
     token_budget: int | None = Field(default=None, ge=0)
     tenant_tier: str | None = Field(default=None, max_length=32)
     priority: int = Field(default=0, ge=0, le=9, description="0 = most urgent.")
@@ -45,7 +49,7 @@ class InferenceRequest(Message):
     created_at_ms: int = Field(default_factory=now_ms)
 
     @model_validator(mode="after")
-    def _has_input(self) -> "InferenceRequest":
+    def _has_input(self) -> InferenceRequest:
         if not self.messages and self.prompt is None:
             raise ValueError("a request needs `messages` or `prompt`")
         return self
