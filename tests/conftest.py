@@ -12,6 +12,9 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, fresh_settings
 
+# One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
+pytest_plugins = ["tests.fixtures.vllm_engine"]
+
 
 def _answers(host: str, port: int) -> bool:
     try:

@@ -1,4 +1,4 @@
-"""Engine-worker wiring and lifecycle: start → warm up → ready → (drain on SIGTERM) → stopped."""
+"""Engine-worker wiring: profile the node, choose the format, start and warm the engine, serve."""
 
 from __future__ import annotations
 
@@ -10,67 +10,19 @@ import time
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
-from llmbus.messages import WorkerState, now_ms
+from llmbus.bus.tables import read_table
+from llmbus.messages import ModelSpec, WorkerState
 from llmbus.settings import BusSettings
 from llmbus.state import DedupeStore, redis_client
-from services.engine_worker import metrics
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.factory import build_engine
 from services.engine_worker.handlers import WorkerHandlers
-from services.engine_worker.node.publish import publish_node_profile
-from services.engine_worker.status import RateTracker, build_status
+from services.engine_worker.lifecycle import Lifecycle
+from services.engine_worker.node.plan import plan_for
+from services.engine_worker.node.publish import profile_and_publish
 
 log = logging.getLogger(__name__)
 PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready
-
-
-class Lifecycle:
-    """The worker's state and its heartbeat, published every heartbeat_interval_s."""
-
-    def __init__(self, bus: Bus, settings: WorkerSettings, handlers: WorkerHandlers, dispatch_topic: str) -> None:
-        self.bus, self.settings, self.handlers, self.dispatch_topic = bus, settings, handlers, dispatch_topic
-        self.state = WorkerState.STARTING
-        self.cold_start_s: float | None = None
-        self.started_at_ms = now_ms()
-        self._rates = RateTracker()
-
-    async def beat(self) -> None:
-        status = build_status(
-            self.settings,
-            self.handlers.engine,
-            self.state,
-            self.dispatch_topic,
-            self._rates,
-            time.monotonic(),
-            cold_start_s=self.cold_start_s,
-            started_at_ms=self.started_at_ms,
-        )
-        metrics.export(status)
-        await self.bus.publisher.publish(self.bus.topics.name(t.WORKERS), status, key=self.settings.worker_id)
-
-    async def set_state(self, state: WorkerState) -> None:
-        self.state = state
-        await self.beat()
-
-    async def heartbeat_forever(self) -> None:
-        while True:
-            try:
-                await self.beat()
-            except Exception:
-                log.warning("heartbeat failed", exc_info=True)
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
-
-    async def restart_engine_on_failure(self) -> None:
-        while True:
-            await self.handlers.engine_failed.wait()
-            await self.set_state(WorkerState.UNHEALTHY)
-            engine = self.handlers.engine
-            with contextlib.suppress(Exception):
-                await engine.stop()
-            await engine.start()
-            await engine.warmup()
-            self.handlers.engine_failed.clear()
-            await self.set_state(WorkerState.READY)
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
@@ -79,12 +31,16 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     topics = bus.topics
     dispatch_topic = topics.dispatch(ws.worker_id)
     await ensure_topics(settings, [(dispatch_topic, t.DISPATCH_SPEC)])
+    profile = await profile_and_publish(bus, ws.node_id)
+    specs = await read_table(settings, topics.name(t.MODELS), ModelSpec, timeout_s=5)
+    plan = plan_for(ws, profile, specs.get(ws.model))  # NoFormatFits: a clear error, the worker does not start
+    log.info("node %s (%s): %s", profile.node_id, profile.kind, plan.reason)
+
     redis = redis_client(settings.redis_url)
-    engine = build_engine(ws)
-    handlers = WorkerHandlers(bus, ws, engine, DedupeStore(redis, f"{settings.topic_prefix}worker"))
-    life = Lifecycle(bus, ws, handlers, dispatch_topic)
-    background = [asyncio.create_task(life.heartbeat_forever())]
-    await publish_node_profile(bus, ws)
+    engine = build_engine(plan.settings)
+    handlers = WorkerHandlers(bus, plan.settings, engine, DedupeStore(redis, f"{settings.topic_prefix}worker"))
+    life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
+    background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
 
     await life.set_state(WorkerState.WARMING)
     await engine.start()
@@ -122,7 +78,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     try:
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([stopped, loops[0]], return_when=asyncio.FIRST_COMPLETED)
-        await _drain(life, handlers, dispatch_loop, loops_stop, ws.drain_grace_s)
+        await life.drain(dispatch_loop, loops_stop)
         await asyncio.gather(*loops, return_exceptions=True)
         await life.set_state(WorkerState.STOPPED)
     finally:
@@ -135,18 +91,3 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         with contextlib.suppress(Exception):
             await redis.aclose()
         await bus.stop()
-
-
-async def _drain(
-    life: Lifecycle, handlers: WorkerHandlers, loop: ConsumerLoop, loops_stop: asyncio.Event, grace_s: float
-) -> None:
-    """Stop taking work, let in-flight requests finish for grace_s, hand back the rest."""
-    handlers.draining = True
-    await life.set_state(WorkerState.DRAINING)
-    loops_stop.set()
-    deadline = time.monotonic() + grace_s
-    while loop.in_flight and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    if loop.in_flight:
-        log.warning("grace period over: handing back %d requests", loop.in_flight)
-        await handlers.abort_all()

@@ -30,13 +30,19 @@ class WorkerSettings(BaseSettings):
     sim_profile: str = "llama-3.1-8b-h100"
     sim_speedup: float = 1.0  # 0: take no time
     sim_max_model_len: int = 8192
-    sim_max_num_seqs: int = 64
+    sim_max_num_seqs: int = 256  # vLLM's default
 
     # vllm engine
     vllm_model_path: str = ""
     vllm_max_model_len: int = 2048
     vllm_max_num_seqs: int = 16
     vllm_dtype: str = "auto"
+    vllm_quantization: str | None = None  # set by the format choice when a ModelSpec is known
+    vllm_enforce_eager: bool = True
+    vllm_gpu_memory_utilization: float = 0.85
+    vllm_cpu_kvcache_space_gib: float | None = 1.0
+    vllm_enable_prefix_caching: bool = True
+    vllm_ignore_eos: bool = False
 
     # openai-http engine
     openai_base_url: str = "http://127.0.0.1:8000/v1"

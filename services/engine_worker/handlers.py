@@ -56,6 +56,9 @@ class WorkerHandlers:
         if self.draining:
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker draining"))
             return
+        if self.engine_failed.is_set():
+            await self._retryable(dispatch, ErrorInfo.of(ErrorCode.ENGINE_FAILED, "engine restarting"))
+            return
         await self._run(dispatch, as_dict(record.headers))
 
     async def on_control(self, record: ConsumerRecord) -> None:

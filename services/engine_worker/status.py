@@ -43,6 +43,7 @@ def build_status(
     model_format: str | None = None,
     gpu_healthy: bool = True,
     ecc_uncorrected: int = 0,
+    formats_supported: list[str] | None = None,
 ) -> WorkerStatus:
     stats = engine.stats()
     prompt_rate, gen_rate = rates.rates(stats, now_s)
@@ -72,5 +73,6 @@ def build_status(
         cold_start_s=cold_start_s,
         gpu_healthy=gpu_healthy,
         ecc_uncorrected=ecc_uncorrected,
+        formats_supported=formats_supported or [],
         started_at_ms=started_at_ms,
     )

@@ -26,9 +26,15 @@ def build_engine(settings: WorkerSettings) -> Engine:
             VllmConfig(
                 model=settings.model,
                 model_path=settings.vllm_model_path,
+                dtype=settings.vllm_dtype,
+                quantization=settings.vllm_quantization,
                 max_model_len=settings.vllm_max_model_len,
                 max_num_seqs=settings.vllm_max_num_seqs,
-                dtype=settings.vllm_dtype,
+                enforce_eager=settings.vllm_enforce_eager,
+                gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+                cpu_kvcache_space_gib=settings.vllm_cpu_kvcache_space_gib,
+                enable_prefix_caching=settings.vllm_enable_prefix_caching,
+                ignore_eos=settings.vllm_ignore_eos,
             )
         )
     from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine

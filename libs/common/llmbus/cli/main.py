@@ -12,6 +12,7 @@ from rich.table import Table
 from llmbus import topics as t
 from llmbus.bus import decode
 from llmbus.bus.admin import ensure_catalog
+from llmbus.bus.tables import read_table
 from llmbus.cli import stack
 from llmbus.client import LlmbusClient, TopicTail
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerState, WorkerStatus
@@ -100,9 +101,9 @@ def chat(
 
 
 @app.command()
-def status(seconds: float = typer.Option(2.5, help="how long to read heartbeats")) -> None:
-    """The fleet as its heartbeats describe it."""
-    fleet = asyncio.run(_read_fleet(BusSettings(), seconds))
+def status() -> None:
+    """The fleet as its latest heartbeats describe it."""
+    fleet = asyncio.run(_read_fleet(BusSettings()))
     table = Table("worker", "state", "model", "running", "waiting", "KV use", "prefix hit", "gen tok/s", "cold start")
     for s in sorted(fleet.values(), key=lambda s: s.worker_id):
         table.add_row(
@@ -126,28 +127,8 @@ def topics() -> None:
     console.print(f"created: {created or 'none'}; all {len(t.CATALOG)} catalog topics present")
 
 
-async def _read_fleet(settings: BusSettings, seconds: float) -> dict[str, WorkerStatus]:
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        t.Topics(settings.topic_prefix).name(t.WORKERS),
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-    )
-    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
-    fleet: dict[str, WorkerStatus] = {}
-    try:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                for record in records:
-                    status = decode(record, WorkerStatus)
-                    fleet[status.worker_id] = status
-    finally:
-        await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
-    return fleet
+async def _read_fleet(settings: BusSettings) -> dict[str, WorkerStatus]:
+    return await read_table(settings, t.Topics(settings.topic_prefix).name(t.WORKERS), WorkerStatus)
 
 
 async def _wait_ready(settings: BusSettings, workers: int, timeout_s: float) -> int:

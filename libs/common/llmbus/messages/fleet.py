@@ -89,6 +89,7 @@ class ModelFormat(Part):
     name: str = Field(description="bf16 | fp16 | fp8 | awq | gptq")
     weight_bytes: int = Field(ge=0)
     min_compute_capability: str | None = None
+    path: str | None = Field(default=None, description="Checkpoint of this format (local dir or hub name).")
 
 
 class ModelSpec(Message):

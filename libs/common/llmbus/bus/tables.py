@@ -1,0 +1,49 @@
+"""Reading a compacted topic as a table: every key's latest value, up to the end as of now."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TypeVar
+
+from aiokafka import AIOKafkaConsumer
+
+from llmbus.bus.codec import BadMessage, decode
+from llmbus.messages import Message
+from llmbus.settings import BusSettings
+
+M = TypeVar("M", bound=Message)
+
+
+async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> dict[str, M]:
+    """Latest value per key of `topic` (tombstones and undecodable records are skipped)."""
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        request_timeout_ms=settings.request_timeout_ms,
+    )
+    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+    table: dict[str, M] = {}
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not consumer.assignment() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        partitions = list(consumer.assignment())
+        ends = await asyncio.wait_for(consumer.end_offsets(partitions), settings.admin_timeout_s)
+        pending = {tp for tp, end in ends.items() if end > 0}
+        while pending and loop.time() < deadline:
+            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                for record in records:
+                    if record.key is not None and record.value is not None:
+                        try:
+                            table[record.key.decode()] = decode(record, model)
+                        except BadMessage:
+                            continue
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+    finally:
+        await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
+    return table

@@ -1,0 +1,264 @@
+"""The `openai-http` engine: any OpenAI-compatible server (hosted providers, `vllm serve`, peers).
+
+Streams `POST {base_url}/chat/completions` (or `/completions`) with `stream=true` and
+`stream_options.include_usage`, so the last SSE chunk carries the authoritative token usage.
+Per-chunk token counts are not in the protocol: each non-empty content chunk counts as one
+token (what vLLM and most providers send) until the usage chunk corrects the total.
+Abort closes the HTTP stream, which is how an OpenAI-compatible server learns to stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from llmbus.messages import ErrorCode
+from llmbus.tokens import estimate_tokens
+from services.engine_worker.engines.base import (
+    AdmissionError,
+    EngineDead,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    EngineStats,
+)
+
+# Headers worth forwarding to the server: W3C trace context (vLLM serve and most gateways read it).
+_FORWARDED_HEADERS = ("traceparent", "tracestate", "baggage")
+
+
+@dataclass
+class OpenAIHttpConfig:
+    base_url: str  # up to and including /v1, e.g. "https://api.example.com/v1"
+    model: str  # the name the fleet knows it by (ModelSpec.name)
+    upstream_model: str | None = None  # the name the server knows; default: `model`
+    api_key: str = ""  # from the worker's settings (environment), never from a checked-in file
+    api_key_env: str | None = None  # or: the environment variable to read it from at start
+    api: str = "chat"  # "chat" (/chat/completions) | "completions" (/completions)
+    max_model_len: int = 8192
+    max_num_seqs: int = 64  # requests in flight at once; more are refused (the scheduler retries elsewhere)
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0  # longest silence between two chunks
+    request_timeout_s: float = 600.0  # whole request, first byte to last
+    extra_headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+
+def _status_error(status: int, body: str) -> EngineError:
+    msg = f"upstream HTTP {status}: {body[:300]}"
+    if status in (429, 503):  # rate limited / overloaded: try another worker or later
+        return AdmissionError(msg)
+    if status in (400, 404, 413, 422):
+        return EngineError(msg, ErrorCode.INVALID_REQUEST)
+    return EngineError(msg)
+
+
+class OpenAIHttpEngine:
+    name = "openai-http"
+
+    def __init__(self, config: OpenAIHttpConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.model = config.model
+        self.max_model_len = config.max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._streams: dict[str, httpx.Response | None] = {}  # request id → open response
+        self._aborted: set[str] = set()
+        self._prompt_tokens_total = 0
+        self._generation_tokens_total = 0
+        self._cached_tokens_total = 0
+
+    async def start(self) -> None:
+        if self._client is not None:
+            return
+        headers = dict(self.config.extra_headers)
+        key = self.config.api_key
+        if self.config.api_key_env:
+            key = os.environ.get(self.config.api_key_env, "")
+            if not key:
+                raise EngineDead(f"environment variable {self.config.api_key_env} holds no API key")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        c = self.config
+        self._client = httpx.AsyncClient(
+            base_url=c.base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(
+                connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s, pool=c.connect_timeout_s
+            ),
+            transport=self._transport,
+        )
+
+    async def warmup(self) -> None:
+        """Check the server answers; no completion is sent (a hosted one would bill it)."""
+        client = self._require_client()
+        try:
+            resp = await client.get("/models")
+        except httpx.HTTPError as exc:
+            raise EngineDead(f"cannot reach {self.config.base_url}: {exc!r}") from exc
+        if resp.status_code >= 500:
+            raise EngineDead(f"{self.config.base_url}/models answered HTTP {resp.status_code}")
+
+    async def stop(self) -> None:
+        client, self._client = self._client, None
+        for resp in list(self._streams.values()):
+            if resp is not None:
+                await resp.aclose()
+        if client is not None:
+            await client.aclose()
+
+    def _require_client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise EngineDead("openai-http engine is not started")
+        return self._client
+
+    def count_tokens(self, text: str) -> int:
+        return estimate_tokens(text)
+
+    def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise AdmissionError(
+                f"prompt {prompt_tokens} + max_tokens {max_tokens} > max_model_len {self.max_model_len}"
+            )
+        if len(self._streams) >= self.max_num_seqs:
+            raise AdmissionError(f"{len(self._streams)} requests in flight, max_num_seqs {self.max_num_seqs}")
+
+    def _body(self, request: EngineRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.config.upstream_model or self.config.model,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "max_tokens": request.max_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+        }
+        if self.config.api == "chat":
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+        else:
+            body["prompt"] = request.prompt
+        if request.seed is not None:
+            body["seed"] = request.seed
+        if request.stop:
+            body["stop"] = list(request.stop)
+        body.update(self.config.extra_body)
+        return body
+
+    def _delta_of(self, choice: dict[str, Any]) -> str:
+        if self.config.api == "chat":
+            return (choice.get("delta") or {}).get("content") or ""
+        return choice.get("text") or ""
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        client = self._require_client()
+        prompt_tokens = self.count_tokens(request.prompt)
+        self.check_admission(prompt_tokens, request.max_tokens)
+        path = "/chat/completions" if self.config.api == "chat" else "/completions"
+        headers = {k: v for k, v in request.trace_headers.items() if k.lower() in _FORWARDED_HEADERS}
+        headers["X-Request-Id"] = request.request_id
+        completion_tokens = 0
+        finish_reason: str | None = None
+        usage: dict[str, Any] | None = None
+        deadline = time.monotonic() + self.config.request_timeout_s
+        self._streams[request.request_id] = None
+        try:
+            async with client.stream("POST", path, json=self._body(request), headers=headers) as resp:
+                self._streams[request.request_id] = resp
+                if request.request_id in self._aborted:  # aborted while we waited for the headers
+                    raise httpx.StreamClosed()
+                if resp.status_code != 200:
+                    raise _status_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
+                async for data in _sse_data(resp):
+                    if data == "[DONE]":
+                        break
+                    if time.monotonic() > deadline:
+                        raise EngineError(f"upstream took over {self.config.request_timeout_s} s")
+                    chunk = json.loads(data)
+                    if "error" in chunk:  # some servers report mid-stream failures as a data event
+                        raise EngineError(f"upstream error mid-stream: {chunk['error']}")
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        delta = self._delta_of(choice)
+                        finish_reason = choice.get("finish_reason") or finish_reason
+                        if delta:
+                            completion_tokens += 1
+                            yield EngineOutput(delta, 1, prompt_tokens, completion_tokens)
+        except EngineError:
+            raise
+        except (httpx.StreamError, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            if request.request_id not in self._aborted:
+                raise EngineError(f"upstream stream broke: {exc!r}") from exc
+        except httpx.TimeoutException as exc:
+            raise EngineError(f"upstream timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise EngineError(f"upstream unreachable: {exc!r}") from exc
+        except json.JSONDecodeError as exc:
+            raise EngineError(f"upstream sent a chunk that is not JSON: {exc}") from exc
+        finally:
+            self._streams.pop(request.request_id, None)
+            aborted = request.request_id in self._aborted
+            self._aborted.discard(request.request_id)
+
+        if aborted:
+            finish_reason = "abort"
+        elif finish_reason is None:
+            raise EngineError("upstream stream ended without a finish_reason (truncated)")
+        final_completion = completion_tokens
+        cached = 0
+        if usage is not None:
+            prompt_tokens = int(usage.get("prompt_tokens", prompt_tokens))
+            final_completion = int(usage.get("completion_tokens", completion_tokens))
+            cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+        self._prompt_tokens_total += prompt_tokens
+        self._generation_tokens_total += final_completion
+        self._cached_tokens_total += cached
+        yield EngineOutput(
+            "",
+            max(0, final_completion - completion_tokens),
+            prompt_tokens,
+            final_completion,
+            cached_prompt_tokens=cached,
+            finished=True,
+            finish_reason=finish_reason,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        if request_id not in self._streams:
+            return
+        self._aborted.add(request_id)
+        resp = self._streams.get(request_id)
+        if resp is not None:
+            await resp.aclose()  # the server sees the disconnect and stops generating
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_requests_running=len(self._streams),
+            prompt_tokens_total=self._prompt_tokens_total,
+            prefix_cache_queries_total=self._prompt_tokens_total,
+            generation_tokens_total=self._generation_tokens_total,
+            prefix_cache_hits_total=self._cached_tokens_total,
+        )
+
+
+async def _sse_data(resp: httpx.Response) -> AsyncIterator[str]:
+    """The `data:` payloads of a server-sent-event stream (multi-line data joined with newlines)."""
+    lines: list[str] = []
+    async for line in resp.aiter_lines():
+        if line == "":
+            if lines:
+                yield "\n".join(lines)
+                lines = []
+            continue
+        if line.startswith(":"):
+            continue  # comment / keep-alive
+        name, _, value = line.partition(":")
+        if name == "data":
+            lines.append(value[1:] if value.startswith(" ") else value)
+    if lines:
+        yield "\n".join(lines)

@@ -1,0 +1,61 @@
+"""Prometheus gauges of the node profile, named like DCGM's exporter fields where they mean the same.
+
+Units follow DCGM so that dashboards and alerts written for dcgm-exporter read these as they
+are: framebuffer in MiB, temperature in °C, power in W, ECC counts as totals. Labels follow
+dcgm-exporter's (`gpu`, `UUID`, `modelName`, `Hostname`). Values are read from the latest
+profile at scrape time (a custom collector), so re-profiling never re-registers anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from llmbus.messages.fleet import GpuInfo, NodeProfile
+
+_MIB = 1024 * 1024
+_LABELS = ["gpu", "UUID", "modelName", "Hostname"]
+
+# (metric name, help, reading of one GPU or None where unsupported)
+GPU_GAUGES: tuple[tuple[str, str, Callable[[GpuInfo], float | None]], ...] = (
+    ("DCGM_FI_DEV_FB_TOTAL", "Framebuffer memory total (in MiB).", lambda g: g.memory_total_bytes / _MIB),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda g: g.memory_free_bytes / _MIB),
+    (
+        "DCGM_FI_DEV_FB_USED",
+        "Framebuffer memory used (in MiB).",
+        lambda g: (g.memory_total_bytes - g.memory_free_bytes) / _MIB,
+    ),
+    ("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda g: g.temperature_c),
+    ("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda g: g.power_w),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Single-bit volatile ECC errors.", lambda g: g.ecc_corrected_volatile),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Double-bit volatile ECC errors.", lambda g: g.ecc_uncorrected_volatile),
+    ("DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "Single-bit persistent ECC errors.", lambda g: g.ecc_corrected_aggregate),
+    ("DCGM_FI_DEV_ECC_DBE_AGG_TOTAL", "Double-bit persistent ECC errors.", lambda g: g.ecc_uncorrected_aggregate),
+)
+
+
+class NodeProfileCollector(Collector):
+    def __init__(self, latest_profile: Callable[[], NodeProfile | None]) -> None:
+        self._latest = latest_profile
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        profile = self._latest()
+        if profile is None:
+            return
+        for name, help_text, read in GPU_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=_LABELS)
+            for gpu in profile.gpus:
+                value = read(gpu)
+                if value is not None:  # unsupported readings are absent, not 0
+                    family.add_metric([str(gpu.index), gpu.uuid, gpu.name, profile.hostname], float(value))
+            yield family
+        host = GaugeMetricFamily("llmbus_node_memory_bytes", "Host memory (bytes).", labels=["state", "Hostname"])
+        host.add_metric(["total", profile.hostname], float(profile.memory_total_bytes))
+        host.add_metric(["free", profile.hostname], float(profile.memory_free_bytes))
+        yield host
+
+
+def register_node_metrics(registry: CollectorRegistry, latest_profile: Callable[[], NodeProfile | None]) -> None:
+    registry.register(NodeProfileCollector(latest_profile))

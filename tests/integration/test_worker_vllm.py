@@ -1,0 +1,192 @@
+"""The engine-worker process on the real vLLM CPU engine and the real broker.
+
+Dispatches are written straight onto the worker's own topic (as the scheduler would), so
+what is tested is the worker: streaming, cancel, admission, engine death and SIGTERM drain.
+One worker process serves the module; the drain test ends it, so it runs last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from llmbus import topics as t
+from llmbus.bus import Bus, decode
+from llmbus.bus.admin import ensure_catalog
+from llmbus.client import TopicTail
+from llmbus.messages import (
+    Control,
+    ControlAction,
+    Dispatch,
+    DispatchOutcome,
+    ErrorCode,
+    InferenceRequest,
+    InferenceResult,
+    OutcomeStatus,
+    ResultStatus,
+    RoutedRequest,
+    TokenChunk,
+    WorkerState,
+    WorkerStatus,
+)
+from llmbus.settings import BusSettings
+from tests.fixtures.tiny_llama import build_tiny_llama
+from tests.support import ServiceProc, fresh_settings, wait_workers_ready
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.vllm, pytest.mark.slow]
+WORKER = "vllm-w1"
+MAX_MODEL_LEN = 512
+
+
+class Harness:
+    def __init__(self, settings: BusSettings, bus: Bus, proc: ServiceProc) -> None:
+        self.settings, self.bus, self.proc = settings, bus, proc
+        self.topics = t.Topics(settings.topic_prefix)
+        self.tails: dict[str, TopicTail] = {}
+
+    async def tail(self, base: str) -> TopicTail:
+        if base not in self.tails:
+            self.tails[base] = await TopicTail(self.settings, self.topics.name(base)).start()
+        return self.tails[base]
+
+    async def dispatch(self, prompt: str, max_tokens: int, attempt: int = 1) -> str:
+        request = InferenceRequest(prompt=prompt, max_tokens=max_tokens, model="tiny-llama", tenant="acme")
+        routed = RoutedRequest(request=request, model="tiny-llama")
+        await self.bus.publisher.publish(self.topics.dispatch(WORKER),
+                                         Dispatch(routed=routed, worker_id=WORKER, attempt=attempt),
+                                         key=request.request_id)
+        return request.request_id
+
+    async def collect(self, base: str, model, want, timeout_s: float = 90) -> list:  # type: ignore[no-untyped-def]
+        tail = await self.tail(base)
+        seen: list = []
+        async for record in tail.records(timeout_s):
+            seen.append(decode(record, model))
+            if want(seen):
+                return seen
+        raise TimeoutError(f"{base}: condition not met; saw {len(seen)} messages")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def worker() -> AsyncIterator[Harness]:
+    settings = fresh_settings()
+    await ensure_catalog(settings)
+    proc = ServiceProc("services.engine_worker", settings, name=WORKER, env={
+        "LLMBUS_WORKER_WORKER_ID": WORKER,
+        "LLMBUS_WORKER_ENGINE": "vllm",
+        "LLMBUS_WORKER_MODEL": "tiny-llama",
+        "LLMBUS_WORKER_VLLM_MODEL_PATH": str(build_tiny_llama()),
+        "LLMBUS_WORKER_VLLM_DTYPE": "float32",
+        "LLMBUS_WORKER_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+        "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": "8",
+        "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
+        "LLMBUS_WORKER_DRAIN_GRACE_S": "0.3",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "TOKENIZERS_PARALLELISM": "false",
+    }).start()
+    bus = await Bus.start(settings, "test")
+    harness = Harness(settings, bus, proc)
+    for base in (t.TOKENS, t.RESULTS, t.OUTCOMES, t.WORKERS):
+        await harness.tail(base)
+    try:
+        await wait_workers_ready(settings, {WORKER}, timeout_s=180)
+        yield harness
+    finally:
+        for tail in harness.tails.values():
+            await tail.stop()
+        await bus.stop()
+        proc.kill()
+        print(f"\n--- worker log ---\n{proc.log_tail(30)}")
+
+
+def for_request(request_id: str, final: bool = False):  # type: ignore[no-untyped-def]
+    def want(seen: list) -> bool:  # type: ignore[type-arg]
+        mine = [m for m in seen if m.request_id == request_id]
+        return any(getattr(m, "final", True) for m in mine) if final else bool(mine)
+
+    return want
+
+
+async def test_streams_chunks_result_and_outcome(worker: Harness) -> None:
+    rid = await worker.dispatch("the kafka broker keeps the log", max_tokens=24)
+    chunks = [c for c in await worker.collect(t.TOKENS, TokenChunk, for_request(rid, final=True))
+              if c.request_id == rid]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert chunks[-1].final and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24
+    [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
+    assert result.status == ResultStatus.OK and result.worker_id == WORKER
+    assert result.text == "".join(c.delta for c in chunks) and result.text
+    assert result.usage.prompt_tokens > 0 and result.timings.ttft_ms is not None
+    outcomes = await worker.collect(t.OUTCOMES, DispatchOutcome, for_request(rid))
+    assert [o.status for o in outcomes if o.request_id == rid] == [OutcomeStatus.COMPLETED]
+
+
+async def test_cancel_through_llm_control_aborts_mid_stream(worker: Harness) -> None:
+    rid = await worker.dispatch("a long answer about the scheduler", max_tokens=MAX_MODEL_LEN - 40)
+    await worker.collect(t.TOKENS, TokenChunk, for_request(rid))  # it started streaming
+    await worker.bus.publisher.publish(worker.topics.name(t.CONTROL),
+                                       Control(action=ControlAction.CANCEL, target_id=rid), key=rid)
+    [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
+    assert result.status == ResultStatus.ERROR and result.error is not None
+    assert result.error.code == ErrorCode.CANCELLED
+    assert 0 < result.usage.completion_tokens < MAX_MODEL_LEN - 40
+
+
+async def test_over_capacity_is_refused_as_retryable_without_a_result(worker: Harness) -> None:
+    rid = await worker.dispatch("too long", max_tokens=MAX_MODEL_LEN + 1)
+    [outcome] = [o for o in await worker.collect(t.OUTCOMES, DispatchOutcome, for_request(rid)) if o.request_id == rid]
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
+    assert outcome.error.code == ErrorCode.OVER_CAPACITY and outcome.error.retryable
+    results = await worker.tail(t.RESULTS)
+    async for record in results.records(1.5):
+        assert decode(record, InferenceResult).request_id != rid, "a refused dispatch is not final"
+
+
+async def test_engine_death_is_retryable_and_the_engine_restarts(worker: Harness) -> None:
+    rid = await worker.dispatch("the engine will die under this request", max_tokens=MAX_MODEL_LEN - 40)
+    await worker.collect(t.TOKENS, TokenChunk, for_request(rid))
+    assert worker.proc.proc is not None
+    children = psutil.Process(worker.proc.proc.pid).children(recursive=True)
+    assert children, "vLLM runs its engine core in a child process"
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    outcomes = await worker.collect(t.OUTCOMES, DispatchOutcome, for_request(rid))
+    [outcome] = [o for o in outcomes if o.request_id == rid]
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None and outcome.error.retryable
+
+    def ready_again(seen: list[WorkerStatus]) -> bool:
+        states = [s.state for s in seen]
+        return WorkerState.UNHEALTHY in states and WorkerState.READY in states[states.index(WorkerState.UNHEALTHY):]
+
+    await worker.collect(t.WORKERS, WorkerStatus, ready_again, timeout_s=180)
+    after = await worker.dispatch("served again after the restart", max_tokens=8)
+    [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(after)) if r.request_id == after]
+    assert result.status == ResultStatus.OK and result.usage.completion_tokens == 8
+
+
+async def test_sigterm_drains_and_hands_back_without_losing_a_request(worker: Harness) -> None:
+    ids = [await worker.dispatch(f"drain request {i} {uuid.uuid4().hex[:6]}", max_tokens=MAX_MODEL_LEN - 40)
+           for i in range(16)]
+    await worker.collect(t.TOKENS, TokenChunk, lambda seen: {c.request_id for c in seen} >= set(ids[:2]))
+    assert worker.proc.proc is not None
+    code = await asyncio.to_thread(worker.proc.terminate, 90)
+    assert code == 0, "the worker exits cleanly after draining"
+    ended: dict[str, str] = {}
+    for outcome in await worker.collect(t.OUTCOMES, DispatchOutcome,
+                                        lambda seen: {o.request_id for o in seen} >= set(ids), timeout_s=30):
+        if outcome.request_id in ids:
+            ended[outcome.request_id] = outcome.status
+            if outcome.status == OutcomeStatus.RETRYABLE:
+                assert outcome.error is not None and outcome.error.code == ErrorCode.HANDED_BACK
+    assert set(ended) == set(ids), "every request either finished or was handed back"
+    assert OutcomeStatus.RETRYABLE in ended.values(), "long requests were handed back at the end of the grace"
+    last = (await worker.collect(t.WORKERS, WorkerStatus, lambda seen: seen[-1].state == WorkerState.STOPPED))[-1]
+    assert last.state == WorkerState.STOPPED

@@ -1,0 +1,122 @@
+"""SimEngine: the async wrapper (streams, abort, stop strings, admission, stats, pacing)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from services.engine_worker.engines.base import AdmissionError, Engine, EngineOutput, EngineRequest
+from services.engine_worker.engines.sim import SimConfig, SimEngine
+
+PROMPT = "You are a helpful assistant. " * 40
+
+
+async def collect(engine: SimEngine, request: EngineRequest) -> list[EngineOutput]:
+    return [out async for out in engine.generate(request)]
+
+
+async def started(**overrides: object) -> SimEngine:
+    engine = SimEngine(SimConfig(speedup=0, **overrides))  # type: ignore[arg-type]
+    await engine.start()
+    return engine
+
+
+async def test_implements_the_engine_protocol() -> None:
+    engine: Engine = await started()
+    assert engine.name == "sim" and engine.max_num_seqs == 256
+
+
+async def test_stream_is_complete_and_deterministic() -> None:
+    engine = await started()
+    outs = await collect(engine, EngineRequest("a", PROMPT, max_tokens=12, seed=7))
+    assert len(outs) == 12 and [o.completion_tokens for o in outs] == list(range(1, 13))
+    assert outs[-1].finished and outs[-1].finish_reason == "length"
+    assert not any(o.finished for o in outs[:-1])
+    assert outs[-1].prompt_tokens == engine.count_tokens(PROMPT)
+    text = "".join(o.delta for o in outs)
+    again = "".join(o.delta for o in await collect(engine, EngineRequest("b", PROMPT, max_tokens=12, seed=7)))
+    other = "".join(o.delta for o in await collect(engine, EngineRequest("c", PROMPT, max_tokens=12, seed=8)))
+    assert text == again and text != other
+
+
+async def test_concurrent_requests_share_the_batch_and_the_prefix_cache() -> None:
+    engine = await started()
+    await collect(engine, EngineRequest("warm", PROMPT + "first question", max_tokens=2))
+    results = await asyncio.gather(
+        *(collect(engine, EngineRequest(f"r{i}", PROMPT + f"question {i}", max_tokens=20)) for i in range(8))
+    )
+    assert all(r[-1].completion_tokens == 20 for r in results)
+    cached = {r[-1].cached_prompt_tokens for r in results}
+    assert cached == {(len(PROMPT) // 64) * 16}  # the system prompt's full blocks
+    stats = engine.stats()
+    assert stats.prefix_cache_hits_total == 8 * cached.pop()
+    assert stats.generation_tokens_total == 2 + 8 * 20
+    assert stats.num_requests_running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
+
+
+async def test_abort_mid_stream_ends_the_stream_and_frees_the_blocks() -> None:
+    engine = await started()
+    outs = []
+    async for out in engine.generate(EngineRequest("a", PROMPT, max_tokens=1000)):
+        outs.append(out)
+        if len(outs) == 3:
+            assert engine.stats().num_requests_running == 1
+            await engine.abort("a")
+    assert outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert outs[-1].completion_tokens == 3
+    stats = engine.stats()
+    assert stats.num_requests_running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
+
+
+async def test_consumer_walking_away_aborts_the_request() -> None:
+    engine = await started()
+    stream = engine.generate(EngineRequest("a", PROMPT, max_tokens=1000))
+    await anext(stream)
+    await stream.aclose()
+    assert "a" not in engine.core and engine.stats().num_requests_running == 0
+
+
+async def test_stop_string_ends_the_answer_before_it() -> None:
+    engine = await started()
+    full = "".join(o.delta for o in await collect(engine, EngineRequest("a", PROMPT, max_tokens=30, seed=1)))
+    stop = full.split(" ")[6]
+    outs = await collect(engine, EngineRequest("b", PROMPT, max_tokens=30, seed=1, stop=(" " + stop,)))
+    text = "".join(o.delta for o in outs)
+    assert outs[-1].finish_reason == "stop" and text == full[: full.index(" " + stop)]
+    assert engine.stats().num_requests_running == 0
+
+
+async def test_admission_refuses_what_can_never_fit() -> None:
+    engine = await started(max_model_len=1000, kv_blocks_total=20)
+    with pytest.raises(AdmissionError):
+        engine.check_admission(900, 200)  # longer than the model
+    with pytest.raises(AdmissionError):
+        engine.check_admission(300, 100)  # 25 blocks > 20 in the whole cache
+    engine.check_admission(200, 100)
+    with pytest.raises(AdmissionError):
+        await collect(engine, EngineRequest("a", "x" * 4000, max_tokens=100))
+
+
+async def test_speedup_paces_steps_in_wall_time() -> None:
+    engine = SimEngine(SimConfig(speedup=1.0))
+    await engine.start()
+    t0 = time.perf_counter()
+    outs = await collect(engine, EngineRequest("a", "y" * 2048, max_tokens=10))  # 512 prompt tokens
+    elapsed_s = time.perf_counter() - t0
+    # 14.6 ms prefill step + 9 decode steps of 5.76 ms ≈ 66 ms on the H100 profile.
+    assert outs[-1].completion_tokens == 10
+    assert 0.060 <= elapsed_s < 1.0
+    assert engine.core.now_us == pytest.approx(5752.705 + 17.2509 * 512 + 9 * (5752.705 + 5.9991), abs=1e3)
+
+
+async def test_warmup_then_stop() -> None:
+    engine = await started()
+    await engine.warmup()
+    assert engine.stats().generation_tokens_total == 0
+    stream = engine.generate(EngineRequest("a", PROMPT, max_tokens=1000))
+    await anext(stream)
+    await engine.stop()
+    rest = [o async for o in stream]
+    assert rest[-1].finish_reason == "abort"
