@@ -82,15 +82,14 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         results.subscribe([topics.name(t.RESULTS)], listener=results_loop.rebalance_listener())
         consumers.append(results)
         loops.append(results_loop)
+    requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
+    consumers.append(requests)
     try:
-        for consumer in consumers:
-            await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+        # All consumers join at once (group joins are the slow part of a start) ...
+        await asyncio.gather(*[asyncio.wait_for(c.start(), settings.admin_timeout_s) for c in consumers])
         tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
-        # State first: experiments and budgets already in the log apply to the first request.
+        # ... but requests wait for the state: experiments and budgets already in the log apply to the first one.
         await caught_up(state, state_loop, router_settings.state_catch_up_s)
-        requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
-        await asyncio.wait_for(requests.start(), settings.admin_timeout_s)
-        consumers.append(requests)
         tasks.append(asyncio.create_task(request_loop.run(stop)))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:

@@ -124,7 +124,7 @@ async def test_malformed_and_invalid_requests_go_to_dlq_and_invalid_gets_final_e
 
     letters = [decode(r, DeadLetter) for r in await read_until(dlq, lambda rs: len(rs) >= 2, 60)]
     assert len(letters) == 2
-    malformed, invalid_letter = sorted(letters, key=lambda d: d.source_offset)
+    malformed, invalid_letter = sorted(letters, key=lambda d: d.error_code != ErrorCode.MALFORMED)
     assert malformed.error_code == ErrorCode.MALFORMED and base64.b64decode(malformed.raw_value_b64) == b"{not json"
     assert malformed.source_topic == topics.name(t.REQUESTS) and malformed.service == "router"
     assert invalid_letter.error_code == ErrorCode.INVALID_REQUEST and invalid_letter.request_id == bad_id

@@ -42,7 +42,7 @@ from tests.support import ServiceProc, fresh_settings, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.vllm, pytest.mark.slow]
 WORKER = "vllm-w1"
-MAX_MODEL_LEN = 512
+MAX_MODEL_LEN = 2048  # long enough that a cancel lands mid-stream even on a loaded machine
 
 
 class Harness:

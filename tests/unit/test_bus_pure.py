@@ -130,3 +130,26 @@ def test_committed_schemas_match_the_models() -> None:
     from llmbus.schemagen import main
 
     assert main(["--out", str(Path(__file__).resolve().parents[2] / "schemas"), "--check"]) == 0
+
+
+async def test_watchdog_ends_a_loop_whose_poll_hangs() -> None:
+    import asyncio
+
+    from llmbus.bus.consumer import ConsumerLoop, ConsumerStalled
+    from llmbus.settings import BusSettings
+
+    class HangingConsumer:
+        def assignment(self) -> set[str]:
+            return set()
+
+        async def getmany(self, **_: object) -> dict[str, list[ConsumerRecord]]:
+            await asyncio.sleep(3600)  # a broker call that never returns
+            return {}
+
+    async def never_called(*_: object) -> None:
+        raise AssertionError
+
+    settings = BusSettings(watchdog_s=0.3)
+    loop = ConsumerLoop(HangingConsumer(), never_called, never_called, settings, service="t")  # type: ignore[arg-type]
+    with pytest.raises(ConsumerStalled):
+        await asyncio.wait_for(loop.run(asyncio.Event()), 5)

@@ -5,9 +5,14 @@ from __future__ import annotations
 import redis.asyncio as redis
 
 
-def redis_client(url: str) -> redis.Redis:
-    # Bounded like every other network call: a dead Redis fails fast instead of hanging.
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5, decode_responses=False)
+def redis_client(url: str, max_connections: int = 64) -> redis.Redis:
+    # Bounded like every other network call: a dead Redis fails fast instead of hanging. The
+    # blocking pool makes a burst of concurrent handlers wait for a connection (up to 5 s)
+    # instead of failing with "Too many connections".
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=5, socket_timeout=5, socket_connect_timeout=5
+    )
+    return redis.Redis(connection_pool=pool, decode_responses=False)
 
 
 class DedupeStore:

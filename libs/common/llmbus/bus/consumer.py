@@ -63,6 +63,10 @@ def make_consumer(
     return AIOKafkaConsumer(*topics, **options)  # type: ignore[arg-type]
 
 
+class ConsumerStalled(RuntimeError):
+    """The poll loop stopped coming round: the service should exit and be restarted."""
+
+
 class ConsumerLoop:
     def __init__(
         self,
@@ -108,42 +112,63 @@ class ConsumerLoop:
         return _Listener()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll, hand records to the handler, commit; returns after `stop` and a final commit."""
+        """Poll, hand records to the handler, commit; returns after `stop` and a final commit.
+
+        A watchdog ends the loop with ConsumerStalled when polling has not come round for
+        `watchdog_s`: the process exits and restarts from its commits instead of hanging.
+        """
+        self.last_poll_monotonic = time.monotonic()
+        poll = asyncio.create_task(self._poll_until(stop))
+        watchdog = asyncio.create_task(self._watchdog())
+        try:
+            await asyncio.wait({poll, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+            if not poll.done():
+                poll.cancel()
+                await asyncio.gather(poll, return_exceptions=True)
+                raise ConsumerStalled(f"no poll for {self._settings.watchdog_s:.0f}s")
+            poll.result()
+        finally:
+            watchdog.cancel()
+            await self.drain(self._drain_grace_s)
+
+    async def _watchdog(self) -> None:
+        while time.monotonic() - self.last_poll_monotonic <= self._settings.watchdog_s:
+            await asyncio.sleep(max(self._settings.watchdog_s / 4, 0.05))
+        log.critical("consumer loop stalled: no poll for %.0fs", self._settings.watchdog_s)
+
+    async def _poll_until(self, stop: asyncio.Event) -> None:
         next_commit = time.monotonic() + self._settings.commit_interval_s
         paused = False
-        try:
-            while not stop.is_set():
-                if self._fatal is not None:
-                    raise self._fatal
-                self.last_poll_monotonic = time.monotonic()
-                free = self._max_in_flight - len(self._tasks)
-                if free <= 0 and not paused:
-                    self._consumer.pause(*self._consumer.assignment())
-                    paused = True
-                elif free > 0 and paused:
-                    self._consumer.resume(*self._consumer.paused())
-                    paused = False
-                if paused:
-                    # Keep polling (it keeps the group membership alive) but wait for a free slot.
-                    self._slot_freed.clear()
-                    try:
-                        await asyncio.wait_for(self._slot_freed.wait(), self._settings.poll_timeout_ms / 1000)
-                    except TimeoutError:
-                        pass
-                    await self._consumer.getmany(timeout_ms=0)
-                else:
-                    batches = await self._consumer.getmany(
-                        timeout_ms=self._settings.poll_timeout_ms,
-                        max_records=min(free, self._settings.max_poll_records),
-                    )
-                    for tp, records in batches.items():
-                        for record in records:
-                            self._start(tp, record)
-                if time.monotonic() >= next_commit:
-                    await self.commit()
-                    next_commit = time.monotonic() + self._settings.commit_interval_s
-        finally:
-            await self.drain(self._drain_grace_s)
+        while not stop.is_set():
+            if self._fatal is not None:
+                raise self._fatal
+            self.last_poll_monotonic = time.monotonic()
+            free = self._max_in_flight - len(self._tasks)
+            if free <= 0 and not paused:
+                self._consumer.pause(*self._consumer.assignment())
+                paused = True
+            elif free > 0 and paused:
+                self._consumer.resume(*self._consumer.paused())
+                paused = False
+            if paused:
+                # Keep polling (it keeps the group membership alive) but wait for a free slot.
+                self._slot_freed.clear()
+                try:
+                    await asyncio.wait_for(self._slot_freed.wait(), self._settings.poll_timeout_ms / 1000)
+                except TimeoutError:
+                    pass
+                await self._consumer.getmany(timeout_ms=0)
+            else:
+                batches = await self._consumer.getmany(
+                    timeout_ms=self._settings.poll_timeout_ms,
+                    max_records=min(free, self._settings.max_poll_records),
+                )
+                for tp, records in batches.items():
+                    for record in records:
+                        self._start(tp, record)
+            if time.monotonic() >= next_commit:
+                await self.commit()
+                next_commit = time.monotonic() + self._settings.commit_interval_s
 
     def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         self._tracker.started(tp, record.offset)

@@ -1,0 +1,94 @@
+"""Exact response cache in Redis.
+
+Filling: the router does not see the answer when it routes, so for each cacheable
+request it remembers request id → cache key ("pending", short TTL); when the final
+InferenceResult for that id arrives on llm.results, `complete` moves the answer under
+the key (final text + usage + model). Only successful, non-shadow, non-cached results
+are stored, and only under a key of the result's own tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import redis.asyncio as redis
+from prometheus_client import Counter
+
+from llmbus.messages import FinishReason, InferenceResult, ResultStatus, Usage
+from services.router.policy.ports import CachedAnswer
+
+log = logging.getLogger(__name__)
+CACHE_ERRORS = Counter("llmbus_router_cache_errors_total", "Cache calls that failed (Redis error); treated as misses")
+CACHE_LOOKUPS = Counter("llmbus_router_cache_lookups_total", "Exact cache lookups", ["outcome"])
+
+
+class RedisResponseCache:
+    def __init__(
+        self,
+        client: redis.Redis,
+        namespace: str,
+        ttl_s: int = 3600,
+        pending_ttl_s: int = 900,
+        max_text_bytes: int = 256_000,
+    ) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._ttl_s = ttl_s
+        self._pending_ttl_s = pending_ttl_s
+        self._max_text_bytes = max_text_bytes
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def _entry_key(self, key: str) -> str:
+        return f"llmbus:{self._namespace}:cache:{key}"
+
+    def _pending_key(self, request_id: str) -> str:
+        return f"llmbus:{self._namespace}:cache-pending:{request_id}"
+
+    async def lookup(self, key: str) -> CachedAnswer | None:
+        try:
+            raw = await self._client.get(self._entry_key(key))
+        except (redis.RedisError, OSError):
+            CACHE_ERRORS.inc()  # a cache outage is a miss, never a failed request
+            log.warning("cache lookup failed", exc_info=True)
+            return None
+        CACHE_LOOKUPS.labels("hit" if raw is not None else "miss").inc()
+        if raw is None:
+            return None
+        data = json.loads(raw)
+        return CachedAnswer(
+            text=data["text"],
+            usage=Usage.model_validate(data["usage"]),
+            model=data["model"],
+            finish_reason=FinishReason(data["finish_reason"]) if data.get("finish_reason") else None,
+        )
+
+    async def remember_pending(self, request_id: str, key: str) -> None:
+        try:
+            await self._client.set(self._pending_key(request_id), key, ex=self._pending_ttl_s)
+        except (redis.RedisError, OSError):
+            CACHE_ERRORS.inc()  # only costs a future hit
+            log.warning("cache pending mark failed", exc_info=True)
+
+    async def complete(self, result: InferenceResult) -> bool:
+        """Store a finished answer if its request was cacheable; True when stored."""
+        if result.status != ResultStatus.OK or result.cached or result.shadow:
+            return False
+        key_raw = await self._client.getdel(self._pending_key(result.request_id))
+        if key_raw is None:
+            return False
+        key = key_raw.decode() if isinstance(key_raw, bytes) else str(key_raw)
+        if not key.startswith(f"{result.tenant}:"):
+            return False  # a result whose tenant differs from the request's never fills that tenant's cache
+        if len(result.text.encode()) > self._max_text_bytes:
+            return False
+        entry = {
+            "text": result.text,
+            "usage": result.usage.model_dump(),
+            "model": result.model or "",
+            "finish_reason": result.finish_reason.value if result.finish_reason else None,
+        }
+        await self._client.set(self._entry_key(key), json.dumps(entry), ex=self._ttl_s)
+        return True

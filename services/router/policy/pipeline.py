@@ -1,0 +1,267 @@
+"""The routing core: one InferenceRequest in, what to publish out. No broker imports.
+
+Order of the steps, and why:
+ 1. features (prompt tokens, complexity) — everything below reads them;
+ 2. hard prompt cap — refuse absurd inputs before spending Redis calls on them;
+ 3. budget (llm.budgets) — over budget either refuses or forces the cheaper model;
+ 4. rules → model + fallback chain; an unavailable target walks its chain;
+ 5. A/B — the first enabled experiment on that model may swap it for the user's variant;
+ 6. output cap and context trimming for the chosen model (the window it will really get);
+ 7. tenant rate limits (requests/s, tokens/min; tokens = prompt + max_tokens, like
+    hosted providers count) — every request counts, cache hits too: the limit is on
+    what the tenant asks, not on what it costs us;
+ 8. exact cache — a hit ends the request here;
+ 9. shadow copies of the routed request for matching shadow experiments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmbus.messages import (
+    BudgetState,
+    ErrorCode,
+    ErrorInfo,
+    FinishReason,
+    InferenceRequest,
+    InferenceResult,
+    ResultStatus,
+    RoutedRequest,
+    Timings,
+    TokenChunk,
+    now_ms,
+)
+from llmbus.tokens import estimate_tokens
+from services.router.policy.cache_key import cache_key, cacheable
+from services.router.policy.catalog import ModelCatalog
+from services.router.policy.complexity import ComplexityScorer
+from services.router.policy.config import OverBudget, OverCap, RouterPolicy, UnknownModel
+from services.router.policy.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
+from services.router.policy.fallback import next_model
+from services.router.policy.ports import BudgetView, CachedAnswer, RateLimiter, ResponseCache
+from services.router.policy.rules import RouteDecision, RouteFeatures, decide_route
+from services.router.policy.trimming import trim_to_window
+
+PRODUCED_BY = "router"
+
+
+@dataclass
+class RouteOutcome:
+    """Either `routed` (+ shadows) to publish on llm.routed, or a final `result` for the client."""
+
+    routed: RoutedRequest | None = None
+    shadows: list[RoutedRequest] = field(default_factory=list)
+    result: InferenceResult | None = None
+    content_chunks: list[TokenChunk] = field(default_factory=list)  # a cache hit's text, before the final chunk
+
+    @property
+    def last_seq(self) -> int:
+        return self.content_chunks[-1].seq if self.content_chunks else -1
+
+
+class Refused(Exception):
+    def __init__(self, code: ErrorCode, message: str, retry_after_ms: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.error = ErrorInfo.of(code, message, retry_after_ms)
+        self.reason = reason or f"refused:{code.value}"
+
+
+@dataclass
+class _Fitted:
+    request: InferenceRequest
+    prompt_tokens: int
+    trimmed_tokens: int
+
+
+class RouterCore:
+    def __init__(
+        self,
+        policy: RouterPolicy,
+        scorer: ComplexityScorer,
+        catalog: ModelCatalog | None = None,
+        experiments: ExperimentBook | None = None,
+        limiter: RateLimiter | None = None,
+        cache: ResponseCache | None = None,
+        budgets: BudgetView | None = None,
+    ) -> None:
+        self.policy = policy
+        self.scorer = scorer
+        self.catalog = catalog or ModelCatalog(policy)
+        self.experiments = experiments or ExperimentBook()
+        self.limiter = limiter
+        self.cache = cache
+        self.budgets = budgets
+
+    async def route(self, request: InferenceRequest, received_at_ms: int | None = None) -> RouteOutcome:
+        received_at_ms = received_at_ms or now_ms()
+        try:
+            return await self._route(request, received_at_ms)
+        except Refused as refused:
+            return RouteOutcome(result=self._final_error(request, refused, received_at_ms))
+
+    def features(self, request: InferenceRequest) -> RouteFeatures:
+        tenant = self.policy.tenant(request.tenant)
+        complexity = request.complexity if request.complexity is not None else self.scorer.score(request)
+        return RouteFeatures(
+            complexity=complexity,
+            prompt_tokens=estimate_tokens(request.prompt_text()),
+            token_budget=request.token_budget,
+            category=request.category,
+            tenant=request.tenant,
+            tenant_tier=request.tenant_tier or tenant.tier,
+            requested_model=request.model,
+        )
+
+    def decide(self, request: InferenceRequest, f: RouteFeatures) -> RouteDecision:
+        """Steps 3-4: budget, rules, availability (no I/O)."""
+        tenant = self.policy.tenant(request.tenant)
+        budget = self.budgets.state_of(request.tenant) if self.budgets else BudgetState.OK
+        if budget == BudgetState.OVER:
+            if tenant.over_budget == OverBudget.REJECT:
+                raise Refused(ErrorCode.OVER_BUDGET, f"tenant {request.tenant!r} is over its budget")
+            model = tenant.degrade_model or self.policy.cheapest_model()
+            decision = RouteDecision(model=model, route_reason="budget_degrade")
+        else:
+            decision = decide_route(self.policy, f)
+        unknown = decision.rule and f.requested_model == decision.model and not self.catalog.knows(decision.model)
+        if unknown and self.policy.limits.unknown_model == UnknownModel.REJECT:
+            raise Refused(ErrorCode.MODEL_UNAVAILABLE, f"model {decision.model!r} is not in the catalog")
+        if not self.catalog.is_available(decision.model):
+            picked = next_model(decision.fallback_chain, decision.model, self.catalog.is_available)
+            if picked is None:
+                raise Refused(
+                    ErrorCode.MODEL_UNAVAILABLE, f"model {decision.model!r} and its fallbacks are unavailable"
+                )
+            to_model, rest = picked
+            reason = f"fallback:{decision.model}->{to_model}:{ErrorCode.MODEL_UNAVAILABLE.value}"
+            decision = RouteDecision(model=to_model, fallback_chain=rest, route_reason=reason, rule=decision.rule)
+        return decision
+
+    def fit(self, request: InferenceRequest, model: str) -> _Fitted:
+        """Step 6: cap max_tokens to the model's output limit, trim the conversation to its window."""
+        entry = self.catalog.entry(model)
+        if request.max_tokens > entry.max_output_tokens:
+            if self.policy.limits.over_output_cap == OverCap.REJECT:
+                raise Refused(
+                    ErrorCode.MAX_TOKENS_TOO_LARGE,
+                    f"max_tokens {request.max_tokens} > {entry.max_output_tokens} for {model}",
+                )
+            request = request.model_copy(
+                update={
+                    "max_tokens": entry.max_output_tokens,
+                    "metadata": request.metadata | {"llmbus.max_tokens_requested": str(request.max_tokens)},
+                }
+            )
+        window = min(entry.max_model_len, self.catalog.max_prompt_tokens(model) + request.max_tokens)
+        trimmed = trim_to_window(request, window, request.max_tokens)
+        if not trimmed.fits:
+            raise Refused(
+                ErrorCode.PROMPT_TOO_LONG,
+                f"prompt of ~{trimmed.prompt_tokens} tokens does not fit {model} "
+                f"(window {entry.max_model_len}, max_tokens {request.max_tokens})",
+            )
+        if trimmed.trimmed_tokens:
+            request = request.model_copy(update={"messages": trimmed.messages})
+        return _Fitted(request, trimmed.prompt_tokens, trimmed.trimmed_tokens)
+
+    async def _route(self, request: InferenceRequest, received_at_ms: int) -> RouteOutcome:
+        f = self.features(request)
+        if f.prompt_tokens > self.policy.limits.max_prompt_tokens:
+            raise Refused(
+                ErrorCode.PROMPT_TOO_LONG,
+                f"prompt of ~{f.prompt_tokens} tokens > limit {self.policy.limits.max_prompt_tokens}",
+            )
+        decision = self.decide(request, f)
+        model, reason, chain = decision.model, decision.route_reason, decision.fallback_chain
+        experiment_id = variant = None
+        for experiment in self.experiments.ab_for(model)[:1]:  # one A/B per request: effects stay attributable
+            picked = pick_variant(experiment, unit_of(request))
+            if picked is not None:
+                variant, model = picked
+                experiment_id = experiment.experiment_id
+                chain = [m for m in chain if m != model]
+
+        fitted = self.fit(request, model)
+        request = fitted.request
+        if self.limiter is not None:
+            tenant = self.policy.tenant(request.tenant)
+            verdict = await self.limiter.take(request.tenant, tenant, fitted.prompt_tokens + request.max_tokens)
+            if not verdict.allowed:
+                raise Refused(
+                    ErrorCode.RATE_LIMITED,
+                    f"tenant {request.tenant!r} over its {verdict.limit} limit",
+                    verdict.retry_after_ms,
+                )
+
+        routed = RoutedRequest(
+            request=request,
+            model=model,
+            route_reason=reason,
+            fallback_chain=chain,
+            experiment_id=experiment_id,
+            variant=variant,
+            prompt_tokens_est=fitted.prompt_tokens,
+            trimmed_tokens=fitted.trimmed_tokens,
+            received_at_ms=received_at_ms,
+        )
+        if self.cache is not None and self.policy.cache.enabled and cacheable(request):
+            key = cache_key(request, model)
+            hit = await self.cache.lookup(key)
+            if hit is not None:
+                return self._cache_hit(routed, hit)
+            await self.cache.remember_pending(request.request_id, key)
+        return RouteOutcome(routed=routed, shadows=self._shadows(routed))
+
+    def _shadows(self, routed: RoutedRequest) -> list[RoutedRequest]:
+        copies = []
+        for experiment in self.experiments.shadows_for(routed.model):
+            if experiment.shadow_model is None or not in_shadow(experiment, unit_of(routed.request)):
+                continue
+            try:
+                fitted = self.fit(routed.request, experiment.shadow_model)
+            except Refused:
+                continue  # the candidate can't take this one; the primary is unaffected
+            base = routed.model_copy(update={"request": fitted.request, "prompt_tokens_est": fitted.prompt_tokens})
+            copies.append(shadow_copy(base, experiment))
+        return copies
+
+    def _cache_hit(self, routed: RoutedRequest, hit: CachedAnswer) -> RouteOutcome:
+        request = routed.request
+        elapsed_ms = float(now_ms() - routed.received_at_ms)
+        chunk = TokenChunk(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            seq=0,
+            delta=hit.text,
+            tokens=hit.usage.completion_tokens,
+            model=hit.model,
+        )
+        result = InferenceResult(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            status=ResultStatus.OK,
+            model=hit.model,
+            text=hit.text,
+            finish_reason=hit.finish_reason,
+            usage=hit.usage,  # the tokens this hit saved: nothing was generated for them
+            timings=Timings(received_at_ms=routed.received_at_ms, ttft_ms=elapsed_ms, total_ms=elapsed_ms),
+            cached=True,
+            experiment_id=routed.experiment_id,
+            variant=routed.variant,
+            route_reason=f"cache_hit:{routed.route_reason}",
+            produced_by=PRODUCED_BY,
+        )
+        return RouteOutcome(result=result, content_chunks=[chunk])
+
+    def _final_error(self, request: InferenceRequest, refused: Refused, received_at_ms: int) -> InferenceResult:
+        return InferenceResult(
+            request_id=request.request_id,
+            tenant=request.tenant,
+            status=ResultStatus.ERROR,
+            error=refused.error,
+            finish_reason=FinishReason.ERROR,
+            model=request.model,
+            timings=Timings(received_at_ms=received_at_ms, total_ms=float(now_ms() - received_at_ms)),
+            route_reason=refused.reason,
+            produced_by=PRODUCED_BY,
+        )

@@ -1,0 +1,42 @@
+"""What the routing core needs from the outside (Redis, the budgets topic), as Protocols.
+
+The Redis implementations live in services/router/{limits,cache,budgets}.py; unit tests
+pass in-memory fakes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmbus.messages import BudgetState, FinishReason, Usage
+from services.router.policy.config import TenantPolicy
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    allowed: bool
+    retry_after_ms: int | None = None
+    limit: str | None = None  # which limit said no: "requests" | "tokens"
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    text: str
+    usage: Usage
+    model: str
+    finish_reason: FinishReason | None = FinishReason.STOP
+
+
+class RateLimiter(Protocol):
+    async def take(self, tenant: str, limits: TenantPolicy, tokens: int) -> RateDecision: ...
+
+
+class ResponseCache(Protocol):
+    async def lookup(self, key: str) -> CachedAnswer | None: ...
+
+    async def remember_pending(self, request_id: str, key: str) -> None: ...
+
+
+class BudgetView(Protocol):
+    def state_of(self, tenant: str) -> BudgetState: ...

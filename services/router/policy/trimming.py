@@ -1,0 +1,73 @@
+"""Context trimming to the target model's window (pure).
+
+Budget = max_model_len - max_tokens (the answer must fit too). When the estimated prompt
+is over budget, the rule is:
+
+1. every system message is kept (instructions outrank history), in place;
+2. then the newest non-system turns are kept, walking back from the last one, while
+   they fit; the first turn that does not fit ends the walk — older turns are never
+   kept past a gap, so the kept history is a contiguous, most-recent suffix;
+3. leading assistant / tool turns of that suffix are dropped, so the model sees the
+   history start at a user turn (an answer without its question misleads);
+4. if the system messages plus the last turn alone do not fit, nothing sensible is
+   left to send: the request is refused with prompt_too_long. A plain `prompt` is
+   never cut (there are no turns to drop); it is refused the same way.
+
+Token counts use llmbus.tokens.estimate_tokens on each turn as rendered by
+InferenceRequest.prompt_text, so the per-turn sum is an upper bound of the whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.tokens import estimate_tokens
+
+# "<|assistant|>\n" that prompt_text appends after the turns.
+_GENERATION_PROMPT_TOKENS = estimate_tokens("<|assistant|>\n")
+
+
+def turn_tokens(message: ChatMessage) -> int:
+    return estimate_tokens(f"<|{message.role}|>\n{message.content}\n")
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    messages: list[ChatMessage]
+    trimmed_tokens: int
+    prompt_tokens: int
+    fits: bool
+
+
+def trim_to_window(request: InferenceRequest, max_model_len: int, max_tokens: int) -> TrimResult:
+    budget_tokens = max_model_len - max_tokens
+    if request.prompt is not None:
+        tokens = estimate_tokens(request.prompt)
+        return TrimResult([], 0, tokens, tokens <= budget_tokens)
+    counts = [turn_tokens(m) for m in request.messages]
+    total = sum(counts) + _GENERATION_PROMPT_TOKENS
+    if total <= budget_tokens:
+        return TrimResult(list(request.messages), 0, total, True)
+
+    used = sum(c for m, c in zip(request.messages, counts, strict=True) if m.role == "system")
+    used += _GENERATION_PROMPT_TOKENS
+    keep = [m.role == "system" for m in request.messages]
+    for i in range(len(request.messages) - 1, -1, -1):
+        if keep[i]:
+            continue
+        if used + counts[i] > budget_tokens:
+            break
+        keep[i] = True
+        used += counts[i]
+    # Drop leading assistant/tool turns of the kept history (rule 3).
+    for i, m in enumerate(request.messages):
+        if not keep[i] or m.role == "system":
+            continue
+        if m.role == "user":
+            break
+        keep[i] = False
+        used -= counts[i]
+    kept = [m for m, k in zip(request.messages, keep, strict=True) if k]
+    has_turn = any(m.role != "system" for m in kept)
+    return TrimResult(kept, total - used, used, has_turn and used <= budget_tokens)

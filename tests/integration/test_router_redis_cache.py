@@ -1,0 +1,89 @@
+"""The exact response cache on the real Redis: filled from results, scoped per tenant, with TTL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as redis
+
+from llmbus.messages import ErrorCode, ErrorInfo, InferenceRequest, InferenceResult, ResultStatus, Usage
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.router.cache import RedisResponseCache
+from services.router.policy.cache_key import cache_key
+from services.router.policy.complexity import build_scorer
+from services.router.policy.config import load_policy
+from services.router.policy.pipeline import RouterCore
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[redis.Redis]:
+    c = redis_client(BusSettings().redis_url)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def cache(client: redis.Redis) -> AsyncIterator[RedisResponseCache]:
+    namespace = f"test-router-{uuid.uuid4().hex[:10]}"
+    yield RedisResponseCache(client, namespace, ttl_s=60, pending_ttl_s=60)
+    keys = [k async for k in client.scan_iter(match=f"llmbus:{namespace}:*")]
+    if keys:
+        await client.delete(*keys)
+
+
+def ok_result(request_id: str, tenant: str, text: str = "4") -> InferenceResult:
+    return InferenceResult(
+        request_id=request_id,
+        tenant=tenant,
+        status=ResultStatus.OK,
+        model="m",
+        text=text,
+        usage=Usage(prompt_tokens=5, completion_tokens=1),
+    )
+
+
+async def test_result_fills_the_cache_and_hits_only_the_same_tenant(cache: RedisResponseCache) -> None:
+    core = RouterCore(load_policy(), build_scorer("heuristic"), cache=cache)
+    ask = InferenceRequest(request_id="r1", prompt="2+2?", temperature=0.0, tenant="acme")
+    first = await core.route(ask)
+    assert first.routed is not None
+    assert await cache.complete(ok_result("r1", "acme"))
+    assert not await cache.complete(ok_result("r1", "acme"))  # the pending mark is consumed once
+
+    hit = await core.route(ask.model_copy(update={"request_id": "r2"}))
+    assert hit.result is not None and hit.result.cached and hit.result.text == "4"
+    assert hit.result.usage.prompt_tokens == 5 and hit.result.request_id == "r2"
+
+    other = await core.route(ask.model_copy(update={"request_id": "r3", "tenant": "globex"}))
+    assert other.routed is not None and other.result is None
+
+
+async def test_failed_shadow_and_foreign_results_are_not_stored(cache: RedisResponseCache) -> None:
+    request = InferenceRequest(prompt="q", temperature=0.0, tenant="acme")
+    key = cache_key(request, "m")
+    for rid in ("e", "s", "x"):
+        await cache.remember_pending(rid, key)
+    failed = InferenceResult(
+        request_id="e", tenant="acme", status=ResultStatus.ERROR, error=ErrorInfo.of(ErrorCode.ENGINE_FAILED, "boom")
+    )
+    assert not await cache.complete(failed)
+    assert not await cache.complete(ok_result("s", "acme").model_copy(update={"shadow": True}))
+    assert not await cache.complete(ok_result("x", "globex"))  # tenant differs from the key's tenant
+    assert not await cache.complete(ok_result("never-routed", "acme"))
+    assert await cache.lookup(key) is None
+
+
+async def test_entries_expire(client: redis.Redis, cache: RedisResponseCache) -> None:
+    request = InferenceRequest(prompt="q", temperature=0.0, tenant="acme")
+    key = cache_key(request, "m")
+    await cache.remember_pending("r", key)
+    assert await cache.complete(ok_result("r", "acme"))
+    ttl_s = await client.ttl(f"llmbus:{cache._namespace}:cache:{key}")
+    assert 0 < ttl_s <= 60
+    answer = await cache.lookup(key)
+    assert answer is not None and answer.text == "4" and answer.model == "m"

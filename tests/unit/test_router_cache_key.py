@@ -1,0 +1,42 @@
+"""Cache keys: deterministic requests only, scoped by tenant, sensitive to every generation input."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmbus.messages import InferenceRequest
+from services.router.policy.cache_key import cache_key, cacheable
+
+
+def req(**kw: object) -> InferenceRequest:
+    base: dict[str, object] = {"prompt": "2+2?", "temperature": 0.0, "tenant": "acme"}
+    return InferenceRequest(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_only_deterministic_requests_are_cacheable() -> None:
+    assert cacheable(req())
+    assert cacheable(req(temperature=0.7, seed=42))
+    assert not cacheable(req(temperature=0.7))
+
+
+def test_same_input_same_key_and_request_id_does_not_matter() -> None:
+    assert cache_key(req(request_id="a"), "m") == cache_key(req(request_id="b"), "m")
+
+
+def test_key_is_scoped_by_tenant() -> None:
+    a, b = cache_key(req(tenant="acme"), "m"), cache_key(req(tenant="globex"), "m")
+    assert a != b and a.startswith("acme:") and b.startswith("globex:")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"prompt": "2+3?"}, {"max_tokens": 10}, {"seed": 1}, {"top_p": 0.5}, {"stop": ["\n"]}],
+)
+def test_generation_inputs_change_the_key(change: dict[str, object]) -> None:
+    assert cache_key(req(), "m") != cache_key(req(**change), "m")
+
+
+def test_model_changes_the_key_and_messages_differ_from_prompt() -> None:
+    assert cache_key(req(), "m1") != cache_key(req(), "m2")
+    as_chat = req(prompt=None, messages=[{"role": "user", "content": "2+2?"}])
+    assert cache_key(as_chat, "m") != cache_key(req(), "m")
