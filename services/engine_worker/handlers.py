@@ -48,6 +48,8 @@ class WorkerHandlers:
 
     async def on_dispatch(self, record: ConsumerRecord) -> None:
         dispatch = decode(record, Dispatch)
+        if dispatch.request_id in self.running:
+            return  # the same request re-sent while it runs here (a restarted scheduler): one run only
         if await self.dedupe.is_done("final", dispatch.request_id) or await self.dedupe.is_done(
             "superseded", dispatch.dedupe_key
         ):

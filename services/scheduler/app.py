@@ -1,34 +1,68 @@
-"""Scheduler wiring: heartbeats (no group, from the start), routed requests and outcomes."""
+"""Scheduler wiring: fleet topics (no group, from the start), routed requests, outcomes, a timer."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.settings import BusSettings
-from llmbus.state import DedupeStore, redis_client
+from llmbus.state import redis_client
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
+from services.scheduler.policy.core import CoreConfig, SchedulerCore
+from services.scheduler.policy.pipeline import Pipeline
+from services.scheduler.store import PlacementStore
+
+log = logging.getLogger(__name__)
+
+
+def build_core(sched: SchedulerSettings) -> SchedulerCore:
+    return SchedulerCore(
+        Pipeline.load(sched.pipeline),
+        CoreConfig(
+            max_attempts=sched.max_attempts,
+            heartbeat_timeout_ms=int(sched.heartbeat_stale_s * 1000),
+            max_queued_per_model=sched.max_queued_per_model,
+            max_wait_ms=int(sched.no_worker_timeout_s * 1000),
+            prefix_block_tokens=sched.prefix_block_tokens,
+            prefill_tokens_per_s=sched.prefill_tokens_per_s,
+            seed=sched.seed,
+        ),
+    )
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     sched = SchedulerSettings()
     bus = await Bus.start(settings, t.SCHEDULER)
     redis = redis_client(settings.redis_url)
-    handlers = SchedulerHandlers(bus, sched, DedupeStore(redis, f"{settings.topic_prefix}scheduler"))
+    store = PlacementStore(redis, f"{settings.topic_prefix}scheduler", sched.instance_id)
+    handlers = SchedulerHandlers(bus, sched, build_core(sched), store)
+    restored = await handlers.restore()
+    log.info("scheduler %s: pipeline %s, %d placements restored", sched.instance_id, sched.pipeline, restored)
     topics = bus.topics
 
-    workers = make_consumer(settings, topics.name(t.WORKERS), group_id=None, client_id="llmbus-scheduler-fleet")
+    fleet = make_consumer(
+        settings,
+        topics.name(t.WORKERS),
+        topics.name(t.NODES),
+        topics.name(t.MODELS),
+        topics.name(t.CONTROL),
+        group_id=None,
+        client_id="llmbus-scheduler-fleet",
+    )
     routed = make_consumer(settings, group_id=topics.group(t.SCHEDULER), client_id="llmbus-scheduler")
+    # Every instance reads every outcome (its own group): the placement may be another instance's,
+    # and whoever sees the outcome first releases it in Redis.
     outcomes = make_consumer(
-        settings, group_id=topics.group(t.SCHEDULER, "outcomes"), client_id="llmbus-scheduler-outcomes"
+        settings,
+        group_id=topics.group(t.SCHEDULER, f"outcomes.{sched.instance_id}"),
+        client_id="llmbus-scheduler-outcomes",
     )
     loops = [
-        ConsumerLoop(
-            workers, handlers.on_worker_status, bus.dead_letter, settings, service=t.SCHEDULER, commit_offsets=False
-        ),
+        ConsumerLoop(fleet, handlers.on_fleet, bus.dead_letter, settings, service=t.SCHEDULER, commit_offsets=False),
         ConsumerLoop(
             routed,
             handlers.on_routed,
@@ -37,22 +71,24 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
             service=t.SCHEDULER,
             max_in_flight=sched.max_in_flight,
         ),
-        ConsumerLoop(outcomes, handlers.on_outcome, bus.dead_letter, settings, service=t.SCHEDULER, max_in_flight=256),
+        ConsumerLoop(
+            outcomes, handlers.on_outcome, bus.dead_letter, settings, service=t.SCHEDULER, max_in_flight=1
+        ),  # in order: an attempt's release before the next one's
     ]
     routed.subscribe([topics.name(t.ROUTED)], listener=loops[1].rebalance_listener())
     outcomes.subscribe([topics.name(t.OUTCOMES)], listener=loops[2].rebalance_listener())
-    for consumer in (workers, routed, outcomes):
+    for consumer in (fleet, routed, outcomes):
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     try:
-        # The fleet view first: no placement before the heartbeats already in the log are read.
         tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
+        tasks.append(asyncio.create_task(handlers.run_timer(stop)))
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in done:
             if task.exception() is not None:
                 stop.set()
         await asyncio.gather(*tasks)
     finally:
-        for consumer in (workers, routed, outcomes):
+        for consumer in (fleet, routed, outcomes):
             await stop_consumer(consumer, settings.stop_timeout_s)
         with contextlib.suppress(Exception):
             await redis.aclose()

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class SchedulerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMBUS_SCHEDULER_", extra="ignore")
 
+    # Names this process in claims and its own outcomes consumer group. Keep it stable across
+    # restarts (e.g. the pod name) so a restarted instance resumes its outcomes where it stopped.
+    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    pipeline: str = "default"  # services/scheduler/pipelines/<name>.yaml, or a path to a YAML file
     max_in_flight: int = 10_000  # routed requests held (placed or waiting) at once
     max_attempts: int = 3
-    heartbeat_stale_s: float = 5.0  # a worker silent this long is not placed on
-    no_worker_timeout_s: float = 60.0  # a request waiting this long for any worker gets a final error
+    heartbeat_stale_s: float = 5.0  # a worker silent this long is dead: its requests are placed again
+    no_worker_timeout_s: float = 60.0  # longest queue wait of a request without a deadline
+    max_queued_per_model: int = 1_000  # beyond this a request is refused with QUEUE_FULL
+    tick_ms: int = 200  # how often deadlines and worker liveness are checked
+    prefix_block_tokens: int = 16
+    max_prefix_blocks: int = 512  # prefix hashes per request (the first 8k tokens at 16 per block)
+    prefill_tokens_per_s: float = 50_000.0  # one worker's prefill rate, for the TTFT estimate
+    placement_ttl_s: int = 24 * 3600
+    seed: int | None = None

@@ -1,4 +1,12 @@
-"""Scheduler handlers: routed → placed on a worker; outcomes → in-flight bookkeeping and retries."""
+"""Scheduler handlers (thin): decode → SchedulerCore → publish its actions.
+
+- llm.routed → `submit`; a request that must wait keeps its handler (and so its offset)
+  open until it is placed or answered, so a crash never loses a queued request.
+- llm.workers / llm.nodes / llm.models → the fleet view; llm.control cancels a queued request.
+- llm.outcomes → release the placement, retry or give up.
+- a timer → deadlines of queued requests and dead workers.
+Every PlaceAction is claimed in Redis (PlacementStore) before its Dispatch is published.
+"""
 
 from __future__ import annotations
 
@@ -7,107 +15,157 @@ import logging
 
 from aiokafka.structs import ConsumerRecord
 
+from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.messages import (
+    Control,
+    ControlAction,
     Dispatch,
     DispatchOutcome,
     ErrorCode,
     ErrorInfo,
-    OutcomeStatus,
+    ModelSpec,
+    NodeProfile,
     RoutedRequest,
     WorkerStatus,
+    now_ms,
 )
 from llmbus.replies import publish_error, reply_topic_of
-from llmbus.state import DedupeStore
 from services.scheduler.config import SchedulerSettings
-from services.scheduler.core.fleet import Fleet
+from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.policy.types import SchedRequest
+from services.scheduler.store import PlacementStore
 
 log = logging.getLogger(__name__)
 
 
 class SchedulerHandlers:
-    def __init__(self, bus: Bus, settings: SchedulerSettings, dedupe: DedupeStore) -> None:
+    def __init__(self, bus: Bus, settings: SchedulerSettings, core: SchedulerCore, store: PlacementStore) -> None:
         self.bus = bus
         self.settings = settings
-        self.dedupe = dedupe
-        self.fleet = Fleet(settings.heartbeat_stale_s)
-        self.fleet_changed = asyncio.Event()
-        self.in_flight: dict[str, tuple[RoutedRequest, str, int]] = {}  # request id → (routed, worker, attempt)
+        self.core = core
+        self.store = store
+        self._answered: dict[str, asyncio.Future[None]] = {}  # request id → set when placed or answered
+        self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
+        self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
 
-    async def on_worker_status(self, record: ConsumerRecord) -> None:
-        self.fleet.observe(decode(record, WorkerStatus))
-        self.fleet_changed.set()
+    async def restore(self) -> int:
+        placements = await self.store.load(self.settings.prefix_block_tokens, self.settings.max_prefix_blocks)
+        self.core.fleet.restore(placements)
+        self._restored = {p.request_id for p in placements}
+        return len(placements)
+
+    # -- consumers ---------------------------------------------------------------------------
+    async def on_fleet(self, record: ConsumerRecord) -> None:
+        base = record.topic.removeprefix(self.bus.topics.prefix)
+        if base == t.WORKERS:
+            status = decode(record, WorkerStatus)
+            async with self._lock:
+                await self._publish(self.core.on_heartbeat(status, now_ms()))
+        elif base == t.NODES:
+            self.core.on_node(decode(record, NodeProfile))
+        elif base == t.MODELS:
+            self.core.on_model(decode(record, ModelSpec))
+        elif base == t.CONTROL:
+            control = decode(record, Control)
+            if control.action != ControlAction.CANCEL:
+                return
+            async with self._lock:
+                request = self.core.cancel(control.target_id)  # a queued one; a placed one is its worker's
+                if request is not None:
+                    await self._publish([FinalError(request, ErrorInfo.of(ErrorCode.CANCELLED, "cancelled"))])
 
     async def on_routed(self, record: ConsumerRecord) -> None:
-        await self.place(decode(record, RoutedRequest), attempt=1)
+        routed = decode(record, RoutedRequest)
+        request = SchedRequest.from_routed(
+            routed, now_ms(), self.settings.prefix_block_tokens, self.settings.max_prefix_blocks
+        )
+        restored = self.core.fleet.placement_of(request.request_id)
+        if restored is not None and request.request_id in self._restored:
+            self._restored.discard(request.request_id)
+            # Placed before a restart (the placement came from Redis) and its record redelivered:
+            # the scheduler may have died between the claim and the Dispatch, so send it again.
+            # The worker drops a Dispatch for a request it is running or has finished.
+            await self._send(restored.worker_id, routed, restored.attempt, request.prefix_block_hashes)
+            return
+        answered = self._answered.setdefault(request.request_id, asyncio.get_running_loop().create_future())
+        async with self._lock:
+            await self._publish(self.core.submit(request, now_ms()))
+        if request.request_id not in self.core.queues.of(request.model):
+            self._resolve(request.request_id)  # placed, answered, or already placed before a restart
+        await answered
 
     async def on_outcome(self, record: ConsumerRecord) -> None:
         outcome = decode(record, DispatchOutcome)
-        self.fleet.finished(outcome.worker_id, outcome.request_id)
-        placed = self.in_flight.pop(outcome.request_id, None)
-        self.fleet_changed.set()
-        if outcome.status != OutcomeStatus.RETRYABLE or placed is None:
-            return
-        routed, worker_id, attempt = placed
-        if attempt >= self.settings.max_attempts:
-            await self._fail(
-                routed,
-                ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, f"{attempt} attempts failed; last: {outcome.error}"),
-                attempt,
+        await self.store.release(outcome.request_id, outcome.attempt)
+        async with self._lock:
+            await self._publish(
+                self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
             )
-            return
-        await self.place(routed, attempt + 1, exclude=frozenset({worker_id}))
 
-    async def place(self, routed: RoutedRequest, attempt: int, exclude: frozenset[str] = frozenset()) -> None:
-        key = f"{routed.request_id}:{attempt}"
-        if await self.dedupe.is_done("placed", key):
-            return  # redelivered after a restart: already placed
-        worker = await self._wait_for_worker(routed.model, exclude)
-        if worker is None and exclude:
-            worker = await self._wait_for_worker(routed.model, frozenset())
-        if worker is None:
-            await self._fail(
-                routed, ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no ready worker serves {routed.model!r}"), attempt
-            )
-            return
-        worker_id = worker.status.worker_id
-        dispatch = Dispatch(routed=routed, worker_id=worker_id, attempt=attempt)
-        self.fleet.placed(worker_id, routed.request_id)
-        self.in_flight[routed.request_id] = (routed, worker_id, attempt)
-        await self.bus.publisher.publish(
-            worker.status.dispatch_topic or self.bus.topics.dispatch(worker_id),
-            dispatch,
-            key=routed.request_id,
-            request_id=routed.request_id,
-            tenant=routed.request.tenant,
-        )
-        await self.dedupe.mark_done("placed", key)
-
-    async def _wait_for_worker(self, model: str, exclude: frozenset[str]):  # type: ignore[no-untyped-def]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.no_worker_timeout_s
-        while (worker := self.fleet.least_loaded(model, exclude)) is None:
-            remaining = deadline - loop.time()
-            if remaining <= 0 or exclude:
-                return None
-            self.fleet_changed.clear()
+    async def run_timer(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
             try:
-                await asyncio.wait_for(self.fleet_changed.wait(), min(remaining, 1.0))
+                await asyncio.wait_for(stop.wait(), self.settings.tick_ms / 1000)
             except TimeoutError:
                 pass
-        return worker
+            async with self._lock:
+                await self._publish(self.core.tick(now_ms()))
 
-    async def _fail(self, routed: RoutedRequest, error: ErrorInfo, attempt: int) -> None:
-        request = routed.request
+    # -- publishing ---------------------------------------------------------------------------
+    async def _publish(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, PlaceAction):
+                await self._dispatch(action)
+            elif isinstance(action, FinalError):
+                await self._fail(action)
+            self._resolve(action.request.request_id)
+
+    async def _dispatch(self, action: PlaceAction) -> None:
+        placement = action.placement
+        request = placement.request
+        if request.routed is None or not await self.store.claim(placement):
+            # Another instance placed this attempt first (or nothing to send): count nothing here.
+            self.core.forget(placement.request_id, placement.attempt)
+            return
+        if placement.attempt > 1:
+            await self.store.release(placement.request_id, placement.attempt - 1)
+        await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
+        log.info("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
+
+    async def _send(self, worker_id: str, routed: RoutedRequest, attempt: int, prefix_block_hashes: list[str]) -> None:
+        view = self.core.fleet.workers.get(worker_id)
+        topic = (view.dispatch_topic if view is not None and view.dispatch_topic else None) or self.bus.topics.dispatch(
+            worker_id
+        )
+        dispatch = Dispatch(
+            routed=routed, worker_id=worker_id, attempt=attempt, prefix_block_hashes=prefix_block_hashes
+        )
+        await self.bus.publisher.publish(
+            topic, dispatch, key=routed.request_id, request_id=routed.request_id, tenant=routed.request.tenant
+        )
+
+    async def _fail(self, action: FinalError) -> None:
+        request = action.request
+        await self.store.release(request.request_id, request.attempt)
+        routed = request.routed
+        if routed is None:
+            return
+        log.info("final error for %s: %s", request.request_id, action.error.code.value)
         await publish_error(
             self.bus.publisher,
             self.bus.topics,
             request_id=request.request_id,
             tenant=request.tenant,
-            error=error,
+            error=action.error,
             produced_by=self.bus.service,
-            reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
+            reply_topic=reply_topic_of(self.bus.topics, routed.request.reply_topic),
             model=routed.model,
             shadow=routed.shadow,
-            attempt=attempt,
+            attempt=request.attempt,
         )
+
+    def _resolve(self, request_id: str) -> None:
+        future = self._answered.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(None)

@@ -59,9 +59,11 @@ class Harness:
     async def dispatch(self, prompt: str, max_tokens: int, attempt: int = 1) -> str:
         request = InferenceRequest(prompt=prompt, max_tokens=max_tokens, model="tiny-llama", tenant="acme")
         routed = RoutedRequest(request=request, model="tiny-llama")
-        await self.bus.publisher.publish(self.topics.dispatch(WORKER),
-                                         Dispatch(routed=routed, worker_id=WORKER, attempt=attempt),
-                                         key=request.request_id)
+        await self.bus.publisher.publish(
+            self.topics.dispatch(WORKER),
+            Dispatch(routed=routed, worker_id=WORKER, attempt=attempt),
+            key=request.request_id,
+        )
         return request.request_id
 
     async def collect(self, base: str, model, want, timeout_s: float = 90) -> list:  # type: ignore[no-untyped-def]
@@ -78,20 +80,25 @@ class Harness:
 async def worker() -> AsyncIterator[Harness]:
     settings = fresh_settings()
     await ensure_catalog(settings)
-    proc = ServiceProc("services.engine_worker", settings, name=WORKER, env={
-        "LLMBUS_WORKER_WORKER_ID": WORKER,
-        "LLMBUS_WORKER_ENGINE": "vllm",
-        "LLMBUS_WORKER_MODEL": "tiny-llama",
-        "LLMBUS_WORKER_VLLM_MODEL_PATH": str(build_tiny_llama()),
-        "LLMBUS_WORKER_VLLM_DTYPE": "float32",
-        "LLMBUS_WORKER_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-        "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": "8",
-        "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
-        "LLMBUS_WORKER_DRAIN_GRACE_S": "0.3",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
-        "TOKENIZERS_PARALLELISM": "false",
-    }).start()
+    proc = ServiceProc(
+        "services.engine_worker",
+        settings,
+        name=WORKER,
+        env={
+            "LLMBUS_WORKER_WORKER_ID": WORKER,
+            "LLMBUS_WORKER_ENGINE": "vllm",
+            "LLMBUS_WORKER_MODEL": "tiny-llama",
+            "LLMBUS_WORKER_VLLM_MODEL_PATH": str(build_tiny_llama()),
+            "LLMBUS_WORKER_VLLM_DTYPE": "float32",
+            "LLMBUS_WORKER_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+            "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": "8",
+            "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
+            "LLMBUS_WORKER_DRAIN_GRACE_S": "0.3",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "TOKENIZERS_PARALLELISM": "false",
+        },
+    ).start()
     bus = await Bus.start(settings, "test")
     harness = Harness(settings, bus, proc)
     for base in (t.TOKENS, t.RESULTS, t.OUTCOMES, t.WORKERS):
@@ -117,8 +124,9 @@ def for_request(request_id: str, final: bool = False):  # type: ignore[no-untype
 
 async def test_streams_chunks_result_and_outcome(worker: Harness) -> None:
     rid = await worker.dispatch("the kafka broker keeps the log", max_tokens=24)
-    chunks = [c for c in await worker.collect(t.TOKENS, TokenChunk, for_request(rid, final=True))
-              if c.request_id == rid]
+    chunks = [
+        c for c in await worker.collect(t.TOKENS, TokenChunk, for_request(rid, final=True)) if c.request_id == rid
+    ]
     assert [c.seq for c in chunks] == list(range(len(chunks)))
     assert chunks[-1].final and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24
     [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
@@ -132,8 +140,9 @@ async def test_streams_chunks_result_and_outcome(worker: Harness) -> None:
 async def test_cancel_through_llm_control_aborts_mid_stream(worker: Harness) -> None:
     rid = await worker.dispatch("a long answer about the scheduler", max_tokens=MAX_MODEL_LEN - 40)
     await worker.collect(t.TOKENS, TokenChunk, for_request(rid))  # it started streaming
-    await worker.bus.publisher.publish(worker.topics.name(t.CONTROL),
-                                       Control(action=ControlAction.CANCEL, target_id=rid), key=rid)
+    await worker.bus.publisher.publish(
+        worker.topics.name(t.CONTROL), Control(action=ControlAction.CANCEL, target_id=rid), key=rid
+    )
     [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
     assert result.status == ResultStatus.ERROR and result.error is not None
     assert result.error.code == ErrorCode.CANCELLED
@@ -164,24 +173,29 @@ async def test_engine_death_is_retryable_and_the_engine_restarts(worker: Harness
 
     def ready_again(seen: list[WorkerStatus]) -> bool:
         states = [s.state for s in seen]
-        return WorkerState.UNHEALTHY in states and WorkerState.READY in states[states.index(WorkerState.UNHEALTHY):]
+        return WorkerState.UNHEALTHY in states and WorkerState.READY in states[states.index(WorkerState.UNHEALTHY) :]
 
     await worker.collect(t.WORKERS, WorkerStatus, ready_again, timeout_s=180)
     after = await worker.dispatch("served again after the restart", max_tokens=8)
-    [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(after)) if r.request_id == after]
+    [result] = [
+        r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(after)) if r.request_id == after
+    ]
     assert result.status == ResultStatus.OK and result.usage.completion_tokens == 8
 
 
 async def test_sigterm_drains_and_hands_back_without_losing_a_request(worker: Harness) -> None:
-    ids = [await worker.dispatch(f"drain request {i} {uuid.uuid4().hex[:6]}", max_tokens=MAX_MODEL_LEN - 40)
-           for i in range(16)]
+    ids = [
+        await worker.dispatch(f"drain request {i} {uuid.uuid4().hex[:6]}", max_tokens=MAX_MODEL_LEN - 40)
+        for i in range(16)
+    ]
     await worker.collect(t.TOKENS, TokenChunk, lambda seen: {c.request_id for c in seen} >= set(ids[:2]))
     assert worker.proc.proc is not None
     code = await asyncio.to_thread(worker.proc.terminate, 90)
     assert code == 0, "the worker exits cleanly after draining"
     ended: dict[str, str] = {}
-    for outcome in await worker.collect(t.OUTCOMES, DispatchOutcome,
-                                        lambda seen: {o.request_id for o in seen} >= set(ids), timeout_s=30):
+    for outcome in await worker.collect(
+        t.OUTCOMES, DispatchOutcome, lambda seen: {o.request_id for o in seen} >= set(ids), timeout_s=30
+    ):
         if outcome.request_id in ids:
             ended[outcome.request_id] = outcome.status
             if outcome.status == OutcomeStatus.RETRYABLE:

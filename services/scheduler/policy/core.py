@@ -1,0 +1,233 @@
+"""The scheduler's decisions in one object, driven by plain calls and a clock passed in.
+
+Handlers call `submit` (llm.routed), `on_heartbeat` (llm.workers), `on_node`, `on_model`,
+`on_outcome` (llm.outcomes) and `tick` (a timer); each returns actions for them to
+publish: `PlaceAction` → a Dispatch on llm.dispatch.<worker>, `FinalError` → a final
+InferenceResult on llm.results. The benchmark drives the very same object in virtual time.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from llmbus.messages import ErrorCode, ErrorInfo, ModelSpec, NodeProfile, OutcomeStatus, WorkerState, WorkerStatus
+from services.scheduler.policy.fleet import FleetView
+from services.scheduler.policy.pipeline import Pipeline
+from services.scheduler.policy.plugins import CycleState
+from services.scheduler.policy.plugins.filters_health import never_fits
+from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
+from services.scheduler.policy.queue import FlowQueues
+from services.scheduler.policy.recovery import GiveUp, RecoveryPolicy, Retry
+from services.scheduler.policy.types import Placement, SchedRequest
+
+
+@dataclass
+class PlaceAction:
+    placement: Placement
+
+    @property
+    def request(self) -> SchedRequest:
+        return self.placement.request
+
+
+@dataclass
+class FinalError:
+    request: SchedRequest
+    error: ErrorInfo
+
+
+Action = PlaceAction | FinalError
+
+
+@dataclass
+class CoreConfig:
+    max_attempts: int = 3
+    heartbeat_timeout_ms: int = 5_000
+    max_queued_per_model: int = 1_000
+    max_wait_ms: int = 60_000  # queue wait limit for requests without a deadline
+    release_max_misses: int = 8
+    prefix_index_max_blocks: int = 200_000
+    prefix_index_ttl_ms: int = 10 * 60_000
+    seed: int | None = None
+    prefix_block_tokens: int = 16  # tokens per hash of SchedRequest.prefix_block_hashes
+    prefill_tokens_per_s: float = 50_000.0  # one worker's prefill rate, for the backlog estimate
+
+
+@dataclass
+class CoreStats:
+    placed: int = 0
+    queued: int = 0
+    retried: int = 0
+    workers_lost: int = 0
+    final_errors: dict[str, int] = field(default_factory=dict)
+
+
+class SchedulerCore:
+    def __init__(self, pipeline: Pipeline, config: CoreConfig | None = None) -> None:
+        self.pipeline = pipeline
+        self.config = config or CoreConfig()
+        self.fleet = FleetView(self.config.prefill_tokens_per_s)
+        self.prefix_index = PrefixIndex(self.config.prefix_index_max_blocks, self.config.prefix_index_ttl_ms)
+        self.sessions = SessionIndex()
+        self.queues = FlowQueues(self.config.max_queued_per_model, self.config.max_wait_ms)
+        self.recovery = RecoveryPolicy(self.config.max_attempts, self.config.heartbeat_timeout_ms)
+        self.model_specs: dict[str, ModelSpec] = {}
+        self.rng = random.Random(self.config.seed)
+        self.stats = CoreStats()
+        self.watching_since_ms: int | None = None  # first tick's clock: liveness grace after a restart
+
+    # -- inputs ---------------------------------------------------------------------------
+    def submit(self, request: SchedRequest, now_ms: int) -> list[Action]:
+        """A new routed request (or a retry): place it now, queue it, or answer with an error."""
+        if self.fleet.placement_of(request.request_id) is not None or request.request_id in self.queues.of(
+            request.model
+        ):
+            return []  # a redelivered record we already hold
+        if request.arrived_at_ms <= 0:
+            request.arrived_at_ms = now_ms  # the queue's wait limit counts from here
+        return self._admit(request, now_ms, force=False)
+
+    def on_heartbeat(self, status: WorkerStatus, now_ms: int) -> list[Action]:
+        self.fleet.on_heartbeat(status, now_ms)
+        actions: list[Action] = []
+        if status.state == WorkerState.STOPPED:
+            actions += self._lose_worker(status.worker_id, now_ms)
+        return actions + self._release(now_ms)
+
+    def on_node(self, profile: NodeProfile) -> None:
+        self.fleet.on_node(profile)
+
+    def on_model(self, spec: ModelSpec) -> None:
+        self.model_specs[spec.name] = spec
+
+    def on_outcome(
+        self, request_id: str, attempt: int, status: OutcomeStatus, error: ErrorInfo | None, now_ms: int
+    ) -> list[Action]:
+        placement = self.fleet.finish(request_id, attempt, now_ms)
+        if placement is None:
+            return []  # unknown, or a stale attempt we already placed again
+        decision = self.recovery.on_outcome(placement, status, error)
+        actions = self._follow(decision, now_ms) if isinstance(decision, Retry | GiveUp) else []
+        return actions + self._release(now_ms)
+
+    def cancel(self, request_id: str) -> SchedRequest | None:
+        """Drop a queued request (a placed one is cancelled by its worker)."""
+        queue = self.queues.find(request_id)
+        return queue.remove(request_id) if queue is not None else None
+
+    def forget(self, request_id: str, attempt: int) -> None:
+        """Undo a placement that was not published (another instance claimed it first)."""
+        self.fleet.finish(request_id, attempt)
+
+    def tick(self, now_ms: int) -> list[Action]:
+        if self.watching_since_ms is None:
+            self.watching_since_ms = now_ms
+        actions: list[Action] = []
+        for worker_id in self.fleet.dead_workers(now_ms, self.recovery.heartbeat_timeout_ms, self.watching_since_ms):
+            actions += self._lose_worker(worker_id, now_ms)
+        for queue in self.queues.by_model.values():
+            for request in queue.expire(now_ms):
+                actions.append(
+                    self._final(
+                        request,
+                        ErrorInfo.of(
+                            ErrorCode.DEADLINE_EXCEEDED,
+                            f"no worker took it before its deadline (attempt {request.attempt})",
+                        ),
+                    )
+                )
+        return actions + self._release(now_ms)
+
+    # -- internals ------------------------------------------------------------------------
+    def _state(self, now_ms: int) -> CycleState:
+        return CycleState(
+            now_ms,
+            self.fleet,
+            self.prefix_index,
+            self.sessions,
+            self.model_specs,
+            self.rng,
+            self.config.prefix_block_tokens,
+            self.config.heartbeat_timeout_ms,
+        )
+
+    def _try_place(self, request: SchedRequest, now_ms: int) -> Placement | None:
+        state = self._state(now_ms)
+        result = self.pipeline.pick(state, request)
+        if result.worker is None:
+            return None
+        worker_id = result.worker.worker_id
+        placement = self.fleet.place(request, worker_id, now_ms, state.uncached_tokens(request, worker_id))
+        self.prefix_index.record(placement.worker_id, request.prefix_block_hashes, now_ms)
+        self.sessions.record(request.session_id, placement.worker_id)
+        self.stats.placed += 1
+        return placement
+
+    def _admit(self, request: SchedRequest, now_ms: int, force: bool) -> list[Action]:
+        if request.deadline_ms is not None and now_ms >= request.deadline_ms:
+            return [self._final(request, ErrorInfo.of(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before placement"))]
+        if never_fits(request, list(self.fleet.workers.values())):
+            return [
+                self._final(
+                    request,
+                    ErrorInfo.of(
+                        ErrorCode.PROMPT_TOO_LONG,
+                        f"{request.total_tokens} tokens exceed every worker's max model length",
+                    ),
+                )
+            ]
+        queue = self.queues.of(request.model)
+        if len(queue) == 0:  # nobody waiting: no one to overtake
+            placement = self._try_place(request, now_ms)
+            if placement is not None:
+                return [PlaceAction(placement)]
+        if not queue.push(request, force=force):
+            return [
+                self._final(
+                    request,
+                    ErrorInfo.of(
+                        ErrorCode.QUEUE_FULL,
+                        f"{len(queue)} requests already wait for {request.model}",
+                        retry_after_ms=1000,
+                    ),
+                )
+            ]
+        self.stats.queued += 1
+        return self._release(now_ms, models=[request.model])
+
+    def _release(self, now_ms: int, models: list[str] | None = None) -> list[Action]:
+        actions: list[Action] = []
+        for model in models or list(self.queues.by_model):
+            queue = self.queues.by_model[model]
+            if not len(queue):
+                continue
+
+            def try_place(request: SchedRequest) -> bool:
+                placement = self._try_place(request, now_ms)
+                if placement is not None:
+                    actions.append(PlaceAction(placement))
+                return placement is not None
+
+            queue.release(try_place, self.config.release_max_misses)
+        return actions
+
+    def _lose_worker(self, worker_id: str, now_ms: int) -> list[Action]:
+        lost = self.fleet.remove_worker(worker_id)
+        self.prefix_index.remove_worker(worker_id)
+        self.sessions.remove_worker(worker_id)
+        self.stats.workers_lost += 1
+        actions: list[Action] = []
+        for decision in self.recovery.on_worker_lost(lost):
+            actions += self._follow(decision, now_ms)
+        return actions
+
+    def _follow(self, decision: Retry | GiveUp, now_ms: int) -> list[Action]:
+        if isinstance(decision, GiveUp):
+            return [self._final(decision.request, decision.error)]
+        self.stats.retried += 1
+        return self._admit(decision.request, now_ms, force=True)
+
+    def _final(self, request: SchedRequest, error: ErrorInfo) -> FinalError:
+        self.stats.final_errors[error.code.value] = self.stats.final_errors.get(error.code.value, 0) + 1
+        return FinalError(request, error)

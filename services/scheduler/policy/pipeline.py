@@ -1,0 +1,81 @@
+"""A placement pipeline built from YAML: filters → weighted scorers → picker.
+
+    name: default
+    filters:   [{type: serves-model}, {type: gpu-healthy, params: {max_ecc_uncorrected: 0}}, ...]
+    scorers:   [{type: queue-depth, weight: 1}, {type: prefix-affinity, weight: 2}, ...]
+    picker:    {type: max-score}
+
+Shipped pipelines live in services/scheduler/pipelines/<name>.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.scheduler.policy.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
+from services.scheduler.policy.types import SchedRequest, WorkerView
+
+PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
+
+
+@dataclass
+class PickResult:
+    worker: WorkerView | None
+    candidates: int = 0  # workers left after the filters
+    rejected_by: str | None = None  # the filter that removed the last candidate
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def _build(registry: dict[str, Any], spec: dict[str, Any], kind: str) -> Any:
+    kind_name = spec.get("type")
+    if kind_name not in registry:
+        raise ValueError(f"unknown {kind} plugin {kind_name!r}; known: {sorted(registry)}")
+    return registry[kind_name](**(spec.get("params") or {}))
+
+
+class Pipeline:
+    def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]], picker: Picker) -> None:
+        self.name = name
+        self.filters = filters
+        self.scorers = scorers
+        self.picker = picker
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any]) -> Pipeline:
+        filters = [_build(FILTERS, f, "filter") for f in cfg.get("filters", [])]
+        scorers = []
+        for s in cfg.get("scorers", []):
+            weight = float(s.get("weight", 1.0))
+            if weight < 0:
+                raise ValueError(f"scorer {s.get('type')!r} has a negative weight")
+            scorers.append((_build(SCORERS, s, "scorer"), weight))
+        picker = _build(PICKERS, cfg.get("picker", {"type": "max-score"}), "picker")
+        return cls(str(cfg.get("name", "unnamed")), filters, scorers, picker)
+
+    @classmethod
+    def load(cls, name_or_path: str) -> Pipeline:
+        """A shipped pipeline by name (`default`, `least-loaded`, `round-robin`) or a YAML path."""
+        path = Path(name_or_path)
+        if not path.suffix:
+            path = PIPELINES_DIR / f"{name_or_path}.yaml"
+        return cls.from_dict(yaml.safe_load(path.read_text()))
+
+    def pick(self, state: CycleState, request: SchedRequest) -> PickResult:
+        workers = list(state.fleet.workers.values())
+        for f in self.filters:
+            kept = f.filter(state, request, workers)
+            if not kept:
+                return PickResult(None, 0, rejected_by=f.name)
+            workers = kept
+        total = dict.fromkeys((w.worker_id for w in workers), 0.0)
+        for scorer, weight in self.scorers:
+            if weight == 0:
+                continue
+            for wid, s in scorer.score(state, request, workers).items():
+                total[wid] += weight * min(1.0, max(0.0, s))
+        chosen = self.picker.pick(state, request, [(w, total[w.worker_id]) for w in workers])
+        return PickResult(chosen, len(workers), scores=total)

@@ -1,0 +1,62 @@
+"""Recovery decisions: what happens to a request when its attempt fails or its worker dies.
+
+A retryable failure (over capacity, OOM, engine failure, handed back, worker lost) is
+placed again as attempt + 1 on another worker when there is one; after `max_attempts`
+the request gets a final MAX_ATTEMPTS error. Every path ends in a placement or a final
+result, so no request is left without an answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from services.scheduler.policy.types import Placement, SchedRequest
+
+
+@dataclass
+class Retry:
+    request: SchedRequest  # already attempt + 1, the failed worker excluded
+    reason: ErrorCode
+
+
+@dataclass
+class GiveUp:
+    request: SchedRequest
+    error: ErrorInfo
+
+
+@dataclass
+class Done:
+    """The attempt ended for good (completed, or the worker published the final error)."""
+
+    placement: Placement
+
+
+RecoveryDecision = Retry | GiveUp | Done
+
+
+@dataclass
+class RecoveryPolicy:
+    max_attempts: int = 3
+    heartbeat_timeout_ms: int = 5_000
+
+    def retry(self, placement: Placement, reason: ErrorCode, message: str = "") -> Retry | GiveUp:
+        request = placement.request
+        if placement.attempt >= self.max_attempts:
+            detail = f"{placement.attempt} attempts failed; last on {placement.worker_id}: {reason.value} {message}"
+            return GiveUp(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, detail.strip()))
+        again = replace(
+            request, attempt=placement.attempt + 1, excluded_workers=request.excluded_workers | {placement.worker_id}
+        )
+        return Retry(again, reason)
+
+    def on_outcome(self, placement: Placement, status: OutcomeStatus, error: ErrorInfo | None) -> RecoveryDecision:
+        if status == OutcomeStatus.RETRYABLE:
+            code = error.code if error is not None else ErrorCode.ENGINE_FAILED
+            return self.retry(placement, code, error.message if error is not None else "")
+        # COMPLETED / FAILED (the worker wrote the final result) / DUPLICATE: nothing more to do.
+        return Done(placement)
+
+    def on_worker_lost(self, placements: list[Placement]) -> list[Retry | GiveUp]:
+        return [self.retry(p, ErrorCode.WORKER_LOST, "no heartbeat") for p in placements]

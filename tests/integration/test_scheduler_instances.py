@@ -1,0 +1,45 @@
+"""Two scheduler instances in one consumer group split the models and never place a request twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import redis.asyncio as redis
+
+from llmbus.settings import BusSettings
+from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
+from tests.support import ServiceProc
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+MODELS = [f"model-{i}" for i in range(8)]
+
+
+async def test_two_instances_split_models_without_double_placement(
+    bus_settings: BusSettings, services: list[ServiceProc]
+) -> None:
+    async with scheduler_setup(bus_settings, services, {}, instances=2) as (bus, fleet, _results):
+        await fleet.add("w1", models=MODELS)
+        await fleet.add("w2", models=MODELS)
+        fleet.start()
+        await asyncio.sleep(6)  # both instances join the group and share llm.routed's partitions
+        ids: list[str] = []
+        for model in MODELS:
+            ids += await send_routed(bus, 5, model=model)
+        got = await fleet.dispatches(len(ids), timeout_s=60)
+        got += await fleet.dispatches(1, timeout_s=2)  # a double placement would show up here
+        placed = [d.request_id for d in got]
+        assert sorted(placed) == sorted(ids), "every request placed exactly once"
+        assert all(d.attempt == 1 for d in got)
+        # Who placed what: each placement's claim in Redis names its instance.
+        client = redis.Redis.from_url(bus_settings.redis_url)
+        raw = await client.hgetall(f"llmbus:{bus_settings.topic_prefix}scheduler:placements")
+        await client.aclose()
+        by_model: dict[str, set[str]] = {}
+        for value in raw.values():
+            data = json.loads(value)
+            by_model.setdefault(data["model"], set()).add(data["instance"])
+        assert len(raw) == len(ids)
+        assert all(len(instances) == 1 for instances in by_model.values()), "one instance owns a model"
+        assert len(set().union(*by_model.values())) == 2, "both instances placed some models"

@@ -1,0 +1,77 @@
+"""The prefix index: leading-run matches, LRU bound, ageing, forgetting a worker."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmbus.tokens import prefix_block_hashes
+from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
+
+
+def test_match_counts_only_the_leading_run() -> None:
+    index = PrefixIndex()
+    index.record("w1", ["a", "b", "c"], 0)
+    assert index.matched_blocks(["a", "b", "x", "c"], 0) == {"w1": 2}
+    assert index.matched_blocks(["x", "a"], 0) == {}
+
+
+def test_real_chained_hashes_share_exactly_the_common_prefix() -> None:
+    shared = "s" * 64 * 5  # five 16-token blocks
+    one = prefix_block_hashes(shared + "a" * 64 * 3)
+    two = prefix_block_hashes(shared + "b" * 64 * 3)
+    index = PrefixIndex()
+    index.record("w1", one, 0)
+    assert index.matched_blocks(two, 0) == {"w1": 5}
+    assert index.matched_blocks(one, 0) == {"w1": 8}
+
+
+def test_bounded_lru_evicts_least_recently_used_hashes() -> None:
+    index = PrefixIndex(max_blocks=4)
+    index.record("w1", ["a", "b"], 0)
+    index.record("w2", ["c", "d"], 1)
+    index.record("w1", ["a"], 2)  # a is fresh again
+    index.record("w3", ["e"], 3)  # evicts b (the oldest use)
+    assert len(index) == 4
+    assert index.matched_blocks(["a", "b"], 3) == {"w1": 1}
+    assert index.matched_blocks(["c", "d"], 3) == {"w2": 2}
+
+
+def test_entries_age_out_after_ttl() -> None:
+    index = PrefixIndex(ttl_ms=100)
+    index.record("w1", ["a", "b"], 0)
+    index.record("w2", ["a"], 80)
+    assert index.matched_blocks(["a", "b"], 50) == {"w1": 2, "w2": 1}
+    assert index.matched_blocks(["a", "b"], 150) == {"w2": 1}
+
+
+def test_remove_worker_forgets_it() -> None:
+    index = PrefixIndex()
+    index.record("w1", ["a"], 0)
+    index.record("w2", ["a"], 0)
+    index.remove_worker("w1")
+    assert index.matched_blocks(["a"], 0) == {"w2": 1}
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["w1", "w2", "w3"]), st.lists(st.sampled_from("abcdefgh"), max_size=6)), max_size=40
+    ),
+    st.integers(1, 10),
+)
+def test_never_exceeds_its_bound(records, bound) -> None:
+    index = PrefixIndex(max_blocks=bound, max_workers_per_block=2)
+    for t, (worker, hashes) in enumerate(records):
+        index.record(worker, hashes, t)
+        assert len(index) <= bound
+        assert all(len(h) <= 2 for h in index._blocks.values())
+
+
+def test_session_index_is_bounded_and_forgets_workers() -> None:
+    sessions = SessionIndex(max_sessions=2)
+    sessions.record("s1", "w1")
+    sessions.record("s2", "w2")
+    sessions.record("s3", "w1")
+    assert sessions.worker_of("s1") is None and sessions.worker_of("s3") == "w1"
+    sessions.remove_worker("w1")
+    assert sessions.worker_of("s3") is None and sessions.worker_of("s2") == "w2"

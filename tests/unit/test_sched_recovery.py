@@ -1,0 +1,175 @@
+"""Recovery decisions and the core's promise: every request ends placed or with a final error."""
+
+from __future__ import annotations
+
+from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
+from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.policy.pipeline import Pipeline
+from services.scheduler.policy.recovery import Done, GiveUp, RecoveryPolicy, Retry
+from services.scheduler.policy.types import Placement
+from tests.unit.test_sched_filters import NOW_MS, hb, req
+
+
+def placement(attempt: int = 1, worker: str = "w1") -> Placement:
+    return Placement("r1", attempt, worker, "m", 10, NOW_MS, req(attempt=attempt))
+
+
+def test_retryable_outcome_places_again_excluding_the_failed_worker() -> None:
+    decision = RecoveryPolicy(max_attempts=3).on_outcome(
+        placement(1), OutcomeStatus.RETRYABLE, ErrorInfo.of(ErrorCode.ENGINE_OOM, "oom")
+    )
+    assert isinstance(decision, Retry)
+    assert decision.request.attempt == 2 and decision.request.excluded_workers == {"w1"}
+    assert decision.reason == ErrorCode.ENGINE_OOM
+
+
+def test_last_attempt_gives_up_with_max_attempts() -> None:
+    decision = RecoveryPolicy(max_attempts=3).on_outcome(
+        placement(3), OutcomeStatus.RETRYABLE, ErrorInfo.of(ErrorCode.OVER_CAPACITY, "full")
+    )
+    assert isinstance(decision, GiveUp) and decision.error.code == ErrorCode.MAX_ATTEMPTS
+
+
+def test_completed_and_failed_outcomes_are_done() -> None:
+    for status in (OutcomeStatus.COMPLETED, OutcomeStatus.FAILED, OutcomeStatus.DUPLICATE):
+        assert isinstance(RecoveryPolicy().on_outcome(placement(), status, None), Done)
+
+
+def test_worker_lost_retries_each_request() -> None:
+    decisions = RecoveryPolicy().on_worker_lost([placement(1, "w1"), placement(3, "w1")])
+    assert isinstance(decisions[0], Retry) and decisions[0].reason == ErrorCode.WORKER_LOST
+    assert isinstance(decisions[1], GiveUp)
+
+
+def core(pipeline: str = "default", **kw) -> SchedulerCore:
+    return SchedulerCore(Pipeline.load(pipeline), CoreConfig(seed=0, **kw))
+
+
+def test_dead_worker_requests_move_to_a_live_worker() -> None:
+    c = core(heartbeat_timeout_ms=1000)
+    c.tick(NOW_MS)  # the scheduler starts watching
+    c.on_heartbeat(hb("w1"), NOW_MS)
+    [a1] = c.submit(req(request_id="r1"), NOW_MS)
+    assert isinstance(a1, PlaceAction) and a1.placement.worker_id == "w1"
+    c.on_heartbeat(hb("w2", sent_at_ms=NOW_MS + 900), NOW_MS + 900)
+    assert c.tick(NOW_MS + 900) == []  # w1 silent 900 ms: still alive
+    c.on_heartbeat(hb("w2", sent_at_ms=NOW_MS + 1001), NOW_MS + 1001)
+    actions = c.tick(NOW_MS + 1001)
+    assert [(a.placement.worker_id, a.placement.attempt) for a in actions] == [("w2", 2)]
+    assert "w1" not in c.fleet.workers
+    # A late outcome of the dead worker's attempt is ignored; the new attempt's completes.
+    assert c.on_outcome("r1", 1, OutcomeStatus.COMPLETED, None, NOW_MS + 1100) == []
+    assert c.fleet.placement_of("r1").attempt == 2
+    c.on_outcome("r1", 2, OutcomeStatus.COMPLETED, None, NOW_MS + 1200)
+    assert c.fleet.placement_of("r1") is None
+
+
+def test_retry_goes_to_another_worker_then_max_attempts() -> None:
+    c = core(max_attempts=2)
+    c.on_heartbeat(hb("w1"), NOW_MS)
+    c.on_heartbeat(hb("w2"), NOW_MS)
+    [first] = c.submit(req(request_id="r1"), NOW_MS)
+    oom = ErrorInfo.of(ErrorCode.ENGINE_OOM, "oom")
+    [second] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, oom, NOW_MS + 10)
+    assert isinstance(second, PlaceAction)
+    assert second.placement.worker_id != first.placement.worker_id and second.placement.attempt == 2
+    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, oom, NOW_MS + 20)
+    assert isinstance(final, FinalError) and final.error.code == ErrorCode.MAX_ATTEMPTS
+
+
+def test_full_fleet_queues_then_releases_when_capacity_frees() -> None:
+    c = core()
+    c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS)
+    [a] = c.submit(req(request_id="r1"), NOW_MS)
+    assert isinstance(a, PlaceAction)
+    assert c.submit(req(request_id="r2"), NOW_MS) == []  # waits
+    assert "r2" in c.queues.of("m")
+    [b] = c.on_outcome("r1", 1, OutcomeStatus.COMPLETED, None, NOW_MS + 5)
+    assert isinstance(b, PlaceAction) and b.request.request_id == "r2"
+
+
+def test_queued_request_times_out_at_its_deadline() -> None:
+    c = core()
+    c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS)
+    c.submit(req(request_id="r1"), NOW_MS)
+    c.submit(req(request_id="r2", deadline_ms=NOW_MS + 100), NOW_MS)
+    c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS + 50)
+    assert c.tick(NOW_MS + 99) == []
+    [t] = c.tick(NOW_MS + 100)
+    assert isinstance(t, FinalError) and t.error.code == ErrorCode.DEADLINE_EXCEEDED
+    assert t.request.request_id == "r2"
+
+
+def test_bounded_queue_answers_queue_full() -> None:
+    c = core(max_queued_per_model=2)
+    c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS)
+    out = [c.submit(req(request_id=f"r{i}"), NOW_MS) for i in range(5)]
+    assert isinstance(out[0][0], PlaceAction)
+    assert out[1] == [] and out[2] == []
+    assert all(isinstance(o[0], FinalError) and o[0].error.code == ErrorCode.QUEUE_FULL for o in out[3:])
+
+
+def test_no_worker_at_all_waits_then_times_out_and_too_long_fails_at_once() -> None:
+    c = core(max_wait_ms=1000)
+    assert c.submit(req(request_id="r1"), NOW_MS) == []
+    [t] = c.tick(NOW_MS + 1000)
+    assert t.error.code == ErrorCode.DEADLINE_EXCEEDED
+    c.on_heartbeat(hb("w1", max_model_len=100), NOW_MS + 1000)
+    [e] = c.submit(req(90, 20, request_id="r2"), NOW_MS + 1000)
+    assert e.error.code == ErrorCode.PROMPT_TOO_LONG
+
+
+def test_stopped_or_draining_worker_gets_nothing_new_and_stopped_loses_its_requests() -> None:
+    c = core()
+    c.on_heartbeat(hb("w1"), NOW_MS)
+    c.submit(req(request_id="r1"), NOW_MS)
+    c.on_heartbeat(hb("w1", state=WorkerState.DRAINING), NOW_MS + 1)
+    assert c.submit(req(request_id="r2"), NOW_MS + 1) == []  # queued: w1 drains
+    c.on_heartbeat(hb("w2"), NOW_MS + 2)  # r2 released to w2
+    assert c.fleet.placement_of("r2").worker_id == "w2"
+    actions = c.on_heartbeat(hb("w1", state=WorkerState.STOPPED), NOW_MS + 3)
+    assert [(a.request.request_id, a.placement.worker_id, a.placement.attempt) for a in actions] == [("r1", "w2", 2)]
+
+
+def test_redelivered_routed_record_is_not_placed_twice() -> None:
+    c = core()
+    c.on_heartbeat(hb("w1"), NOW_MS)
+    assert len(c.submit(req(request_id="r1"), NOW_MS)) == 1
+    assert c.submit(req(request_id="r1"), NOW_MS) == []
+
+
+def test_heartbeats_replayed_at_startup_do_not_revive_a_dead_worker() -> None:
+    c = core(heartbeat_timeout_ms=1000)
+    c.tick(NOW_MS)
+    c.on_heartbeat(hb("old", sent_at_ms=NOW_MS - 60_000), NOW_MS)  # read back from the compacted topic
+    assert c.submit(req(request_id="r1"), NOW_MS) == []  # not placed on a silent worker: it waits
+    c.on_heartbeat(hb("new", sent_at_ms=NOW_MS + 1001), NOW_MS + 1001)
+    assert c.fleet.placement_of("r1").worker_id == "new"
+    c.tick(NOW_MS + 1001)  # a full timeout after the scheduler started watching, and far behind "new"
+    assert "old" not in c.fleet.workers
+
+
+def test_a_lagging_scheduler_does_not_declare_the_whole_fleet_dead() -> None:
+    c = core(heartbeat_timeout_ms=1000)
+    c.tick(NOW_MS)
+    for w in ("w1", "w2"):
+        c.on_heartbeat(hb(w, sent_at_ms=NOW_MS), NOW_MS)
+    c.submit(req(request_id="r1"), NOW_MS)
+    # 3 s without reading any heartbeat: our lag, not theirs (both equally silent).
+    assert c.tick(NOW_MS + 3000) == [] and set(c.fleet.workers) == {"w1", "w2"}
+    # Past the lag cap (6 timeouts) a fleet that died all at once is dead after all.
+    c.on_heartbeat(hb("w3", sent_at_ms=NOW_MS + 6001), NOW_MS + 6001)
+    [moved] = c.tick(NOW_MS + 6001)
+    assert moved.placement.worker_id == "w3" and moved.placement.attempt == 2
+    assert set(c.fleet.workers) == {"w3"}
+
+
+def test_restored_placements_count_and_are_replaced_when_their_worker_never_returns() -> None:
+    c = core(heartbeat_timeout_ms=1000)
+    c.fleet.restore([Placement("r1", 1, "gone", "m", 10, NOW_MS, req(request_id="r1"))])
+    assert c.fleet.workers["gone"].inflight_count == 1
+    assert c.tick(NOW_MS) == []  # restart: every worker gets a full timeout to be heard from
+    c.on_heartbeat(hb("w2", sent_at_ms=NOW_MS + 500), NOW_MS + 500)
+    assert c.tick(NOW_MS + 1000) == []
+    [a] = c.tick(NOW_MS + 1001)
+    assert (a.placement.worker_id, a.placement.attempt) == ("w2", 2)
