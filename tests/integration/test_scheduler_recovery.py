@@ -235,3 +235,40 @@ async def test_placements_survive_a_scheduler_restart(bus_settings: BusSettings,
         again = await fleet.dispatches(2, timeout_s=30)
         assert sorted(d.request_id for d in again) == sorted(ids)
         assert {(d.worker_id, d.attempt) for d in again} == {("w2", 2)}
+
+
+async def test_a_claim_without_its_dispatch_is_sent_after_a_restart(
+    bus_settings: BusSettings, services: list[ServiceProc]
+) -> None:
+    """The crash window between the Redis claim and the Dispatch: the placement is in Redis, the
+    Dispatch never went out and the routed record was not committed. The next scheduler sends it."""
+    from llmbus.state import redis_client
+    from services.scheduler.policy.types import Placement, SchedRequest
+    from services.scheduler.store import PlacementStore
+
+    request = InferenceRequest(prompt="hello " * 20, max_tokens=16, model=MODEL)
+    routed = RoutedRequest(request=request, model=MODEL)
+    claimed = Placement(
+        request.request_id, 1, "w1", MODEL, 2, now_ms(), SchedRequest.from_routed(routed, now_ms(), 16, 64)
+    )
+    client = redis_client(bus_settings.redis_url)
+    try:
+        store = PlacementStore(client, f"{bus_settings.topic_prefix}scheduler", "crashed-instance")
+        assert await store.claim(claimed)
+    finally:
+        await client.aclose()
+    bus = await Bus.start(bus_settings, "test")
+    fleet = ScriptedFleet(bus_settings, bus)
+    try:
+        await fleet.add("w1")
+        fleet.start()
+        await bus.publisher.publish(bus.topics.name(t.ROUTED), routed, key=MODEL, request_id=request.request_id)
+        services.append(
+            ServiceProc("services.scheduler", bus_settings, env={"LLMBUS_SCHEDULER_TICK_MS": "100"}).start()
+        )
+        [sent] = await fleet.dispatches(1, timeout_s=40)
+        assert (sent.request_id, sent.worker_id, sent.attempt) == (request.request_id, "w1", 1)
+        assert await fleet.dispatches(1, timeout_s=2) == [], "sent once"
+    finally:
+        await fleet.stop()
+        await bus.stop()
