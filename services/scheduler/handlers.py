@@ -17,6 +17,7 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
+from llmbus.fallback import fall_back
 from llmbus.messages import (
     Control,
     ControlAction,
@@ -150,6 +151,17 @@ class SchedulerHandlers:
         await self.store.release(request.request_id, request.attempt)
         routed = request.routed
         if routed is None:
+            return
+        if (rerouted := fall_back(routed, routed.model, action.error.code)) is not None:
+            # This model can't take it, the router gave a chain: the next model gets it.
+            log.info("%s: %s", request.request_id, rerouted.route_reason)
+            await self.bus.publisher.publish(
+                self.bus.topics.name(t.ROUTED),
+                rerouted,
+                key=rerouted.model,
+                request_id=request.request_id,
+                tenant=request.tenant,
+            )
             return
         log.info("final error for %s: %s", request.request_id, action.error.code.value)
         await publish_error(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llmbus.messages import ErrorCode, InferenceRequest, RoutedRequest
-from services.router.policy.fallback import fall_back
+from llmbus.fallback import fall_back
 
 
 def routed() -> RoutedRequest:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmbus.fallback import next_model
 from llmbus.messages import (
     BudgetState,
     ErrorCode,
@@ -37,7 +38,6 @@ from services.router.policy.catalog import ModelCatalog
 from services.router.policy.complexity import ComplexityScorer
 from services.router.policy.config import OverBudget, OverCap, RouterPolicy, UnknownModel
 from services.router.policy.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
-from services.router.policy.fallback import next_model
 from services.router.policy.ports import BudgetView, CachedAnswer, RateLimiter, ResponseCache
 from services.router.policy.rules import RouteDecision, RouteFeatures, decide_route
 from services.router.policy.trimming import trim_to_window

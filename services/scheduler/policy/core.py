@@ -126,7 +126,12 @@ class SchedulerCore:
         actions: list[Action] = []
         for worker_id in self.fleet.dead_workers(now_ms, self.recovery.heartbeat_timeout_ms, self.watching_since_ms):
             actions += self._lose_worker(worker_id, now_ms)
-        for queue in self.queues.by_model.values():
+        for model, queue in self.queues.by_model.items():
+            if len(queue) and self._nobody_serves(model, now_ms):
+                for request in [r for r in queue.in_order() if _has_fallback(r)]:
+                    queue.remove(request.request_id)
+                    unavailable = ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {model!r}")
+                    actions.append(self._final(request, unavailable))
             for request in queue.expire(now_ms):
                 actions.append(
                     self._final(
@@ -177,6 +182,12 @@ class SchedulerCore:
                     ),
                 )
             ]
+        if _has_fallback(request) and self._nobody_serves(request.model, now_ms):
+            return [
+                self._final(
+                    request, ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {request.model!r}")
+                )
+            ]
         queue = self.queues.of(request.model)
         if len(queue) == 0:  # nobody waiting: no one to overtake
             placement = self._try_place(request, now_ms)
@@ -195,6 +206,20 @@ class SchedulerCore:
             ]
         self.stats.queued += 1
         return self._release(now_ms, models=[request.model])
+
+    def _nobody_serves(self, model: str, now_ms: int) -> bool:
+        """True once the fleet is known (a heartbeat timeout after start) and no live worker lists the model.
+
+        Used only for requests with a fallback chain: answering now lets the next model take over.
+        Requests without one wait (up to max_wait_ms) for a worker to come, e.g. one scaled up from zero.
+        """
+        if self.watching_since_ms is None or now_ms - self.watching_since_ms < self.recovery.heartbeat_timeout_ms:
+            return False
+        timeout_ms = self.recovery.heartbeat_timeout_ms
+        return not any(
+            model in w.models and w.state != WorkerState.STOPPED and now_ms - w.last_heartbeat_ms <= timeout_ms
+            for w in self.fleet.workers.values()
+        )
 
     def _release(self, now_ms: int, models: list[str] | None = None) -> list[Action]:
         actions: list[Action] = []
@@ -231,3 +256,7 @@ class SchedulerCore:
     def _final(self, request: SchedRequest, error: ErrorInfo) -> FinalError:
         self.stats.final_errors[error.code.value] = self.stats.final_errors.get(error.code.value, 0) + 1
         return FinalError(request, error)
+
+
+def _has_fallback(request: SchedRequest) -> bool:
+    return request.routed is not None and bool(request.routed.fallback_chain)
