@@ -16,7 +16,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 max_model_len=settings.sim_max_model_len,
                 max_num_seqs=settings.sim_max_num_seqs,
                 speedup=settings.sim_speedup,
-                **_sim_profile(settings),
+                profile=settings.sim_profile,
             )
         )
     if settings.engine == "vllm":
@@ -47,9 +47,3 @@ def build_engine(settings: WorkerSettings) -> Engine:
             upstream_model=settings.openai_model or settings.model,
         )
     )
-
-
-def _sim_profile(settings: WorkerSettings) -> dict[str, object]:
-    from services.engine_worker.engines.sim.engine import SimConfig
-
-    return {"profile": settings.sim_profile} if "profile" in SimConfig.__dataclass_fields__ else {}
