@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from llmbus import topics as t
 from llmbus.bus import decode
@@ -63,10 +66,15 @@ class ServiceProc:
         return self
 
     def kill(self) -> None:
-        """SIGKILL: no drain, no commit — what a crash looks like."""
+        """SIGKILL: no drain, no commit — what a crash looks like. Its children (vLLM's engine
+        processes) go too: a crashed host takes them with it, and orphans would keep busy-polling."""
         if self.proc and self.proc.poll() is None:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
             self.proc.kill()
             self.proc.wait(timeout=10)
+            for child in children:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
 
     def terminate(self, timeout_s: float = 60) -> int:
         """SIGTERM and wait: the graceful path."""
@@ -76,8 +84,7 @@ class ServiceProc:
             try:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+                self.kill()
                 raise
         return self.proc.returncode
 

@@ -48,11 +48,16 @@ class WorkerHandlers:
 
     async def on_dispatch(self, record: ConsumerRecord) -> None:
         dispatch = decode(record, Dispatch)
+        try:
+            await self._handle(dispatch, record)
+        except Exception as exc:
+            log.exception("dispatch %s failed in the worker", dispatch.dedupe_key)
+            await self._retryable(dispatch, ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"))
+
+    async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if dispatch.request_id in self.running:
             return  # the same request re-sent while it runs here (a restarted scheduler): one run only
-        if await self.dedupe.is_done("final", dispatch.request_id) or await self.dedupe.is_done(
-            "superseded", dispatch.dedupe_key
-        ):
+        if await self.dedupe.any_done(("final", dispatch.request_id), ("superseded", dispatch.dedupe_key)):
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
         if self.draining:
@@ -109,6 +114,9 @@ class WorkerHandlers:
         first_token_ms: float | None = None
         text: list[str] = []
         last: EngineOutput | None = None
+        # Chunks are sent without waiting for each ack (one key: their order holds); all are
+        # acknowledged before the final chunk and the result go out.
+        deliveries: list[asyncio.Future[object]] = []
         self.running.add(request.request_id)
         try:
             async for out in self.engine.generate(engine_request):
@@ -117,7 +125,7 @@ class WorkerHandlers:
                     first_token_ms = time.time() * 1000
                 text.append(out.delta)
                 if (chunk := batcher.add(out.delta, out.new_tokens)) is not None:
-                    await self.bus.publisher.publish(reply_topic, chunk, key=request.request_id)
+                    deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
         except EngineError as failed:
             self._note_engine_failure(failed)
             await self._retryable(dispatch, ErrorInfo.of(failed.code, str(failed)))
@@ -128,15 +136,18 @@ class WorkerHandlers:
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker drained before it finished"))
             return
         if (chunk := batcher.flush()) is not None:
-            await self.bus.publisher.publish(reply_topic, chunk, key=request.request_id)
+            deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
+        await self.bus.publisher.delivered(deliveries)
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
         await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, batcher.last_seq)
-        await self.dedupe.mark_done("final", request.request_id)
-        await self._outcome(
-            dispatch,
-            OutcomeStatus.COMPLETED,
-            prompt_tokens=result.usage.prompt_tokens,
-            completion_tokens=result.usage.completion_tokens,
+        await asyncio.gather(
+            self.dedupe.mark_done("final", request.request_id),
+            self._outcome(
+                dispatch,
+                OutcomeStatus.COMPLETED,
+                prompt_tokens=result.usage.prompt_tokens,
+                completion_tokens=result.usage.completion_tokens,
+            ),
         )
 
     def _result(

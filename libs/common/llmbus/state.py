@@ -34,6 +34,10 @@ class DedupeStore:
     async def is_done(self, kind: str, ident: str) -> bool:
         return bool(await self._client.exists(self._key(kind, ident)))
 
+    async def any_done(self, *items: tuple[str, str]) -> bool:
+        """One round trip for several (kind, ident) checks."""
+        return bool(await self._client.exists(*(self._key(kind, ident) for kind, ident in items)))
+
     async def mark_done(self, kind: str, ident: str, value: str = "1") -> None:
         await self._client.set(self._key(kind, ident), value, ex=self._ttl_s)
 

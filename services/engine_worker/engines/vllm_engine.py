@@ -132,6 +132,7 @@ class VllmEngine:
         self.cold_start_s: float | None = None
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._last_encoding: tuple[str, list[int]] | None = None
         self._sink = _StatsSink()
         self._block_size = 16
         self._blocks_total = 0
@@ -240,7 +241,14 @@ class VllmEngine:
     def _encode(self, text: str) -> list[int]:
         if self._tokenizer is None:
             raise EngineDead("vLLM engine is not running")
-        return list(self._tokenizer.encode(text))
+        # The worker counts a prompt's tokens for admission and then generates from the very same
+        # string: the second encode is served from here (identity check, so no hashing of the text).
+        last = self._last_encoding
+        if last is not None and last[0] is text:
+            return last[1]
+        ids = list(self._tokenizer.encode(text))
+        self._last_encoding = (text, ids)
+        return ids
 
     def count_tokens(self, text: str) -> int:
         return len(self._encode(text))

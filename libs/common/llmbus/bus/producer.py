@@ -56,6 +56,32 @@ class Publisher:
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
 
+    async def send(
+        self, topic: str, value: Message, *, key: str | None, request_id: str | None = None, tenant: str | None = None
+    ) -> asyncio.Future[object]:
+        """Enqueue without waiting for the broker: returns the delivery future (await it, bounded).
+
+        Records of one key keep their order (same partition, idempotent producer), so a stream
+        of chunks can be sent this way and only the last one waited for.
+        """
+        headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
+        encoded_key = key.encode() if key is not None else None
+        delivery = await asyncio.wait_for(
+            self._producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers), self._timeout_s
+        )
+        PUBLISHED.labels(self._service, topic).inc()
+        return delivery
+
+    async def delivered(self, deliveries: list[asyncio.Future[object]]) -> None:
+        """Wait (bounded) until every future from `send` is acknowledged; raises the first failure."""
+        if deliveries:
+            try:
+                await asyncio.wait_for(asyncio.gather(*deliveries), self._timeout_s)
+            except TimeoutError as exc:
+                raise PublishTimeout(
+                    f"no ack from Kafka for {len(deliveries)} records within {self._timeout_s}s"
+                ) from exc
+
     async def publish_raw(
         self,
         topic: str,

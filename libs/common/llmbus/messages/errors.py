@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     ENGINE_FAILED = "engine_failed"  # retryable
     WORKER_LOST = "worker_lost"  # retryable
     HANDED_BACK = "handed_back"  # worker draining; retryable
+    WORKER_ERROR = "worker_error"  # the worker failed around the engine (e.g. Redis down); retryable
     CANCELLED = "cancelled"
     MAX_ATTEMPTS = "max_attempts"
     INTERNAL = "internal"
@@ -34,6 +35,7 @@ RETRYABLE = frozenset(
         ErrorCode.ENGINE_FAILED,
         ErrorCode.WORKER_LOST,
         ErrorCode.HANDED_BACK,
+        ErrorCode.WORKER_ERROR,
     }
 )
 

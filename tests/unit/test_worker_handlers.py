@@ -1,0 +1,55 @@
+"""Worker handler decisions with in-memory fakes (the Kafka paths are in tests/integration)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiokafka.structs import ConsumerRecord
+
+from llmbus.messages import Dispatch, DispatchOutcome, ErrorCode, InferenceRequest, OutcomeStatus, RoutedRequest
+from llmbus.topics import Topics
+from services.engine_worker.config import WorkerSettings
+from services.engine_worker.engines.sim.engine import SimConfig, SimEngine
+from services.engine_worker.handlers import WorkerHandlers
+
+
+@dataclass
+class RecordingPublisher:
+    sent: list[tuple[str, object]] = field(default_factory=list)
+
+    async def publish(self, topic: str, value: object, **_: object) -> None:
+        self.sent.append((topic, value))
+
+
+@dataclass
+class FakeBus:
+    publisher: RecordingPublisher
+    topics: Topics = field(default_factory=lambda: Topics("x."))
+    service: str = "engine-worker"
+
+
+class BrokenRedis:
+    async def any_done(self, *_: object) -> bool:
+        raise ConnectionError("redis is down")
+
+
+def dispatch_record() -> ConsumerRecord:
+    request = InferenceRequest(prompt="hello", max_tokens=4)
+    dispatch = Dispatch(routed=RoutedRequest(request=request, model="sim-llama-8b"), worker_id="w1")
+    raw = dispatch.to_bytes()
+    return ConsumerRecord("x.llm.dispatch.w1", 0, 0, 0, 0, None, raw, None, 0, len(raw), [])
+
+
+async def test_a_worker_side_failure_is_reported_as_retryable_not_swallowed() -> None:
+    publisher = RecordingPublisher()
+    handlers = WorkerHandlers(
+        FakeBus(publisher),
+        WorkerSettings(worker_id="w1"),  # type: ignore[arg-type]
+        SimEngine(SimConfig(speedup=0)),
+        BrokenRedis(),
+    )  # type: ignore[arg-type]
+    await handlers.on_dispatch(dispatch_record())
+    [(topic, outcome)] = publisher.sent
+    assert topic == "x.llm.outcomes" and isinstance(outcome, DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
+    assert outcome.error.code == ErrorCode.WORKER_ERROR and "redis is down" in outcome.error.message
