@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.sched_replay import TRACE_BLOCK_TOKENS, ReplayConfig, load_trace, replay, reuse_ceiling
+from bench.traces import MOONCAKE_CONVERSATION
 from services.engine_worker.engines.sim.profiles import DEFAULT_PROFILE, get_profile
 
-TRACE = Path("/work/shared/data/traces/mooncake-conversation.jsonl")
+TRACE = MOONCAKE_CONVERSATION
 REPORTS = Path(__file__).resolve().parent / "reports"
 POLICIES = ("round-robin", "least-loaded", "default")
 

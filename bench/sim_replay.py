@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.traces import AZURE_CONVERSATION
 from services.engine_worker.engines.sim.core import SimCore, SimRequest, StepResult
 
-AZURE_CONV_TRACE = Path("/work/shared/data/traces/azure-llm-2023-conv.csv")
+AZURE_CONV_TRACE = AZURE_CONVERSATION
 
 
 @dataclass(frozen=True)
