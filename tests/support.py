@@ -15,10 +15,7 @@ from pathlib import Path
 
 import psutil
 
-from llmbus import topics as t
-from llmbus.bus import decode
-from llmbus.client import TopicTail
-from llmbus.messages import WorkerState, WorkerStatus
+from llmbus.client import ready_workers
 from llmbus.settings import BusSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,18 +93,9 @@ class ServiceProc:
 
 
 async def wait_workers_ready(settings: BusSettings, worker_ids: set[str], timeout_s: float = 60) -> None:
-    tail = await TopicTail(settings, t.Topics(settings.topic_prefix).name(t.WORKERS)).start()
-    ready: set[str] = set()
-    try:
-        async for record in tail.records(timeout_s):
-            status = decode(record, WorkerStatus)  # type: ignore[arg-type]
-            if status.state == WorkerState.READY:
-                ready.add(status.worker_id)
-            if worker_ids <= ready:
-                return
-    finally:
-        await tail.stop()
-    raise TimeoutError(f"workers {worker_ids - ready} not ready within {timeout_s}s")
+    ready = await ready_workers(settings, lambda seen: worker_ids <= seen, timeout_s)
+    if not worker_ids <= ready:
+        raise TimeoutError(f"workers {worker_ids - ready} not ready within {timeout_s}s")
 
 
 async def eventually(predicate, timeout_s: float = 30, interval_s: float = 0.1) -> None:  # type: ignore[no-untyped-def]

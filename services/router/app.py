@@ -10,6 +10,7 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.router.budgets import BudgetBook
@@ -91,11 +92,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         # ... but requests wait for the state: experiments and budgets already in the log apply to the first one.
         await caught_up(state, state_loop, router_settings.state_catch_up_s)
         tasks.append(asyncio.create_task(request_loop.run(stop)))
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if task.exception() is not None:
-                stop.set()
-        await asyncio.gather(*tasks)
+        await run_until_stopped(tasks, stop)
     finally:
         for consumer in consumers:
             await stop_consumer(consumer, settings.stop_timeout_s)

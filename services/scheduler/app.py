@@ -8,6 +8,7 @@ import logging
 
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.scheduler.config import SchedulerSettings
@@ -82,11 +83,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     try:
         tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
         tasks.append(asyncio.create_task(handlers.run_timer(stop)))
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if task.exception() is not None:
-                stop.set()
-        await asyncio.gather(*tasks)
+        await run_until_stopped(tasks, stop)
     finally:
         for consumer in (fleet, routed, outcomes):
             await stop_consumer(consumer, settings.stop_timeout_s)

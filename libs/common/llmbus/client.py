@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiokafka import AIOKafkaConsumer
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
-from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk
+from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
 
 
@@ -152,3 +152,19 @@ async def collect_results(
         if own_tail:
             await tail.stop()
     return found
+
+
+async def ready_workers(settings: BusSettings, enough: Callable[[set[str]], bool], timeout_s: float) -> set[str]:
+    """Worker ids whose heartbeat said ready (from now on) until `enough(ids)` or the time is up."""
+    tail = await TopicTail(settings, t.Topics(settings.topic_prefix).name(t.WORKERS)).start()
+    ready: set[str] = set()
+    try:
+        async for record in tail.records(timeout_s):
+            status = decode(record, WorkerStatus)  # type: ignore[arg-type]
+            if status.state == WorkerState.READY:
+                ready.add(status.worker_id)
+            if enough(ready):
+                break
+    finally:
+        await tail.stop()
+    return ready

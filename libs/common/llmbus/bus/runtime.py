@@ -78,3 +78,11 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
         await main(settings, stop)
 
     asyncio.run(_run())
+
+
+async def run_until_stopped(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
+    """Wait for a service's loops: the first one to fail stops the others (then its error is raised)."""
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    if any(task.exception() is not None for task in done):
+        stop.set()
+    await asyncio.gather(*tasks)

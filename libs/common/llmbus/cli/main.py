@@ -10,12 +10,11 @@ from rich.console import Console
 from rich.table import Table
 
 from llmbus import topics as t
-from llmbus.bus import decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import stack
-from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import ChatMessage, InferenceRequest, WorkerState, WorkerStatus
+from llmbus.client import LlmbusClient, ready_workers
+from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
@@ -132,18 +131,7 @@ async def _read_fleet(settings: BusSettings) -> dict[str, WorkerStatus]:
 
 
 async def _wait_ready(settings: BusSettings, workers: int, timeout_s: float) -> int:
-    tail = await TopicTail(settings, t.Topics(settings.topic_prefix).name(t.WORKERS)).start()
-    ready: set[str] = set()
-    try:
-        async for record in tail.records(timeout_s):
-            status = decode(record, WorkerStatus)  # type: ignore[arg-type]
-            if status.state == WorkerState.READY:
-                ready.add(status.worker_id)
-            if len(ready) >= workers:
-                break
-    finally:
-        await tail.stop()
-    return len(ready)
+    return len(await ready_workers(settings, lambda ready: len(ready) >= workers, timeout_s))
 
 
 if __name__ == "__main__":
