@@ -29,7 +29,7 @@ down: ## stop the services (they drain), then Kafka and Redis
 	@if [ -x $(VENV)/bin/llmbus ]; then $(VENV)/bin/llmbus down; else deploy/kafka/kafka.sh stop; deploy/redis/redis.sh stop; fi
 
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
-	@$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: setup ## fast unit tests only (no broker)
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)

@@ -22,7 +22,7 @@ import numpy as np
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import LlmbusClient
 from llmbus.messages import InferenceRequest
-from tests.support import ServiceProc, fresh_settings, wait_workers_ready
+from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -61,6 +61,7 @@ async def run(requests: int, max_tokens: int) -> dict[str, object]:
     finally:
         for proc in procs:
             proc.terminate(30)
+        await drop_namespace(settings)
 
     def pct(values: list[float]) -> dict[str, float]:
         return {f"p{q}": round(float(np.percentile(values, q)), 2) for q in (50, 90, 99)} | {

@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import InferenceRequest, InferenceResult, RoutedRequest, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
+from tests.support import drop_namespace, fresh_settings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "sim-llama-8b"
@@ -78,7 +78,7 @@ async def wait_ready(settings: BusSettings, n: int, timeout_s: float = 90) -> No
 
 
 async def run_policy(policy: str, rows: list[dict], args: argparse.Namespace) -> dict:
-    settings = BusSettings(topic_prefix=f"e2e{uuid.uuid4().hex[:8]}.", log_json=False)
+    settings = fresh_settings()
     await ensure_catalog(settings)
     procs = [
         spawn(
@@ -146,6 +146,7 @@ async def run_policy(policy: str, rows: list[dict], args: argparse.Namespace) ->
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+        await drop_namespace(settings)
     ok = [r for r in found.values() if r.timings.ttft_ms is not None]
     ttft = np.array([r.timings.ttft_ms * args.speedup for r in ok])  # wall ms → simulated ms
     prompt = sum(r.usage.prompt_tokens for r in ok)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from llmbus.bus.admin import ensure_catalog
+from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, fresh_settings
+from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
 pytest_plugins = ["tests.fixtures.vllm_engine"]
@@ -36,12 +37,24 @@ def redis_up() -> None:
         pytest.fail("Redis is not answering on 127.0.0.1:6379: run `make test` (it starts it) or `make infra`")
 
 
+@pytest.fixture(scope="session", autouse=True)
+async def sweep_test_namespaces() -> AsyncIterator[None]:
+    """`make test` (LLMBUS_TEST_SWEEP=1) first drops test topics that earlier killed runs left behind.
+
+    Off by default: a sweep would also drop the topics of another test run going on at the same time.
+    """
+    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and _answers("127.0.0.1", 9092):
+        await delete_topics_matching(BusSettings(), TEST_NAMESPACE)
+    yield
+
+
 @pytest.fixture
 async def bus_settings(kafka_up: None, redis_up: None) -> AsyncIterator[BusSettings]:
-    """A fresh topic namespace with the whole catalog created in it."""
+    """A fresh topic namespace with the whole catalog created in it (dropped afterwards)."""
     settings = fresh_settings()
     await ensure_catalog(settings)
     yield settings
+    await drop_namespace(settings)
 
 
 @pytest.fixture

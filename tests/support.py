@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,15 +16,25 @@ from pathlib import Path
 
 import psutil
 
+from llmbus.bus.admin import delete_topics_matching
 from llmbus.client import ready_workers
 from llmbus.settings import BusSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+# Test and bench namespaces look like "t0123456789.": easy to find and drop afterwards.
+TEST_NAMESPACE = re.compile(r"^t[0-9a-f]{10}\.")
+
+
 def fresh_settings(**overrides: object) -> BusSettings:
     """Settings under a namespace no other test uses (topics and groups alike)."""
     return BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False, **overrides)  # type: ignore[arg-type]
+
+
+async def drop_namespace(settings: BusSettings) -> None:
+    """Delete a test namespace's topics: thousands of leftover partitions slow the broker for everyone."""
+    await delete_topics_matching(settings, re.compile(re.escape(settings.topic_prefix)))
 
 
 @dataclass

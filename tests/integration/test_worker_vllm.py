@@ -38,7 +38,7 @@ from llmbus.messages import (
 )
 from llmbus.settings import BusSettings
 from tests.fixtures.tiny_llama import build_tiny_llama
-from tests.support import ServiceProc, fresh_settings, wait_workers_ready
+from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.vllm, pytest.mark.slow]
 WORKER = "vllm-w1"
@@ -111,6 +111,7 @@ async def worker() -> AsyncIterator[Harness]:
             await tail.stop()
         await bus.stop()
         proc.kill()
+        await drop_namespace(settings)
         print(f"\n--- worker log ---\n{proc.log_tail(30)}")
 
 

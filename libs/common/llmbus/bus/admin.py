@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -55,6 +56,23 @@ async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, 
     if grow:
         await asyncio.wait_for(admin.create_partitions(grow), timeout_s)
         log.info("grew partitions of %s", sorted(grow))
+
+
+async def delete_topics_matching(settings: BusSettings, pattern: re.Pattern[str]) -> list[str]:
+    """Delete every topic whose name matches (test namespaces, for one); returns the names."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap,
+        client_id="llmbus-admin",
+        request_timeout_ms=int(settings.admin_timeout_s * 1000),
+    )
+    await asyncio.wait_for(admin.start(), settings.admin_timeout_s)
+    try:
+        names = [n for n in await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s) if pattern.match(n)]
+        for start in range(0, len(names), 200):  # bounded requests on a broker with thousands of topics
+            await asyncio.wait_for(admin.delete_topics(names[start : start + 200]), settings.admin_timeout_s)
+        return names
+    finally:
+        await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
 
 
 async def ensure_catalog(settings: BusSettings) -> list[str]:
