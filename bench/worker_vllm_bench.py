@@ -23,25 +23,39 @@ import asyncio
 import json
 import os
 import platform
-import pstats
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import psutil
 
+from bench.worker_vllm_report import (
+    COMMAND,
+    MAX_NUM_SEQS,
+    PROMPT_WORDS,
+    REPORTS,
+    SHAPES,
+    TARGET_RATIO,
+    TUNED_ENV,
+    VLLM_ENV,
+    WARMUP,
+    WORKER_ID,
+    WORKER_MODULE,
+    Shape,
+    aggregate,
+    plot,
+    profile_parts,
+    write_markdown,
+)
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
@@ -52,34 +66,6 @@ from services.engine_worker.engines.vllm_engine import VllmEngine
 from tests.fixtures.tiny_llama import build_tiny_llama
 from tests.fixtures.vllm_engine import TINY_MAX_MODEL_LEN, tiny_vllm_config
 from tests.support import REPO, fresh_settings, wait_workers_ready
-
-REPORTS = Path(__file__).parent / "reports"
-COMMAND = "python -m bench.worker_vllm_bench"
-MAX_NUM_SEQS = 16
-PROMPT_WORDS = 48  # ≈ 64 tokens with the tiny tokenizer
-TARGET_RATIO = 0.95
-WORKER_ID = "bench-vllm-w1"
-WORKER_MODULE = "services.engine_worker"
-OUR_PROCESSES = ("engine_core", "frontend", "kafka_broker", "bench_client")
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
-# Fewer, larger chunks (a client still gets its first token at once: the batcher sends it alone) and
-# a longer producer linger, so concurrent requests' messages share produce requests to the broker.
-TUNED_ENV = {
-    "LLMBUS_WORKER_CHUNK_INTERVAL_MS": "100",
-    "LLMBUS_WORKER_CHUNK_MAX_TOKENS": "64",
-    "LLMBUS_LINGER_MS": "10",
-}
-
-
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    requests: int
-    max_tokens: int
-
-
-SHAPES = (Shape("long", 256, 128), Shape("short", 512, 16))
-WARMUP = Shape("warmup", 16, 16)
 
 
 def log(msg: str) -> None:
@@ -438,264 +424,6 @@ async def worker_phase(
             await bus.stop()
         await asyncio.to_thread(w.stop)
     return rows, info
-
-
-# Where the worker process spends its CPU, by component: (label, file suffix, function). cProfile
-# times a coroutine only while it runs, so cumtime is CPU on the event loop, not time spent awaiting.
-PROFILE_PARTS = (
-    ("dispatch handler, all of it", "engine_worker/handlers.py", "on_dispatch"),
-    ("consumer loop per record (span, metrics, handler)", "llmbus/bus/consumer.py", "_handle"),
-    ("vLLM output handler (detokenize, per-request queues)", "v1/engine/async_llm.py", "output_handler"),
-    ("vLLM add_request (engine input to the core)", "v1/engine/async_llm.py", "add_request"),
-    ("VllmEngine.generate (the wrapper's loop)", "engines/vllm_engine.py", "generate"),
-    ("tokenizing prompts (count_tokens + generate: twice)", "engines/vllm_engine.py", "_encode"),
-    ("Redis dedupe: is_done x2 per dispatch", "llmbus/state.py", "is_done"),
-    ("Redis dedupe: mark_done", "llmbus/state.py", "mark_done"),
-    ("Kafka publish (all topics, ack awaited)", "llmbus/bus/producer.py", "publish"),
-    ("  of which headers + traceparent", "llmbus/bus/headers.py", "outgoing"),
-    ("  of which pydantic JSON", "pydantic/main.py", "model_dump_json"),
-    ("aiokafka sender (batches to the broker)", "aiokafka/producer/sender.py", "_send_produce_req"),
-    ("Dispatch decode", "llmbus/bus/codec.py", "decode"),
-)
-
-
-def profile_parts(path: Path, requests: int) -> list[dict[str, Any]]:
-    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
-    rows = []
-    for label, file_suffix, func in PROFILE_PARTS:
-        calls = cum = 0.0
-        for (file, _line, name), (_cc, ncalls, _tt, cumtime, _callers) in stats.items():
-            if name == func and file.endswith(file_suffix):
-                calls, cum = calls + ncalls, cum + cumtime
-        rows.append(
-            {
-                "part": label,
-                "function": f"{file_suffix}:{func}",
-                "calls": int(calls),
-                "cpu_s": round(cum, 3),
-                "cpu_ms_per_request": round(1000 * cum / requests, 3),
-            }
-        )
-    return rows
-
-
-# ---- report --------------------------------------------------------------------------------
-
-
-def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for side in dict.fromkeys(r["side"] for r in rows):
-        for shape in SHAPES:
-            mine = [r for r in rows if r["side"] == side and r["shape"] == shape.name]
-            if not mine:
-                continue
-            tps = [r["output_tokens_per_s"] for r in mine]
-            cpu_keys = mine[0]["cpu_s"].keys()
-            tokens = statistics.fmean(r["output_tokens"] for r in mine)
-            out.append(
-                {
-                    "side": side,
-                    "shape": shape.name,
-                    "runs": len(mine),
-                    "output_tokens_per_s_mean": round(statistics.fmean(tps), 1),
-                    "output_tokens_per_s_median": round(statistics.median(tps), 1),
-                    "output_tokens_per_s_min": min(tps),
-                    "output_tokens_per_s_max": max(tps),
-                    "output_tokens_per_s_stdev": round(statistics.stdev(tps), 1) if len(tps) > 1 else 0.0,
-                    "requests_per_s_mean": round(statistics.fmean(r["requests_per_s"] for r in mine), 2),
-                    "cpu_ms_per_1k_tokens": {
-                        k: round(1e6 * statistics.fmean(r["cpu_s"][k] for r in mine) / tokens, 1) for k in cpu_keys
-                    },
-                    # Cores our processes kept busy: 2.0 means this machine's cores were the limit.
-                    "cores_busy_ours": round(
-                        statistics.fmean(sum(r["cpu_s"][k] for k in OUR_PROCESSES) / r["wall_s"] for r in mine), 2
-                    ),
-                    "chunks_per_request": round(statistics.fmean(r["chunks_per_request"] for r in mine), 2)
-                    if "chunks_per_request" in mine[0]
-                    else None,
-                }
-            )
-    direct = {a["shape"]: a for a in out if a["side"] == "direct"}
-    for a in out:
-        d = direct.get(a["shape"])
-        a["ratio_to_direct"] = round(a["output_tokens_per_s_mean"] / d["output_tokens_per_s_mean"], 3) if d else None
-        a["ratio_to_direct_median"] = (
-            round(a["output_tokens_per_s_median"] / d["output_tokens_per_s_median"], 3) if d else None
-        )
-        # Interference on a shared machine only slows runs down: best against best is the least noisy view.
-        a["ratio_to_direct_best"] = round(a["output_tokens_per_s_max"] / d["output_tokens_per_s_max"], 3) if d else None
-        a["all_runs_below_direct"] = bool(d) and a["output_tokens_per_s_max"] < d["output_tokens_per_s_min"]
-        # What the bus adds per request outside the engine core: worker process beyond vLLM's own
-        # front-end, plus the broker and the client.
-        per_request = next(x.max_tokens for x in SHAPES if x.name == a["shape"]) / 1000
-        c, dc = a["cpu_ms_per_1k_tokens"], d["cpu_ms_per_1k_tokens"] if d else None
-        a["bus_cpu_ms_per_request"] = (
-            round(per_request * (c["frontend"] + c["kafka_broker"] + c["bench_client"] - dc["frontend"]), 2)
-            if dc
-            else None
-        )
-    return out
-
-
-def plot(summary: list[dict[str, Any]], path: Path) -> None:
-    sides = list(dict.fromkeys(a["side"] for a in summary))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    width = 0.8 / len(sides)
-    for k, shape in enumerate(SHAPES):
-        for j, side in enumerate(sides):
-            a = next((a for a in summary if a["side"] == side and a["shape"] == shape.name), None)
-            if a is None:
-                continue
-            x = k + (j - (len(sides) - 1) / 2) * width
-            err = [
-                [a["output_tokens_per_s_mean"] - a["output_tokens_per_s_min"]],
-                [a["output_tokens_per_s_max"] - a["output_tokens_per_s_mean"]],
-            ]
-            axes[0].bar(
-                x,
-                a["output_tokens_per_s_mean"],
-                width,
-                yerr=err,
-                capsize=3,
-                color=f"C{j}",
-                label=side if k == 0 else None,
-            )
-            axes[1].bar(x, a["ratio_to_direct"], width, color=f"C{j}")
-    for ax in axes[:2]:
-        ax.set_xticks(range(len(SHAPES)), [f"{s.name}\n{s.requests} req x {s.max_tokens} tok" for s in SHAPES])
-    axes[0].set_ylabel("output tokens/s (mean, min-max bars)")
-    axes[0].legend(fontsize=8)
-    axes[1].axhline(TARGET_RATIO, color="red", ls="--", label=f"target {TARGET_RATIO}")
-    axes[1].set_ylabel("throughput / direct AsyncLLM")
-    axes[1].legend(fontsize=8)
-    keys = ["engine_core", "frontend", "kafka_broker", "bench_client", "other_processes"]
-    labels = [f"{a['side']}\n{a['shape']}" for a in summary]
-    bottom = [0.0] * len(summary)
-    for i, key in enumerate(keys):
-        vals = [a["cpu_ms_per_1k_tokens"].get(key, 0.0) for a in summary]
-        axes[2].bar(range(len(summary)), vals, bottom=bottom, label=key, color=f"C{i}")
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    axes[2].set_xticks(range(len(summary)), labels, fontsize=6, rotation=45, ha="right")
-    axes[2].set_ylabel("CPU ms per 1k output tokens")
-    axes[2].legend(fontsize=7)
-    fig.suptitle("engine-worker vs direct AsyncLLM (tiny Llama, vLLM CPU, 2 shared cores)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
-def write_markdown(report: dict[str, Any], path: Path) -> None:
-    s = report["summary"]
-
-    def ratios(side: str) -> str:
-        return " / ".join(str(a["ratio_to_direct"]) for a in s if a["side"] == side) or "-"
-
-    verdict = ", ".join(
-        f"{a['shape']} {a['ratio_to_direct']} ({'met' if a['ratio_to_direct'] >= TARGET_RATIO else 'not met'}; "
-        f"{'every' if a['all_runs_below_direct'] else 'not every'} worker run slower than every direct run)"
-        for a in s
-        if a["side"] == "worker"
-    )
-    lines = [
-        "# engine-worker vs direct vLLM AsyncLLM (tiny random-weight Llama, vLLM CPU build)",
-        "",
-        f"Command (from the repo root): `{report['command']}` — took {report['took_s']:.0f} s on {report['machine']}.",
-        f"1-minute load average {report['load_avg_start']} at the start, {report['load_avg_end']} at the end "
-        "(2 cores shared with other engineers' tests and the Kafka broker).",
-        "",
-        f"Settings on both sides: max_num_seqs {MAX_NUM_SEQS}, max_model_len {TINY_MAX_MODEL_LEN}, float32, "
-        "enforce_eager, ignore_eos, greedy, prefix caching on; prompts of "
-        f"{min(report['direct_info']['prompt_tokens'])}-{max(report['direct_info']['prompt_tokens'])} tokens. "
-        "Throughput = output tokens / wall time from the first submit (publish) to the last finish "
-        "(InferenceResult read back from llm.results); every worker run checked exactly one OK result "
-        "per request with the full token count.",
-        "",
-        "| side | shape | runs | output tok/s mean | min - max | req/s | / direct (mean) | / direct (median) | "
-        "/ direct (best runs) | "
-        "cores busy (ours) | chunks/request | bus CPU ms/request | "
-        "CPU ms per 1k tok (engine core / front-end or worker / broker / bench / other) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for a in s:
-        c = a["cpu_ms_per_1k_tokens"]
-        lines.append(
-            f"| {a['side']} | {a['shape']} | {a['runs']} | {a['output_tokens_per_s_mean']:.0f} | "
-            f"{a['output_tokens_per_s_min']:.0f} - {a['output_tokens_per_s_max']:.0f} | {a['requests_per_s_mean']} | "
-            f"{a['ratio_to_direct']} | {a['ratio_to_direct_median']} | {a['ratio_to_direct_best']} | "
-            f"{a['cores_busy_ours']} | "
-            f"{a['chunks_per_request'] if a['chunks_per_request'] is not None else '-'} | "
-            f"{a['bus_cpu_ms_per_request'] if a['side'].startswith('worker') else '-'} | "
-            f"{c['engine_core']:.0f} / {c['frontend']:.0f} / {c['kafka_broker']:.0f} / {c['bench_client']:.0f} / "
-            f"{c['other_processes']:.0f} |"
-        )
-    lines += [
-        "",
-        f"Target: worker ≥ {TARGET_RATIO} of direct; measured {verdict}. "
-        "Sides: `direct` = AsyncLLM.generate in this process; "
-        "`vllm_engine` = the worker's VllmEngine wrapper, no Kafka; `worker` = the engine-worker process "
-        f"with default chunking; `worker_tuned` = env {TUNED_ENV}.",
-        "",
-        "Columns: *cores busy (ours)* = CPU seconds of the engine core, the front-end or worker process, the "
-        "broker and the bench client over the run's wall time (2.0 = both cores). *bus CPU ms/request* = "
-        "worker-process CPU beyond the direct front-end's, plus broker and client, per request: what the bus "
-        "costs outside the engine core.",
-        "",
-        "## Reading the numbers",
-        "",
-        "- The direct side already keeps both cores busy: vLLM's CPU build runs the engine core as two "
-        "processes (EngineCore + Worker) that busy-poll shared-memory queues for a second after any activity "
-        f"(idle: {report['direct_info']['idle_cpu_cores']['engine_core']} cores with nothing to do), and the "
-        "tiny model has almost no compute, so vLLM's per-step and per-request overheads are the work. Every "
-        "CPU-millisecond the worker, the broker or the client spends comes out of the engine's share, and the "
-        "engine core itself burns more CPU per token when it is preempted (its spin-waits stretch with the "
-        "wall time; compare its CPU ms per 1k tokens between `direct` and `worker`).",
-        "- Per request the worker does one Redis EXISTS (two keys) before and one SET after the engine, "
-        "tokenizes the prompt once, sends its token chunks without waiting for each ack (all are acknowledged "
-        "before the final chunk), then publishes the final chunk, the InferenceResult and the DispatchOutcome, "
-        "with an OpenTelemetry span and traceparent per record. That is a fixed cost per request, so short "
-        "outputs (16 tokens) lose much more than long ones (128 tokens).",
-        "- Chunking is a weak lever here: vLLM's DELTA collector merges tokens while a handler waits for an "
-        "ack, so chunks per request are already near the floor of ~3 (first token, the rest, final). Ratio "
-        f"long / short: `worker` {ratios('worker')}, `worker_tuned` (longer chunk interval, 10 ms linger) "
-        f"{ratios('worker_tuned')}.",
-        "- On a GPU node the engine's work runs on the GPU and the host has spare cores for the worker's "
-        "event loop and Kafka client; the ratio there cannot be measured on this machine.",
-        "",
-    ]
-    lines += [
-        "## Runs",
-        "",
-        "| side | shape | rep | tok/s | wall s | worker done s | load 1m | published |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in report["runs"]:
-        lines.append(
-            f"| {r['side']} | {r['shape']} | {r['repeat']} | {r['output_tokens_per_s']:.0f} | {r['wall_s']} | "
-            f"{r.get('worker_done_s', '-')} | {r['load_avg_1m']} | {r.get('published', '-')} |"
-        )
-    lines += [
-        "",
-        f"Cold starts: direct {report['direct_info']['cold_start_s']} s; "
-        + "; ".join(f"{k} ready after {v['ready_after_s']} s" for k, v in report["worker_info"].items()),
-        "",
-    ]
-    if report.get("profile"):
-        lines += [
-            f"## cProfile of the worker process (one `{SHAPES[1].name}` run + warm-up, "
-            f"{SHAPES[1].requests + WARMUP.requests} requests, default settings)",
-            "",
-            "CPU on the worker's event loop by component (cumulative, so nested rows overlap; profiling "
-            "itself inflates every number, read them relative to each other).",
-            "",
-            "| part | function | calls | CPU s | CPU ms per request |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {e['part']} | `{e['function']}` | {e['calls']} | {e['cpu_s']} | {e['cpu_ms_per_request']} |"
-            for e in report["profile"]
-        ]
-        lines.append("")
-    lines += ["![plot](worker_vllm_bench.png)", ""]
-    path.write_text("\n".join(lines))
 
 
 async def main(repeats: int, profile: bool) -> None:
