@@ -185,11 +185,18 @@ async def test_engine_death_is_retryable_and_the_engine_restarts(worker: Harness
 
 
 async def test_sigterm_drains_and_hands_back_without_losing_a_request(worker: Harness) -> None:
+    # A tail of its own, positioned now: the module's shared tail may still hold earlier tests' chunks,
+    # and reading through them would delay the SIGTERM until the work is already done.
+    tokens = await TopicTail(worker.settings, worker.topics.name(t.TOKENS)).start()
     ids = [
         await worker.dispatch(f"drain request {i} {uuid.uuid4().hex[:6]}", max_tokens=MAX_MODEL_LEN - 40)
-        for i in range(16)
+        for i in range(32)  # 4x max_num_seqs: most of it is still running or waiting at the SIGTERM
     ]
-    await worker.collect(t.TOKENS, TokenChunk, lambda seen: {c.request_id for c in seen} >= set(ids[:2]))
+    try:
+        async for _ in tokens.records(60):
+            break  # the worker is streaming: send the SIGTERM now
+    finally:
+        await tokens.stop()
     assert worker.proc.proc is not None
     code = await asyncio.to_thread(worker.proc.terminate, 90)
     assert code == 0, "the worker exits cleanly after draining"
