@@ -13,7 +13,7 @@ from llmbus.bus.admin import ensure_topics
 from llmbus.bus.tables import read_table
 from llmbus.messages import ModelSpec, WorkerState
 from llmbus.settings import BusSettings
-from llmbus.state import DedupeStore, redis_client
+from llmbus.state import dispatch_markers, redis_client
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.factory import build_engine
 from services.engine_worker.handlers import WorkerHandlers
@@ -38,7 +38,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
 
     redis = redis_client(settings.redis_url)
     engine = build_engine(plan.settings)
-    handlers = WorkerHandlers(bus, plan.settings, engine, DedupeStore(redis, f"{settings.topic_prefix}worker"))
+    handlers = WorkerHandlers(bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
     life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
     background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
 

@@ -10,7 +10,7 @@ from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state import dispatch_markers, redis_client
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.policy.core import CoreConfig, SchedulerCore
@@ -40,7 +40,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     bus = await Bus.start(settings, t.SCHEDULER)
     redis = redis_client(settings.redis_url)
     store = PlacementStore(redis, f"{settings.topic_prefix}scheduler", sched.instance_id)
-    handlers = SchedulerHandlers(bus, sched, build_core(sched), store)
+    handlers = SchedulerHandlers(bus, sched, build_core(sched), store, dispatch_markers(redis, settings.topic_prefix))
     restored = await handlers.restore()
     log.info("scheduler %s: pipeline %s, %d placements restored", sched.instance_id, sched.pipeline, restored)
     topics = bus.topics

@@ -32,6 +32,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_error, reply_topic_of
+from llmbus.state import DedupeStore
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.types import SchedRequest
@@ -41,8 +42,11 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerHandlers:
-    def __init__(self, bus: Bus, settings: SchedulerSettings, core: SchedulerCore, store: PlacementStore) -> None:
+    def __init__(
+        self, bus: Bus, settings: SchedulerSettings, core: SchedulerCore, store: PlacementStore, markers: DedupeStore
+    ) -> None:
         self.bus = bus
+        self.markers = markers  # a worker skips an attempt marked superseded (e.g. one redelivered after its restart)
         self.settings = settings
         self.core = core
         self.store = store
@@ -131,6 +135,7 @@ class SchedulerHandlers:
             return
         if placement.attempt > 1:
             await self.store.release(placement.request_id, placement.attempt - 1)
+            await self.markers.mark_done("superseded", f"{placement.request_id}:{placement.attempt - 1}")
         await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
         log.info("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
 

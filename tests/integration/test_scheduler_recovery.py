@@ -180,6 +180,13 @@ async def test_retryable_failure_goes_to_another_worker_then_max_attempts(
         await fleet.answer(first, OutcomeStatus.RETRYABLE, ErrorCode.ENGINE_OOM)
         [second] = await fleet.dispatches(1)
         assert second.request_id == rid and second.attempt == 2 and second.worker_id != first.worker_id
+        from llmbus.state import dispatch_markers, redis_client
+
+        client = redis_client(bus_settings.redis_url)
+        try:  # a redelivery of attempt 1 (its worker restarting) will be skipped, not run twice
+            assert await dispatch_markers(client, bus_settings.topic_prefix).any_done(("superseded", f"{rid}:1"))
+        finally:
+            await client.aclose()
         await fleet.answer(second, OutcomeStatus.RETRYABLE, ErrorCode.OVER_CAPACITY)
         found = await collect_results(bus_settings, {rid}, timeout_s=10, tail=results)
         [result] = found[rid]

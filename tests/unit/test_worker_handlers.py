@@ -53,3 +53,30 @@ async def test_a_worker_side_failure_is_reported_as_retryable_not_swallowed() ->
     assert topic == "x.llm.outcomes" and isinstance(outcome, DispatchOutcome)
     assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
     assert outcome.error.code == ErrorCode.WORKER_ERROR and "redis is down" in outcome.error.message
+
+
+class MarkedRedis:
+    def __init__(self, marked: set[str]) -> None:
+        self.marked = marked
+        self.asked: list[tuple[str, str]] = []
+
+    async def any_done(self, *items: tuple[str, str]) -> bool:
+        self.asked.extend(items)
+        return any(f"{kind}:{ident}" in self.marked for kind, ident in items)
+
+
+async def test_a_superseded_attempt_is_not_run_again() -> None:
+    publisher = RecordingPublisher()
+    record = dispatch_record()
+    dispatch = Dispatch.model_validate_json(record.value)
+    markers = MarkedRedis({f"superseded:{dispatch.request_id}:1"})
+    handlers = WorkerHandlers(
+        FakeBus(publisher),
+        WorkerSettings(worker_id="w1"),  # type: ignore[arg-type]
+        SimEngine(SimConfig(speedup=0)),
+        markers,
+    )  # type: ignore[arg-type]
+    await handlers.on_dispatch(record)
+    assert ("superseded", f"{dispatch.request_id}:1") in markers.asked
+    [(_, outcome)] = publisher.sent  # no chunks, no result: only the outcome
+    assert isinstance(outcome, DispatchOutcome) and outcome.status == OutcomeStatus.DUPLICATE

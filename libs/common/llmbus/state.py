@@ -31,9 +31,6 @@ class DedupeStore:
     def _key(self, kind: str, ident: str) -> str:
         return f"llmbus:{self._namespace}:{kind}:{ident}"
 
-    async def is_done(self, kind: str, ident: str) -> bool:
-        return bool(await self._client.exists(self._key(kind, ident)))
-
     async def any_done(self, *items: tuple[str, str]) -> bool:
         """One round trip for several (kind, ident) checks."""
         return bool(await self._client.exists(*(self._key(kind, ident) for kind, ident in items)))
@@ -41,6 +38,8 @@ class DedupeStore:
     async def mark_done(self, kind: str, ident: str, value: str = "1") -> None:
         await self._client.set(self._key(kind, ident), value, ex=self._ttl_s)
 
-    async def claim(self, kind: str, ident: str, value: str = "1") -> bool:
-        """Atomically take `ident` for this kind; False when someone already did."""
-        return bool(await self._client.set(self._key(kind, ident), value, ex=self._ttl_s, nx=True))
+
+def dispatch_markers(client: redis.Redis, topic_prefix: str) -> DedupeStore:
+    """The markers scheduler and workers share: `final:<request id>` (a worker published the result)
+    and `superseded:<request id>:<attempt>` (the scheduler placed a later attempt elsewhere)."""
+    return DedupeStore(client, f"{topic_prefix}worker")

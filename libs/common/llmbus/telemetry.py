@@ -68,8 +68,3 @@ def setup_tracing(service: str, console: bool = False) -> None:
     if console:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
-
-
-def log_fields(**fields: object) -> dict[str, dict[str, object]]:
-    """`log.info("placed", extra=log_fields(worker_id=w))` adds fields to the JSON line."""
-    return {"fields": fields}
