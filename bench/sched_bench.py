@@ -1,12 +1,16 @@
 """Headline scheduler benchmark: round-robin vs least-loaded vs the default pipeline on the Mooncake trace.
 
-    python -m bench.sched_bench [--requests 3000] [--workers 4] [--scales 2,3,4,5]
+    python -m bench.sched_bench [--requests N] [--workers 16] [--scales 12,16,20] [--host-kv-gib 256]
 
 A discrete-event replay in virtual time (bench/sched_replay.py): the scheduler's real
 SchedulerCore (pipeline YAML, plugins, flow queue) places each request on one of N
 SimCore engines (Llama-3.1-8B on H100 step-time profile, paged KV with prefix caching).
 Load levels divide the trace's arrival times by a scale factor (time compression).
 Prompts are built so equal Mooncake hash ids give equal 512-token blocks of text.
+
+Two deployments are swept: `hbm` (the KV cache is one H100's HBM, ~29k blocks) and
+`hbm+host` (plus vLLM's native CPU offloading tier of --host-kv-gib per GPU: blocks are
+stored to host memory as computed and loaded back over PCIe instead of recomputed).
 Writes bench/reports/sched_bench.{json,md,png}.
 """
 
@@ -28,10 +32,13 @@ from services.engine_worker.engines.sim.profiles import DEFAULT_PROFILE, get_pro
 TRACE = MOONCAKE_CONVERSATION
 REPORTS = Path(__file__).resolve().parent / "reports"
 POLICIES = ("round-robin", "least-loaded", "default")
+TARGET_TTFT_RATIO = 2.0  # default's TTFT p90 at least 2x lower than round-robin's ...
+RR_P90_LIMIT_MS = 2000.0  # ... at the load where round-robin's p90 passes 2 s
+TARGET_HIT_SHARE = 0.9  # prefix-cache hit rate within 10% of the trace's reuse ceiling
 
 
 def bounded_ceiling(rows: list[dict], capacity_blocks: int) -> float:
-    """Prefix-token reuse of one pooled LRU cache as big as the whole fleet's KV (512-token blocks)."""
+    """Prefix-token reuse of one pooled LRU cache of `capacity_blocks` 512-token blocks."""
     lru: OrderedDict[int, None] = OrderedDict()
     prompt_tokens = hit_tokens = 0
     for row in rows:
@@ -61,7 +68,7 @@ def full_trace_block_reuse(rows: list[dict]) -> float:
     return reused / total
 
 
-def summarize(res, workers: int) -> dict:
+def summarize(res) -> dict:
     ttft = np.array(res.ttft_ms)
     per_worker = np.array(list(res.per_worker_tokens.values()), dtype=float)
     return {
@@ -69,7 +76,9 @@ def summarize(res, workers: int) -> dict:
         "ttft_ms": {f"p{q}": float(np.percentile(ttft, q)) for q in (50, 90, 99)} if len(ttft) else {},
         "e2e_ms_p90": float(np.percentile(res.e2e_ms, 90)) if res.e2e_ms else None,
         "output_tokens_per_s": res.output_tokens / (res.makespan_ms / 1000) if res.makespan_ms else 0.0,
+        # Prompt tokens served from a cache (GPU prefix cache or the host tier) / all prompt tokens.
         "prefix_cache_hit_rate": res.cached_prompt_tokens / res.prompt_tokens if res.prompt_tokens else 0.0,
+        "host_tier_hit_rate": res.host_loaded_tokens / res.prompt_tokens if res.prompt_tokens else 0.0,
         # Prompt + output tokens placed per worker: max over mean (1.0 = perfectly even).
         "load_imbalance": float(per_worker.max() / per_worker.mean()) if per_worker.mean() else 1.0,
         "requests_per_worker": res.per_worker_requests,
@@ -79,119 +88,122 @@ def summarize(res, workers: int) -> dict:
     }
 
 
-def plot(results: dict, scales: list[float], path: Path) -> None:
+def plot(report: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for policy in POLICIES:
-        rows = [results[str(s)][policy] for s in scales]
-        axes[0].plot(scales, [r["ttft_ms"]["p90"] / 1000 for r in rows], marker="o", label=policy)
-        axes[1].plot(scales, [r["prefix_cache_hit_rate"] * 100 for r in rows], marker="o", label=policy)
-        axes[2].plot(scales, [r["load_imbalance"] for r in rows], marker="o", label=policy)
-    axes[0].axhline(2.0, color="grey", ls="--", lw=0.8)
-    axes[0].set(title="TTFT p90", xlabel="arrival-rate scale", ylabel="s")
-    axes[1].set(title="prefix-cache hit rate (prompt tokens)", xlabel="arrival-rate scale", ylabel="%")
-    axes[2].set(title="load imbalance (max/mean tokens per worker)", xlabel="arrival-rate scale")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend()
+    deployments = report["deployments"]
+    scales = report["scales"]
+    fig, axes = plt.subplots(len(deployments), 3, figsize=(15, 4.2 * len(deployments)), squeeze=False)
+    for row, (name, dep) in enumerate(deployments.items()):
+        ax = axes[row]
+        for policy in POLICIES:
+            rows = [dep["results"][str(s)][policy] for s in scales]
+            ax[0].plot(scales, [r["ttft_ms"]["p90"] / 1000 for r in rows], marker="o", label=policy)
+            ax[1].plot(scales, [r["prefix_cache_hit_rate"] * 100 for r in rows], marker="o", label=policy)
+            ax[2].plot(scales, [r["load_imbalance"] for r in rows], marker="o", label=policy)
+        ax[0].axhline(RR_P90_LIMIT_MS / 1000, color="grey", ls="--", lw=0.8)
+        ax[0].set_yscale("log")
+        ceiling = report["reuse_ceilings"]["full_trace_block_reuse"] * 100
+        ax[1].axhline(ceiling, color="grey", ls="--", lw=0.8, label=f"trace reuse ceiling {ceiling:.1f}%")
+        ax[1].axhline(ceiling * TARGET_HIT_SHARE, color="red", ls=":", lw=0.8, label="90% of it")
+        ax[0].set(title=f"{name}: TTFT p90", xlabel="arrival-rate scale", ylabel="s (log)")
+        ax[1].set(title=f"{name}: prefix-cache hit rate (prompt tokens)", xlabel="arrival-rate scale", ylabel="%")
+        ax[2].set(title=f"{name}: load imbalance (max/mean tokens)", xlabel="arrival-rate scale")
+        for a in ax:
+            a.grid(alpha=0.3)
+            a.legend(fontsize=8)
     fig.suptitle("Scheduler policies on the Mooncake conversation trace (virtual-time replay on SimCore workers)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def headline(results: dict, scales: list[float]) -> dict:
+def headline(results: dict, scales: list[float], ceiling: float) -> dict:
     """At the lowest load where round-robin's TTFT p90 passes 2 s: the default pipeline's advantage."""
     for s in scales:
         rr = results[str(s)]["round-robin"]["ttft_ms"]["p90"]
-        if rr > 2000:
-            d = results[str(s)]["default"]["ttft_ms"]["p90"]
-            return {"scale": s, "round_robin_ttft_p90_ms": rr, "default_ttft_p90_ms": d, "ratio": rr / d}
+        if rr > RR_P90_LIMIT_MS:
+            d = results[str(s)]["default"]
+            hit = d["prefix_cache_hit_rate"]
+            return {
+                "scale": s,
+                "round_robin_ttft_p90_ms": round(rr, 1),
+                "default_ttft_p90_ms": round(d["ttft_ms"]["p90"], 1),
+                "ratio": round(rr / d["ttft_ms"]["p90"], 2),
+                "ttft_target_met": rr / d["ttft_ms"]["p90"] >= TARGET_TTFT_RATIO,
+                "default_hit_rate": round(hit, 4),
+                "hit_over_trace_ceiling": round(hit / ceiling, 3),
+                "hit_target_met": hit >= TARGET_HIT_SHARE * ceiling,
+            }
     return {"scale": None, "note": "round-robin's TTFT p90 stayed under 2 s at every load tried"}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, default=TRACE)
-    ap.add_argument("--requests", type=int, default=3000, help="first N requests of the trace")
-    ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--scales", default="2,3,4,4.5", help="arrival-rate multipliers (load levels)")
+    ap.add_argument("--requests", type=int, default=0, help="first N requests of the trace (0: all)")
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--scales", default="12,16,20", help="arrival-rate multipliers (load levels)")
     ap.add_argument(
-        "--offload-kv-blocks",
-        type=int,
-        default=300_000,
-        help="KV blocks per worker of the second run (HBM + a host-memory tier, as in Mooncake); 0: skip",
+        "--host-kv-gib",
+        type=float,
+        default=256.0,
+        help="host-memory KV tier per GPU of the hbm+host deployment (vLLM --kv-offloading-size); 0: skip it",
     )
     ap.add_argument("--profile", default=DEFAULT_PROFILE)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPORTS)
     args = ap.parse_args(argv)
     scales = [float(s) for s in args.scales.split(",")]
-    command = "python -m bench.sched_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = " ".join(["python -m bench.sched_bench", *(argv if argv is not None else sys.argv[1:])])
 
     all_rows = [json.loads(line) for line in args.trace.read_text().splitlines() if line.strip()]
-    rows = all_rows[: args.requests]
+    rows = all_rows[: args.requests] if args.requests else all_rows
     t0 = time.time()
     trace = load_trace(rows, block_tokens=16)
     profile = get_profile(args.profile)
-    fleet_blocks_512 = args.workers * profile.kv_blocks_total * profile.kv_block_size // TRACE_BLOCK_TOKENS
+    host_blocks = profile.host_kv_blocks(args.host_kv_gib)
+    to_512 = profile.kv_block_size / TRACE_BLOCK_TOKENS
     ceilings = reuse_ceiling(trace) | {
-        "pooled_lru_fleet_kv": bounded_ceiling(rows, fleet_blocks_512),
         "full_trace_block_reuse": full_trace_block_reuse(all_rows),
+        "pooled_lru_fleet_hbm": bounded_ceiling(rows, int(args.workers * profile.kv_blocks_total * to_512)),
     }
+    if host_blocks:
+        ceilings["pooled_lru_fleet_hbm_host"] = bounded_ceiling(
+            rows, int(args.workers * (profile.kv_blocks_total + host_blocks) * to_512)
+        )
     print(
         f"trace: {len(trace)} requests, prompts built and hashed in {time.time() - t0:.1f}s; reuse ceilings {ceilings}",
         flush=True,
     )
+    target_ceiling = ceilings["full_trace_block_reuse"]
 
-    results: dict[str, dict] = {}
-    for s in scales:
-        results[str(s)] = {}
-        for policy in POLICIES:
-            t1 = time.time()
-            cfg = ReplayConfig(workers=args.workers, time_scale=s, seed=args.seed)
-            res = replay(trace, policy, profile, cfg)
-            summary = results[str(s)][policy] = summarize(res, args.workers)
-            ttft = summary["ttft_ms"]
-            print(
-                f"scale {s:>4}  {policy:<13} TTFT p50/p90/p99 "
-                f"{ttft['p50']:7.0f} {ttft['p90']:7.0f} {ttft['p99']:7.0f} ms"
-                f"  out {summary['output_tokens_per_s']:7.0f} tok/s  hit {summary['prefix_cache_hit_rate']:.3f}"
-                f"  imbalance {summary['load_imbalance']:.3f}  ({time.time() - t1:.1f}s)",
-                flush=True,
-            )
-
-    head = headline(results, scales)
-    offload = None
-    if args.offload_kv_blocks:
-        # Same load, caches ~10x larger: how close each policy gets to the trace's reuse ceiling
-        # when the cache can hold it (with one GPU's HBM, capacity, not placement, is the limit).
-        s = head.get("scale") or scales[-1]
-        blocks_512 = args.workers * args.offload_kv_blocks * profile.kv_block_size // TRACE_BLOCK_TOKENS
-        offload = {
-            "scale": s,
-            "kv_blocks_per_worker": args.offload_kv_blocks,
-            "pooled_lru_ceiling": bounded_ceiling(rows, blocks_512),
-            "results": {},
-        }
-        for policy in POLICIES:
-            t1 = time.time()
-            cfg = ReplayConfig(
-                workers=args.workers, time_scale=s, seed=args.seed, kv_blocks_total=args.offload_kv_blocks
-            )
-            summary = offload["results"][policy] = summarize(replay(trace, policy, profile, cfg), args.workers)
-            print(
-                f"offload KV {args.offload_kv_blocks} blocks, scale {s}: {policy:<13} TTFT p90 "
-                f"{summary['ttft_ms']['p90']:7.0f} ms  hit {summary['prefix_cache_hit_rate']:.3f}"
-                f"  ({time.time() - t1:.1f}s)",
-                flush=True,
-            )
-        d_hit = offload["results"]["default"]["prefix_cache_hit_rate"]
-        head["offload_default_hit_rate"] = d_hit
-        head["offload_hit_over_unbounded_ceiling"] = d_hit / ceilings["prefix_token_reuse"]
+    deployments: dict[str, dict] = {"hbm": {"host_kv_blocks": 0, "host_kv_gib": 0.0}}
+    if host_blocks:
+        deployments["hbm+host"] = {"host_kv_blocks": host_blocks, "host_kv_gib": args.host_kv_gib}
+    for name, dep in deployments.items():
+        dep["results"] = {}
+        for s in scales:
+            dep["results"][str(s)] = {}
+            for policy in POLICIES:
+                t1 = time.time()
+                cfg = ReplayConfig(
+                    workers=args.workers, time_scale=s, seed=args.seed, host_kv_blocks=dep["host_kv_blocks"]
+                )
+                summary = dep["results"][str(s)][policy] = summarize(replay(trace, policy, profile, cfg))
+                ttft = summary["ttft_ms"]
+                print(
+                    f"{name:<9} scale {s:>4}  {policy:<13} TTFT p50/p90/p99 "
+                    f"{ttft['p50']:7.0f} {ttft['p90']:7.0f} {ttft['p99']:7.0f} ms"
+                    f"  out {summary['output_tokens_per_s']:7.0f} tok/s  hit {summary['prefix_cache_hit_rate']:.3f}"
+                    f" (host {summary['host_tier_hit_rate']:.3f})  imbalance {summary['load_imbalance']:.3f}"
+                    f"  ({time.time() - t1:.1f}s)",
+                    flush=True,
+                )
+        dep["headline"] = headline(dep["results"], scales, target_ceiling)
+        print(f"{name}: {json.dumps(dep['headline'])}", flush=True)
 
     report = {
         "command": command,
@@ -203,73 +215,69 @@ def main(argv: list[str] | None = None) -> int:
         "requests": len(trace),
         "workers": args.workers,
         "profile": profile.name,
+        "host_load_us_per_block": profile.host_load_us_per_block if host_blocks else None,
         "scales": scales,
         "reuse_ceilings": ceilings,
-        "results": results,
-        "headline": head,
-        "offload": offload,
+        "deployments": deployments,
         "wall_s": time.time() - t0,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sched_bench.json").write_text(json.dumps(report, indent=2))
-    plot(results, scales, args.out / "sched_bench.png")
+    plot(report, args.out / "sched_bench.png")
     (args.out / "sched_bench.md").write_text(markdown(report))
-    print(json.dumps(report["headline"]), flush=True)
     print(f"wrote {args.out / 'sched_bench.json'}, .md, .png", flush=True)
     return 0
 
 
 def markdown(report: dict) -> str:
+    c = report["reuse_ceilings"]
     lines = [
         "# Scheduler benchmark: placement policies on the Mooncake conversation trace",
         "",
         f"Command: `{report['command']}` (wall {report['wall_s']:.0f} s)",
         "",
-        f"Method: {report['method']}. {report['requests']} requests (first of the trace), "
-        f"{report['workers']} workers, profile `{report['profile']}`; load = arrival rate x scale.",
+        f"Method: {report['method']}. {report['requests']} requests of the trace, {report['workers']} workers, "
+        f"profile `{report['profile']}`; load = arrival rate x scale. Hit rate = prompt tokens served from a "
+        "cache (the GPU's prefix cache or the host tier) / all prompt tokens; *host* = the part loaded from "
+        "the host tier.",
         "",
-        "| scale | policy | TTFT p50 ms | p90 ms | p99 ms | output tok/s | prefix hit | imbalance | preempt | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Reuse ceilings: the trace's block reuse (unbounded cache, all {report['requests']} requests) "
+        f"{c['full_trace_block_reuse']:.3f}; of the replayed requests: block reuse {c['block_reuse']:.3f}, "
+        f"prefix-token reuse {c['prefix_token_reuse']:.3f}; one pooled LRU cache the size of the fleet's HBM "
+        f"{c['pooled_lru_fleet_hbm']:.3f}"
+        + (
+            f", of the fleet's HBM + host tier {c['pooled_lru_fleet_hbm_host']:.3f}"
+            if "pooled_lru_fleet_hbm_host" in c
+            else ""
+        )
+        + ".",
     ]
-    for s, by_policy in report["results"].items():
-        for policy, r in by_policy.items():
-            t = r["ttft_ms"]
-            lines.append(
-                f"| {s} | {policy} | {t['p50']:.0f} | {t['p90']:.0f} | {t['p99']:.0f} | "
-                f"{r['output_tokens_per_s']:.0f} | {r['prefix_cache_hit_rate']:.3f} | "
-                f"{r['load_imbalance']:.3f} | {r['preemptions']} | {r['errors'] or '-'} |"
-            )
-    c = report["reuse_ceilings"]
-    lines += [
-        "",
-        f"Reuse ceilings of this slice: block reuse (unbounded cache) {c['block_reuse']:.3f}, prefix-token reuse "
-        f"(unbounded) {c['prefix_token_reuse']:.3f}, one pooled LRU cache as large as the fleet's KV "
-        f"{c['pooled_lru_fleet_kv']:.3f}; whole trace block reuse {c['full_trace_block_reuse']:.3f}.",
-        "",
-        f"Headline: `{json.dumps(report['headline'])}`",
-    ]
-    off = report.get("offload")
-    if off:
+    for name, dep in report["deployments"].items():
+        tier = (
+            f"plus a host-memory tier of {dep['host_kv_gib']:g} GiB per GPU ({dep['host_kv_blocks']} blocks, "
+            f"loads at {report['host_load_us_per_block']:.1f} µs per block)"
+            if dep["host_kv_blocks"]
+            else "the KV cache is one H100's HBM"
+        )
         lines += [
             "",
-            f"## With a host-memory KV tier ({off['kv_blocks_per_worker']} blocks per worker), scale {off['scale']}",
+            f"## `{name}`: {tier}",
             "",
-            f"Pooled-LRU ceiling at this capacity: {off['pooled_lru_ceiling']:.3f}; unbounded: "
-            f"{c['prefix_token_reuse']:.3f}.",
-            "",
-            "| policy | TTFT p50 ms | p90 ms | p99 ms | prefix hit | imbalance |",
-            "|---|---|---|---|---|---|",
+            "| scale | policy | TTFT p50 ms | p90 ms | p99 ms | output tok/s | hit rate | of which host | "
+            "imbalance | preempt | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for policy, r in off["results"].items():
-            t = r["ttft_ms"]
-            lines.append(
-                f"| {policy} | {t['p50']:.0f} | {t['p90']:.0f} | {t['p99']:.0f} | "
-                f"{r['prefix_cache_hit_rate']:.3f} | {r['load_imbalance']:.3f} |"
-            )
-    lines += [
-        "",
-        "![plot](sched_bench.png)",
-    ]
+        for s, by_policy in dep["results"].items():
+            for policy, r in by_policy.items():
+                t = r["ttft_ms"]
+                lines.append(
+                    f"| {s} | {policy} | {t['p50']:.0f} | {t['p90']:.0f} | {t['p99']:.0f} | "
+                    f"{r['output_tokens_per_s']:.0f} | {r['prefix_cache_hit_rate']:.3f} | "
+                    f"{r['host_tier_hit_rate']:.3f} | {r['load_imbalance']:.3f} | {r['preemptions']} | "
+                    f"{r['errors'] or '-'} |"
+                )
+        lines += ["", f"Headline: `{json.dumps(dep['headline'])}`"]
+    lines += ["", "![plot](sched_bench.png)"]
     return "\n".join(lines) + "\n"
 
 

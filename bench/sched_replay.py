@@ -92,6 +92,7 @@ class ReplayResult:
     output_tokens: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    host_loaded_tokens: int = 0  # of the cached ones, loaded from the host KV tier
     makespan_ms: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
     per_worker_busy_ms: dict[str, float] = field(default_factory=dict)
@@ -111,10 +112,10 @@ class ReplayConfig:
     max_num_seqs: int = 256
     seed: int = 0
     kv_blocks_total: int | None = None  # None: the profile's (one GPU's HBM)
+    host_kv_blocks: int = 0  # per worker: a host-memory KV tier (vLLM's native CPU offloading); 0: none
 
 
 def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, cfg: ReplayConfig) -> ReplayResult:
-    kv_blocks = cfg.kv_blocks_total or profile.kv_blocks_total
     sched = SchedulerCore(
         Pipeline.load(pipeline_name),
         CoreConfig(
@@ -122,14 +123,16 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
             max_queued_per_model=10**9,
             max_wait_ms=10**12,
             heartbeat_timeout_ms=10**12,
-            # The index remembers as many blocks as the fleet can hold, no more (an engine evicts too).
-            prefix_index_max_blocks=cfg.workers * kv_blocks,
             prefill_tokens_per_s=1e6 / profile.prefill_us_per_token,
         ),
     )
     engines = {
         f"w{i}": SimCore(
-            profile, kv_blocks_total=cfg.kv_blocks_total, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len
+            profile,
+            kv_blocks_total=cfg.kv_blocks_total,
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            host_kv_blocks=cfg.host_kv_blocks,
         )
         for i in range(cfg.workers)
     }
@@ -163,9 +166,10 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
             kv_block_size=e.block_size,
             kv_blocks_total=e.pool.num_blocks,
             kv_blocks_free=e.pool.num_free,
+            kv_offload_blocks_total=e.host.num_blocks if e.host is not None else 0,
             kv_cache_usage_perc=min(1.0, e.pool.usage()),
             num_requests_running=len(e.running),
-            num_requests_waiting=len(e.waiting),
+            num_requests_waiting=len(e.waiting) + len(e.loading),
             sent_at_ms=int(now_ms),
         )
 
@@ -181,9 +185,11 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
     pending_outputs: dict = {}
 
     def apply(actions: list, now_ms: float) -> None:
+        nonlocal remaining
         for a in actions:
             if isinstance(a, FinalError):
                 res.errors[a.error.code.value] = res.errors.get(a.error.code.value, 0) + 1
+                remaining -= 1  # a final answer too: the request is done
                 continue
             assert isinstance(a, PlaceAction)
             p = a.placement
@@ -232,6 +238,7 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
                     first_token_seen.add(out.request_id)
                     res.ttft_ms.append(now_ms - arrival_ms[out.request_id])
                     res.cached_prompt_tokens += out.cached_prompt_tokens
+                    res.host_loaded_tokens += out.host_loaded_tokens
                     res.prompt_tokens += out.prompt_tokens
                 res.output_tokens += out.new_tokens
                 if out.finished:
@@ -250,9 +257,7 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
                 apply(sched.on_heartbeat(heartbeat(wid, now_ms), int(now_ms)), now_ms)
             push(now_ms + cfg.heartbeat_ms, "heartbeat")
         elif kind == "tick":
-            before = sum(res.errors.values())
             apply(sched.tick(int(now_ms)), now_ms)
-            remaining -= sum(res.errors.values()) - before
             push(now_ms + cfg.tick_ms, "tick")
     res.makespan_ms = now_ms
     return res

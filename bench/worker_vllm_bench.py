@@ -1,7 +1,14 @@
 """Engine-worker throughput against vLLM's AsyncLLM called directly, same model, same load.
 
-    python -m bench.worker_vllm_bench            # writes bench/reports/worker_vllm_bench.{json,md,png}
-    python -m bench.worker_vllm_bench --profile  # also one cProfile'd worker run (adds ~1 min)
+    python -m bench.worker_vllm_bench                  # both models, one after the other
+    python -m bench.worker_vllm_bench --model tiny     # bench/reports/worker_vllm_bench.{json,md,png}
+    python -m bench.worker_vllm_bench --model compute  # bench/reports/worker_vllm_bench_compute.{json,md,png}
+    python -m bench.worker_vllm_bench --profile        # also one cProfile'd worker run each (adds ~1 min)
+
+Two random-weight Llamas: `tiny` (the test suite's; a forward pass costs nothing, so vLLM's
+own Python is the engine's work: the worst case for the ratio on 2 shared cores) and
+`compute` (a decode step of 16 sequences takes ~10 ms, between Llama-3.1-8B's on an H100
+and an A100: the engine's time goes to the forward pass, as on a GPU).
 
 Phases run one after the other, never two engines at once (the machine has 2 cores):
 1. direct: AsyncLLM in this process (built through VllmEngine, so the engine arguments are the
@@ -39,17 +46,18 @@ matplotlib.use("Agg")
 import psutil
 
 from bench.worker_vllm_report import (
+    CASES,
     COMMAND,
     MAX_NUM_SEQS,
     PROMPT_WORDS,
     REPORTS,
-    SHAPES,
     TARGET_RATIO,
     TUNED_ENV,
     VLLM_ENV,
     WARMUP,
     WORKER_ID,
     WORKER_MODULE,
+    ModelCase,
     Shape,
     aggregate,
     plot,
@@ -79,7 +87,7 @@ def prompt(i: int) -> str:
 
 def prompts_for(shape: Shape, rep: int) -> list[str]:
     # The same texts on every side; a new set per repeat so no run reuses another's prefix blocks.
-    base = 100_000 * rep + 10_000 * SHAPES.index(shape) if shape in SHAPES else 900_000
+    base = 100_000 * rep + 10_000 * (shape.name != "long") if shape is not WARMUP else 900_000
     return [prompt(base + i) for i in range(shape.requests)]
 
 
@@ -198,17 +206,17 @@ async def run_direct_batch(engine: VllmEngine, shape: Shape, rep: int, via_wrapp
     return wall, sum(counts)
 
 
-async def direct_phase(repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+async def direct_phase(case: ModelCase, repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     for k, v in VLLM_ENV.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    engine = VllmEngine(tiny_vllm_config(max_num_seqs=MAX_NUM_SEQS))
+    engine = VllmEngine(tiny_vllm_config(max_num_seqs=MAX_NUM_SEQS, model_path=str(build_tiny_llama(**case.sizes))))
     t0 = time.perf_counter()
     await engine.start()
     await engine.warmup()
     info = {
         "cold_start_s": round(time.perf_counter() - t0, 1),
-        "prompt_tokens": [engine.count_tokens(p) for p in prompts_for(SHAPES[0], 0)[:8]],
+        "prompt_tokens": [engine.count_tokens(p) for p in prompts_for(case.shapes[0], 0)[:8]],
     }
     log(f"direct: engine up in {info['cold_start_s']} s; prompt tokens {info['prompt_tokens']}")
     rows: list[dict[str, Any]] = []
@@ -218,7 +226,7 @@ async def direct_phase(repeats: int) -> tuple[list[dict[str, Any]], dict[str, An
         info["idle_cpu_cores"] = await idle_cpu_cores(meter)
         log(f"direct: idle CPU cores {info['idle_cpu_cores']}")
         for rep in range(repeats):
-            for shape in SHAPES:
+            for shape in case.shapes:
                 # Alternate which goes first, so neither side always runs right after an idle pause.
                 order = (("direct", False), ("vllm_engine", True))
                 for side, wrapper in order if rep % 2 == 0 else order[::-1]:
@@ -253,7 +261,8 @@ def published_counts(port: int) -> dict[str, float]:
 
 
 class WorkerUnderTest:
-    def __init__(self, env: dict[str, str], profile_path: Path | None) -> None:
+    def __init__(self, model_path: Path, env: dict[str, str], profile_path: Path | None) -> None:
+        self.model_path = model_path
         self.settings = fresh_settings()
         self.topics = t.Topics(self.settings.topic_prefix)
         self.metrics_port = _free_port()
@@ -277,7 +286,7 @@ class WorkerUnderTest:
                 "LLMBUS_WORKER_WORKER_ID": WORKER_ID,
                 "LLMBUS_WORKER_ENGINE": "vllm",
                 "LLMBUS_WORKER_MODEL": "tiny-llama",
-                "LLMBUS_WORKER_VLLM_MODEL_PATH": str(build_tiny_llama()),
+                "LLMBUS_WORKER_VLLM_MODEL_PATH": str(self.model_path),
                 "LLMBUS_WORKER_VLLM_DTYPE": "float32",
                 "LLMBUS_WORKER_VLLM_MAX_MODEL_LEN": str(TINY_MAX_MODEL_LEN),
                 "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
@@ -377,13 +386,15 @@ async def run_worker_batch(
 
 
 async def worker_phase(
+    case: ModelCase,
     side: str,
     repeats: int,
     env: dict[str, str],
-    shapes: tuple[Shape, ...] = SHAPES,
+    shapes: tuple[Shape, ...] | None = None,
     profile_path: Path | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    w = WorkerUnderTest(env, profile_path)
+    shapes = shapes or case.shapes
+    w = WorkerUnderTest(build_tiny_llama(**case.sizes), env, profile_path)
     log(f"{side}: starting the worker (env {env or 'defaults'}), log {w.log_path}")
     rows: list[dict[str, Any]] = []
     bus: Bus | None = None
@@ -426,31 +437,38 @@ async def worker_phase(
     return rows, info
 
 
-async def main(repeats: int, profile: bool) -> None:
+async def main(case: ModelCase, repeats: int, profile: bool) -> None:
     started = time.perf_counter()
     load_start = round(os.getloadavg()[0], 2)
-    command = COMMAND + (" --profile" if profile else "") + (f" --repeats {repeats}" if repeats != 3 else "")
-    log(f"worker vs direct vLLM bench: {repeats} repeats x {[s.name for s in SHAPES]}; load {load_start}")
-    runs, direct_info = await direct_phase(repeats)
+    command = (
+        COMMAND
+        + (f" --model {case.name}" if case.name != "tiny" else "")
+        + (" --profile" if profile else "")
+        + (f" --repeats {repeats}" if repeats != 3 else "")
+    )
+    log(f"worker vs direct vLLM bench, {case.name} model: {repeats} repeats x {[s.name for s in case.shapes]}")
+    runs, direct_info = await direct_phase(case, repeats)
     worker_info: dict[str, Any] = {}
     for side, env in (("worker", {}), ("worker_tuned", TUNED_ENV)):
-        rows, worker_info[side] = await worker_phase(side, repeats, env)
+        rows, worker_info[side] = await worker_phase(case, side, repeats, env)
         runs += rows
     profile_rows: list[dict[str, Any]] = []
     if profile:
         prof_path = Path("/tmp") / f"worker-vllm-bench-{uuid.uuid4().hex[:6]}.prof"
         # The short shape: where the per-request cost of the worker shows most.
-        rows, worker_info["worker_profiled"] = await worker_phase("worker_profiled", 1, {}, (SHAPES[1],), prof_path)
-        profile_rows = profile_parts(prof_path, SHAPES[1].requests + WARMUP.requests)
+        short = case.shapes[1]
+        rows, worker_info["worker_profiled"] = await worker_phase(case, "worker_profiled", 1, {}, (short,), prof_path)
+        profile_rows = profile_parts(prof_path, short.requests + WARMUP.requests)
         worker_info["worker_profiled"]["runs"] = rows
-    summary = aggregate(runs)
+    summary = aggregate(runs, case.shapes)
     report = {
         "command": command,
+        "model_case": {"name": case.name, "sizes": case.sizes, "about": case.about},
         "machine": f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
         "took_s": round(time.perf_counter() - started, 1),
         "load_avg_start": load_start,
         "load_avg_end": round(os.getloadavg()[0], 2),
-        "shapes": [s.__dict__ for s in SHAPES],
+        "shapes": [s.__dict__ for s in case.shapes],
         "max_num_seqs": MAX_NUM_SEQS,
         "target_ratio": TARGET_RATIO,
         "tuned_env": TUNED_ENV,
@@ -461,21 +479,23 @@ async def main(repeats: int, profile: bool) -> None:
         "profile": profile_rows,
     }
     REPORTS.mkdir(exist_ok=True)
-    (REPORTS / "worker_vllm_bench.json").write_text(json.dumps(report, indent=2))
-    plot(summary, REPORTS / "worker_vllm_bench.png")
-    write_markdown(report, REPORTS / "worker_vllm_bench.md")
+    (REPORTS / f"{case.stem}.json").write_text(json.dumps(report, indent=2))
+    plot(summary, case, REPORTS / f"{case.stem}.png")
+    write_markdown(report, case, REPORTS / f"{case.stem}.md")
     for a in summary:
         log(
             f"{a['side']:>13} {a['shape']:>5}: {a['output_tokens_per_s_mean']:.0f} tok/s "
             f"(min {a['output_tokens_per_s_min']:.0f}, max {a['output_tokens_per_s_max']:.0f}) "
             f"ratio {a['ratio_to_direct']}"
         )
-    log(f"done in {report['took_s']} s; wrote {REPORTS}/worker_vllm_bench.{{json,md,png}}")
+    log(f"done in {report['took_s']} s; wrote {REPORTS}/{case.stem}.{{json,md,png}}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=[*sorted(CASES), "all"], default="all", help="all: each in turn")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one more worker run under cProfile")
     args = parser.parse_args()
-    asyncio.run(main(args.repeats, args.profile))
+    for name in CASES if args.model == "all" else (args.model,):
+        asyncio.run(main(CASES[name], args.repeats, args.profile))

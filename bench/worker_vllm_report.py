@@ -40,8 +40,46 @@ class Shape:
     max_tokens: int
 
 
-SHAPES = (Shape("long", 256, 128), Shape("short", 512, 16))
 WARMUP = Shape("warmup", 16, 16)
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    """A random-weight Llama to run the comparison on, and the loads for it."""
+
+    name: str
+    sizes: dict[str, int]  # overrides of tests.fixtures.tiny_llama.RECIPE
+    shapes: tuple[Shape, ...]
+    about: str
+
+    @property
+    def stem(self) -> str:
+        return "worker_vllm_bench" if self.name == "tiny" else f"worker_vllm_bench_{self.name}"
+
+
+CASES = {
+    "tiny": ModelCase(
+        "tiny",
+        {},
+        (Shape("long", 256, 128), Shape("short", 512, 16)),
+        "the test suite's tiny random Llama (hidden 128, 2 layers, ~0.6 M parameters): a forward pass costs "
+        "almost nothing, so vLLM's own per-step and per-request CPU work is what the engine spends",
+    ),
+    "compute": ModelCase(
+        "compute",
+        {
+            "hidden_size": 512,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 8,
+        },
+        (Shape("long", 96, 128), Shape("short", 256, 16)),
+        "a random Llama (hidden 512, 4 layers, ~14 M parameters) whose decode step for 16 sequences takes "
+        "about 10 ms on this CPU, between Llama-3.1-8B's on an H100 (5.8 ms) and on an A100 (16.7 ms) in the "
+        "sim's BLIS calibrations: the engine's time goes to the forward pass, as it does on a GPU",
+    ),
+}
 
 
 # Where the worker process spends its CPU, by component: (label, file suffix, function). cProfile
@@ -87,10 +125,10 @@ def profile_parts(path: Path, requests: int) -> list[dict[str, Any]]:
 # ---- report --------------------------------------------------------------------------------
 
 
-def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def aggregate(rows: list[dict[str, Any]], shapes: tuple[Shape, ...]) -> list[dict[str, Any]]:
     out = []
     for side in dict.fromkeys(r["side"] for r in rows):
-        for shape in SHAPES:
+        for shape in shapes:
             mine = [r for r in rows if r["side"] == side and r["shape"] == shape.name]
             if not mine:
                 continue
@@ -132,7 +170,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         a["all_runs_below_direct"] = bool(d) and a["output_tokens_per_s_max"] < d["output_tokens_per_s_min"]
         # What the bus adds per request outside the engine core: worker process beyond vLLM's own
         # front-end, plus the broker and the client.
-        per_request = next(x.max_tokens for x in SHAPES if x.name == a["shape"]) / 1000
+        per_request = next(x.max_tokens for x in shapes if x.name == a["shape"]) / 1000
         c, dc = a["cpu_ms_per_1k_tokens"], d["cpu_ms_per_1k_tokens"] if d else None
         a["bus_cpu_ms_per_request"] = (
             round(per_request * (c["frontend"] + c["kafka_broker"] + c["bench_client"] - dc["frontend"]), 2)
@@ -142,11 +180,12 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def plot(summary: list[dict[str, Any]], path: Path) -> None:
+def plot(summary: list[dict[str, Any]], case: ModelCase, path: Path) -> None:
+    shapes = case.shapes
     sides = list(dict.fromkeys(a["side"] for a in summary))
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     width = 0.8 / len(sides)
-    for k, shape in enumerate(SHAPES):
+    for k, shape in enumerate(shapes):
         for j, side in enumerate(sides):
             a = next((a for a in summary if a["side"] == side and a["shape"] == shape.name), None)
             if a is None:
@@ -167,7 +206,7 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
             )
             axes[1].bar(x, a["ratio_to_direct"], width, color=f"C{j}")
     for ax in axes[:2]:
-        ax.set_xticks(range(len(SHAPES)), [f"{s.name}\n{s.requests} req x {s.max_tokens} tok" for s in SHAPES])
+        ax.set_xticks(range(len(shapes)), [f"{s.name}\n{s.requests} req x {s.max_tokens} tok" for s in shapes])
     axes[0].set_ylabel("output tokens/s (mean, min-max bars)")
     axes[0].legend(fontsize=8)
     axes[1].axhline(TARGET_RATIO, color="red", ls="--", label=f"target {TARGET_RATIO}")
@@ -183,13 +222,14 @@ def plot(summary: list[dict[str, Any]], path: Path) -> None:
     axes[2].set_xticks(range(len(summary)), labels, fontsize=6, rotation=45, ha="right")
     axes[2].set_ylabel("CPU ms per 1k output tokens")
     axes[2].legend(fontsize=7)
-    fig.suptitle("engine-worker vs direct AsyncLLM (tiny Llama, vLLM CPU, 2 shared cores)")
+    fig.suptitle(f"engine-worker vs direct AsyncLLM ({case.name} random Llama, vLLM CPU, 2 shared cores)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
-def write_markdown(report: dict[str, Any], path: Path) -> None:
+def write_markdown(report: dict[str, Any], case: ModelCase, path: Path) -> None:
     s = report["summary"]
+    shapes = case.shapes
 
     def ratios(side: str) -> str:
         return " / ".join(str(a["ratio_to_direct"]) for a in s if a["side"] == side) or "-"
@@ -201,7 +241,9 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         if a["side"] == "worker"
     )
     lines = [
-        "# engine-worker vs direct vLLM AsyncLLM (tiny random-weight Llama, vLLM CPU build)",
+        f"# engine-worker vs direct vLLM AsyncLLM ({case.name} random-weight Llama, vLLM CPU build)",
+        "",
+        f"Model: {case.about}.",
         "",
         f"Command (from the repo root): `{report['command']}` — took {report['took_s']:.0f} s on {report['machine']}.",
         f"1-minute load average {report['load_avg_start']} at the start, {report['load_avg_end']} at the end "
@@ -248,11 +290,21 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
         "",
         "- The direct side already keeps both cores busy: vLLM's CPU build runs the engine core as two "
         "processes (EngineCore + Worker) that busy-poll shared-memory queues for a second after any activity "
-        f"(idle: {report['direct_info']['idle_cpu_cores']['engine_core']} cores with nothing to do), and the "
-        "tiny model has almost no compute, so vLLM's per-step and per-request overheads are the work. Every "
-        "CPU-millisecond the worker, the broker or the client spends comes out of the engine's share, and the "
-        "engine core itself burns more CPU per token when it is preempted (its spin-waits stretch with the "
-        "wall time; compare its CPU ms per 1k tokens between `direct` and `worker`).",
+        f"(idle: {report['direct_info']['idle_cpu_cores']['engine_core']} cores with nothing to do). Every "
+        "CPU-millisecond the worker, the broker or the client spends is taken from those two cores.",
+        (
+            "- With this tiny model a forward pass costs almost nothing, so the engine's work is vLLM's own "
+            "per-step and per-request Python, as CPU-bound as the worker's; the worker's and broker's CPU comes "
+            "straight out of the engine's, and the engine core even burns more CPU per token when it is "
+            "preempted (its spin-waits stretch with the wall time; compare its CPU ms per 1k tokens between "
+            "`direct` and `worker`). This is the worst case for the ratio; "
+            "`python -m bench.worker_vllm_bench --model compute` measures the case where the engine's time "
+            "goes to the forward pass, as on a GPU."
+            if case.name == "tiny"
+            else "- With this model the engine's time goes to the forward pass (the OpenMP worker process), so "
+            "what the worker and the broker take mostly displaces the EngineCore process's spin-wait, as on a "
+            "GPU node where the engine computes on the GPU and the host cores run the control plane."
+        ),
         "- Per request the worker does one Redis EXISTS (two keys) before and one SET after the engine, "
         "tokenizes the prompt once, sends its token chunks without waiting for each ack (all are acknowledged "
         "before the final chunk), then publishes the final chunk, the InferenceResult and the DispatchOutcome, "
@@ -285,8 +337,8 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
     ]
     if report.get("profile"):
         lines += [
-            f"## cProfile of the worker process (one `{SHAPES[1].name}` run + warm-up, "
-            f"{SHAPES[1].requests + WARMUP.requests} requests, default settings)",
+            f"## cProfile of the worker process (one `{shapes[1].name}` run + warm-up, "
+            f"{shapes[1].requests + WARMUP.requests} requests, default settings)",
             "",
             "CPU on the worker's event loop by component (cumulative, so nested rows overlap; profiling "
             "itself inflates every number, read them relative to each other).",
@@ -299,5 +351,5 @@ def write_markdown(report: dict[str, Any], path: Path) -> None:
             for e in report["profile"]
         ]
         lines.append("")
-    lines += ["![plot](worker_vllm_bench.png)", ""]
+    lines += [f"![plot]({case.stem}.png)", ""]
     path.write_text("\n".join(lines))

@@ -47,9 +47,8 @@ def build_status(
 ) -> WorkerStatus:
     stats = engine.stats()
     prompt_rate, gen_rate = rates.rates(stats, now_s)
-    hit_rate = (
-        stats.prefix_cache_hits_total / stats.prefix_cache_queries_total if stats.prefix_cache_queries_total else 0.0
-    )
+    hits = stats.prefix_cache_hits_total + stats.external_prefix_cache_hits_total
+    hit_rate = hits / stats.prefix_cache_queries_total if stats.prefix_cache_queries_total else 0.0
     return WorkerStatus(
         worker_id=settings.worker_id,
         node_id=settings.node_id,
@@ -64,6 +63,7 @@ def build_status(
         kv_block_size=stats.kv_block_size,
         kv_blocks_total=stats.kv_blocks_total,
         kv_blocks_free=stats.kv_blocks_free,
+        kv_offload_blocks_total=stats.kv_offload_blocks_total,
         kv_cache_usage_perc=min(1.0, max(0.0, stats.kv_cache_usage_perc)),
         num_requests_running=stats.num_requests_running,
         num_requests_waiting=stats.num_requests_waiting,

@@ -26,6 +26,22 @@ def test_real_chained_hashes_share_exactly_the_common_prefix() -> None:
     assert index.matched_blocks(one, 0) == {"w1": 8}
 
 
+def test_a_worker_matches_deep_blocks_without_being_a_kept_holder_of_a_shared_prefix() -> None:
+    # "s" is a system prompt every conversation starts with: only its 2 latest holders are kept.
+    index = PrefixIndex(max_workers_per_block=2)
+    index.record("w1", ["s", "a1", "a2"], 0)
+    index.record("w2", ["s", "b1"], 1)
+    index.record("w3", ["s", "c1"], 2)
+    assert index.matched_blocks(["s", "a1", "a2", "a3"], 3) == {"w1": 3, "w2": 1, "w3": 1}
+
+
+def test_a_prompts_tail_blocks_age_out_before_its_prefix() -> None:
+    index = PrefixIndex(max_blocks=3)
+    index.record("w1", ["a", "b", "c"], 0)
+    index.record("w2", ["x"], 1)  # one over the bound: c, the tail, goes
+    assert index.matched_blocks(["a", "b", "c"], 1) == {"w1": 2}
+
+
 def test_bounded_lru_evicts_least_recently_used_hashes() -> None:
     index = PrefixIndex(max_blocks=4)
     index.record("w1", ["a", "b"], 0)
@@ -75,3 +91,20 @@ def test_session_index_is_bounded_and_forgets_workers() -> None:
     assert sessions.worker_of("s1") is None and sessions.worker_of("s3") == "w1"
     sessions.remove_worker("w1")
     assert sessions.worker_of("s3") is None and sessions.worker_of("s2") == "w2"
+
+
+def test_the_schedulers_index_grows_to_what_the_fleets_kv_tiers_hold() -> None:
+    from services.scheduler.policy.core import CoreConfig, SchedulerCore
+    from services.scheduler.policy.pipeline import Pipeline
+    from tests.unit.test_sched_filters import NOW_MS, hb
+
+    core = SchedulerCore(Pipeline.load("default"), CoreConfig(prefix_index_max_blocks=1_000))
+    core.on_heartbeat(hb("w1", kv_blocks_total=300), NOW_MS)
+    assert core.prefix_index.max_blocks == 1_000  # the configured floor
+    # 16-token blocks: GPU 29,205 + a 256 GiB host tier of 2 MiB blocks (131,072).
+    core.on_heartbeat(hb("w1", kv_blocks_total=29_205, kv_offload_blocks_total=131_072), NOW_MS)
+    core.on_heartbeat(hb("w2", kv_blocks_total=29_205), NOW_MS)
+    assert core.prefix_index.max_blocks == 2 * 29_205 + 131_072
+    # vLLM's CPU build uses 128-token blocks: 8 index entries (16-token hashes) each.
+    core.on_heartbeat(hb("w3", kv_blocks_total=1_000, kv_block_size=128), NOW_MS)
+    assert core.prefix_index.max_blocks == 2 * 29_205 + 131_072 + 8_000

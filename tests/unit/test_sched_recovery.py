@@ -117,6 +117,11 @@ def test_no_worker_at_all_waits_then_times_out_and_too_long_fails_at_once() -> N
     c.on_heartbeat(hb("w1", max_model_len=100), NOW_MS + 1000)
     [e] = c.submit(req(90, 20, request_id="r2"), NOW_MS + 1000)
     assert e.error.code == ErrorCode.PROMPT_TOO_LONG
+    # Within the max length but larger than the whole KV cache (10 blocks of 16 = 160 tokens).
+    c.on_heartbeat(hb("w1", max_model_len=8192, kv_blocks_total=10, kv_blocks_free=10), NOW_MS + 1000)
+    [e] = c.submit(req(150, 20, request_id="r3"), NOW_MS + 1000)
+    assert e.error.code == ErrorCode.PROMPT_TOO_LONG and "KV cache" in e.error.message
+    assert isinstance(c.submit(req(140, 20, request_id="r4"), NOW_MS + 1000)[0], PlaceAction)
 
 
 def test_stopped_or_draining_worker_gets_nothing_new_and_stopped_loses_its_requests() -> None:

@@ -120,3 +120,28 @@ async def test_warmup_then_stop() -> None:
     await engine.stop()
     rest = [o async for o in stream]
     assert rest[-1].finish_reason == "abort"
+
+
+async def test_a_host_kv_tier_shows_in_stats_and_the_heartbeat() -> None:
+    from llmbus.messages import WorkerState
+    from services.engine_worker.config import WorkerSettings
+    from services.engine_worker.status import RateTracker, build_status
+
+    # 40 GPU blocks (640 tokens) and a 1 GiB host tier (512 blocks of 2 MiB on the H100 profile).
+    engine = await started(kv_blocks_total=40, kv_offloading_gib=1.0)
+    doc = "The contract says the following about delivery. " * 12  # ~150 tokens
+    await collect(engine, EngineRequest("a", doc, max_tokens=2))
+    await collect(engine, EngineRequest("filler", "unrelated text " * 150, max_tokens=2))  # evicts a's blocks
+    outs = await collect(engine, EngineRequest("a-again", doc, max_tokens=2))
+    stats = engine.stats()
+    assert stats.kv_offload_blocks_total == 512
+    # Every full block of the repeat is a hit: the ones the filler evicted come from the host tier.
+    assert outs[-1].cached_prompt_tokens == (outs[-1].prompt_tokens - 1) // 16 * 16
+    assert 0 < stats.external_prefix_cache_hits_total < outs[-1].cached_prompt_tokens
+    status = build_status(
+        WorkerSettings(), engine, WorkerState.READY, "topic", RateTracker(), 0.0, cold_start_s=1.0, started_at_ms=1
+    )
+    assert status.kv_offload_blocks_total == 512
+    hits = stats.prefix_cache_hits_total + stats.external_prefix_cache_hits_total
+    assert status.prefix_cache_hit_rate == pytest.approx(hits / stats.prefix_cache_queries_total)
+    await engine.stop()

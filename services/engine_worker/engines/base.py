@@ -46,7 +46,10 @@ class EngineStats:
     kv_blocks_free: int = 0
     kv_cache_usage_perc: float = 0.0
     prefix_cache_queries_total: int = 0  # prompt tokens looked up in the prefix cache
-    prefix_cache_hits_total: int = 0  # of which found
+    prefix_cache_hits_total: int = 0  # of which found in the GPU's prefix cache
+    # of which loaded from a KV offloading tier instead (vLLM's external_prefix_cache_hits)
+    external_prefix_cache_hits_total: int = 0
+    kv_offload_blocks_total: int = 0  # blocks the offloading tier holds (0: none)
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_preemptions_total: int = 0

@@ -82,6 +82,7 @@ class _StatsSink:
         self.kv_cache_usage = 0.0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.external_prefix_hits = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.preemptions = 0
@@ -98,6 +99,9 @@ class _StatsSink:
             if pcs is not None:
                 self.prefix_queries += pcs.queries
                 self.prefix_hits += pcs.hits
+            ext = scheduler_stats.connector_prefix_cache_stats  # KV offloading / connector hits
+            if ext is not None:
+                self.external_prefix_hits += ext.hits
         if iteration_stats is not None:
             self.prompt_tokens += iteration_stats.num_prompt_tokens
             self.generation_tokens += iteration_stats.num_generation_tokens
@@ -345,6 +349,7 @@ class VllmEngine:
             kv_cache_usage_perc=s.kv_cache_usage,
             prefix_cache_queries_total=s.prefix_queries,
             prefix_cache_hits_total=s.prefix_hits,
+            external_prefix_cache_hits_total=s.external_prefix_hits,
             prompt_tokens_total=s.prompt_tokens,
             generation_tokens_total=s.generation_tokens,
             num_preemptions_total=s.preemptions,

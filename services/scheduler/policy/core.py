@@ -19,7 +19,7 @@ from services.scheduler.policy.plugins.filters_health import never_fits
 from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
 from services.scheduler.policy.queue import FlowQueues
 from services.scheduler.policy.recovery import GiveUp, RecoveryPolicy, Retry
-from services.scheduler.policy.types import Placement, SchedRequest
+from services.scheduler.policy.types import Placement, SchedRequest, WorkerView
 
 
 @dataclass
@@ -47,7 +47,7 @@ class CoreConfig:
     max_queued_per_model: int = 1_000
     max_wait_ms: int = 60_000  # queue wait limit for requests without a deadline
     release_max_misses: int = 8
-    prefix_index_max_blocks: int = 200_000
+    prefix_index_max_blocks: int = 200_000  # at least; grows to what the fleet's KV tiers hold
     prefix_index_ttl_ms: int = 10 * 60_000
     seed: int | None = None
     prefix_block_tokens: int = 16  # tokens per hash of SchedRequest.prefix_block_hashes
@@ -70,6 +70,7 @@ class SchedulerCore:
         self.fleet = FleetView(self.config.prefill_tokens_per_s)
         self.prefix_index = PrefixIndex(self.config.prefix_index_max_blocks, self.config.prefix_index_ttl_ms)
         self.sessions = SessionIndex()
+        self._kv_tokens: dict[str, int] = {}  # worker id → tokens its KV tiers hold (for the index bound)
         self.queues = FlowQueues(self.config.max_queued_per_model, self.config.max_wait_ms)
         self.recovery = RecoveryPolicy(self.config.max_attempts, self.config.heartbeat_timeout_ms)
         self.model_specs: dict[str, ModelSpec] = {}
@@ -89,7 +90,8 @@ class SchedulerCore:
         return self._admit(request, now_ms, force=False)
 
     def on_heartbeat(self, status: WorkerStatus, now_ms: int) -> list[Action]:
-        self.fleet.on_heartbeat(status, now_ms)
+        view = self.fleet.on_heartbeat(status, now_ms)
+        self._size_prefix_index(view)
         actions: list[Action] = []
         if status.state == WorkerState.STOPPED:
             actions += self._lose_worker(status.worker_id, now_ms)
@@ -97,6 +99,16 @@ class SchedulerCore:
 
     def on_node(self, profile: NodeProfile) -> None:
         self.fleet.on_node(profile)
+
+    def _size_prefix_index(self, changed: WorkerView) -> None:
+        """Let the index remember as many prompt blocks as the fleet's KV tiers (GPU + offload) hold."""
+        tokens = self._kv_tokens.get(changed.worker_id)
+        now = (changed.kv_blocks_total + changed.kv_offload_blocks_total) * changed.kv_block_size
+        if tokens == now:
+            return
+        self._kv_tokens[changed.worker_id] = now
+        fleet_blocks = sum(self._kv_tokens.values()) // self.config.prefix_block_tokens
+        self.prefix_index.max_blocks = max(self.config.prefix_index_max_blocks, fleet_blocks)
 
     def on_model(self, spec: ModelSpec) -> None:
         self.model_specs[spec.name] = spec
@@ -178,7 +190,7 @@ class SchedulerCore:
                     request,
                     ErrorInfo.of(
                         ErrorCode.PROMPT_TOO_LONG,
-                        f"{request.total_tokens} tokens exceed every worker's max model length",
+                        f"{request.total_tokens} tokens exceed every worker's max model length or KV cache",
                     ),
                 )
             ]
@@ -240,6 +252,7 @@ class SchedulerCore:
     def _lose_worker(self, worker_id: str, now_ms: int) -> list[Action]:
         lost = self.fleet.remove_worker(worker_id)
         self.prefix_index.remove_worker(worker_id)
+        self._kv_tokens.pop(worker_id, None)
         self.sessions.remove_worker(worker_id)
         self.stats.workers_lost += 1
         actions: list[Action] = []

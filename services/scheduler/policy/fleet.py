@@ -39,6 +39,7 @@ class FleetView:
         view.max_num_seqs = status.max_num_seqs
         view.kv_block_size = status.kv_block_size
         view.kv_blocks_total = status.kv_blocks_total
+        view.kv_offload_blocks_total = status.kv_offload_blocks_total
         view.kv_blocks_free_reported = status.kv_blocks_free
         view.num_requests_running_reported = status.num_requests_running
         view.num_requests_waiting_reported = status.num_requests_waiting

@@ -23,7 +23,9 @@ class PrefixIndex:
         return len(self._blocks)
 
     def record(self, worker_id: str, hashes: list[str], now_ms: int) -> None:
-        for h in hashes:
+        # Tail first, so a prompt's leading blocks are the most recently used and age out last
+        # (an engine's LRU evicts a request's tail blocks first too).
+        for h in reversed(hashes):
             holders = self._blocks.get(h)
             if holders is None:
                 holders = self._blocks[h] = {}
@@ -36,19 +38,25 @@ class PrefixIndex:
             self._blocks.popitem(last=False)
 
     def matched_blocks(self, hashes: list[str], now_ms: int) -> dict[str, int]:
-        """Per worker, how many leading blocks of `hashes` it holds (workers with none are absent)."""
-        alive: set[str] | None = None
+        """Per worker, how many leading blocks of `hashes` it holds (workers with none are absent).
+
+        A worker recorded at block i held the whole prefix up to i (the hashes are chained), so
+        its match is the deepest block it is recorded at while the chain lasts. It need not be
+        among the holders kept for every earlier block: a prefix shared by the whole fleet (a
+        system prompt) keeps only its `max_workers_per_block` latest holders.
+        """
         matched: dict[str, int] = {}
         for i, h in enumerate(hashes):
             holders = self._blocks.get(h)
             if not holders:
                 break
-            fresh = {w for w, t in holders.items() if now_ms - t <= self.ttl_ms}
-            alive = fresh if alive is None else alive & fresh
-            if not alive:
+            fresh = False
+            for w, t in holders.items():
+                if now_ms - t <= self.ttl_ms:
+                    matched[w] = i + 1
+                    fresh = True
+            if not fresh:
                 break
-            for w in alive:
-                matched[w] = i + 1
         return matched
 
     def remove_worker(self, worker_id: str) -> None:

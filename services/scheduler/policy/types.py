@@ -94,6 +94,7 @@ class WorkerView:
     max_num_seqs: int = 0
     kv_block_size: int = 16
     kv_blocks_total: int = 0
+    kv_offload_blocks_total: int = 0  # a host-memory KV tier behind the GPU's (vLLM KV offloading)
     kv_blocks_free_reported: int = 0
     num_requests_running_reported: int = 0
     num_requests_waiting_reported: int = 0

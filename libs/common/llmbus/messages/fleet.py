@@ -40,10 +40,13 @@ class WorkerStatus(Message):
     kv_block_size: int = 16
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
+    kv_offload_blocks_total: int = Field(default=0, description="blocks of a host-memory KV offloading tier; 0: none")
     kv_cache_usage_perc: float = Field(default=0.0, ge=0.0, le=1.0)
     num_requests_running: int = 0
     num_requests_waiting: int = 0
-    prefix_cache_hit_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    prefix_cache_hit_rate: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="prompt tokens served from the GPU cache or the offloading tier"
+    )
     generation_tokens_per_s: float = 0.0
     prompt_tokens_per_s: float = 0.0
     cold_start_s: float | None = None

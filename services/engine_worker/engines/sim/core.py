@@ -6,6 +6,12 @@ requests with the token budget left, chunked prefill, preemption by recompute wh
 blocks run out), prices it with the profile's calibrated step time, advances the
 virtual clock by that duration and returns what every request produced. No asyncio,
 no broker: the async engine and the benchmarks drive it.
+
+With `host_kv_blocks` it also keeps vLLM's native CPU offloading tier (HostKvTier): each
+computed block is stored in host memory too, and a waiting request whose prefix continues
+there past the GPU's cache has those blocks loaded over the host link (one copy at a time,
+overlapped with the steps) and waits for them, as vLLM's WAITING_FOR_REMOTE_KVS, instead of
+recomputing them.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from llmbus.tokens import estimate_tokens, prefix_block_hashes
-from services.engine_worker.engines.sim.kv_cache import BlockPool
+from services.engine_worker.engines.sim.kv_cache import BlockPool, HostKvTier
 from services.engine_worker.engines.sim.profiles import SimProfile
 from services.engine_worker.engines.sim.text import content_key
 
@@ -50,7 +56,8 @@ class RequestOutput:
     new_tokens: int
     prompt_tokens: int
     completion_tokens: int
-    cached_prompt_tokens: int
+    cached_prompt_tokens: int  # of which host_loaded_tokens came from the host tier
+    host_loaded_tokens: int = 0
     finished: bool = False
     finish_reason: str | None = None  # "length" | "abort"
 
@@ -80,10 +87,12 @@ class _Seq:
         "arrival_us",
         "blocks",
         "cached_prompt_tokens",
+        "host_loaded_tokens",
         "key",
         "num_computed",
         "num_hashed_blocks",
         "num_output",
+        "ready_us",
         "req",
         "scheduled_once",
     )
@@ -97,7 +106,9 @@ class _Seq:
         self.blocks: list[int] = []
         self.num_hashed_blocks = 0
         self.cached_prompt_tokens = 0
+        self.host_loaded_tokens = 0
         self.scheduled_once = False
+        self.ready_us = 0.0  # when its host-tier blocks are loaded (while in SimCore.loading)
 
     @property
     def num_tokens(self) -> int:
@@ -119,6 +130,7 @@ class SimCore:
         max_model_len: int = 8192,
         enable_prefix_caching: bool = True,
         admit_full_prompt: bool = True,
+        host_kv_blocks: int = 0,
     ) -> None:
         self.profile = profile
         self.block_size = profile.kv_block_size
@@ -131,13 +143,18 @@ class SimCore:
         # its first chunk (vLLM's scheduler_reserve_full_isl, on by default in recent vLLM):
         # avoids admitting prefills that would soon have to be preempted.
         self.admit_full_prompt = admit_full_prompt
+        self.host = HostKvTier(host_kv_blocks) if host_kv_blocks > 0 and enable_prefix_caching else None
+        self._host_load_us = profile.host_load_us_per_block if self.host is not None else 0.0
+        self._host_link_free_us = 0.0
         self.now_us = 0.0
         self.waiting: deque[_Seq] = deque()
         self.running: list[_Seq] = []
+        self.loading: list[_Seq] = []  # blocks being copied in from the host tier
         self._seqs: dict[str, _Seq] = {}
         self.steps_total = 0
         self.prefix_cache_queries_total = 0  # tokens looked up
-        self.prefix_cache_hits_total = 0  # tokens found
+        self.prefix_cache_hits_total = 0  # tokens found in the GPU cache
+        self.host_cache_hits_total = 0  # tokens loaded from the host tier
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
@@ -172,6 +189,9 @@ class SimCore:
         if seq in self.running:
             self.running.remove(seq)
             self._free(seq)
+        elif seq in self.loading:
+            self.loading.remove(seq)
+            self._free(seq)
         else:
             self.waiting.remove(seq)
         return self._output(seq, 0, "abort")
@@ -186,6 +206,7 @@ class SimCore:
     def reset_counters(self) -> None:
         """Zero the totals (after a warm-up), keeping the requests and the cache."""
         self.steps_total = self.prefix_cache_queries_total = self.prefix_cache_hits_total = 0
+        self.host_cache_hits_total = 0
         self.prompt_tokens_total = self.generation_tokens_total = self.preemptions_total = 0
 
     def has_work(self) -> bool:
@@ -201,6 +222,8 @@ class SimCore:
         start_us = self.now_us
         if not self._seqs:
             return StepResult(start_us, 0.0, 0, 0, kv_usage=self.pool.usage())
+        if self.loading:
+            self._finish_loads()
         budget = self.max_num_batched_tokens
         scheduled: list[tuple[_Seq, int]] = []
         preempted: list[str] = []
@@ -230,28 +253,60 @@ class SimCore:
         waiting = self.waiting
         while not preempted and waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = waiting[0]
+            if seq.blocks:  # back from a host-tier load: its prefix is in place and counted
+                num_computed = seq.num_computed
+                num_new = min(seq.num_tokens - num_computed, budget)
+                if not self._allocate(seq, num_computed, num_new, []):
+                    break
+                waiting.popleft()
+                running.append(seq)
+                self._cache_full_blocks(seq, num_computed + num_new)
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                continue
             hits = self._lookup(seq)
             num_computed = len(hits) * self.block_size
+            to_load = self._host_lookup(seq, len(hits))
             num_new = min(seq.num_tokens - num_computed, budget)
             if self.admit_full_prompt and not self._fits(seq.num_tokens, hits):
                 break
-            if not self._allocate(seq, num_computed, num_new, hits):
+            if not self._allocate(seq, num_computed, to_load if to_load else num_new, hits):
                 break
             waiting.popleft()
-            running.append(seq)
-            seq.num_computed = num_computed
+            seq.num_computed = num_computed + to_load
             seq.num_hashed_blocks = len(hits)
             if self.enable_prefix_caching:
                 self.prefix_cache_queries_total += seq.num_tokens
                 self.prefix_cache_hits_total += num_computed
+                self.host_cache_hits_total += to_load
             if not seq.scheduled_once:
                 seq.scheduled_once = True
-                seq.cached_prompt_tokens = min(num_computed, seq.req.prompt_tokens)
+                seq.cached_prompt_tokens = min(num_computed + to_load, seq.req.prompt_tokens)
+                seq.host_loaded_tokens = min(to_load, seq.cached_prompt_tokens)
+            if to_load:
+                self._start_load(seq, to_load // self.block_size)
+                continue
+            running.append(seq)
             self._cache_full_blocks(seq, num_computed + num_new)
             scheduled.append((seq, num_new))
             budget -= num_new
 
         if not scheduled:
+            if self.loading:
+                # Nothing to compute until a host-tier load lands (its blocks are held): idle till then.
+                self.now_us = max(start_us, min(s.ready_us for s in self.loading))
+                return StepResult(
+                    start_us,
+                    self.now_us - start_us,
+                    0,
+                    0,
+                    preempted=preempted,
+                    num_running=len(self.running),
+                    num_waiting=len(self.waiting) + len(self.loading),
+                    kv_usage=self.pool.usage(),
+                )
+            if not self.running and self._release_waiting_blocks():
+                return self.step()  # the same instant, with their blocks free (and still cached)
             raise RuntimeError("sim core: work pending but nothing could be scheduled")
 
         # 3. Price the batch, run it, and collect what each request produced.
@@ -293,7 +348,7 @@ class SimCore:
             outputs,
             preempted,
             len(self.running),
-            len(self.waiting),
+            len(self.waiting) + len(self.loading),
             self.pool.usage(),
             {seq.req.request_id: n for seq, n in scheduled},
         )
@@ -306,6 +361,42 @@ class SimCore:
         # At least the last token is always computed, so it can never be a hit (as in vLLM).
         max_hit_blocks = (seq.num_tokens - 1) // self.block_size
         return self.pool.lookup(seq.block_hash(j) for j in range(max_hit_blocks))
+
+    def _host_lookup(self, seq: _Seq, gpu_hit_blocks: int) -> int:
+        """Tokens of `seq`'s prefix past the GPU hits that the host tier can load (whole blocks)."""
+        if self.host is None:
+            return 0
+        max_hit_blocks = (seq.num_tokens - 1) // self.block_size
+        found = self.host.lookup(seq.block_hash(j) for j in range(gpu_hit_blocks, max_hit_blocks))
+        return found * self.block_size
+
+    def _start_load(self, seq: _Seq, blocks: int) -> None:
+        # One host-to-GPU copy at a time on the link, overlapped with the engine's steps.
+        start = max(self.now_us, self._host_link_free_us)
+        seq.ready_us = self._host_link_free_us = start + blocks * self._host_load_us
+        self.loading.append(seq)
+
+    def _finish_loads(self) -> None:
+        """Loads that landed by now: their blocks join the prefix cache, the requests wait again in front."""
+        landed = [s for s in self.loading if s.ready_us <= self.now_us]
+        if not landed:
+            return
+        self.loading = [s for s in self.loading if s.ready_us > self.now_us]
+        for seq in reversed(landed):
+            self._cache_full_blocks(seq, seq.num_computed)
+            self.waiting.appendleft(seq)
+
+    def _release_waiting_blocks(self) -> bool:
+        """Break a stall: requests back from a host-tier load hold their blocks while they wait, and
+        when nothing runs and the head of the queue cannot get blocks, they give theirs up (preempted,
+        as vLLM would). The blocks stay cached, so their prefix is still a hit when they come back."""
+        holders = [seq for seq in self.waiting if seq.blocks]
+        for seq in holders:
+            self._free(seq)
+            seq.num_computed = 0
+            seq.num_hashed_blocks = 0
+            self.preemptions_total += 1
+        return bool(holders)
 
     def _fits(self, num_tokens: int, hits: list[int]) -> bool:
         needed_blocks = -(-num_tokens // self.block_size) - len(hits)
@@ -332,8 +423,12 @@ class SimCore:
         if not self.enable_prefix_caching:
             return
         full = min(num_tokens // self.block_size, len(seq.blocks))
+        host = self.host
         for j in range(seq.num_hashed_blocks, full):
-            self.pool.cache_block(seq.blocks[j], seq.block_hash(j))
+            block_hash = seq.block_hash(j)
+            self.pool.cache_block(seq.blocks[j], block_hash)
+            if host is not None:
+                host.store(block_hash)  # offloaded as it is computed (async in vLLM)
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     def _free(self, seq: _Seq) -> None:
@@ -354,6 +449,7 @@ class SimCore:
             seq.req.prompt_tokens,
             seq.num_output,
             seq.cached_prompt_tokens,
+            seq.host_loaded_tokens,
             finished=finish_reason is not None,
             finish_reason=finish_reason,
         )

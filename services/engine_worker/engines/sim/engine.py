@@ -42,6 +42,7 @@ class SimConfig:
     kv_block_size: int = 16
     enable_prefix_caching: bool = True
     admit_full_prompt: bool = True  # vLLM's scheduler_reserve_full_isl
+    kv_offloading_gib: float = 0.0  # host-memory KV tier, as vLLM's --kv-offloading-size (0: none)
     speedup: float = 1.0  # 0 = take no time
     # Overrides of the profile's step-time coefficients (None: the profile's).
     step_base_us: float | None = None
@@ -61,6 +62,8 @@ class SimConfig:
             decode_us_per_seq=base.decode_us_per_seq if self.decode_us_per_seq is None else self.decode_us_per_seq,
             kv_blocks_total=base.kv_blocks_total if self.kv_blocks_total is None else self.kv_blocks_total,
             kv_block_size=self.kv_block_size,
+            kv_block_bytes=base.kv_block_bytes,
+            host_link_gb_per_s=base.host_link_gb_per_s,
             tensor_parallel_size=base.tensor_parallel_size,
             vllm_version=base.vllm_version,
             source=base.source,
@@ -83,6 +86,7 @@ class SimEngine:
             max_model_len=self.config.max_model_len,
             enable_prefix_caching=self.config.enable_prefix_caching,
             admit_full_prompt=self.config.admit_full_prompt,
+            host_kv_blocks=self.profile.host_kv_blocks(self.config.kv_offloading_gib),
         )
         self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._step_task: asyncio.Task[None] | None = None
@@ -186,6 +190,8 @@ class SimEngine:
             kv_cache_usage_perc=pool.usage(),
             prefix_cache_queries_total=core.prefix_cache_queries_total,
             prefix_cache_hits_total=core.prefix_cache_hits_total,
+            external_prefix_cache_hits_total=core.host_cache_hits_total,
+            kv_offload_blocks_total=core.host.num_blocks if core.host is not None else 0,
             prompt_tokens_total=core.prompt_tokens_total,
             generation_tokens_total=core.generation_tokens_total,
             num_preemptions_total=core.preemptions_total,

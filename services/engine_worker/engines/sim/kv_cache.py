@@ -99,3 +99,47 @@ class BlockPool:
             return
         self.block_hash[block] = block_hash
         self._cached.setdefault(block_hash, {})[block] = None
+
+
+class HostKvTier:
+    """KV blocks kept in host memory behind the GPU pool, as vLLM's native CPU offloading keeps them.
+
+    With `--kv-offloading-size` vLLM (OffloadingConnector, LRU policy) stores every block it
+    computes into a CPU buffer as well, asynchronously, and when a waiting request's prefix runs
+    past the GPU's prefix cache into blocks the CPU buffer still holds, loads those back before
+    the request is scheduled instead of recomputing them. This is that buffer's bookkeeping: an
+    LRU of block hashes bounded by `num_blocks` (block contents are not simulated).
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.num_blocks = num_blocks
+        self._lru: OrderedDict[str, None] = OrderedDict()
+        self.stores_total = 0
+        self.evictions_total = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def store(self, block_hash: str) -> None:
+        lru = self._lru
+        if block_hash in lru:
+            lru.move_to_end(block_hash)
+            return
+        lru[block_hash] = None
+        self.stores_total += 1
+        if len(lru) > self.num_blocks:
+            lru.popitem(last=False)
+            self.evictions_total += 1
+
+    def lookup(self, hashes: Iterable[str]) -> int:
+        """How many leading `hashes` the tier holds; those become most recently used."""
+        n = 0
+        lru = self._lru
+        for block_hash in hashes:
+            if block_hash not in lru:
+                break
+            lru.move_to_end(block_hash)
+            n += 1
+        return n

@@ -22,6 +22,10 @@ class SimProfile:
     decode_us_per_seq: float
     kv_blocks_total: int
     kv_block_size: int = 16
+    # Bytes of one KV block (all layers, K and V) and the host link's bandwidth, for loading
+    # blocks back from a host-memory tier (SimCore's host_kv_blocks); 0 = no such tier.
+    kv_block_bytes: int = 0
+    host_link_gb_per_s: float = 0.0
     tensor_parallel_size: int = 1
     vllm_version: str = ""
     source: str = ""
@@ -29,6 +33,17 @@ class SimProfile:
     def step_us(self, prefill_tokens: int, decode_seqs: int) -> float:
         """Duration of a step computing `prefill_tokens` uncached prompt tokens and `decode_seqs` decodes."""
         return self.step_base_us + self.prefill_us_per_token * prefill_tokens + self.decode_us_per_seq * decode_seqs
+
+    @property
+    def host_load_us_per_block(self) -> float:
+        """Time to copy one KV block from host memory to the GPU over the host link."""
+        if self.kv_block_bytes <= 0 or self.host_link_gb_per_s <= 0:
+            raise ValueError(f"profile {self.name!r} has no kv_block_bytes / host_link_gb_per_s for a host KV tier")
+        return self.kv_block_bytes / (self.host_link_gb_per_s * 1e3)
+
+    def host_kv_blocks(self, gib: float) -> int:
+        """Blocks a host KV buffer of `gib` GiB holds (vLLM's --kv-offloading-size)."""
+        return int(gib * (1 << 30)) // self.kv_block_bytes if gib > 0 and self.kv_block_bytes > 0 else 0
 
 
 @cache

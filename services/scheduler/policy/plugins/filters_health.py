@@ -55,6 +55,11 @@ class FitsCapacityFilter:
 
 
 def never_fits(request: SchedRequest, workers: list[WorkerView]) -> bool:
-    """True when no worker serving the model could ever take it (longer than every max length)."""
+    """True when no worker serving the model could ever take it: longer than every max length, or
+    needing more KV blocks than any whole cache has (prompt and output must be in GPU memory at once)."""
     serving = [w for w in workers if w.serves(request.model) and w.max_model_len]
-    return bool(serving) and all(request.total_tokens > w.max_model_len for w in serving)
+    return bool(serving) and all(
+        request.total_tokens > w.max_model_len
+        or (w.kv_blocks_total > 0 and -(-request.total_tokens // w.kv_block_size) > w.kv_blocks_total)
+        for w in serving
+    )
