@@ -31,6 +31,7 @@ class WorkerSettings(BaseSettings):
     sim_speedup: float = 1.0  # 0: take no time
     sim_max_model_len: int = 8192
     sim_max_num_seqs: int = 256  # vLLM's default
+    sim_kv_blocks_total: int | None = None  # GPU KV blocks; None: the profile's (one GPU's HBM)
     sim_kv_offloading_gib: float = 0.0  # host-memory KV tier (vLLM's --kv-offloading-size); 0: none
 
     # vllm engine

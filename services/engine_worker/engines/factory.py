@@ -17,6 +17,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 max_num_seqs=settings.sim_max_num_seqs,
                 speedup=settings.sim_speedup,
                 profile=settings.sim_profile,
+                kv_blocks_total=settings.sim_kv_blocks_total,
                 kv_offloading_gib=settings.sim_kv_offloading_gib,
             )
         )
