@@ -4,6 +4,7 @@
     python -m bench.worker_vllm_bench --model tiny     # bench/reports/worker_vllm_bench.{json,md,png}
     python -m bench.worker_vllm_bench --model compute  # bench/reports/worker_vllm_bench_compute.{json,md,png}
     python -m bench.worker_vllm_bench --profile        # also one cProfile'd worker run each (adds ~1 min)
+    python -m bench.worker_vllm_bench --model compute --pin   # engine on CPU 1, the rest on CPU 0 (..._pinned)
 
 Two random-weight Llamas: `tiny` (the test suite's; a forward pass costs nothing, so vLLM's
 own Python is the engine's work: the worst case for the ratio on 2 shared cores) and
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -169,6 +171,28 @@ def summarize(
     return row
 
 
+def pin(pid: int, cpus: set[int], with_children: bool) -> None:
+    """Every thread of `pid` (and of its descendants) onto `cpus`; new threads inherit it."""
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)] if with_children else [root]:
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except (ProcessLookupError, PermissionError):
+                pass  # a thread that just ended
+
+
+def pin_engine_apart(front_end_pid: int) -> None:
+    """The engine's processes (children of the front-end) on CPU 1, the front-end and the broker on CPU 0."""
+    for child in psutil.Process(front_end_pid).children(recursive=True):
+        pin(child.pid, {1}, with_children=False)
+    pin(front_end_pid, {0}, with_children=False)
+    broker = _kafka_broker()
+    if broker is not None:
+        pin(broker.pid, {0}, with_children=False)
+    pin(os.getpid(), {0}, with_children=False)
+
+
 # ---- direct --------------------------------------------------------------------------------
 
 
@@ -213,6 +237,8 @@ async def direct_phase(case: ModelCase, repeats: int) -> tuple[list[dict[str, An
     engine = VllmEngine(tiny_vllm_config(max_num_seqs=MAX_NUM_SEQS, model_path=str(build_tiny_llama(**case.sizes))))
     t0 = time.perf_counter()
     await engine.start()
+    if case.pinned:
+        pin_engine_apart(os.getpid())
     await engine.warmup()
     info = {
         "cold_start_s": round(time.perf_counter() - t0, 1),
@@ -401,6 +427,9 @@ async def worker_phase(
     try:
         info: dict[str, Any] = {"ready_after_s": await w.start(), "env": env, "topic_prefix": w.settings.topic_prefix}
         log(f"{side}: worker ready after {info['ready_after_s']} s")
+        assert w.proc is not None
+        if case.pinned:
+            pin_engine_apart(w.proc.pid)
         bus = await Bus.start(w.settings, "bench")
         await run_worker_batch(w, bus, WARMUP, 0)
         assert w.proc is not None
@@ -443,6 +472,7 @@ async def main(case: ModelCase, repeats: int, profile: bool) -> None:
     command = (
         COMMAND
         + (f" --model {case.name}" if case.name != "tiny" else "")
+        + (" --pin" if case.pinned else "")
         + (" --profile" if profile else "")
         + (f" --repeats {repeats}" if repeats != 3 else "")
     )
@@ -496,6 +526,7 @@ if __name__ == "__main__":
     parser.add_argument("--model", choices=[*sorted(CASES), "all"], default="all", help="all: each in turn")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one more worker run under cProfile")
+    parser.add_argument("--pin", action="store_true", help="engine on CPU 1, everything else on CPU 0")
     args = parser.parse_args()
     for name in CASES if args.model == "all" else (args.model,):
-        asyncio.run(main(CASES[name], args.repeats, args.profile))
+        asyncio.run(main(dataclasses.replace(CASES[name], pinned=args.pin), args.repeats, args.profile))

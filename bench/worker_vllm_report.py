@@ -51,10 +51,18 @@ class ModelCase:
     sizes: dict[str, int]  # overrides of tests.fixtures.tiny_llama.RECIPE
     shapes: tuple[Shape, ...]
     about: str
+    # The engine's processes on CPU 1 only, everything else (front-end or worker, broker, bench) on
+    # CPU 0, on both sides: the engine computes apart from the control plane, as on a GPU node.
+    pinned: bool = False
 
     @property
     def stem(self) -> str:
-        return "worker_vllm_bench" if self.name == "tiny" else f"worker_vllm_bench_{self.name}"
+        base = "worker_vllm_bench" if self.name == "tiny" else f"worker_vllm_bench_{self.name}"
+        return base + ("_pinned" if self.pinned else "")
+
+    @property
+    def label(self) -> str:
+        return self.name + (", engine pinned to CPU 1" if self.pinned else "")
 
 
 CASES = {
@@ -222,7 +230,8 @@ def plot(summary: list[dict[str, Any]], case: ModelCase, path: Path) -> None:
     axes[2].set_xticks(range(len(summary)), labels, fontsize=6, rotation=45, ha="right")
     axes[2].set_ylabel("CPU ms per 1k output tokens")
     axes[2].legend(fontsize=7)
-    fig.suptitle(f"engine-worker vs direct AsyncLLM ({case.name} random Llama, vLLM CPU, 2 shared cores)")
+    cores = "engine on CPU 1, the rest on CPU 0" if case.pinned else "2 shared cores"
+    fig.suptitle(f"engine-worker vs direct AsyncLLM ({case.name} random Llama, vLLM CPU, {cores})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -241,13 +250,24 @@ def write_markdown(report: dict[str, Any], case: ModelCase, path: Path) -> None:
         if a["side"] == "worker"
     )
     lines = [
-        f"# engine-worker vs direct vLLM AsyncLLM ({case.name} random-weight Llama, vLLM CPU build)",
+        f"# engine-worker vs direct vLLM AsyncLLM ({case.label}; random-weight Llama, vLLM CPU build)",
         "",
         f"Model: {case.about}.",
         "",
+        *(
+            [
+                "Pinned: on both sides the engine's processes (EngineCore and its OpenMP worker) run on CPU 1 "
+                "only and everything else (this process or the engine-worker, the Kafka broker, the bench "
+                "client) on CPU 0, so the control plane's CPU does not come out of the engine's, as on a GPU "
+                "node where the engine computes on the GPU and the host cores serve the rest.",
+                "",
+            ]
+            if case.pinned
+            else []
+        ),
         f"Command (from the repo root): `{report['command']}` — took {report['took_s']:.0f} s on {report['machine']}.",
         f"1-minute load average {report['load_avg_start']} at the start, {report['load_avg_end']} at the end "
-        "(2 cores shared with other engineers' tests and the Kafka broker).",
+        "(2 cores, shared with the Kafka broker; the load average counts vLLM's spinning threads).",
         "",
         f"Settings on both sides: max_num_seqs {MAX_NUM_SEQS}, max_model_len {TINY_MAX_MODEL_LEN}, float32, "
         "enforce_eager, ignore_eos, greedy, prefix caching on; prompts of "
@@ -301,6 +321,10 @@ def write_markdown(report: dict[str, Any], case: ModelCase, path: Path) -> None:
             "`python -m bench.worker_vllm_bench --model compute` measures the case where the engine's time "
             "goes to the forward pass, as on a GPU."
             if case.name == "tiny"
+            else "- Pinned, the engine's two processes share CPU 1 (the EngineCore's spin-wait against the forward "
+            "pass) and the worker, broker and bench share CPU 0; what differs between the sides is only what "
+            "reaches the engine and when."
+            if case.pinned
             else "- With this model the engine's time goes to the forward pass (the OpenMP worker process), so "
             "what the worker and the broker take mostly displaces the EngineCore process's spin-wait, as on a "
             "GPU node where the engine computes on the GPU and the host cores run the control plane."
@@ -310,9 +334,11 @@ def write_markdown(report: dict[str, Any], case: ModelCase, path: Path) -> None:
         "before the final chunk), then publishes the final chunk, the InferenceResult and the DispatchOutcome, "
         "with an OpenTelemetry span and traceparent per record. That is a fixed cost per request, so short "
         "outputs (16 tokens) lose much more than long ones (128 tokens).",
-        "- Chunking is a weak lever here: vLLM's DELTA collector merges tokens while a handler waits for an "
-        "ack, so chunks per request are already near the floor of ~3 (first token, the rest, final). Ratio "
-        f"long / short: `worker` {ratios('worker')}, `worker_tuned` (longer chunk interval, 10 ms linger) "
+        "- Chunks per request: `worker` "
+        + " / ".join(str(a["chunks_per_request"]) for a in s if a["side"] == "worker")
+        + ", `worker_tuned` (longer chunk interval, 10 ms producer linger) "
+        + " / ".join(str(a["chunks_per_request"]) for a in s if a["side"] == "worker_tuned")
+        + f" (long / short). Ratio long / short: `worker` {ratios('worker')}, `worker_tuned` "
         f"{ratios('worker_tuned')}.",
         "- On a GPU node the engine's work runs on the GPU and the host has spare cores for the worker's "
         "event loop and Kafka client; the ratio there cannot be measured on this machine.",

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 import psutil
 import pytest
 import pytest_asyncio
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
@@ -66,8 +68,12 @@ class Harness:
         )
         return request.request_id
 
-    async def collect(self, base: str, model, want, timeout_s: float = 90) -> list:  # type: ignore[no-untyped-def]
-        tail = await self.tail(base)
+    async def fresh_tail(self, base: str) -> TopicTail:
+        """A tail positioned now: past whatever earlier tests left unread on the shared one."""
+        return await TopicTail(self.settings, self.topics.name(base)).start()
+
+    async def collect(self, base: str, model, want, timeout_s: float = 90, tail: TopicTail | None = None) -> list:  # type: ignore[no-untyped-def]
+        tail = tail or await self.tail(base)
         seen: list = []
         async for record in tail.records(timeout_s):
             seen.append(decode(record, model))
@@ -115,6 +121,33 @@ async def worker() -> AsyncIterator[Harness]:
         print(f"\n--- worker log ---\n{proc.log_tail(30)}")
 
 
+async def uncommitted_dispatches(harness: Harness) -> set[str]:
+    """Request ids whose Dispatch record the worker's group has not committed: Kafka will deliver them
+    again to the worker's next incarnation, so they are not lost."""
+    settings = harness.settings
+    topic = harness.topics.dispatch(WORKER)
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=settings.request_timeout_ms
+    )
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        offsets = await asyncio.wait_for(admin.list_consumer_group_offsets(harness.topics.group(t.WORKER, WORKER)), 30)
+    finally:
+        await asyncio.wait_for(admin.close(), 30)
+    committed = {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+    assert committed, f"no committed offsets of {WORKER} on {topic}: the check would count every dispatch as pending"
+    reader = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest")
+    await asyncio.wait_for(reader.start(), 30)
+    pending: set[str] = set()
+    try:
+        batches = await asyncio.wait_for(reader.getmany(timeout_ms=3000), 30)
+        for tp, records in batches.items():
+            pending |= {decode(r, Dispatch).request_id for r in records if r.offset >= committed.get(tp.partition, 0)}
+    finally:
+        await asyncio.wait_for(reader.stop(), 30)
+    return pending
+
+
 def for_request(request_id: str, final: bool = False):  # type: ignore[no-untyped-def]
     def want(seen: list) -> bool:  # type: ignore[type-arg]
         mine = [m for m in seen if m.request_id == request_id]
@@ -139,12 +172,22 @@ async def test_streams_chunks_result_and_outcome(worker: Harness) -> None:
 
 
 async def test_cancel_through_llm_control_aborts_mid_stream(worker: Harness) -> None:
+    # Alongside other long requests, so each step is slower and the cancel surely lands mid-stream
+    # even when the broker is slow to show the first chunk; they are cancelled too at the end.
+    tokens = await worker.fresh_tail(t.TOKENS)
+    others = [await worker.dispatch(f"company {i}", max_tokens=MAX_MODEL_LEN - 40) for i in range(5)]
     rid = await worker.dispatch("a long answer about the scheduler", max_tokens=MAX_MODEL_LEN - 40)
-    await worker.collect(t.TOKENS, TokenChunk, for_request(rid))  # it started streaming
-    await worker.bus.publisher.publish(
-        worker.topics.name(t.CONTROL), Control(action=ControlAction.CANCEL, target_id=rid), key=rid
-    )
-    [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
+    try:
+        await worker.collect(t.TOKENS, TokenChunk, for_request(rid), tail=tokens)  # it started streaming
+    finally:
+        await tokens.stop()
+    for target in (rid, *others):
+        await worker.bus.publisher.publish(
+            worker.topics.name(t.CONTROL), Control(action=ControlAction.CANCEL, target_id=target), key=target
+        )
+    everyone = {rid, *others}
+    results = await worker.collect(t.RESULTS, InferenceResult, lambda seen: {r.request_id for r in seen} >= everyone)
+    [result] = [r for r in results if r.request_id == rid]
     assert result.status == ResultStatus.ERROR and result.error is not None
     assert result.error.code == ErrorCode.CANCELLED
     assert 0 < result.usage.completion_tokens < MAX_MODEL_LEN - 40
@@ -161,16 +204,27 @@ async def test_over_capacity_is_refused_as_retryable_without_a_result(worker: Ha
 
 
 async def test_engine_death_is_retryable_and_the_engine_restarts(worker: Harness) -> None:
-    rid = await worker.dispatch("the engine will die under this request", max_tokens=MAX_MODEL_LEN - 40)
-    await worker.collect(t.TOKENS, TokenChunk, for_request(rid))
+    # Eight long requests: whichever are still running when the engine core dies come back RETRYABLE.
+    tokens = await worker.fresh_tail(t.TOKENS)
+    rids = [
+        await worker.dispatch(f"the engine will die under request {i}", max_tokens=MAX_MODEL_LEN - 40) for i in range(8)
+    ]
+    try:
+        await worker.collect(t.TOKENS, TokenChunk, lambda seen: any(c.request_id in rids for c in seen), tail=tokens)
+    finally:
+        await tokens.stop()
     assert worker.proc.proc is not None
     children = psutil.Process(worker.proc.proc.pid).children(recursive=True)
     assert children, "vLLM runs its engine core in a child process"
     for child in children:
         os.kill(child.pid, signal.SIGKILL)
-    outcomes = await worker.collect(t.OUTCOMES, DispatchOutcome, for_request(rid))
-    [outcome] = [o for o in outcomes if o.request_id == rid]
-    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None and outcome.error.retryable
+    outcomes = await worker.collect(t.OUTCOMES, DispatchOutcome, lambda seen: {o.request_id for o in seen} >= set(rids))
+    mine = {o.request_id: o for o in outcomes if o.request_id in rids}
+    assert set(mine) == set(rids), "every dispatch ends with an outcome: nothing is dropped"
+    retryable = [o for o in mine.values() if o.status == OutcomeStatus.RETRYABLE]
+    assert retryable, "the requests the engine was running when it died come back retryable"
+    assert all(o.error is not None and o.error.retryable for o in retryable)
+    assert all(o.status in (OutcomeStatus.RETRYABLE, OutcomeStatus.COMPLETED) for o in mine.values())
 
     def ready_again(seen: list[WorkerStatus]) -> bool:
         states = [s.state for s in seen]
@@ -200,15 +254,18 @@ async def test_sigterm_drains_and_hands_back_without_losing_a_request(worker: Ha
     assert worker.proc.proc is not None
     code = await asyncio.to_thread(worker.proc.terminate, 90)
     assert code == 0, "the worker exits cleanly after draining"
+    # A dispatch the worker had not taken yet when the SIGTERM came stays uncommitted: the next
+    # worker on this topic gets it. Every other one must have finished or been handed back.
+    redelivered = await uncommitted_dispatches(worker)
     ended: dict[str, str] = {}
     for outcome in await worker.collect(
-        t.OUTCOMES, DispatchOutcome, lambda seen: {o.request_id for o in seen} >= set(ids), timeout_s=30
+        t.OUTCOMES, DispatchOutcome, lambda seen: {o.request_id for o in seen} | redelivered >= set(ids), timeout_s=30
     ):
         if outcome.request_id in ids:
             ended[outcome.request_id] = outcome.status
             if outcome.status == OutcomeStatus.RETRYABLE:
                 assert outcome.error is not None and outcome.error.code == ErrorCode.HANDED_BACK
-    assert set(ended) == set(ids), "every request either finished or was handed back"
+    assert set(ended) | redelivered == set(ids), "every request finished, was handed back, or stays in Kafka"
     assert OutcomeStatus.RETRYABLE in ended.values(), "long requests were handed back at the end of the grace"
     last = (await worker.collect(t.WORKERS, WorkerStatus, lambda seen: seen[-1].state == WorkerState.STOPPED))[-1]
     assert last.state == WorkerState.STOPPED
