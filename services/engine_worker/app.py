@@ -10,6 +10,7 @@ import time
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
+from llmbus.bus.consumer import wait_assigned
 from llmbus.bus.tables import read_table
 from llmbus.messages import ModelSpec, WorkerState
 from llmbus.settings import BusSettings
@@ -71,6 +72,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     dispatches.subscribe([dispatch_topic], listener=dispatch_loop.rebalance_listener())
     for consumer in (dispatches, controls):
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+    # Control starts at the log end: be in the group before saying ready, or an early cancel is skipped.
+    await wait_assigned(controls, settings.admin_timeout_s)
     loops_stop = asyncio.Event()
     loops = [asyncio.create_task(dispatch_loop.run(loops_stop)), asyncio.create_task(control_loop.run(stop))]
     background.append(asyncio.create_task(life.restart_engine_on_failure()))
