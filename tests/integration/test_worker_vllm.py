@@ -175,7 +175,7 @@ async def test_cancel_through_llm_control_aborts_mid_stream(worker: Harness) -> 
     # Alongside other long requests, so each step is slower and the cancel surely lands mid-stream
     # even when the broker is slow to show the first chunk; they are cancelled too at the end.
     tokens = await worker.fresh_tail(t.TOKENS)
-    others = [await worker.dispatch(f"company {i}", max_tokens=MAX_MODEL_LEN - 40) for i in range(5)]
+    others = [await worker.dispatch(f"company {i}", max_tokens=MAX_MODEL_LEN - 40) for i in range(7)]
     rid = await worker.dispatch("a long answer about the scheduler", max_tokens=MAX_MODEL_LEN - 40)
     try:
         await worker.collect(t.TOKENS, TokenChunk, for_request(rid), tail=tokens)  # it started streaming
