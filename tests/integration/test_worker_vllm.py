@@ -17,11 +17,10 @@ import psutil
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
-from llmbus.bus.admin import ensure_catalog
+from llmbus.bus.admin import ensure_catalog, open_admin
 from llmbus.client import TopicTail
 from llmbus.messages import (
     Control,
@@ -126,14 +125,9 @@ async def uncommitted_dispatches(harness: Harness) -> set[str]:
     again to the worker's next incarnation, so they are not lost."""
     settings = harness.settings
     topic = harness.topics.dispatch(WORKER)
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap, request_timeout_ms=settings.request_timeout_ms
-    )
-    await asyncio.wait_for(admin.start(), 30)
-    try:
-        offsets = await asyncio.wait_for(admin.list_consumer_group_offsets(harness.topics.group(t.WORKER, WORKER)), 30)
-    finally:
-        await asyncio.wait_for(admin.close(), 30)
+    async with open_admin(settings) as admin:
+        group = harness.topics.group(t.WORKER, WORKER)
+        offsets = await asyncio.wait_for(admin.list_consumer_group_offsets(group), settings.admin_timeout_s)
     committed = {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
     assert committed, f"no committed offsets of {WORKER} on {topic}: the check would count every dispatch as pending"
     reader = AIOKafkaConsumer(topic, bootstrap_servers=settings.kafka_bootstrap, auto_offset_reset="earliest")

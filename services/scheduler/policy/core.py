@@ -19,7 +19,7 @@ from services.scheduler.policy.plugins.filters_health import never_fits
 from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
 from services.scheduler.policy.queue import FlowQueues
 from services.scheduler.policy.recovery import GiveUp, RecoveryPolicy, Retry
-from services.scheduler.policy.types import Placement, SchedRequest, WorkerView
+from services.scheduler.policy.types import Placement, SchedRequest
 
 
 @dataclass
@@ -70,7 +70,6 @@ class SchedulerCore:
         self.fleet = FleetView(self.config.prefill_tokens_per_s)
         self.prefix_index = PrefixIndex(self.config.prefix_index_max_blocks, self.config.prefix_index_ttl_ms)
         self.sessions = SessionIndex()
-        self._kv_tokens: dict[str, int] = {}  # worker id → tokens its KV tiers hold (for the index bound)
         self.queues = FlowQueues(self.config.max_queued_per_model, self.config.max_wait_ms)
         self.recovery = RecoveryPolicy(self.config.max_attempts, self.config.heartbeat_timeout_ms)
         self.model_specs: dict[str, ModelSpec] = {}
@@ -90,8 +89,8 @@ class SchedulerCore:
         return self._admit(request, now_ms, force=False)
 
     def on_heartbeat(self, status: WorkerStatus, now_ms: int) -> list[Action]:
-        view = self.fleet.on_heartbeat(status, now_ms)
-        self._size_prefix_index(view)
+        self.fleet.on_heartbeat(status, now_ms)
+        self._size_prefix_index()
         actions: list[Action] = []
         if status.state == WorkerState.STOPPED:
             actions += self._lose_worker(status.worker_id, now_ms)
@@ -100,14 +99,12 @@ class SchedulerCore:
     def on_node(self, profile: NodeProfile) -> None:
         self.fleet.on_node(profile)
 
-    def _size_prefix_index(self, changed: WorkerView) -> None:
+    def _size_prefix_index(self) -> None:
         """Let the index remember as many prompt blocks as the fleet's KV tiers (GPU + offload) hold."""
-        tokens = self._kv_tokens.get(changed.worker_id)
-        now = (changed.kv_blocks_total + changed.kv_offload_blocks_total) * changed.kv_block_size
-        if tokens == now:
-            return
-        self._kv_tokens[changed.worker_id] = now
-        fleet_blocks = sum(self._kv_tokens.values()) // self.config.prefix_block_tokens
+        tokens = sum(
+            (w.kv_blocks_total + w.kv_offload_blocks_total) * w.kv_block_size for w in self.fleet.workers.values()
+        )
+        fleet_blocks = tokens // self.config.prefix_block_tokens
         self.prefix_index.max_blocks = max(self.config.prefix_index_max_blocks, fleet_blocks)
 
     def on_model(self, spec: ModelSpec) -> None:
@@ -252,7 +249,6 @@ class SchedulerCore:
     def _lose_worker(self, worker_id: str, now_ms: int) -> list[Action]:
         lost = self.fleet.remove_worker(worker_id)
         self.prefix_index.remove_worker(worker_id)
-        self._kv_tokens.pop(worker_id, None)
         self.sessions.remove_worker(worker_id)
         self.stats.workers_lost += 1
         actions: list[Action] = []

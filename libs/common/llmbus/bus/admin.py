@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -15,11 +17,9 @@ from llmbus.topics import Topics, TopicSpec
 log = logging.getLogger(__name__)
 
 
-async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec]]) -> list[str]:
-    """Create missing topics with their catalog config; grow partitions that are too few.
-
-    Returns the names it created. Existing topics with more partitions are left alone.
-    """
+@contextlib.asynccontextmanager
+async def open_admin(settings: BusSettings) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client whose start and close are bounded by the admin timeout."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=settings.kafka_bootstrap,
         client_id="llmbus-admin",
@@ -27,6 +27,17 @@ async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec
     )
     await asyncio.wait_for(admin.start(), settings.admin_timeout_s)
     try:
+        yield admin
+    finally:
+        await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
+
+
+async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec]]) -> list[str]:
+    """Create missing topics with their catalog config; grow partitions that are too few.
+
+    Returns the names it created. Existing topics with more partitions are left alone.
+    """
+    async with open_admin(settings) as admin:
         existing = set(await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s))
         missing = [
             NewTopic(name, spec.partitions, 1, topic_configs=spec.config())
@@ -43,8 +54,6 @@ async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec
         if present:
             await _grow_partitions(admin, present, settings.admin_timeout_s)
         return [t.name for t in missing]
-    finally:
-        await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
 
 
 async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, TopicSpec]], timeout_s: float) -> None:
@@ -60,19 +69,11 @@ async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, 
 
 async def delete_topics_matching(settings: BusSettings, pattern: re.Pattern[str]) -> list[str]:
     """Delete every topic whose name matches (test namespaces, for one); returns the names."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap,
-        client_id="llmbus-admin",
-        request_timeout_ms=int(settings.admin_timeout_s * 1000),
-    )
-    await asyncio.wait_for(admin.start(), settings.admin_timeout_s)
-    try:
+    async with open_admin(settings) as admin:
         names = [n for n in await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s) if pattern.match(n)]
         for start in range(0, len(names), 200):  # bounded requests on a broker with thousands of topics
             await asyncio.wait_for(admin.delete_topics(names[start : start + 200]), settings.admin_timeout_s)
         return names
-    finally:
-        await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
 
 
 async def ensure_catalog(settings: BusSettings) -> list[str]:
