@@ -11,6 +11,7 @@ from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
 from llmbus.bus.consumer import wait_assigned
+from llmbus.bus.runtime import run_until_stopped
 from llmbus.bus.tables import read_table
 from llmbus.messages import ModelSpec, WorkerState
 from llmbus.settings import BusSettings
@@ -75,14 +76,22 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     # Control starts at the log end: be in the group before saying ready, or an early cancel is skipped.
     await wait_assigned(controls, settings.admin_timeout_s)
     loops_stop = asyncio.Event()
-    loops = [asyncio.create_task(dispatch_loop.run(loops_stop)), asyncio.create_task(control_loop.run(stop))]
+
+    async def drain_on_stop() -> None:
+        # SIGTERM, or a loop that failed (run_until_stopped sets `stop`): drain, then the dispatch loop ends.
+        await stop.wait()
+        await life.drain(dispatch_loop, loops_stop)
+
+    tasks = [
+        asyncio.create_task(dispatch_loop.run(loops_stop)),
+        asyncio.create_task(control_loop.run(stop)),
+        asyncio.create_task(drain_on_stop()),
+    ]
     background.append(asyncio.create_task(life.restart_engine_on_failure()))
     await life.set_state(WorkerState.READY)
     try:
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([stopped, loops[0]], return_when=asyncio.FIRST_COMPLETED)
-        await life.drain(dispatch_loop, loops_stop)
-        await asyncio.gather(*loops, return_exceptions=True)
+        # A stalled or failed loop raises out of here: the worker exits non-zero and is restarted.
+        await run_until_stopped(tasks, stop)
         await life.set_state(WorkerState.STOPPED)
     finally:
         for task in background:

@@ -12,7 +12,6 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
-from llmbus.bus.dlq import send_to_dlq
 from llmbus.messages import BudgetStatus, ErrorInfo, Experiment, InferenceRequest, InferenceResult, ModelSpec, now_ms
 from llmbus.replies import publish_error, publish_result, reply_topic_of
 from services.router.budgets import BudgetBook
@@ -41,7 +40,8 @@ class RouterHandlers:
     async def on_request(self, record: ConsumerRecord) -> None:
         received_at_ms = now_ms()
         try:
-            request = decode(record, InferenceRequest)
+            # The edge of the bus: over max_request_bytes is refused here, so what routing adds still fits.
+            request = decode(record, InferenceRequest, max_bytes=self.bus.settings.max_request_bytes)
             check_reply_topic(request, self.settings.allowed_reply_topic_prefix)
         except BadMessage as bad:
             await self._reject_bad(record, bad)
@@ -103,9 +103,7 @@ class RouterHandlers:
         self.budgets.apply(decode(record, BudgetStatus))
 
     async def _reject_bad(self, record: ConsumerRecord, bad: BadMessage) -> None:
-        await send_to_dlq(
-            self.bus.publisher, self.bus.topics, record, bad.code, bad.reason, self.bus.service, bad.request_id
-        )
+        await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
         if bad.request_id is None:
             return  # nobody to answer: the DLQ entry is the only trace
         await publish_error(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+KIB = 1024
 
 
 class BusSettings(BaseSettings):
@@ -14,11 +17,25 @@ class BusSettings(BaseSettings):
     # Every Kafka call is bounded: a send waits at most send_timeout_s for the broker's ack.
     send_timeout_s: float = 15.0
     stop_timeout_s: float = 10.0
-    commit_timeout_s: float = 10.0
+    commit_timeout_s: float = 10.0  # one commit, retries of retriable errors included
     admin_timeout_s: float = 30.0
     request_timeout_ms: int = 10_000
     linger_ms: int = 2
     max_batch_bytes: int = 1_048_576
+    # The one size limit of the bus: producers refuse a record over max_message_bytes, topics are
+    # created to accept it (max.message.bytes = this + a batch's framing), and an edge service
+    # refuses requests over max_message_bytes - request_headroom_bytes (what routing adds must fit).
+    max_message_bytes: int = 1024 * KIB
+    request_headroom_bytes: int = 64 * KIB
+    # A dead letter keeps at most this many raw bytes of the failing record (value; keys 1 KiB),
+    # with its full size and topic/partition/offset: the original stays findable in its topic.
+    dlq_max_payload_bytes: int = 64 * KIB
+    # A DLQ write that fails is retried with backoff this long, then logged, counted and skipped.
+    dlq_retry_s: float = 30.0
+    # Topics are created with these (dev: one broker). Production: 3 and 2, so that acks=all
+    # survives the loss of one broker and refuses writes rather than keep a single copy.
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
     poll_timeout_ms: int = 200
     max_poll_records: int = 500
     commit_interval_s: float = 0.2
@@ -29,3 +46,21 @@ class BusSettings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = True
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> BusSettings:
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise ValueError("need 1 <= min_insync_replicas <= replication_factor")
+        if self.request_headroom_bytes >= self.max_message_bytes:
+            raise ValueError("request_headroom_bytes must be below max_message_bytes")
+        return self
+
+    @property
+    def max_request_bytes(self) -> int:
+        """Largest request an edge service accepts: its routed and dispatched forms must still fit."""
+        return self.max_message_bytes - self.request_headroom_bytes
+
+    @property
+    def topic_max_message_bytes(self) -> int:
+        """What topics accept: a producer's largest record plus the framing of its batch."""
+        return self.max_message_bytes + 16 * KIB

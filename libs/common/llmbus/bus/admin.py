@@ -32,15 +32,31 @@ async def open_admin(settings: BusSettings) -> AsyncIterator[AIOKafkaAdminClient
         await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
 
 
+def topic_config(settings: BusSettings, spec: TopicSpec) -> dict[str, str]:
+    """A topic's config: the catalog's, plus the bus-wide durability and size settings.
+
+    min.insync.replicas makes the producers' acks=all mean "on that many brokers"; the size
+    limit is the producers' max_request_size plus framing, so what a producer accepts the
+    broker accepts too (and nothing a DLQ entry wraps can outgrow it: DLQ payloads are bounded).
+    """
+    return {
+        "min.insync.replicas": str(settings.min_insync_replicas),
+        "max.message.bytes": str(settings.topic_max_message_bytes),
+    } | spec.config()
+
+
 async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec]]) -> list[str]:
     """Create missing topics with their catalog config; grow partitions that are too few.
 
-    Returns the names it created. Existing topics with more partitions are left alone.
+    Returns the names it created. Existing topics with more partitions are left alone, and so is
+    the config of existing topics (an operator changes a live topic's config deliberately).
+    Replication factor and min.insync.replicas come from settings: a factor the cluster cannot
+    meet fails here, loudly, instead of quietly keeping one copy.
     """
     async with open_admin(settings) as admin:
         existing = set(await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s))
         missing = [
-            NewTopic(name, spec.partitions, 1, topic_configs=spec.config())
+            NewTopic(name, spec.partitions, settings.replication_factor, topic_configs=topic_config(settings, spec))
             for name, spec in wanted
             if name not in existing
         ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import TypeVar
 
 from aiokafka.structs import ConsumerRecord
@@ -33,18 +34,43 @@ def _validation_reason(exc: ValidationError) -> str:
     return "; ".join(parts) + more
 
 
-def decode(record: ConsumerRecord, model: type[M]) -> M:
+# Identifiers recovered from a message that failed validation are only used (to answer the
+# client, in headers and keys) when they are plausible: never a megabyte "request id".
+MAX_ID_CHARS = 128
+_TENANT = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _plausible_id(value: object) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS and value.isprintable():
+        return value
+    return None
+
+
+def _plausible_tenant(value: object) -> str | None:
+    return value if isinstance(value, str) and _TENANT.match(value) else None
+
+
+def decode(record: ConsumerRecord, model: type[M], *, max_bytes: int | None = None) -> M:
+    """The record's message; BadMessage if it is not one (or, given `max_bytes`, is larger).
+
+    An oversize record is refused with REQUEST_TOO_LARGE before validation; its request id is
+    still recovered when it parses, so the client gets a final error instead of silence.
+    """
     raw = record.value
     if raw is None:
         raise BadMessage(ErrorCode.MALFORMED, "empty value (tombstone) where a message was expected")
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadMessage(ErrorCode.MALFORMED, f"not JSON: {exc}") from exc
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise BadMessage(ErrorCode.REQUEST_TOO_LARGE, _too_large(len(raw), max_bytes)) from exc
+        raise BadMessage(ErrorCode.MALFORMED, f"not JSON: {str(exc)[:200]}") from exc
     if not isinstance(data, dict):
         raise BadMessage(ErrorCode.MALFORMED, f"expected a JSON object, got {type(data).__name__}")
-    request_id = data.get("request_id") if isinstance(data.get("request_id"), str) else None
-    tenant = data.get("tenant") if isinstance(data.get("tenant"), str) else None
+    request_id = _plausible_id(data.get("request_id"))
+    tenant = _plausible_tenant(data.get("tenant"))
+    if max_bytes is not None and len(raw) > max_bytes:
+        raise BadMessage(ErrorCode.REQUEST_TOO_LARGE, _too_large(len(raw), max_bytes), request_id, tenant)
     version = data.get("schema_version", 1)
     if isinstance(version, int) and version > model.SCHEMA_VERSION:
         raise BadMessage(
@@ -57,3 +83,7 @@ def decode(record: ConsumerRecord, model: type[M]) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise BadMessage(ErrorCode.INVALID_REQUEST, _validation_reason(exc), request_id, tenant) from exc
+
+
+def _too_large(size_bytes: int, max_bytes: int) -> str:
+    return f"message of {size_bytes} bytes is over the limit of {max_bytes} bytes"

@@ -3,7 +3,12 @@
 Offsets are committed only after a record's work and outputs are done (at-least-once);
 records of one partition may finish out of order, the commit point never passes an
 unfinished one. A record whose handler raises goes to `on_error` (the DLQ); if that fails
-too the loop stops, so the service restarts from its last commit instead of losing it.
+too it is logged, counted and skipped: a restart would only meet the same record again.
+
+Backpressure never drops a record: at `max_in_flight` every assigned partition is paused,
+again after each rebalance (aiokafka hands out new partitions unpaused), and a record that
+is fetched all the same is rewound to, so it is read again once a slot is free.
+Commit failures are retried or left for later (llmbus.bus.commits); only fatal ones stop the loop.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Histogram
 
 from llmbus import semconv
+from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.headers import REQUEST_ID, as_dict, trace_context
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.settings import BusSettings
@@ -31,6 +37,9 @@ Handler = Callable[[ConsumerRecord], Awaitable[None]]
 ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 
 CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
+REWOUND = Counter(
+    "llmbus_records_rewound_total", "Records fetched while saturated, read again later", ["service", "topic"]
+)
 HANDLE_SECONDS = Histogram(
     "llmbus_handler_seconds",
     "Time from a record's start to its handler's end",
@@ -91,7 +100,9 @@ class ConsumerLoop:
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
-        self._fatal: BaseException | None = None
+        self._saturated = False
+        # Bumped when a partition is revoked: a record started before does not count as done after.
+        self._epochs: dict[TopicPartition, int] = {}
         self.last_poll_monotonic = time.monotonic()
 
     @property
@@ -104,9 +115,11 @@ class ConsumerLoop:
         class _Listener(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
                 await loop.commit()
-                loop._tracker.forget(list(revoked))
+                loop._forget(list(revoked))
 
             async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+                if loop._saturated:  # before anything awaits: the fetcher must not start on them
+                    loop._consumer.pause(*assigned)
                 log.info("assigned %s", sorted(f"{tp.topic}[{tp.partition}]" for tp in assigned))
 
         return _Listener()
@@ -136,29 +149,39 @@ class ConsumerLoop:
             await asyncio.sleep(max(self._settings.watchdog_s / 4, 0.05))
         log.critical("consumer loop stalled: no poll for %.0fs", self._settings.watchdog_s)
 
+    def _forget(self, revoked: list[TopicPartition]) -> None:
+        for tp in revoked:
+            self._epochs[tp] = self._epochs.get(tp, 0) + 1
+        self._tracker.forget(revoked)
+
+    def _rewind(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        """Records fetched while saturated are not started, and not dropped: read them again later."""
+        for tp, records in batches.items():
+            if records:
+                self._consumer.seek(tp, records[0].offset)
+                REWOUND.labels(self._service, tp.topic).inc(len(records))
+                log.debug("saturated: rewound %s[%d] to %d", tp.topic, tp.partition, records[0].offset)
+
     async def _poll_until(self, stop: asyncio.Event) -> None:
         next_commit = time.monotonic() + self._settings.commit_interval_s
-        paused = False
         while not stop.is_set():
-            if self._fatal is not None:
-                raise self._fatal
             self.last_poll_monotonic = time.monotonic()
             free = self._max_in_flight - len(self._tasks)
-            if free <= 0 and not paused:
+            if free <= 0:
+                # Paused on every pass, not once: a rebalance since the last one may have brought new partitions.
+                self._saturated = True
                 self._consumer.pause(*self._consumer.assignment())
-                paused = True
-            elif free > 0 and paused:
-                self._consumer.resume(*self._consumer.paused())
-                paused = False
-            if paused:
                 # Keep polling (it keeps the group membership alive) but wait for a free slot.
                 self._slot_freed.clear()
                 try:
                     await asyncio.wait_for(self._slot_freed.wait(), self._settings.poll_timeout_ms / 1000)
                 except TimeoutError:
                     pass
-                await self._consumer.getmany(timeout_ms=0)
+                self._rewind(await self._consumer.getmany(timeout_ms=0))
             else:
+                if self._saturated:
+                    self._consumer.resume(*self._consumer.paused())
+                    self._saturated = False
                 batches = await self._consumer.getmany(
                     timeout_ms=self._settings.poll_timeout_ms,
                     max_records=min(free, self._settings.max_poll_records),
@@ -172,11 +195,11 @@ class ConsumerLoop:
 
     def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         self._tracker.started(tp, record.offset)
-        task = asyncio.create_task(self._handle(tp, record))
+        task = asyncio.create_task(self._handle(tp, record, self._epochs.get(tp, 0)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+    async def _handle(self, tp: TopicPartition, record: ConsumerRecord, epoch: int) -> None:
         started = time.perf_counter()
         headers = as_dict(record.headers)
         request_id_var.set(headers.get(REQUEST_ID))  # each task has its own context: logs carry it
@@ -202,16 +225,19 @@ class ConsumerLoop:
             try:
                 await self._on_error(record, exc)
                 outcome = "dead_letter"
-            except Exception as fatal:
+            except Exception:
+                # Never fatal: the restarted service would meet the same record and stop again.
                 log.exception(
-                    "could not dead-letter %s[%d]@%d; stopping", record.topic, record.partition, record.offset
+                    "could not dead-letter %s[%d]@%d: skipped (it stays in its topic until its retention)",
+                    record.topic,
+                    record.partition,
+                    record.offset,
                 )
-                self._fatal = fatal
-                self._slot_freed.set()
-                return
+                outcome = "dead_letter_failed"
         HANDLE_SECONDS.labels(self._service, record.topic).observe(time.perf_counter() - started)
         CONSUMED.labels(self._service, record.topic, outcome).inc()
-        self._tracker.done(tp, record.offset)
+        if self._epochs.get(tp, 0) == epoch:
+            self._tracker.done(tp, record.offset)
         self._slot_freed.set()
 
     async def commit(self) -> None:
@@ -222,11 +248,11 @@ class ConsumerLoop:
         offsets = {tp: o for tp, o in offsets.items() if tp in assigned}
         if not offsets:
             return
-        await asyncio.wait_for(
-            self._consumer.commit({tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}),
-            self._settings.commit_timeout_s,
-        )
-        self._tracker.committed(offsets)
+        to_commit = {tp: OffsetAndMetadata(o, "") for tp, o in offsets.items()}
+        if await commit_with_retry(
+            lambda: self._consumer.commit(to_commit), self._settings.commit_timeout_s, self._service
+        ):
+            self._tracker.committed(offsets)
 
     async def drain(self, grace_s: float) -> None:
         """Let in-flight records finish for up to `grace_s`, cancel the rest, commit what is done."""

@@ -18,7 +18,10 @@ PUBLISHED = Counter("llmbus_messages_published_total", "Messages published", ["s
 
 
 def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
-    # acks=all + idempotence: a retried send never duplicates or reorders within a partition.
+    # acks=all + idempotence: a retried send never duplicates or reorders within a partition, and
+    # an acknowledged record is on min.insync.replicas brokers (the topics' setting).
+    # A record over max_message_bytes fails at send (MessageSizeTooLargeError), before the broker:
+    # the topics accept exactly what producers may send (llmbus.bus.admin.topic_config).
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         client_id=client_id,
@@ -26,8 +29,8 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
         enable_idempotence=True,
         request_timeout_ms=settings.request_timeout_ms,
         linger_ms=settings.linger_ms,
-        max_batch_size=settings.max_batch_bytes,
-        max_request_size=max(settings.max_batch_bytes, 4 * 1024 * 1024),
+        max_batch_size=min(settings.max_batch_bytes, settings.max_message_bytes),
+        max_request_size=settings.max_message_bytes,
     )
 
 

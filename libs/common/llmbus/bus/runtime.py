@@ -48,15 +48,29 @@ class Bus:
     async def stop(self) -> None:
         await stop_producer(self.producer, self.settings.stop_timeout_s)
 
+    async def send_dead_letter(
+        self, record: ConsumerRecord, code: str, reason: str, request_id: str | None = None
+    ) -> bool:
+        """The record to llm.dlq, bounded and retried as settings say; False if it had to be skipped."""
+        return await send_to_dlq(
+            self.publisher,
+            self.topics,
+            record,
+            code,
+            reason,
+            self.service,
+            request_id,
+            max_payload_bytes=self.settings.dlq_max_payload_bytes,
+            retry_s=self.settings.dlq_retry_s,
+        )
+
     async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
         """Default `on_error` of a ConsumerLoop: the DLQ, with the reason."""
         if isinstance(exc, BadMessage):
-            await send_to_dlq(self.publisher, self.topics, record, exc.code, exc.reason, self.service, exc.request_id)
+            await self.send_dead_letter(record, exc.code, exc.reason, exc.request_id)
         else:
             log.exception("handler failed on %s[%d]@%d", record.topic, record.partition, record.offset, exc_info=exc)
-            await send_to_dlq(
-                self.publisher, self.topics, record, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", self.service
-            )
+            await self.send_dead_letter(record, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
 
 ServiceMain = Callable[[BusSettings, asyncio.Event], Awaitable[None]]
@@ -81,8 +95,18 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
 
 
 async def run_until_stopped(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
-    """Wait for a service's loops: the first one to fail stops the others (then its error is raised)."""
+    """Wait for a service's loops: the first one to fail stops the others, then its error is raised.
+
+    The others get to finish (drain, final commit) before the error leaves: the process then
+    exits non-zero and its supervisor restarts it from the committed offsets.
+    """
     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    if any(task.exception() is not None for task in done):
+    failed = [task for task in done if task.exception() is not None]
+    if failed:
         stop.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
+                log.error("stopping: %s", outcome)
+        raise failed[0].exception()  # type: ignore[misc]
     await asyncio.gather(*tasks)

@@ -10,6 +10,7 @@ from llmbus.messages.base import Part
 class ErrorCode(StrEnum):
     INVALID_REQUEST = "invalid_request"  # schema or semantic validation failed
     MALFORMED = "malformed"  # bytes that are not a message at all
+    REQUEST_TOO_LARGE = "request_too_large"  # over the bus's size limit (BusSettings.max_request_bytes)
     PROMPT_TOO_LONG = "prompt_too_long"
     MAX_TOKENS_TOO_LARGE = "max_tokens_too_large"
     RATE_LIMITED = "rate_limited"

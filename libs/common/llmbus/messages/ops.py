@@ -86,13 +86,20 @@ class BudgetStatus(Message):
 
 
 class DeadLetter(Message):
-    """On llm.dlq (key: the original key): the raw bytes and why they could not be handled."""
+    """On llm.dlq (key: the original key, bounded): the raw bytes and why they could not be handled.
+
+    The raw key and value are cut to a bound (`raw_truncated` says so; the sizes are the
+    originals'): source topic, partition and offset find the whole record in its topic.
+    """
 
     source_topic: str
     source_partition: int
     source_offset: int
     raw_key_b64: str | None = None
     raw_value_b64: str
+    raw_key_size_bytes: int | None = None
+    raw_value_size_bytes: int = 0
+    raw_truncated: bool = False
     error_code: str
     error: str
     service: str

@@ -1,0 +1,222 @@
+"""The consumer loop under faults, on the real broker: rebalances while saturated, commits refused
+after the group moved on, a DLQ that cannot be written, topics created from the durability settings."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import ConfigResource, ConfigResourceType
+from aiokafka.errors import InvalidReplicationFactorError
+from aiokafka.structs import ConsumerRecord
+
+from llmbus.bus import ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.admin import ensure_topics, open_admin
+from llmbus.bus.consumer import wait_assigned
+from llmbus.messages import InferenceRequest
+from llmbus.settings import BusSettings
+from llmbus.topics import TopicSpec
+from tests.integration.test_consumer_loop import produce
+from tests.support import eventually
+
+pytestmark = pytest.mark.kafka
+
+Seen = set[tuple[int, int]]  # (partition, offset)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float) -> None:
+    async def check() -> bool:
+        return condition()
+
+    await eventually(check, timeout_s=timeout_s, interval_s=0.02)
+
+
+async def make_topic(settings: BusSettings, partitions: int, name: str = "faults.test") -> str:
+    topic = f"{settings.topic_prefix}{name}"
+    await ensure_topics(settings, [(topic, TopicSpec(topic, "k", InferenceRequest, (), (), partitions=partitions))])
+    return topic
+
+
+async def committed(consumer: AIOKafkaConsumer, topic: str, partitions: int) -> dict[int, int]:
+    found = {}
+    for p in range(partitions):
+        offset = await asyncio.wait_for(consumer.committed(TopicPartition(topic, p)), 10)
+        found[p] = offset or 0
+    return found
+
+
+async def start_loop(
+    settings: BusSettings,
+    topic: str,
+    handler: Callable[[ConsumerRecord], Awaitable[None]],
+    on_error: Callable[[ConsumerRecord, Exception], Awaitable[None]],
+    *,
+    max_in_flight: int,
+    group: str = "g",
+    **consumer_overrides: object,
+) -> tuple[AIOKafkaConsumer, asyncio.Task[None], asyncio.Event]:
+    consumer = make_consumer(
+        settings, group_id=f"{settings.topic_prefix}{group}", client_id="faults-test", **consumer_overrides
+    )
+    loop = ConsumerLoop(
+        consumer, handler, on_error, settings, service="test", max_in_flight=max_in_flight, drain_grace_s=0.5
+    )
+    consumer.subscribe([topic], listener=loop.rebalance_listener())
+    await asyncio.wait_for(consumer.start(), 30)
+    await wait_assigned(consumer, 30)
+    stop = asyncio.Event()
+    return consumer, asyncio.create_task(loop.run(stop)), stop
+
+
+async def stop_loop(consumer: AIOKafkaConsumer, task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 30)
+    await stop_consumer(consumer, 10)
+
+
+async def fail(record: ConsumerRecord, exc: Exception) -> None:
+    raise AssertionError(f"unexpected handler error {exc!r}")
+
+
+async def test_a_saturated_loop_skips_nothing_across_rebalances(bus_settings: BusSettings) -> None:
+    """max_in_flight=1 pauses on every record; a member joining and leaving hands out fresh partitions."""
+    settings = bus_settings.model_copy(update={"commit_interval_s": 0.05})
+    partitions, per_partition = 4, 20
+    topic = await make_topic(settings, partitions)
+    await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
+    everything = {(p, o) for p in range(partitions) for o in range(per_partition)}
+    handled: Seen = set()
+    commit_violations: list[str] = []
+
+    async def slow(record: ConsumerRecord) -> None:
+        await asyncio.sleep(0.02)
+        handled.add((record.partition, record.offset))
+
+    consumer, task, stop = await start_loop(settings, topic, slow, fail, max_in_flight=1)
+    joiner = make_consumer(settings, topic, group_id=f"{settings.topic_prefix}g", client_id="joiner")
+
+    async def commits_never_pass_an_unhandled_record() -> None:
+        while True:
+            for p, offset in (await committed(consumer, topic, partitions)).items():
+                missing = [o for o in range(offset) if (p, o) not in handled]
+                if missing:
+                    commit_violations.append(f"partition {p} committed {offset}, unhandled {missing}")
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(commits_never_pass_an_unhandled_record())
+    try:
+        await until(lambda: len(handled) >= 5, 20)
+        await asyncio.wait_for(joiner.start(), 30)  # joins the group: a rebalance while saturated ...
+        await wait_assigned(joiner, 30)
+        await asyncio.sleep(1.0)
+        await stop_consumer(joiner, 10)  # ... and leaving: another one, its partitions come back fresh
+        await until(lambda: everything <= handled, 40)
+        await eventually(lambda: _all_committed(consumer, topic, partitions, per_partition), timeout_s=10)
+    finally:
+        watcher.cancel()
+        await stop_consumer(joiner, 10)
+        await stop_loop(consumer, task, stop)
+    assert everything <= handled, f"skipped: {sorted(everything - handled)}"
+    assert not commit_violations, commit_violations[:3]
+
+
+async def _all_committed(consumer: AIOKafkaConsumer, topic: str, partitions: int, per_partition: int) -> bool:
+    return set((await committed(consumer, topic, partitions)).values()) == {per_partition}
+
+
+async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(bus_settings: BusSettings) -> None:
+    """A blocked event loop misses its heartbeats, the broker expels the member, its next commit fails
+    with CommitFailedError: the loop rejoins and goes on, the records are redelivered, none lost."""
+    settings = bus_settings.model_copy(update={"commit_interval_s": 0.05})
+    partitions, per_partition = 2, 10
+    topic = await make_topic(settings, partitions)
+    group = f"{settings.topic_prefix}g"
+    other_joined, other_leave = threading.Event(), threading.Event()
+
+    def other_member() -> None:  # its own thread and event loop: it keeps heartbeating while ours is blocked
+        async def member() -> None:
+            other = make_consumer(settings, topic, group_id=group, client_id="other")
+            await other.start()
+            await wait_assigned(other, 30)
+            other_joined.set()
+            while not other_leave.is_set():
+                await asyncio.sleep(0.05)
+            await stop_consumer(other, 10)
+
+        asyncio.run(member())
+
+    handled: Seen = set()
+    blocked_once: list[int] = []
+
+    async def blocks_the_loop_once(record: ConsumerRecord) -> None:
+        if not blocked_once:
+            blocked_once.append(record.offset)
+            time.sleep(8)  # > session timeout (6 s): the broker drops this member
+        await asyncio.sleep(0.01)
+        handled.add((record.partition, record.offset))
+
+    consumer, task, stop = await start_loop(
+        settings, topic, blocks_the_loop_once, fail, max_in_flight=4, session_timeout_ms=6000, heartbeat_interval_ms=500
+    )
+    thread = threading.Thread(target=other_member, daemon=True)
+    thread.start()
+    try:
+        assert await asyncio.to_thread(other_joined.wait, 30)
+        await until(lambda: len(consumer.assignment()) == 1, 30)
+        await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
+        await until(lambda: bool(blocked_once), 30)
+        await asyncio.sleep(3)  # back from the block: the commit was refused and the member rejoins
+        assert not task.done(), f"the loop stopped: {task.exception() if task.done() else ''}"
+        other_leave.set()
+        everything = {(p, o) for p in range(partitions) for o in range(per_partition)}
+        await until(lambda: everything <= handled, 40)
+        await eventually(lambda: _all_committed(consumer, topic, partitions, per_partition), timeout_s=10)
+        assert not task.done()
+    finally:
+        other_leave.set()
+        await stop_loop(consumer, task, stop)
+        thread.join(15)
+
+
+async def test_a_dead_letter_that_cannot_be_written_does_not_stop_the_loop(bus_settings: BusSettings) -> None:
+    settings = bus_settings.model_copy(update={"commit_interval_s": 0.05})
+    topic = await make_topic(settings, 1)
+    await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(10)])
+    handled: list[bytes] = []
+
+    async def handler(record: ConsumerRecord) -> None:
+        if record.value == b"v3":
+            raise ValueError("poison")
+        handled.append(record.value)
+
+    async def dlq_down(record: ConsumerRecord, exc: Exception) -> None:
+        raise RuntimeError("the DLQ is unwritable")
+
+    consumer, task, stop = await start_loop(settings, topic, handler, dlq_down, max_in_flight=4)
+    try:
+        await until(lambda: len(handled) == 9, 20)
+        await eventually(lambda: _all_committed(consumer, topic, 1, 10), timeout_s=10)
+        assert not task.done()
+    finally:
+        await stop_loop(consumer, task, stop)
+
+
+async def test_topics_take_replication_and_min_insync_replicas_from_settings(bus_settings: BusSettings) -> None:
+    topic = await make_topic(bus_settings, 1, name="durable.test")
+    async with open_admin(bus_settings) as admin:
+        [described] = await asyncio.wait_for(
+            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
+        )
+    _, _, _, _, _, [resource] = described.to_object().values() if False else (0, 0, 0, 0, 0, described.resources)
+    entries = {entry[0]: entry for entry in resource[4]}
+    min_isr, max_bytes = entries["min.insync.replicas"], entries["max.message.bytes"]
+    assert min_isr[1] == "1" and not min_isr[3], "min.insync.replicas is set on the topic, not left to the broker"
+    assert int(max_bytes[1]) == bus_settings.topic_max_message_bytes
+    # A factor this one-broker cluster cannot meet fails loudly instead of quietly keeping one copy.
+    three = bus_settings.model_copy(update={"replication_factor": 3, "min_insync_replicas": 2})
+    with pytest.raises(InvalidReplicationFactorError):
+        await make_topic(three, 1, name="replicated.test")

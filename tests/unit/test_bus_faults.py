@@ -1,0 +1,124 @@
+"""Fault handling of the bus without a broker: commit retries, bounded dead letters, edge size limit."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+from aiokafka.errors import CommitFailedError, GroupAuthorizationFailedError, KafkaConnectionError
+from aiokafka.structs import ConsumerRecord
+from pydantic import ValidationError
+
+from llmbus.bus import BadMessage, decode
+from llmbus.bus.commits import commit_with_retry
+from llmbus.bus.dlq import dead_letter
+from llmbus.bus.producer import make_producer
+from llmbus.bus.runtime import run_until_stopped
+from llmbus.messages import DeadLetter, ErrorCode, InferenceRequest
+from llmbus.settings import BusSettings
+
+
+def record(value: bytes | None, key: bytes | None = None, offset: int = 7) -> ConsumerRecord:
+    return ConsumerRecord("llm.requests", 3, offset, 0, 0, key, value, None, len(key or b""), len(value or b""), [])
+
+
+class FlakyCommit:
+    """A commit that fails with `errors` in turn, then succeeds."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+
+
+async def test_a_broker_blip_is_ridden_out_by_retrying_the_commit() -> None:
+    commit = FlakyCommit(TimeoutError(), KafkaConnectionError("broker away"), TimeoutError())
+    assert await commit_with_retry(commit, timeout_s=5, service="test")
+    assert commit.calls == 4
+
+
+async def test_a_commit_that_keeps_timing_out_is_left_for_later_not_raised() -> None:
+    async def hangs() -> None:
+        await asyncio.sleep(60)
+
+    started = asyncio.get_running_loop().time()
+    assert not await commit_with_retry(hangs, timeout_s=0.3, service="test")
+    assert asyncio.get_running_loop().time() - started < 2
+
+
+async def test_a_commit_refused_after_a_rebalance_is_dropped_not_raised_nor_retried() -> None:
+    commit = FlakyCommit(CommitFailedError("group rebalanced"))
+    assert not await commit_with_retry(commit, timeout_s=5, service="test")
+    assert commit.calls == 1
+
+
+async def test_a_fatal_commit_error_is_raised() -> None:
+    with pytest.raises(GroupAuthorizationFailedError):
+        await commit_with_retry(FlakyCommit(GroupAuthorizationFailedError()), timeout_s=5, service="test")
+
+
+def test_a_dead_letter_of_a_huge_record_is_bounded_and_says_where_the_original_is() -> None:
+    value = b"\xff" * 900_000
+    letter = dead_letter(record(value, key=b"k" * 5000, offset=42), "malformed", "x" * 10_000, "router", None)
+    assert len(letter.to_bytes()) < 100_000
+    assert letter.raw_truncated and letter.raw_value_size_bytes == 900_000 and letter.raw_key_size_bytes == 5000
+    assert base64.b64decode(letter.raw_value_b64) == value[: 64 * 1024]
+    assert (letter.source_topic, letter.source_partition, letter.source_offset) == ("llm.requests", 3, 42)
+    assert DeadLetter.model_validate_json(letter.to_bytes()) == letter
+
+
+def test_a_small_record_is_dead_lettered_whole() -> None:
+    letter = dead_letter(record(b"{not json", key=b"k"), "malformed", "bad", "router", "r1")
+    assert not letter.raw_truncated and base64.b64decode(letter.raw_value_b64) == b"{not json"
+    assert letter.raw_value_size_bytes == 9 and letter.request_id == "r1"
+
+
+def test_oversize_input_is_refused_at_the_edge_with_its_request_id() -> None:
+    body = {"request_id": "big-1", "tenant": "acme", "prompt": "x" * 2000}
+    with pytest.raises(BadMessage) as refused:
+        decode(record(json.dumps(body).encode()), InferenceRequest, max_bytes=1000)
+    assert refused.value.code == ErrorCode.REQUEST_TOO_LARGE and refused.value.request_id == "big-1"
+    assert refused.value.tenant == "acme" and "over the limit of 1000 bytes" in refused.value.reason
+    with pytest.raises(BadMessage) as garbage:
+        decode(record(b"{" * 2000), InferenceRequest, max_bytes=1000)
+    assert garbage.value.code == ErrorCode.REQUEST_TOO_LARGE and garbage.value.request_id is None
+
+
+def test_an_implausible_request_id_is_not_recovered() -> None:
+    with pytest.raises(BadMessage) as bad:
+        decode(record(json.dumps({"request_id": "r" * 100_000, "max_tokens": -1}).encode()), InferenceRequest)
+    assert bad.value.request_id is None
+
+
+async def test_producer_size_limit_and_durability_come_from_settings() -> None:
+    settings = BusSettings(max_message_bytes=2_000_000)
+    producer = make_producer(settings, "t")
+    assert producer._max_request_size == 2_000_000
+    assert settings.topic_max_message_bytes > settings.max_message_bytes > settings.max_request_bytes
+    with pytest.raises(ValidationError):
+        BusSettings(replication_factor=1, min_insync_replicas=2)
+    assert BusSettings(replication_factor=3, min_insync_replicas=2).min_insync_replicas == 2
+
+
+async def test_a_failed_loop_stops_the_others_and_its_error_is_raised_after_they_finish() -> None:
+    stop = asyncio.Event()
+    finished: list[str] = []
+
+    async def stalls() -> None:
+        raise RuntimeError("stalled")
+
+    async def until_stopped() -> None:
+        await stop.wait()
+        await asyncio.sleep(0.05)  # a drain
+        finished.append("other")
+
+    tasks = [asyncio.create_task(stalls()), asyncio.create_task(until_stopped())]
+    with pytest.raises(RuntimeError, match="stalled"):
+        await asyncio.wait_for(run_until_stopped(tasks, stop), 5)
+    assert finished == ["other"]
