@@ -155,7 +155,7 @@ async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(
     async def blocks_the_loop_once(record: ConsumerRecord) -> None:
         if not blocked_once:
             blocked_once.append(record.offset)
-            time.sleep(8)  # > session timeout (6 s): the broker drops this member
+            time.sleep(8)  # noqa: ASYNC251 - the point: a blocked loop misses heartbeats past the session timeout
         await asyncio.sleep(0.01)
         handled.add((record.partition, record.offset))
 
