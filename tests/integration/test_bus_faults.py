@@ -205,17 +205,22 @@ async def test_a_dead_letter_that_cannot_be_written_does_not_stop_the_loop(bus_s
         await stop_loop(consumer, task, stop)
 
 
+def set_on_topic(entry: tuple[object, ...]) -> bool:
+    source = entry[3]  # DescribeConfigs v0: is_default; v1+: config_source (1: DYNAMIC_TOPIC_CONFIG)
+    return source is False if isinstance(source, bool) else source == 1
+
+
 async def test_topics_take_replication_and_min_insync_replicas_from_settings(bus_settings: BusSettings) -> None:
     topic = await make_topic(bus_settings, 1, name="durable.test")
     async with open_admin(bus_settings) as admin:
         [described] = await asyncio.wait_for(
             admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
         )
-    _, _, _, _, _, [resource] = described.to_object().values() if False else (0, 0, 0, 0, 0, described.resources)
-    entries = {entry[0]: entry for entry in resource[4]}
+    [resource] = described.resources
+    entries = {entry[0]: entry for entry in resource[4]}  # name, value, read_only, source or is_default, ...
     min_isr, max_bytes = entries["min.insync.replicas"], entries["max.message.bytes"]
-    assert min_isr[1] == "1" and not min_isr[3], "min.insync.replicas is set on the topic, not left to the broker"
-    assert int(max_bytes[1]) == bus_settings.topic_max_message_bytes
+    assert min_isr[1] == "1" and set_on_topic(min_isr), "set on the topic, not left to the broker"
+    assert int(max_bytes[1]) == bus_settings.topic_max_message_bytes and set_on_topic(max_bytes)
     # A factor this one-broker cluster cannot meet fails loudly instead of quietly keeping one copy.
     three = bus_settings.model_copy(update={"replication_factor": 3, "min_insync_replicas": 2})
     with pytest.raises(InvalidReplicationFactorError):
