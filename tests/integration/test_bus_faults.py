@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import ConfigResource, ConfigResourceType
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import InvalidReplicationFactorError
 from aiokafka.structs import ConsumerRecord
 
@@ -21,11 +21,19 @@ from llmbus.messages import InferenceRequest
 from llmbus.settings import BusSettings
 from llmbus.topics import TopicSpec
 from tests.integration.test_consumer_loop import produce
-from tests.support import eventually
+from tests.support import drop_namespace, eventually, fresh_settings
 
 pytestmark = pytest.mark.kafka
 
 Seen = set[tuple[int, int]]  # (partition, offset)
+
+
+@pytest.fixture
+async def kafka_settings(kafka_up: None) -> AsyncIterator[BusSettings]:
+    """A fresh namespace for this module's own topics (no catalog, no Redis needed)."""
+    settings = fresh_settings()
+    yield settings
+    await drop_namespace(settings)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float) -> None:
@@ -82,9 +90,9 @@ async def fail(record: ConsumerRecord, exc: Exception) -> None:
     raise AssertionError(f"unexpected handler error {exc!r}")
 
 
-async def test_a_saturated_loop_skips_nothing_across_rebalances(bus_settings: BusSettings) -> None:
+async def test_a_saturated_loop_skips_nothing_across_rebalances(kafka_settings: BusSettings) -> None:
     """max_in_flight=1 pauses on every record; a member joining and leaving hands out fresh partitions."""
-    settings = bus_settings.model_copy(update={"commit_interval_s": 0.05})
+    settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
     partitions, per_partition = 4, 20
     topic = await make_topic(settings, partitions)
     await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
@@ -128,10 +136,10 @@ async def _all_committed(consumer: AIOKafkaConsumer, topic: str, partitions: int
     return set((await committed(consumer, topic, partitions)).values()) == {per_partition}
 
 
-async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(bus_settings: BusSettings) -> None:
+async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(kafka_settings: BusSettings) -> None:
     """A blocked event loop misses its heartbeats, the broker expels the member, its next commit fails
     with CommitFailedError: the loop rejoins and goes on, the records are redelivered, none lost."""
-    settings = bus_settings.model_copy(update={"commit_interval_s": 0.05})
+    settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
     partitions, per_partition = 2, 10
     topic = await make_topic(settings, partitions)
     group = f"{settings.topic_prefix}g"
@@ -182,8 +190,8 @@ async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(
         thread.join(15)
 
 
-async def test_a_dead_letter_that_cannot_be_written_does_not_stop_the_loop(bus_settings: BusSettings) -> None:
-    settings = bus_settings.model_copy(update={"commit_interval_s": 0.05})
+async def test_a_dead_letter_that_cannot_be_written_does_not_stop_the_loop(kafka_settings: BusSettings) -> None:
+    settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
     topic = await make_topic(settings, 1)
     await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(10)])
     handled: list[bytes] = []
@@ -210,9 +218,9 @@ def set_on_topic(entry: tuple[object, ...]) -> bool:
     return source is False if isinstance(source, bool) else source == 1
 
 
-async def test_topics_take_replication_and_min_insync_replicas_from_settings(bus_settings: BusSettings) -> None:
-    topic = await make_topic(bus_settings, 1, name="durable.test")
-    async with open_admin(bus_settings) as admin:
+async def test_topics_take_replication_and_min_insync_replicas_from_settings(kafka_settings: BusSettings) -> None:
+    topic = await make_topic(kafka_settings, 1, name="durable.test")
+    async with open_admin(kafka_settings) as admin:
         [described] = await asyncio.wait_for(
             admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
         )
@@ -220,8 +228,8 @@ async def test_topics_take_replication_and_min_insync_replicas_from_settings(bus
     entries = {entry[0]: entry for entry in resource[4]}  # name, value, read_only, source or is_default, ...
     min_isr, max_bytes = entries["min.insync.replicas"], entries["max.message.bytes"]
     assert min_isr[1] == "1" and set_on_topic(min_isr), "set on the topic, not left to the broker"
-    assert int(max_bytes[1]) == bus_settings.topic_max_message_bytes and set_on_topic(max_bytes)
+    assert int(max_bytes[1]) == kafka_settings.topic_max_message_bytes and set_on_topic(max_bytes)
     # A factor this one-broker cluster cannot meet fails loudly instead of quietly keeping one copy.
-    three = bus_settings.model_copy(update={"replication_factor": 3, "min_insync_replicas": 2})
+    three = kafka_settings.model_copy(update={"replication_factor": 3, "min_insync_replicas": 2})
     with pytest.raises(InvalidReplicationFactorError):
         await make_topic(three, 1, name="replicated.test")

@@ -9,7 +9,8 @@ import re
 from collections.abc import AsyncIterator
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.protocol.api import Response
 
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics, TopicSpec
@@ -62,14 +63,23 @@ async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec
         ]
         if missing:
             try:
-                await asyncio.wait_for(admin.create_topics(missing), settings.admin_timeout_s)
+                response = await asyncio.wait_for(admin.create_topics(missing), settings.admin_timeout_s)
             except TopicAlreadyExistsError:  # a concurrent creator won the race
                 pass
+            else:
+                _raise_creation_errors(response)
             log.info("created topics %s", [t.name for t in missing])
         present = [(name, spec) for name, spec in wanted if name in existing]
         if present:
             await _grow_partitions(admin, present, settings.admin_timeout_s)
         return [t.name for t in missing]
+
+
+def _raise_creation_errors(response: Response) -> None:
+    """aiokafka returns per-topic errors instead of raising them: a bad config or factor must not pass silently."""
+    for topic, code, *message in response.topic_errors:
+        if code and code != TopicAlreadyExistsError.errno:  # already there: a concurrent creator won the race
+            raise for_code(code)(f"creating topic {topic}: {message[0] if message else ''}")
 
 
 async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, TopicSpec]], timeout_s: float) -> None:
