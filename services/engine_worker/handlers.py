@@ -18,6 +18,7 @@ from aiokafka.structs import ConsumerRecord
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
+from llmbus.fencing import RequestFence
 from llmbus.messages import (
     Control,
     ControlAction,
@@ -34,7 +35,6 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_result, reply_topic_of
-from llmbus.fencing import RequestFence
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.base import (
     AdmissionError,
@@ -192,7 +192,7 @@ class WorkerHandlers:
     async def _still_superseded(self, dispatch: Dispatch) -> bool:
         try:
             return await self.fence.superseded(dispatch.request_id, dispatch.attempt)
-        except Exception:  # noqa: BLE001 - Redis away: keep generating; the claim at the end decides
+        except Exception:
             log.warning("superseded check failed for %s", dispatch.dedupe_key, exc_info=True)
             return False
 

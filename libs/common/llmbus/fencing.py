@@ -55,6 +55,13 @@ redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
 return 1
 """
 
+# KEYS: final, fence. 1: the fence is gone (attempts count from 1 again), 0: the result is taken.
+_RESTART = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
 _EVERY_ATTEMPT = 2**31
 
 
@@ -75,6 +82,7 @@ class RequestFence:
         self._claim = client.register_script(_CLAIM)
         self._supersede = client.register_script(_SUPERSEDE)
         self._claim_for_error = client.register_script(_CLAIM_FOR_ERROR)
+        self._restart = client.register_script(_RESTART)
 
     def _keys(self, request_id: str) -> list[str]:
         base = f"llmbus:{self._namespace}"
@@ -101,6 +109,10 @@ class RequestFence:
     async def claim_for_error(self, request_id: str) -> bool:
         """The scheduler's final error: True if it is the result (no attempt claimed one first)."""
         return bool(await self._claim_for_error(keys=self._keys(request_id), args=[self.final_ttl_s, _EVERY_ATTEMPT]))
+
+    async def restart(self, request_id: str) -> bool:
+        """A fallback to another model starts its attempts at 1 again; False: the result is taken."""
+        return bool(await self._restart(keys=self._keys(request_id)))
 
     async def holder(self, request_id: str) -> str | None:
         """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""

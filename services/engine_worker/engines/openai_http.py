@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from email.utils import parsedate_to_datetime
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
-from llmbus.messages import ErrorCode
 from llmbus.tokens import estimate_tokens
 from services.engine_worker.engines.base import (
     AdmissionError,

@@ -165,9 +165,9 @@ class FlowQueues:
         """Queue the request; the reason when it is refused (None: queued). `force` skips the bounds."""
         queue = self.of(request.model)
         cap = self.max_queued_per_tenant
-        if not force and request.request_id not in queue and cap is not None:
-            if (held := self.queued_of(request.tenant)) >= cap:
-                return f"tenant {request.tenant!r} already has {held} requests waiting (at most {cap})"
+        bounded = cap is not None and not force and request.request_id not in queue
+        if bounded and (held := self.queued_of(request.tenant)) >= cap:
+            return f"tenant {request.tenant!r} already has {held} requests waiting (at most {cap})"
         if not queue.push(request, force=force):
             return f"{len(queue)} requests already wait for {request.model}"
         return None
