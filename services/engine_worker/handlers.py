@@ -67,7 +67,14 @@ class WorkerHandlers:
             await self._handle(dispatch, record)
         except Exception as exc:
             log.exception("dispatch %s failed in the worker", dispatch.dedupe_key)
-            await self._retryable(dispatch, ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"))
+            error = ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"[:2000])
+            try:
+                await self._retryable(dispatch, error)  # the scheduler places it again
+            except Exception:
+                # Not even the outcome went out: nobody would retry it. Answer the client (fenced, so
+                # never a second result) before the record goes to the DLQ.
+                await self._answer_failure(dispatch, error)
+                raise
 
     async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if dispatch.request_id in self.running:
@@ -189,6 +196,29 @@ class WorkerHandlers:
             ),
         )
 
+    async def _answer_failure(self, dispatch: Dispatch, error: ErrorInfo) -> None:
+        final = error.model_copy(update={"retryable": False})
+        reply_topic = reply_topic_of(self.bus.topics, dispatch.routed.request.reply_topic)
+        await self._publish_final(dispatch, self._error_result(dispatch, final), reply_topic, -1, OutcomeStatus.FAILED)
+
+    def _error_result(self, dispatch: Dispatch, error: ErrorInfo) -> InferenceResult:
+        routed = dispatch.routed
+        return InferenceResult(
+            request_id=routed.request_id,
+            tenant=routed.request.tenant,
+            status=ResultStatus.ERROR,
+            error=error,
+            finish_reason=FinishReason.ERROR,
+            model=routed.model,
+            worker_id=self.settings.worker_id,
+            shadow=routed.shadow,
+            experiment_id=routed.experiment_id,
+            variant=routed.variant,
+            route_reason=routed.route_reason,
+            attempt=dispatch.attempt,
+            produced_by=self.bus.service,
+        )
+
     async def _still_superseded(self, dispatch: Dispatch) -> bool:
         try:
             return await self.fence.superseded(dispatch.request_id, dispatch.attempt)
@@ -202,22 +232,8 @@ class WorkerHandlers:
         if failed.restarts_engine:
             self._note_engine_failure(failed)
         if not failed.retryable:
-            routed = dispatch.routed
-            result = InferenceResult(
-                request_id=routed.request_id,
-                tenant=routed.request.tenant,
-                status=ResultStatus.ERROR,
-                error=ErrorInfo(code=failed.code, message=str(failed)[:2000], retryable=False),
-                finish_reason=FinishReason.ERROR,
-                model=routed.model,
-                worker_id=self.settings.worker_id,
-                shadow=routed.shadow,
-                experiment_id=routed.experiment_id,
-                variant=routed.variant,
-                route_reason=routed.route_reason,
-                attempt=dispatch.attempt,
-                produced_by=self.bus.service,
-            )
+            final = ErrorInfo(code=failed.code, message=str(failed)[:2000], retryable=False)
+            result = self._error_result(dispatch, final)
             await self._publish_final(dispatch, result, reply_topic, last_seq, OutcomeStatus.FAILED)
             return
         if isinstance(failed, UpstreamBusy):

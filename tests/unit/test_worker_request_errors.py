@@ -214,3 +214,38 @@ async def test_only_the_attempt_that_claims_the_final_marker_publishes_the_resul
     assert not [c for c in publisher.of(TokenChunk) if c.final]
     assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.DUPLICATE
     assert fence.final["r1"] == "pending:2"
+
+
+class FlakyFencePublisher(RecordingPublisher):
+    """Outcomes cannot be published once (a broker blip)."""
+
+    failed: bool = False
+
+    async def publish(self, topic: str, value: object, **kw: object) -> None:
+        if "outcomes" in topic and not self.failed:
+            self.failed = True
+            raise TimeoutError("outcome publish timed out")
+        await super().publish(topic, value, **kw)
+
+
+async def test_when_not_even_the_outcome_goes_out_the_client_still_gets_its_final_error() -> None:
+    fence = MemoryFence()
+    real_superseded = fence.superseded
+    blips = iter([ConnectionError("redis: connection reset")])
+
+    async def blip_once(request_id: str, attempt: int) -> bool:
+        if (err := next(blips, None)) is not None:
+            raise err
+        return await real_superseded(request_id, attempt)
+
+    fence.superseded = blip_once  # type: ignore[method-assign]
+    publisher = FlakyFencePublisher()
+    ws = WorkerSettings(worker_id="w1")  # type: ignore[call-arg]
+    handlers = WorkerHandlers(FakeBus(publisher), ws, ScriptedEngine(), fence)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError):  # the record still goes to the DLQ (ConsumerLoop's on_error)
+        await handlers.on_dispatch(record())
+    [result] = publisher.of(InferenceResult)
+    assert result.status == ResultStatus.ERROR and result.error is not None
+    assert result.error.code == ErrorCode.WORKER_ERROR and "connection reset" in result.error.message
+    assert [c.final for c in publisher.of(TokenChunk)] == [True]
+    assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.FAILED  # the scheduler lets it go
