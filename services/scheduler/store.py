@@ -103,7 +103,7 @@ class PlacementStore:
         """Delete the claim only if this instance holds it; True if it did."""
         return bool(await self._release_own(keys=[self.key(request_id, attempt)], args=[self.instance_id]))
 
-    async def raw_values(self) -> AsyncIterator[bytes]:
+    async def raw_values(self) -> AsyncIterator[bytes | str]:
         """Every stored placement, read in SCAN batches (bounded replies)."""
         pattern = self._prefix.translate(_GLOB_SPECIALS) + "*"
         async for keys in _batches(self._client.scan_iter(match=pattern, count=self.scan_batch), self.scan_batch):

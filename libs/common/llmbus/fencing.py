@@ -117,4 +117,4 @@ class RequestFence:
     async def holder(self, request_id: str) -> str | None:
         """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""
         value = await self._client.get(self._keys(request_id)[0])
-        return value.decode() if value is not None else None
+        return value.decode() if isinstance(value, bytes) else value

@@ -164,13 +164,17 @@ class FlowQueues:
     def admit(self, request: SchedRequest, force: bool = False) -> str | None:
         """Queue the request; the reason when it is refused (None: queued). `force` skips the bounds."""
         queue = self.of(request.model)
-        cap = self.max_queued_per_tenant
-        bounded = cap is not None and not force and request.request_id not in queue
-        if bounded and (held := self.queued_of(request.tenant)) >= cap:
-            return f"tenant {request.tenant!r} already has {held} requests waiting (at most {cap})"
+        if not force and request.request_id not in queue and (refused := self._over_tenant_cap(request.tenant)):
+            return refused
         if not queue.push(request, force=force):
             return f"{len(queue)} requests already wait for {request.model}"
         return None
+
+    def _over_tenant_cap(self, tenant: str) -> str | None:
+        cap = self.max_queued_per_tenant
+        if cap is None or (held := self.queued_of(tenant)) < cap:
+            return None
+        return f"tenant {tenant!r} already has {held} requests waiting (at most {cap})"
 
     def prune(self) -> None:
         for model in [m for m, q in self.by_model.items() if not len(q)]:
