@@ -222,7 +222,7 @@ class WorkerHandlers:
     async def _still_superseded(self, dispatch: Dispatch) -> bool:
         try:
             return await self.fence.superseded(dispatch.request_id, dispatch.attempt)
-        except Exception:
+        except Exception:  # Redis away: keep generating; the claim at the end decides
             log.warning("superseded check failed for %s", dispatch.dedupe_key, exc_info=True)
             return False
 

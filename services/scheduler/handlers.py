@@ -146,7 +146,10 @@ class SchedulerHandlers:
 
     async def on_outcome(self, record: ConsumerRecord) -> None:
         outcome = decode(record, DispatchOutcome)
-        await self.store.release(outcome.request_id, outcome.attempt)
+        try:
+            await self.store.release(outcome.request_id, outcome.attempt)
+        except Exception:  # the claim expires by itself; the outcome must still be acted on
+            log.warning("could not release the claim of %s:%d", outcome.request_id, outcome.attempt, exc_info=True)
         async with self._lock:
             await self._publish(
                 self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
@@ -161,7 +164,7 @@ class SchedulerHandlers:
             try:
                 async with self._lock:
                     await self._publish(self.core.tick(now_ms()))
-            except Exception:
+            except Exception:  # logged; the timer must keep running
                 log.exception("timer actions failed")
 
     # -- publishing ---------------------------------------------------------------------------
@@ -173,7 +176,7 @@ class SchedulerHandlers:
                 if isinstance(action, PlaceAction):
                     try:
                         await self._dispatch(action)
-                    except Exception as exc:
+                    except Exception as exc:  # rolled back: the request gets its final error instead
                         log.exception("could not place %s", action.placement.key)
                         await self._fail(FinalError(action.request, _internal(exc)))
                 elif isinstance(action, FinalError):
@@ -239,7 +242,7 @@ class SchedulerHandlers:
         request = action.request
         try:
             await self.store.release_own(request.request_id, request.attempt)
-        except Exception:
+        except Exception:  # the claim expires by itself; the answer matters more
             log.warning("could not release the claim of %s", request.request_id, exc_info=True)
         routed = request.routed
         if routed is None:
@@ -277,7 +280,7 @@ class SchedulerHandlers:
     async def _claim_for_error(self, request_id: str) -> bool:
         try:
             return await self.fence.claim_for_error(request_id)
-        except Exception:
+        except Exception:  # better a (rare) second answer than none: no worker can claim either
             log.warning("final marker of %s unreachable; publishing its error anyway", request_id, exc_info=True)
             return True
 
