@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.consumer import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
@@ -56,8 +57,8 @@ class HandOverListener(ConsumerRebalanceListener):
 
 async def end_offsets(consumer: AIOKafkaConsumer, topic: str, timeout_s: float) -> dict[int, int]:
     """Partition → end offset now: records below it were written before this process started."""
-    partitions = consumer.partitions_for_topic(topic) or set()
-    tps = [TopicPartition(topic, p) for p in partitions]
+    await wait_assigned(consumer, timeout_s)
+    tps = [tp for tp in consumer.assignment() if tp.topic == topic]
     if not tps:
         return {}
     ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
