@@ -249,3 +249,21 @@ async def test_when_not_even_the_outcome_goes_out_the_client_still_gets_its_fina
     assert result.error.code == ErrorCode.WORKER_ERROR and "connection reset" in result.error.message
     assert [c.final for c in publisher.of(TokenChunk)] == [True]
     assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.FAILED  # the scheduler lets it go
+
+
+def test_vllm_errors_by_kind() -> None:
+    from services.engine_worker.engines.base import EngineOOM, RequestRejected
+    from services.engine_worker.engines.vllm_engine import classify_error
+
+    class VLLMValidationError(ValueError):  # the name is what classify_error matches (vLLM imported lazily)
+        pass
+
+    class EngineDeadError(RuntimeError):
+        pass
+
+    rejected = classify_error(VLLMValidationError("max_tokens must be at least 1"))
+    assert isinstance(rejected, RequestRejected) and not rejected.retryable and not rejected.restarts_engine
+    assert classify_error(EngineDeadError()).restarts_engine
+    assert isinstance(classify_error(RuntimeError("CUDA out of memory")), EngineOOM)
+    other = classify_error(RuntimeError("sampler hiccup"))
+    assert other.retryable and not other.restarts_engine
