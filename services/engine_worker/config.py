@@ -24,6 +24,7 @@ class WorkerSettings(BaseSettings):
     node_profile_interval_s: float = 60.0
     chunk_interval_ms: float = 20.0  # token chunks are flushed this often ...
     chunk_max_tokens: int = 16  # ... or when this many tokens are waiting
+    superseded_check_s: float = 1.0  # while generating, how often to ask whether a later attempt took over
     drain_grace_s: float = 20.0  # SIGTERM: finish in-flight work this long, then hand it back
 
     # sim engine

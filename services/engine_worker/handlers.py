@@ -1,4 +1,11 @@
-"""Engine-worker handlers: a dispatch becomes a token stream, one result and one outcome."""
+"""Engine-worker handlers: a dispatch becomes a token stream, one result and one outcome.
+
+An attempt publishes its final chunk and result only after claiming the request's final
+marker (llmbus.fencing): a zombie attempt (its worker declared dead, then back) cannot add a
+second result. Superseded attempts are also checked for while they run, and aborted.
+Engine errors: a dead engine or OOM restarts the engine; an upstream 4xx or a validation
+error is the request's final error; a 429/503 cools this worker down and hands the request back.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from aiokafka.structs import ConsumerRecord
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
+from llmbus.fencing import RequestFence
 from llmbus.messages import (
     Control,
     ControlAction,
@@ -27,20 +35,27 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_result, reply_topic_of
-from llmbus.state import DedupeStore
 from services.engine_worker.config import WorkerSettings
-from services.engine_worker.engines.base import AdmissionError, Engine, EngineError, EngineOutput, EngineRequest
+from services.engine_worker.engines.base import (
+    AdmissionError,
+    Engine,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    UpstreamBusy,
+)
 from services.engine_worker.streaming import ChunkBatcher
 
 log = logging.getLogger(__name__)
 
 
 class WorkerHandlers:
-    def __init__(self, bus: Bus, settings: WorkerSettings, engine: Engine, dedupe: DedupeStore) -> None:
+    def __init__(self, bus: Bus, settings: WorkerSettings, engine: Engine, fence: RequestFence) -> None:
         self.bus = bus
         self.settings = settings
         self.engine = engine
-        self.dedupe = dedupe
+        self.fence = fence
+        self.cooldown_until_s = 0.0  # monotonic: upstream said 429/503, take nothing new until then
         self.draining = False
         self.running: set[str] = set()  # request ids in the engine now
         self.engine_failures = 0
@@ -52,13 +67,24 @@ class WorkerHandlers:
             await self._handle(dispatch, record)
         except Exception as exc:
             log.exception("dispatch %s failed in the worker", dispatch.dedupe_key)
-            await self._retryable(dispatch, ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"))
+            error = ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"[:2000])
+            try:
+                await self._retryable(dispatch, error)  # the scheduler places it again
+            except Exception:
+                # Not even the outcome went out: nobody would retry it. Answer the client (fenced, so
+                # never a second result) before the record goes to the DLQ.
+                await self._answer_failure(dispatch, error)
+                raise
 
     async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if dispatch.request_id in self.running:
             return  # the same request re-sent while it runs here (a restarted scheduler): one run only
-        if await self.dedupe.any_done(("final", dispatch.request_id), ("superseded", dispatch.dedupe_key)):
-            await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
+        if await self.fence.superseded(dispatch.request_id, dispatch.attempt):
+            await self._outcome(dispatch, OutcomeStatus.DUPLICATE)  # finished already, or a later attempt runs
+            return
+        if (cooling_s := self.cooldown_until_s - time.monotonic()) > 0:
+            busy = ErrorInfo.of(ErrorCode.OVER_CAPACITY, "upstream busy", retry_after_ms=round(cooling_s * 1000))
+            await self._retryable(dispatch, busy)
             return
         if self.draining:
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker draining"))
@@ -117,6 +143,8 @@ class WorkerHandlers:
         # Chunks are sent without waiting for each ack (one key: their order holds); all are
         # acknowledged before the final chunk and the result go out.
         deliveries: list[asyncio.Future[object]] = []
+        superseded = False
+        next_check_s = time.monotonic() + self.settings.superseded_check_s
         self.running.add(request.request_id)
         try:
             async for out in self.engine.generate(engine_request):
@@ -126,12 +154,19 @@ class WorkerHandlers:
                 text.append(out.delta)
                 if (chunk := batcher.add(out.delta, out.new_tokens)) is not None:
                     deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
+                if not superseded and time.monotonic() >= next_check_s:
+                    next_check_s = time.monotonic() + self.settings.superseded_check_s
+                    if superseded := await self._still_superseded(dispatch):
+                        await self.engine.abort(request.request_id)  # the stream ends with "abort"
         except EngineError as failed:
-            self._note_engine_failure(failed)
-            await self._retryable(dispatch, ErrorInfo.of(failed.code, str(failed)))
+            await self._engine_failed(dispatch, failed, reply_topic, batcher.last_seq)
             return
         finally:
             self.running.discard(request.request_id)
+        if superseded:
+            log.warning("%s: superseded while running, aborted", dispatch.dedupe_key)
+            await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
+            return
         if last is not None and last.finish_reason == "abort" and self.draining:
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker drained before it finished"))
             return
@@ -139,16 +174,72 @@ class WorkerHandlers:
             deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
         await self.bus.publisher.delivered(deliveries)
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
-        await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, batcher.last_seq)
+        await self._publish_final(dispatch, result, reply_topic, batcher.last_seq, OutcomeStatus.COMPLETED)
+
+    async def _publish_final(
+        self, dispatch: Dispatch, result: InferenceResult, reply_topic: str, last_seq: int, status: OutcomeStatus
+    ) -> None:
+        """Claim the final marker, then publish the final chunk and the result; a refused claim publishes nothing."""
+        if not await self.fence.claim_final(dispatch.request_id, dispatch.attempt):
+            log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
+            await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
+            return
+        await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, last_seq)
         await asyncio.gather(
-            self.dedupe.mark_done("final", request.request_id),
+            self.fence.final_published(dispatch.request_id, dispatch.attempt),
             self._outcome(
                 dispatch,
-                OutcomeStatus.COMPLETED,
+                status,
+                error=result.error if status == OutcomeStatus.FAILED else None,
                 prompt_tokens=result.usage.prompt_tokens,
                 completion_tokens=result.usage.completion_tokens,
             ),
         )
+
+    async def _answer_failure(self, dispatch: Dispatch, error: ErrorInfo) -> None:
+        final = error.model_copy(update={"retryable": False})
+        reply_topic = reply_topic_of(self.bus.topics, dispatch.routed.request.reply_topic)
+        await self._publish_final(dispatch, self._error_result(dispatch, final), reply_topic, -1, OutcomeStatus.FAILED)
+
+    def _error_result(self, dispatch: Dispatch, error: ErrorInfo) -> InferenceResult:
+        routed = dispatch.routed
+        return InferenceResult(
+            request_id=routed.request_id,
+            tenant=routed.request.tenant,
+            status=ResultStatus.ERROR,
+            error=error,
+            finish_reason=FinishReason.ERROR,
+            model=routed.model,
+            worker_id=self.settings.worker_id,
+            shadow=routed.shadow,
+            experiment_id=routed.experiment_id,
+            variant=routed.variant,
+            route_reason=routed.route_reason,
+            attempt=dispatch.attempt,
+            produced_by=self.bus.service,
+        )
+
+    async def _still_superseded(self, dispatch: Dispatch) -> bool:
+        try:
+            return await self.fence.superseded(dispatch.request_id, dispatch.attempt)
+        except Exception:  # Redis away: keep generating; the claim at the end decides
+            log.warning("superseded check failed for %s", dispatch.dedupe_key, exc_info=True)
+            return False
+
+    async def _engine_failed(self, dispatch: Dispatch, failed: EngineError, reply_topic: str, last_seq: int) -> None:
+        """One request's engine error: restart only a dead engine, end a wrong request, cool down when busy."""
+        error = ErrorInfo.of(failed.code, str(failed))
+        if failed.restarts_engine:
+            self._note_engine_failure(failed)
+        if not failed.retryable:
+            final = ErrorInfo(code=failed.code, message=str(failed)[:2000], retryable=False)
+            result = self._error_result(dispatch, final)
+            await self._publish_final(dispatch, result, reply_topic, last_seq, OutcomeStatus.FAILED)
+            return
+        if isinstance(failed, UpstreamBusy):
+            self.cooldown_until_s = max(self.cooldown_until_s, time.monotonic() + failed.retry_after_s)
+            error = ErrorInfo.of(failed.code, str(failed), retry_after_ms=round(failed.retry_after_s * 1000))
+        await self._retryable(dispatch, error)
 
     def _result(
         self, dispatch: Dispatch, text: str, last: EngineOutput | None, started_ms: float, first_token_ms: float | None

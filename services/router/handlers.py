@@ -12,7 +12,16 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
-from llmbus.messages import BudgetStatus, ErrorInfo, Experiment, InferenceRequest, InferenceResult, ModelSpec, now_ms
+from llmbus.messages import (
+    BudgetStatus,
+    ErrorCode,
+    ErrorInfo,
+    Experiment,
+    InferenceRequest,
+    InferenceResult,
+    ModelSpec,
+    now_ms,
+)
 from llmbus.replies import publish_error, publish_result, reply_topic_of
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
@@ -51,7 +60,26 @@ class RouterHandlers:
                 record, BadMessage(rejected.code, rejected.reason, request.request_id, request.tenant)
             )
             return
-        outcome = await self.core.route(request, received_at_ms)
+        try:
+            outcome = await self.core.route(request, received_at_ms)
+        except Exception as exc:
+            # Limits, budgets or cache unreachable (Redis): the client gets its final error now, and
+            # the record goes to the DLQ with the reason (raised on to the ConsumerLoop).
+            await publish_error(
+                self.bus.publisher,
+                self.bus.topics,
+                request_id=request.request_id,
+                tenant=request.tenant,
+                error=ErrorInfo(
+                    code=ErrorCode.INTERNAL,
+                    message=f"could not route the request: {type(exc).__name__}: {exc}"[:2000],
+                    retryable=True,
+                    retry_after_ms=1000,
+                ),
+                produced_by=self.bus.service,
+                reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
+            )
+            raise
         await self._publish(request, outcome)
 
     async def _publish(self, request: InferenceRequest, outcome: RouteOutcome) -> None:

@@ -6,8 +6,11 @@ import asyncio
 import contextlib
 import logging
 
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.consumer import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
@@ -27,6 +30,7 @@ def build_core(sched: SchedulerSettings) -> SchedulerCore:
             max_attempts=sched.max_attempts,
             heartbeat_timeout_ms=int(sched.heartbeat_stale_s * 1000),
             max_queued_per_model=sched.max_queued_per_model,
+            max_queued_per_tenant=sched.max_queued_per_tenant,
             max_wait_ms=int(sched.no_worker_timeout_s * 1000),
             prefix_block_tokens=sched.prefix_block_tokens,
             prefill_tokens_per_s=sched.prefill_tokens_per_s,
@@ -35,12 +39,39 @@ def build_core(sched: SchedulerSettings) -> SchedulerCore:
     )
 
 
+class HandOverListener(ConsumerRebalanceListener):
+    """The routed loop's own listener, after handing over what waits for the revoked partitions."""
+
+    def __init__(self, inner: ConsumerRebalanceListener, handlers: SchedulerHandlers) -> None:
+        self.inner = inner
+        self.handlers = handlers
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self.handlers.hand_over(set(revoked))
+        await asyncio.sleep(0)  # the cancelled handlers end (uncommitted) before the loop commits
+        await self.inner.on_partitions_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        await self.inner.on_partitions_assigned(assigned)
+
+
+async def end_offsets(consumer: AIOKafkaConsumer, topic: str, timeout_s: float) -> dict[int, int]:
+    """Partition → end offset now: records below it were written before this process started."""
+    await wait_assigned(consumer, timeout_s)
+    tps = [tp for tp in consumer.assignment() if tp.topic == topic]
+    if not tps:
+        return {}
+    ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
+    return {tp.partition: offset for tp, offset in ends.items()}
+
+
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     sched = SchedulerSettings()
     bus = await Bus.start(settings, t.SCHEDULER)
     redis = redis_client(settings.redis_url)
-    store = PlacementStore(redis, f"{settings.topic_prefix}scheduler", sched.instance_id)
-    handlers = SchedulerHandlers(bus, sched, build_core(sched), store, dispatch_markers(redis, settings.topic_prefix))
+    store = PlacementStore(redis, f"{settings.topic_prefix}scheduler", sched.instance_id, ttl_s=sched.placement_ttl_s)
+    fence = dispatch_markers(redis, settings.topic_prefix, settings.final_marker_ttl_s)
+    handlers = SchedulerHandlers(bus, sched, build_core(sched), store, fence)
     restored = await handlers.restore()
     log.info("scheduler %s: pipeline %s, %d placements restored", sched.instance_id, sched.pipeline, restored)
     topics = bus.topics
@@ -67,7 +98,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         ConsumerLoop(
             routed,
             handlers.on_routed,
-            bus.dead_letter,
+            handlers.on_routed_error,
             settings,
             service=t.SCHEDULER,
             max_in_flight=sched.max_in_flight,
@@ -76,10 +107,11 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
             outcomes, handlers.on_outcome, bus.dead_letter, settings, service=t.SCHEDULER, max_in_flight=1
         ),  # in order: an attempt's release before the next one's
     ]
-    routed.subscribe([topics.name(t.ROUTED)], listener=loops[1].rebalance_listener())
+    routed.subscribe([topics.name(t.ROUTED)], listener=HandOverListener(loops[1].rebalance_listener(), handlers))
     outcomes.subscribe([topics.name(t.OUTCOMES)], listener=loops[2].rebalance_listener())
     for consumer in (fleet, routed, outcomes):
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+    handlers.fleet_replay_end = await end_offsets(fleet, topics.name(t.WORKERS), settings.admin_timeout_s)
     try:
         tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
         tasks.append(asyncio.create_task(handlers.run_timer(stop)))

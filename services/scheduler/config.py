@@ -21,9 +21,12 @@ class SchedulerSettings(BaseSettings):
     heartbeat_stale_s: float = 5.0  # a worker silent this long is dead: its requests are placed again
     no_worker_timeout_s: float = 60.0  # longest queue wait of a request without a deadline
     max_queued_per_model: int = 1_000  # beyond this a request is refused with QUEUE_FULL
+    # One tenant's waiting requests over all models: a flood from one tenant cannot take the
+    # routed slots (max_in_flight) and the queues from everyone else. None: no tenant bound.
+    max_queued_per_tenant: int | None = 500
     tick_ms: int = 200  # how often deadlines and worker liveness are checked
     prefix_block_tokens: int = 16
     max_prefix_blocks: int = 512  # prefix hashes per request (the first 8k tokens at 16 per block)
     prefill_tokens_per_s: float = 50_000.0  # one worker's prefill rate, for the TTFT estimate
-    placement_ttl_s: int = 24 * 3600
+    placement_ttl_s: int = 24 * 3600  # a claim whose outcome never comes expires (bounded Redis keys)
     seed: int | None = None

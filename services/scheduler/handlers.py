@@ -1,23 +1,31 @@
 """Scheduler handlers (thin): decode → SchedulerCore → publish its actions.
 
 - llm.routed → `submit`; a request that must wait keeps its handler (and so its offset)
-  open until it is placed or answered, so a crash never loses a queued request.
+  open until it is placed or answered, so a crash never loses a queued request. When the
+  partition is revoked (a rebalance), what still waits here is handed over: dropped from
+  the core and its handler cancelled, uncommitted, so the new owner reads it again.
 - llm.workers / llm.nodes / llm.models → the fleet view; llm.control cancels a queued request.
 - llm.outcomes → release the placement, retry or give up.
-- a timer → deadlines of queued requests and dead workers.
-Every PlaceAction is claimed in Redis (PlacementStore) before its Dispatch is published.
+- a timer → deadlines of queued requests, delayed retries and dead workers.
+Every PlaceAction is claimed in Redis (PlacementStore) before its Dispatch is published; a
+later attempt first fences off the earlier ones (llmbus.fencing). If the claim or the
+publish fails, the placement is rolled back and the request gets a final error; a final
+error is published only by whoever claims the request's final marker.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
+from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
-from llmbus.bus import Bus, decode
+from llmbus.bus import BadMessage, Bus, decode
 from llmbus.fallback import fall_back
+from llmbus.fencing import RequestFence, Superseded
 from llmbus.messages import (
     Control,
     ControlAction,
@@ -32,7 +40,6 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_error, reply_topic_of
-from llmbus.state import DedupeStore
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.types import SchedRequest
@@ -43,16 +50,18 @@ log = logging.getLogger(__name__)
 
 class SchedulerHandlers:
     def __init__(
-        self, bus: Bus, settings: SchedulerSettings, core: SchedulerCore, store: PlacementStore, markers: DedupeStore
+        self, bus: Bus, settings: SchedulerSettings, core: SchedulerCore, store: PlacementStore, fence: RequestFence
     ) -> None:
         self.bus = bus
-        self.markers = markers  # a worker skips an attempt marked superseded (e.g. one redelivered after its restart)
+        self.fence = fence  # who may publish a request's result; which attempts are superseded
         self.settings = settings
         self.core = core
         self.store = store
         self._answered: dict[str, asyncio.Future[None]] = {}  # request id → set when placed or answered
+        self._source: dict[str, TopicPartition] = {}  # request id → llm.routed partition of its open record
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
+        self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
 
     async def restore(self) -> int:
         placements = await self.store.load(self.settings.prefix_block_tokens, self.settings.max_prefix_blocks)
@@ -65,8 +74,9 @@ class SchedulerHandlers:
         base = record.topic.removeprefix(self.bus.topics.prefix)
         if base == t.WORKERS:
             status = decode(record, WorkerStatus)
+            replayed = record.offset < self.fleet_replay_end.get(record.partition, 0)  # written before we started
             async with self._lock:
-                await self._publish(self.core.on_heartbeat(status, now_ms()))
+                await self._publish(self.core.on_heartbeat(status, now_ms(), replayed))
         elif base == t.NODES:
             self.core.on_node(decode(record, NodeProfile))
         elif base == t.MODELS:
@@ -93,16 +103,53 @@ class SchedulerHandlers:
             # The worker drops a Dispatch for a request it is running or has finished.
             await self._send(restored.worker_id, routed, restored.attempt, request.prefix_block_hashes)
             return
-        answered = self._answered.setdefault(request.request_id, asyncio.get_running_loop().create_future())
-        async with self._lock:
-            await self._publish(self.core.submit(request, now_ms()))
-        if request.request_id not in self.core.queues.of(request.model):
-            self._resolve(request.request_id)  # placed, answered, or already placed before a restart
-        await answered
+        rid = request.request_id
+        answered = self._answered.setdefault(rid, asyncio.get_running_loop().create_future())
+        self._source[rid] = TopicPartition(record.topic, record.partition)
+        try:
+            async with self._lock:
+                await self._publish(self.core.submit(request, now_ms()))
+            if not self.core.queues.holds(request.model, rid):
+                self._resolve(rid)  # placed, answered, or already placed before a restart
+            await answered  # cancelled by a hand-over: the record stays uncommitted for the new owner
+        finally:
+            self._source.pop(rid, None)
+            if not answered.done():  # failed before it was placed or answered: no waiter is left behind
+                self._resolve(rid)
+
+    async def on_routed_error(self, record: ConsumerRecord, exc: Exception) -> None:
+        """A routed record whose handling failed: the DLQ entry, and the client's final error."""
+        await self.bus.dead_letter(record, exc)
+        try:
+            routed = decode(record, RoutedRequest)
+        except BadMessage:
+            return  # the router wrote it: nothing to answer that it did not already
+        request = SchedRequest.from_routed(routed, now_ms(), self.settings.prefix_block_tokens, 0)
+        self._resolve(request.request_id)
+        await self._fail(FinalError(request, _internal(exc)))
+
+    def hand_over(self, revoked: set[TopicPartition]) -> int:
+        """Partitions of llm.routed taken from us: what still waits here for them is dropped and its
+        handler cancelled (uncommitted), so the new owner alone places or answers it."""
+        handed = 0
+        for rid, tp in list(self._source.items()):
+            if tp not in revoked or self.core.cancel(rid) is None:
+                continue  # another partition's, or placed already (its outcome is handled by any instance)
+            self._source.pop(rid, None)
+            future = self._answered.pop(rid, None)
+            if future is not None and not future.done():
+                future.cancel()
+            handed += 1
+        if handed:
+            log.info("handed over %d waiting requests of revoked partitions %s", handed, sorted(map(str, revoked)))
+        return handed
 
     async def on_outcome(self, record: ConsumerRecord) -> None:
         outcome = decode(record, DispatchOutcome)
-        await self.store.release(outcome.request_id, outcome.attempt)
+        try:
+            await self.store.release(outcome.request_id, outcome.attempt)
+        except Exception:  # the claim expires by itself; the outcome must still be acted on
+            log.warning("could not release the claim of %s:%d", outcome.request_id, outcome.attempt, exc_info=True)
         async with self._lock:
             await self._publish(
                 self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
@@ -114,30 +161,70 @@ class SchedulerHandlers:
                 await asyncio.wait_for(stop.wait(), self.settings.tick_ms / 1000)
             except TimeoutError:
                 pass
-            async with self._lock:
-                await self._publish(self.core.tick(now_ms()))
+            try:
+                async with self._lock:
+                    await self._publish(self.core.tick(now_ms()))
+            except Exception:  # logged; the timer must keep running
+                log.exception("timer actions failed")
 
     # -- publishing ---------------------------------------------------------------------------
     async def _publish(self, actions: list[Action]) -> None:
+        """Publish every action; one that fails does not stop the others (the first error is raised after)."""
+        failed: list[Exception] = []
         for action in actions:
-            if isinstance(action, PlaceAction):
-                await self._dispatch(action)
-            elif isinstance(action, FinalError):
-                await self._fail(action)
-            self._resolve(action.request.request_id)
+            try:
+                if isinstance(action, PlaceAction):
+                    try:
+                        await self._dispatch(action)
+                    except Exception as exc:  # rolled back: the request gets its final error instead
+                        log.exception("could not place %s", action.placement.key)
+                        await self._fail(FinalError(action.request, _internal(exc)))
+                elif isinstance(action, FinalError):
+                    await self._fail(action)
+            except Exception as exc:  # noqa: BLE001 - collected, raised once the other actions are out
+                failed.append(exc)
+            finally:
+                self._resolve(action.request.request_id)
+        if failed:
+            raise failed[0]
 
     async def _dispatch(self, action: PlaceAction) -> None:
         placement = action.placement
         request = placement.request
-        if request.routed is None or not await self.store.claim(placement):
-            # Another instance placed this attempt first (or nothing to send): count nothing here.
+        if request.routed is None:
             self.core.forget(placement.request_id, placement.attempt)
             return
-        if placement.attempt > 1:
-            await self.store.release(placement.request_id, placement.attempt - 1)
-            await self.markers.mark_done("superseded", f"{placement.request_id}:{placement.attempt - 1}")
-        await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
+        try:
+            if placement.attempt > 1 and not await self._supersede(action):
+                return
+            if not await self.store.claim(placement):
+                # Another instance placed this attempt first: count nothing here.
+                self.core.forget(placement.request_id, placement.attempt)
+                return
+            if placement.attempt > 1:
+                await self.store.release_own(placement.request_id, placement.attempt - 1)
+            await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
+        except Exception:
+            # Roll back: no phantom placement stays counted, and the request id is not "held" any more.
+            self.core.forget(placement.request_id, placement.attempt)
+            with contextlib.suppress(Exception):
+                await self.store.release_own(placement.request_id, placement.attempt)
+            raise
         log.info("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
+
+    async def _supersede(self, action: PlaceAction) -> bool:
+        """Fence off the earlier attempts before sending this one; False when it must not go out now."""
+        placement = action.placement
+        verdict = await self.fence.supersede(placement.request_id, placement.attempt)
+        if verdict == Superseded.FENCED:
+            return True
+        self.core.forget(placement.request_id, placement.attempt)
+        if verdict == Superseded.RESULT_PENDING:
+            # An earlier attempt is publishing its result (or died doing so): ask again after its lease.
+            self.core.delay(placement.request, now_ms() + self.fence.claim_lease_ms)
+        else:
+            log.info("%s: an earlier attempt's result is out; attempt %d not sent", *placement.key.rsplit(":", 1))
+        return False
 
     async def _send(self, worker_id: str, routed: RoutedRequest, attempt: int, prefix_block_hashes: list[str]) -> None:
         view = self.core.fleet.workers.get(worker_id)
@@ -153,11 +240,16 @@ class SchedulerHandlers:
 
     async def _fail(self, action: FinalError) -> None:
         request = action.request
-        await self.store.release(request.request_id, request.attempt)
+        try:
+            await self.store.release_own(request.request_id, request.attempt)
+        except Exception:  # the claim expires by itself; the answer matters more
+            log.warning("could not release the claim of %s", request.request_id, exc_info=True)
         routed = request.routed
         if routed is None:
             return
         if (rerouted := fall_back(routed, routed.model, action.error.code)) is not None:
+            if not await self.fence.restart(request.request_id):
+                return  # an earlier attempt's result is out after all
             # This model can't take it, the router gave a chain: the next model gets it.
             log.info("%s: %s", request.request_id, rerouted.route_reason)
             await self.bus.publisher.publish(
@@ -167,6 +259,9 @@ class SchedulerHandlers:
                 request_id=request.request_id,
                 tenant=request.tenant,
             )
+            return
+        if not await self._claim_for_error(request.request_id):
+            log.info("%s: its result is out already; no %s error", request.request_id, action.error.code.value)
             return
         log.info("final error for %s: %s", request.request_id, action.error.code.value)
         await publish_error(
@@ -182,7 +277,25 @@ class SchedulerHandlers:
             attempt=request.attempt,
         )
 
+    async def _claim_for_error(self, request_id: str) -> bool:
+        try:
+            return await self.fence.claim_for_error(request_id)
+        except Exception:  # better a (rare) second answer than none: no worker can claim either
+            log.warning("final marker of %s unreachable; publishing its error anyway", request_id, exc_info=True)
+            return True
+
     def _resolve(self, request_id: str) -> None:
         future = self._answered.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(None)
+
+
+def _internal(exc: BaseException) -> ErrorInfo:
+    """The final error of a request the scheduler failed to place (Redis or Kafka trouble): resend it
+    under a new request id."""
+    return ErrorInfo(
+        code=ErrorCode.INTERNAL,
+        message=f"could not place the request: {type(exc).__name__}: {exc}"[:2000],
+        retryable=True,
+        retry_after_ms=1000,
+    )

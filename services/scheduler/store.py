@@ -1,25 +1,40 @@
 """Placements in Redis: the claim that stops two instances placing an attempt twice, and what
 survives a scheduler restart.
 
-One hash per namespace, field `<request id>:<attempt>` → the placement (with its RoutedRequest,
-so a dead worker's requests can still be placed again after a restart). HSETNX makes writing
-the placement and claiming the attempt one atomic step: the instance that loses the race
-drops its placement and publishes nothing. The field is deleted when the attempt's outcome
-arrives (every instance reads every outcome, so it is deleted while any instance runs).
+One key per attempt, `llmbus:<namespace>:placement:<request id>:<attempt>` → the placement
+(with its RoutedRequest, so a dead worker's requests can still be placed again after a
+restart), written with SET NX EX: claiming the attempt and recording it is one atomic step,
+and a key whose outcome never came (a lost worker and scheduler together) expires after
+`ttl_s` instead of living forever. The instance that loses the race drops its placement
+and publishes nothing.
+
+Releasing: the attempt's outcome deletes its key (every instance reads every outcome, and
+the attempt is over whoever placed it). Anything else — a final error, a superseded attempt —
+releases only a claim this instance holds (compare-and-delete in Lua): an instance that lost
+the request in a rebalance must not delete the new owner's claim.
+Loading after a restart walks the keys with SCAN in bounded batches, never one huge reply.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 import redis.asyncio as redis
 
 from llmbus.messages import RoutedRequest
 from services.scheduler.policy.types import Placement, SchedRequest
 
+# KEYS: the placement. ARGV: this instance. 1: deleted; 0: absent or another instance's.
+_RELEASE_OWN = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 0 end
+local ok, data = pcall(cjson.decode, raw)
+if ok and data['instance'] == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
-def _field(request_id: str, attempt: int) -> str:
-    return f"{request_id}:{attempt}"
+_GLOB_SPECIALS = str.maketrans({c: f"\\{c}" for c in "*?[]\\"})
 
 
 def encode(placement: Placement, instance_id: str) -> str:
@@ -62,23 +77,43 @@ def decode_placement(raw: bytes | str, prefix_block_tokens: int, max_prefix_bloc
 
 
 class PlacementStore:
-    def __init__(self, client: redis.Redis, namespace: str, instance_id: str) -> None:
+    def __init__(
+        self, client: redis.Redis, namespace: str, instance_id: str, ttl_s: int = 24 * 3600, scan_batch: int = 500
+    ) -> None:
         self._client = client
-        self._key = f"llmbus:{namespace}:placements"
+        self._prefix = f"llmbus:{namespace}:placement:"
         self.instance_id = instance_id
+        self.ttl_s = ttl_s
+        self.scan_batch = scan_batch
+        self._release_own = client.register_script(_RELEASE_OWN)
+
+    def key(self, request_id: str, attempt: int) -> str:
+        return f"{self._prefix}{request_id}:{attempt}"
 
     async def claim(self, placement: Placement) -> bool:
         """Record the placement unless this attempt was already placed (by anyone); True if ours."""
-        field = _field(placement.request_id, placement.attempt)
-        return bool(await self._client.hsetnx(self._key, field, encode(placement, self.instance_id)))
+        key = self.key(placement.request_id, placement.attempt)
+        return bool(await self._client.set(key, encode(placement, self.instance_id), nx=True, ex=self.ttl_s))
 
     async def release(self, request_id: str, attempt: int) -> None:
-        await self._client.hdel(self._key, _field(request_id, attempt))
+        """The attempt is over (its outcome arrived): whoever placed it, the claim goes."""
+        await self._client.delete(self.key(request_id, attempt))
+
+    async def release_own(self, request_id: str, attempt: int) -> bool:
+        """Delete the claim only if this instance holds it; True if it did."""
+        return bool(await self._release_own(keys=[self.key(request_id, attempt)], args=[self.instance_id]))
+
+    async def raw_values(self) -> AsyncIterator[bytes | str]:
+        """Every stored placement, read in SCAN batches (bounded replies)."""
+        pattern = self._prefix.translate(_GLOB_SPECIALS) + "*"
+        async for keys in _batches(self._client.scan_iter(match=pattern, count=self.scan_batch), self.scan_batch):
+            for value in await self._client.mget(keys):
+                if value is not None:  # expired or released between SCAN and MGET
+                    yield value
 
     async def load(self, prefix_block_tokens: int, max_prefix_blocks: int) -> list[Placement]:
-        raw = await self._client.hgetall(self._key)
         latest: dict[str, Placement] = {}
-        for value in raw.values():
+        async for value in self.raw_values():
             placement = decode_placement(value, prefix_block_tokens, max_prefix_blocks)
             if placement is None:
                 continue
@@ -86,3 +121,14 @@ class PlacementStore:
             if known is None or placement.attempt > known.attempt:
                 latest[placement.request_id] = placement
         return list(latest.values())
+
+
+async def _batches(keys: AsyncIterator[bytes], size: int) -> AsyncIterator[list[bytes]]:
+    batch: list[bytes] = []
+    async for key in keys:
+        batch.append(key)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -10,7 +10,15 @@ import pytest
 import pytest_asyncio
 
 from llmbus.messages import ErrorCode
-from services.engine_worker.engines.base import AdmissionError, EngineDead, EngineError, EngineOutput, EngineRequest
+from services.engine_worker.engines.base import (
+    AdmissionError,
+    EngineDead,
+    EngineError,
+    EngineOutput,
+    EngineRequest,
+    RequestRejected,
+    UpstreamBusy,
+)
 from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 from services.engine_worker.engines.vllm_engine import VllmEngine
 from tests.fixtures.openai_server import FakeOpenAIServer
@@ -91,7 +99,9 @@ async def test_abort_closes_the_stream(server: FakeOpenAIServer) -> None:
     ("model", "error", "code"),
     [
         ("fail-500", EngineError, ErrorCode.ENGINE_FAILED),
-        ("busy-429", AdmissionError, ErrorCode.OVER_CAPACITY),
+        ("busy-429", UpstreamBusy, ErrorCode.OVER_CAPACITY),
+        ("unavailable-503", UpstreamBusy, ErrorCode.OVER_CAPACITY),
+        ("bad-400", RequestRejected, ErrorCode.INVALID_REQUEST),
         ("truncate", EngineError, ErrorCode.ENGINE_FAILED),
         ("bad-json", EngineError, ErrorCode.ENGINE_FAILED),
     ],
@@ -99,10 +109,17 @@ async def test_abort_closes_the_stream(server: FakeOpenAIServer) -> None:
 async def test_upstream_failures_become_engine_errors(
     server: FakeOpenAIServer, model: str, error: type, code: ErrorCode
 ) -> None:
-    engine = await _engine(server, model=model)
+    engine = await _engine(server, model=model, busy_cooldown_s=3.0)
     with pytest.raises(error) as info:
         await _collect(engine, EngineRequest(f"h-{model}", "hi", max_tokens=5))
-    assert info.value.code == code
+    assert type(info.value) is error and info.value.code == code
+    # One request's upstream error never means the engine is gone: no restart, no abort of the others.
+    assert not info.value.restarts_engine
+    assert info.value.retryable == (model != "bad-400")
+    if model == "busy-429":
+        assert info.value.retry_after_s == 7.0  # type: ignore[attr-defined]  # the server's Retry-After
+    if model == "unavailable-503":
+        assert info.value.retry_after_s == 3.0  # type: ignore[attr-defined]  # none sent: the configured cooldown
     assert engine.stats().num_requests_running == 0
     await engine.stop()
 

@@ -9,6 +9,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
+from services.scheduler.store import PlacementStore
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
 from tests.support import ServiceProc
 
@@ -34,10 +35,11 @@ async def test_two_instances_split_models_without_double_placement(
         assert all(d.attempt == 1 for d in got)
         # Who placed what: each placement's claim in Redis names its instance.
         client = redis.Redis.from_url(bus_settings.redis_url)
-        raw = await client.hgetall(f"llmbus:{bus_settings.topic_prefix}scheduler:placements")
+        store = PlacementStore(client, f"{bus_settings.topic_prefix}scheduler", "reader")
+        raw = [value async for value in store.raw_values()]
         await client.aclose()
         by_model: dict[str, set[str]] = {}
-        for value in raw.values():
+        for value in raw:
             data = json.loads(value)
             by_model.setdefault(data["model"], set()).add(data["instance"])
         assert len(raw) == len(ids)

@@ -146,7 +146,7 @@ def test_redelivered_routed_record_is_not_placed_twice() -> None:
 def test_heartbeats_replayed_at_startup_do_not_revive_a_dead_worker() -> None:
     c = core(heartbeat_timeout_ms=1000)
     c.tick(NOW_MS)
-    c.on_heartbeat(hb("old", sent_at_ms=NOW_MS - 60_000), NOW_MS)  # read back from the compacted topic
+    c.on_heartbeat(hb("old", sent_at_ms=NOW_MS - 60_000), NOW_MS, replayed=True)  # read back from the compacted topic
     assert c.submit(req(request_id="r1"), NOW_MS) == []  # not placed on a silent worker: it waits
     c.on_heartbeat(hb("new", sent_at_ms=NOW_MS + 1001), NOW_MS + 1001)
     assert c.fleet.placement_of("r1").worker_id == "new"

@@ -29,7 +29,7 @@ class FakeBus:
 
 
 class BrokenRedis:
-    async def any_done(self, *_: object) -> bool:
+    async def superseded(self, *_: object) -> bool:
         raise ConnectionError("redis is down")
 
 
@@ -56,20 +56,20 @@ async def test_a_worker_side_failure_is_reported_as_retryable_not_swallowed() ->
 
 
 class MarkedRedis:
-    def __init__(self, marked: set[str]) -> None:
-        self.marked = marked
-        self.asked: list[tuple[str, str]] = []
+    def __init__(self, fence: dict[str, int]) -> None:
+        self.fence = fence  # request id → highest attempt placed
+        self.asked: list[tuple[str, int]] = []
 
-    async def any_done(self, *items: tuple[str, str]) -> bool:
-        self.asked.extend(items)
-        return any(f"{kind}:{ident}" in self.marked for kind, ident in items)
+    async def superseded(self, request_id: str, attempt: int) -> bool:
+        self.asked.append((request_id, attempt))
+        return self.fence.get(request_id, 0) > attempt
 
 
 async def test_a_superseded_attempt_is_not_run_again() -> None:
     publisher = RecordingPublisher()
     record = dispatch_record()
     dispatch = Dispatch.model_validate_json(record.value)
-    markers = MarkedRedis({f"superseded:{dispatch.request_id}:1"})
+    markers = MarkedRedis({dispatch.request_id: 2})
     handlers = WorkerHandlers(
         FakeBus(publisher),
         WorkerSettings(worker_id="w1"),  # type: ignore[arg-type]
@@ -77,6 +77,6 @@ async def test_a_superseded_attempt_is_not_run_again() -> None:
         markers,
     )  # type: ignore[arg-type]
     await handlers.on_dispatch(record)
-    assert ("superseded", f"{dispatch.request_id}:1") in markers.asked
+    assert (dispatch.request_id, 1) in markers.asked
     [(_, outcome)] = publisher.sent  # no chunks, no result: only the outcome
     assert isinstance(outcome, DispatchOutcome) and outcome.status == OutcomeStatus.DUPLICATE

@@ -1,5 +1,8 @@
 """A small Kafka client for llmbus: send a request, stream its chunks, wait for results.
 
+`stream_text` follows the chunk contract on retries (llmbus.chunks.ChunkAssembler); `stream`
+yields the raw chunks.
+
 What the CLI, tests and benchmarks use; outside clients can do the same with any Kafka
 client (see README: raw JSON onto llm.requests, read the reply topic by request id).
 """
@@ -14,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
+from llmbus.chunks import ChunkAssembler, TextUpdate
 from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
 
@@ -133,6 +137,14 @@ class LlmbusClient:
                     return
         finally:
             router.queues.pop(key, None)
+
+    async def stream_text(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TextUpdate]:
+        """`stream` with the chunk contract applied (see llmbus.chunks): stale and repeated chunks are
+        dropped, and an update with `restarted` says the text shown so far is void (a retry began)."""
+        assembler = ChunkAssembler()
+        async for chunk in self.stream(request, timeout_s):
+            if (update := assembler.add(chunk)) is not None:
+                yield update
 
 
 async def collect_results(

@@ -45,6 +45,10 @@ class BusSettings(BaseSettings):
     metrics_port: int = 0  # 0: no /metrics endpoint
     log_level: str = "INFO"
     log_json: bool = True
+    # How long `final:<request id>` markers (and attempt fences) outlive a request: a Dispatch
+    # redelivered later than this could run again. Keep it above llm.dispatch's retention of
+    # unconsumed records in practice (a worker down longer than this replays its backlog).
+    final_marker_ttl_s: int = 24 * 3600
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
 
     @model_validator(mode="after")

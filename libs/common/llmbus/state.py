@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import redis.asyncio as redis
 
+from llmbus.fencing import RequestFence
+from llmbus.settings import BusSettings
+
 
 def redis_client(url: str, max_connections: int = 64) -> redis.Redis:
     # Bounded like every other network call: a dead Redis fails fast instead of hanging. The
@@ -39,7 +42,8 @@ class DedupeStore:
         await self._client.set(self._key(kind, ident), value, ex=self._ttl_s)
 
 
-def dispatch_markers(client: redis.Redis, topic_prefix: str) -> DedupeStore:
-    """The markers scheduler and workers share: `final:<request id>` (a worker published the result)
-    and `superseded:<request id>:<attempt>` (the scheduler placed a later attempt elsewhere)."""
-    return DedupeStore(client, f"{topic_prefix}worker")
+def dispatch_markers(client: redis.Redis, topic_prefix: str, final_ttl_s: int | None = None) -> RequestFence:
+    """The markers scheduler and workers share: `final:<request id>` (who publishes the result) and
+    `fence:<request id>` (the highest attempt placed); see llmbus.fencing."""
+    ttl_s = final_ttl_s if final_ttl_s is not None else BusSettings().final_marker_ttl_s
+    return RequestFence(client, f"{topic_prefix}worker", final_ttl_s=ttl_s)

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmbus.messages import ErrorCode
+from llmbus.messages import RETRYABLE, ErrorCode
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,26 @@ class EngineStats:
 
 
 class EngineError(Exception):
-    """A failure the worker turns into a result: retryable ones go back to the scheduler."""
+    """A failure the worker turns into an outcome. Three questions decide what happens next:
+
+    - `restarts_engine`: the engine itself is gone (dead core, OOM): restart it. Only then —
+      one request's failure must not abort every other request on the worker.
+    - `retryable`: another attempt elsewhere may succeed (scheduler retries); if not, the
+      request gets its final error now (a 4xx, a validation error: retrying cannot help).
+    - `retry_after_s` (UpstreamBusy): the worker cools down this long before taking more.
+    """
 
     code: ErrorCode = ErrorCode.ENGINE_FAILED
+    restarts_engine: bool = False
 
     def __init__(self, message: str, code: ErrorCode | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE
 
 
 class AdmissionError(EngineError):
@@ -72,12 +84,30 @@ class AdmissionError(EngineError):
     code = ErrorCode.OVER_CAPACITY
 
 
+class RequestRejected(EngineError):
+    """The request itself is wrong (upstream 400/404/413/422, vLLM validation): final, not retried."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class UpstreamBusy(EngineError):
+    """Upstream said 429 / 503: try another worker; this one cools down for `retry_after_s`."""
+
+    code = ErrorCode.OVER_CAPACITY
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class EngineOOM(EngineError):
     code = ErrorCode.ENGINE_OOM
+    restarts_engine = True
 
 
 class EngineDead(EngineError):
     code = ErrorCode.ENGINE_FAILED
+    restarts_engine = True
 
 
 class Engine(Protocol):

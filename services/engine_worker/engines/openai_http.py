@@ -14,11 +14,11 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
 
-from llmbus.messages import ErrorCode
 from llmbus.tokens import estimate_tokens
 from services.engine_worker.engines.base import (
     AdmissionError,
@@ -27,6 +27,8 @@ from services.engine_worker.engines.base import (
     EngineOutput,
     EngineRequest,
     EngineStats,
+    RequestRejected,
+    UpstreamBusy,
 )
 
 # Headers worth forwarding to the server: W3C trace context (vLLM serve and most gateways read it).
@@ -48,14 +50,31 @@ class OpenAIHttpConfig:
     request_timeout_s: float = 600.0  # whole request, first byte to last
     extra_headers: dict[str, str] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
+    busy_cooldown_s: float = 5.0  # cooldown after a 429 / 503 without Retry-After (LiteLLM's default)
 
 
-def _status_error(status: int, body: str) -> EngineError:
+def retry_after_s(value: str | None, default_s: float, now_s: float | None = None) -> float:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date; `default_s` if absent."""
+    if not value:
+        return default_s
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return default_s
+    return max(0.0, when.timestamp() - (time.time() if now_s is None else now_s))
+
+
+def _status_error(status: int, body: str, retry_after: str | None = None, cooldown_s: float = 5.0) -> EngineError:
     msg = f"upstream HTTP {status}: {body[:300]}"
-    if status in (429, 503):  # rate limited / overloaded: try another worker or later
-        return AdmissionError(msg)
-    if status in (400, 404, 413, 422):
-        return EngineError(msg, ErrorCode.INVALID_REQUEST)
+    if status in (429, 503):  # rate limited / overloaded: another worker now, this one after Retry-After
+        return UpstreamBusy(msg, retry_after_s(retry_after, cooldown_s))
+    if status in (400, 404, 413, 422):  # the request is wrong: the same request fails everywhere
+        return RequestRejected(msg)
     return EngineError(msg)
 
 
@@ -173,7 +192,10 @@ class OpenAIHttpEngine:
                 if request.request_id in self._aborted:  # aborted while we waited for the headers
                     raise httpx.StreamClosed()
                 if resp.status_code != 200:
-                    raise _status_error(resp.status_code, (await resp.aread()).decode(errors="replace"))
+                    body = (await resp.aread()).decode(errors="replace")
+                    raise _status_error(
+                        resp.status_code, body, resp.headers.get("retry-after"), self.config.busy_cooldown_s
+                    )
                 async for data in _sse_data(resp):
                     if data == "[DONE]":
                         break

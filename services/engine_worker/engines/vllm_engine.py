@@ -25,6 +25,7 @@ from services.engine_worker.engines.base import (
     EngineOutput,
     EngineRequest,
     EngineStats,
+    RequestRejected,
 )
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,11 @@ class VllmConfig:
 
 
 def classify_error(exc: BaseException) -> EngineError:
-    """Turn a vLLM / torch failure into the error the worker reports (OOM and dead are retryable)."""
+    """Turn a vLLM / torch failure into the error the worker reports.
+
+    Only OOM and a dead engine core restart the engine; validation errors are final for the
+    request; anything else is retried elsewhere while the engine keeps serving the others.
+    """
     if isinstance(exc, EngineError):
         return exc
     chain: list[BaseException] = []
@@ -69,8 +74,8 @@ def classify_error(exc: BaseException) -> EngineError:
     if any(type(e).__name__ == "EngineDeadError" for e in chain):
         return EngineDead(f"vLLM engine core is dead: {text}")
     if any(type(e).__name__ in ("VLLMValidationError", "VLLMClientError") for e in chain):
-        return AdmissionError(f"vLLM refused the request: {text}")
-    return EngineError(f"vLLM generate failed: {text}")
+        return RequestRejected(f"vLLM refused the request: {text}")  # the same request fails everywhere
+    return EngineError(f"vLLM generate failed: {text}")  # retried elsewhere; the engine lives on
 
 
 class _StatsSink:
@@ -322,6 +327,8 @@ class VllmEngine:
             raise  # vLLM aborts the request itself when its generator is closed
         except Exception as exc:
             err = classify_error(exc)
+            if llm.errored and not err.restarts_engine:
+                err = EngineDead(f"vLLM engine core is dead: {err}")  # whatever the request saw, the core is gone
             if isinstance(err, EngineDead | EngineOOM) and (llm.errored or isinstance(err, EngineDead)):
                 self._dead = err
             raise err from exc

@@ -45,6 +45,7 @@ class CoreConfig:
     max_attempts: int = 3
     heartbeat_timeout_ms: int = 5_000
     max_queued_per_model: int = 1_000
+    max_queued_per_tenant: int | None = None  # waiting requests of one tenant over all models
     max_wait_ms: int = 60_000  # queue wait limit for requests without a deadline
     release_max_misses: int = 8
     prefix_index_max_blocks: int = 200_000  # at least; grows to what the fleet's KV tiers hold
@@ -70,7 +71,10 @@ class SchedulerCore:
         self.fleet = FleetView(self.config.prefill_tokens_per_s)
         self.prefix_index = PrefixIndex(self.config.prefix_index_max_blocks, self.config.prefix_index_ttl_ms)
         self.sessions = SessionIndex()
-        self.queues = FlowQueues(self.config.max_queued_per_model, self.config.max_wait_ms)
+        self.queues = FlowQueues(
+            self.config.max_queued_per_model, self.config.max_wait_ms, self.config.max_queued_per_tenant
+        )
+        self.delayed: dict[str, SchedRequest] = {}  # retries waiting out a backoff (not_before_ms)
         self.recovery = RecoveryPolicy(self.config.max_attempts, self.config.heartbeat_timeout_ms)
         self.model_specs: dict[str, ModelSpec] = {}
         self.rng = random.Random(self.config.seed)
@@ -80,16 +84,19 @@ class SchedulerCore:
     # -- inputs ---------------------------------------------------------------------------
     def submit(self, request: SchedRequest, now_ms: int) -> list[Action]:
         """A new routed request (or a retry): place it now, queue it, or answer with an error."""
-        if self.fleet.placement_of(request.request_id) is not None or request.request_id in self.queues.of(
-            request.model
-        ):
+        if self.holds(request):
             return []  # a redelivered record we already hold
         if request.arrived_at_ms <= 0:
             request.arrived_at_ms = now_ms  # the queue's wait limit counts from here
         return self._admit(request, now_ms, force=False)
 
-    def on_heartbeat(self, status: WorkerStatus, now_ms: int) -> list[Action]:
-        self.fleet.on_heartbeat(status, now_ms)
+    def holds(self, request: SchedRequest) -> bool:
+        """Placed, queued or waiting to be retried here."""
+        rid = request.request_id
+        return self.fleet.placement_of(rid) is not None or self.queues.holds(request.model, rid) or rid in self.delayed
+
+    def on_heartbeat(self, status: WorkerStatus, now_ms: int, replayed: bool = False) -> list[Action]:
+        self.fleet.on_heartbeat(status, now_ms, replayed)
         self._size_prefix_index()
         actions: list[Action] = []
         if status.state == WorkerState.STOPPED:
@@ -117,17 +124,29 @@ class SchedulerCore:
         if placement is None:
             return []  # unknown, or a stale attempt we already placed again
         decision = self.recovery.on_outcome(placement, status, error)
+        if isinstance(decision, Retry) and error is not None and error.retry_after_ms:
+            # Upstream busy: that worker cools down as told; the request tries elsewhere after a backoff.
+            self.fleet.cool_down(placement.worker_id, now_ms + error.retry_after_ms)
+            decision.request.not_before_ms = now_ms + self.recovery.backoff_ms(placement.attempt)
         actions = self._follow(decision, now_ms) if isinstance(decision, Retry | GiveUp) else []
         return actions + self._release(now_ms)
 
     def cancel(self, request_id: str) -> SchedRequest | None:
-        """Drop a queued request (a placed one is cancelled by its worker)."""
+        """Drop a queued or delayed request (a placed one is cancelled by its worker)."""
+        if (delayed := self.delayed.pop(request_id, None)) is not None:
+            return delayed
         queue = self.queues.find(request_id)
         return queue.remove(request_id) if queue is not None else None
 
-    def forget(self, request_id: str, attempt: int) -> None:
-        """Undo a placement that was not published (another instance claimed it first)."""
-        self.fleet.finish(request_id, attempt)
+    def forget(self, request_id: str, attempt: int) -> Placement | None:
+        """Undo a placement that was not published (another instance claimed it first, or Redis or
+        Kafka failed): the request is no longer held, so a redelivery or retry of it is taken again."""
+        return self.fleet.finish(request_id, attempt)
+
+    def delay(self, request: SchedRequest, until_ms: int) -> None:
+        """Hold a request out of the queues until `until_ms`; `tick` admits it then."""
+        request.not_before_ms = until_ms
+        self.delayed[request.request_id] = request
 
     def tick(self, now_ms: int) -> list[Action]:
         if self.watching_since_ms is None:
@@ -135,6 +154,9 @@ class SchedulerCore:
         actions: list[Action] = []
         for worker_id in self.fleet.dead_workers(now_ms, self.recovery.heartbeat_timeout_ms, self.watching_since_ms):
             actions += self._lose_worker(worker_id, now_ms)
+        for request in [r for r in self.delayed.values() if r.not_before_ms <= now_ms]:
+            del self.delayed[request.request_id]
+            actions += self._admit(request, now_ms, force=True)
         for model, queue in self.queues.by_model.items():
             if len(queue) and self._nobody_serves(model, now_ms):
                 for request in [r for r in queue.in_order() if _has_fallback(r)]:
@@ -151,7 +173,9 @@ class SchedulerCore:
                         ),
                     )
                 )
-        return actions + self._release(now_ms)
+        actions += self._release(now_ms)
+        self.queues.prune()
+        return actions
 
     # -- internals ------------------------------------------------------------------------
     def _state(self, now_ms: int) -> CycleState:
@@ -197,22 +221,13 @@ class SchedulerCore:
                     request, ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {request.model!r}")
                 )
             ]
-        queue = self.queues.of(request.model)
-        if len(queue) == 0:  # nobody waiting: no one to overtake
+        queue = self.queues.by_model.get(request.model)
+        if queue is None or len(queue) == 0:  # nobody waiting: no one to overtake
             placement = self._try_place(request, now_ms)
             if placement is not None:
                 return [PlaceAction(placement)]
-        if not queue.push(request, force=force):
-            return [
-                self._final(
-                    request,
-                    ErrorInfo.of(
-                        ErrorCode.QUEUE_FULL,
-                        f"{len(queue)} requests already wait for {request.model}",
-                        retry_after_ms=1000,
-                    ),
-                )
-            ]
+        if (refused := self.queues.admit(request, force=force)) is not None:
+            return [self._final(request, ErrorInfo.of(ErrorCode.QUEUE_FULL, refused, retry_after_ms=1000))]
         self.stats.queued += 1
         return self._release(now_ms, models=[request.model])
 
@@ -233,8 +248,8 @@ class SchedulerCore:
     def _release(self, now_ms: int, models: list[str] | None = None) -> list[Action]:
         actions: list[Action] = []
         for model in models or list(self.queues.by_model):
-            queue = self.queues.by_model[model]
-            if not len(queue):
+            queue = self.queues.by_model.get(model)
+            if queue is None or not len(queue):
                 continue
 
             def try_place(request: SchedRequest) -> bool:
@@ -260,6 +275,9 @@ class SchedulerCore:
         if isinstance(decision, GiveUp):
             return [self._final(decision.request, decision.error)]
         self.stats.retried += 1
+        if decision.request.not_before_ms > now_ms:
+            self.delay(decision.request, decision.request.not_before_ms)
+            return []
         return self._admit(decision.request, now_ms, force=True)
 
     def _final(self, request: SchedRequest, error: ErrorInfo) -> FinalError:

@@ -21,10 +21,10 @@ class FleetView:
         self.workers: dict[str, WorkerView] = {}
         self._node_cc: dict[str, str] = {}  # node id → compute capability of its first GPU
         self._by_request: dict[str, Placement] = {}  # request id → its live placement
-        self.newest_heartbeat_ms = 0  # send time of the newest heartbeat read from any worker
+        self.newest_heartbeat_ms = 0  # receive time of the newest heartbeat read from any worker
 
     # -- inputs -------------------------------------------------------------------------
-    def on_heartbeat(self, status: WorkerStatus, now_ms: int) -> WorkerView:
+    def on_heartbeat(self, status: WorkerStatus, now_ms: int, replayed: bool = False) -> WorkerView:
         view = self.workers.get(status.worker_id)
         if view is None:
             view = self.workers[status.worker_id] = WorkerView(worker_id=status.worker_id)
@@ -45,9 +45,11 @@ class FleetView:
         view.num_requests_waiting_reported = status.num_requests_waiting
         view.gpu_healthy = status.gpu_healthy
         view.ecc_uncorrected = status.ecc_uncorrected
-        # The send time, not the receive time: heartbeats replayed from the compacted topic at
-        # startup must not make a long-dead worker look alive.
-        view.last_heartbeat_ms = min(now_ms, status.sent_at_ms)
+        # The receive time, on our clock: a worker whose clock runs behind is judged by when we
+        # last heard from it, not by its own stamps. Only heartbeats replayed from the compacted
+        # topic at startup (written before we started) keep their send time: a long-dead worker
+        # must not look alive because we read its last words just now.
+        view.last_heartbeat_ms = min(now_ms, status.sent_at_ms) if replayed else now_ms
         self.newest_heartbeat_ms = max(self.newest_heartbeat_ms, view.last_heartbeat_ms)
         view.prompt_tokens_per_ms_reported = status.prompt_tokens_per_s / 1000
         if status.num_requests_waiting == 0 and status.num_requests_running == 0:
@@ -122,6 +124,11 @@ class FleetView:
             left = sum(p.uncached_tokens_est for p in view.inflight.values())
             view.clamp_backlog(now_ms if now_ms is not None else view.backlog_at_ms, self.prefill_tokens_per_ms, left)
         return placement
+
+    def cool_down(self, worker_id: str, until_ms: int) -> None:
+        view = self.workers.get(worker_id)
+        if view is not None:
+            view.cooldown_until_ms = max(view.cooldown_until_ms, until_ms)
 
     def placement_of(self, request_id: str) -> Placement | None:
         return self._by_request.get(request_id)

@@ -3,8 +3,11 @@
 One queue per model. Order: priority first (0 = most urgent); within a priority, tenants
 take turns (round-robin, so one busy tenant cannot starve the others); within a tenant,
 earliest deadline first, then arrival. Requests past their deadline (or past
-`max_wait_ms` when they have none) come out of `expire` as timeouts. The queue is
-bounded: `push` refuses beyond `max_queued` and the caller answers QUEUE_FULL.
+`max_wait_ms` when they have none) come out of `expire` as timeouts. The queues are
+bounded: `FlowQueues.admit` refuses beyond `max_queued` per model and beyond
+`max_queued_per_tenant` per tenant over all models (one tenant cannot fill the scheduler's
+shared slots), and the caller answers QUEUE_FULL. Empty queues are dropped (`prune`), so
+model names seen once do not stay forever.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class ModelQueue:
         self.max_wait_ms = max_wait_ms
         self._levels: dict[int, _Level] = {}
         self._ids: dict[str, SchedRequest] = {}
+        self._per_tenant: dict[str, int] = {}
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -40,6 +44,9 @@ class ModelQueue:
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._ids
+
+    def count_of(self, tenant: str) -> int:
+        return self._per_tenant.get(tenant, 0)
 
     def expires_at_ms(self, request: SchedRequest) -> int:
         wait_limit = request.arrived_at_ms + self.max_wait_ms
@@ -62,6 +69,7 @@ class ModelQueue:
         deadline = request.deadline_ms if request.deadline_ms is not None else _NO_DEADLINE
         bisect.insort(heap, (deadline, next(self._seq), request), key=lambda e: (e[0], e[1]))
         self._ids[request.request_id] = request
+        self._per_tenant[request.tenant] = self._per_tenant.get(request.tenant, 0) + 1
         return True
 
     def in_order(self) -> Iterator[SchedRequest]:
@@ -85,6 +93,11 @@ class ModelQueue:
         request = self._ids.pop(request_id, None)
         if request is None:
             return None
+        left = self._per_tenant[request.tenant] - 1
+        if left:
+            self._per_tenant[request.tenant] = left
+        else:
+            del self._per_tenant[request.tenant]
         level = self._levels[request.priority]
         heap = level.tenants[request.tenant]
         heap[:] = [entry for entry in heap if entry[2].request_id != request_id]
@@ -125,11 +138,14 @@ class ModelQueue:
 
 
 class FlowQueues:
-    """The per-model queues, made on first use."""
+    """The per-model queues, made on first use and dropped when empty."""
 
-    def __init__(self, max_queued_per_model: int = 1000, max_wait_ms: int = 60_000) -> None:
+    def __init__(
+        self, max_queued_per_model: int = 1000, max_wait_ms: int = 60_000, max_queued_per_tenant: int | None = None
+    ) -> None:
         self.max_queued_per_model = max_queued_per_model
         self.max_wait_ms = max_wait_ms
+        self.max_queued_per_tenant = max_queued_per_tenant
         self.by_model: dict[str, ModelQueue] = {}
 
     def of(self, model: str) -> ModelQueue:
@@ -137,6 +153,32 @@ class FlowQueues:
         if q is None:
             q = self.by_model[model] = ModelQueue(self.max_queued_per_model, self.max_wait_ms)
         return q
+
+    def holds(self, model: str, request_id: str) -> bool:
+        q = self.by_model.get(model)
+        return q is not None and request_id in q
+
+    def queued_of(self, tenant: str) -> int:
+        return sum(q.count_of(tenant) for q in self.by_model.values())
+
+    def admit(self, request: SchedRequest, force: bool = False) -> str | None:
+        """Queue the request; the reason when it is refused (None: queued). `force` skips the bounds."""
+        queue = self.of(request.model)
+        if not force and request.request_id not in queue and (refused := self._over_tenant_cap(request.tenant)):
+            return refused
+        if not queue.push(request, force=force):
+            return f"{len(queue)} requests already wait for {request.model}"
+        return None
+
+    def _over_tenant_cap(self, tenant: str) -> str | None:
+        cap = self.max_queued_per_tenant
+        if cap is None or (held := self.queued_of(tenant)) < cap:
+            return None
+        return f"tenant {tenant!r} already has {held} requests waiting (at most {cap})"
+
+    def prune(self) -> None:
+        for model in [m for m, q in self.by_model.items() if not len(q)]:
+            del self.by_model[model]
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.by_model.values())

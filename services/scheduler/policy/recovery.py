@@ -2,8 +2,11 @@
 
 A retryable failure (over capacity, OOM, engine failure, handed back, worker lost) is
 placed again as attempt + 1 on another worker when there is one; after `max_attempts`
-the request gets a final MAX_ATTEMPTS error. Every path ends in a placement or a final
-result, so no request is left without an answer.
+the request gets a final MAX_ATTEMPTS error. A failure whose error is not retryable (an
+upstream 4xx, a validation error) is final at once: the same request fails everywhere.
+When the worker's upstream was busy (429/503, `retry_after_ms`), the retry waits a backoff
+that doubles per attempt. Every path ends in a placement or a final result, so no request is
+left without an answer.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ RecoveryDecision = Retry | GiveUp | Done
 class RecoveryPolicy:
     max_attempts: int = 3
     heartbeat_timeout_ms: int = 5_000
+    busy_backoff_ms: int = 100  # first retry after an upstream 429/503; doubles per attempt
+    busy_backoff_max_ms: int = 5_000
+
+    def backoff_ms(self, failed_attempt: int) -> int:
+        return min(self.busy_backoff_max_ms, self.busy_backoff_ms * 2 ** max(0, failed_attempt - 1))
 
     def retry(self, placement: Placement, reason: ErrorCode, message: str = "") -> Retry | GiveUp:
         request = placement.request
@@ -53,6 +61,8 @@ class RecoveryPolicy:
 
     def on_outcome(self, placement: Placement, status: OutcomeStatus, error: ErrorInfo | None) -> RecoveryDecision:
         if status == OutcomeStatus.RETRYABLE:
+            if error is not None and not error.retryable:
+                return GiveUp(placement.request, error)  # retrying cannot help (e.g. invalid_request)
             code = error.code if error is not None else ErrorCode.ENGINE_FAILED
             return self.retry(placement, code, error.message if error is not None else "")
         # COMPLETED / FAILED (the worker wrote the final result) / DUPLICATE: nothing more to do.

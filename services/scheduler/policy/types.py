@@ -28,6 +28,7 @@ class SchedRequest:
     attempt: int = 1
     prefix_block_hashes: list[str] = field(default_factory=list)
     excluded_workers: set[str] = field(default_factory=set)  # workers that failed it
+    not_before_ms: int = 0  # a retry after an upstream 429/503 waits (backoff) before it is placed again
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
 
     @property
@@ -100,8 +101,9 @@ class WorkerView:
     num_requests_waiting_reported: int = 0
     gpu_healthy: bool = True
     ecc_uncorrected: int = 0
-    last_heartbeat_ms: int = 0
+    last_heartbeat_ms: int = 0  # when we received it (our clock): a worker's own clock may be off
     heartbeat_sent_at_ms: int = 0
+    cooldown_until_ms: int = 0  # upstream said 429/503 (Retry-After): nothing new until then
     inflight: dict[str, Placement] = field(default_factory=dict)  # placement key → placement
     # Prefill work placed here and not yet done, as a fluid queue drained at the fleet's
     # prefill rate: TTFT is mostly the wait behind other prompts' prefill.

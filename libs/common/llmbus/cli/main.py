@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import typer
 from rich.console import Console
@@ -13,6 +12,7 @@ from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import stack
+from llmbus.cli.chat_view import show_stream
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
@@ -77,24 +77,8 @@ def chat(
             temperature=temperature,
         )
         console.print(f"[dim]request {request.request_id} → {model}[/dim]")
-        started = time.perf_counter()
-        first: float | None = None
         async with LlmbusClient() as client:
-            async for chunk in client.stream(request):
-                if chunk.delta and first is None:
-                    first = time.perf_counter()
-                console.print(chunk.delta, end="", soft_wrap=True, highlight=False)
-                if chunk.final:
-                    console.print()
-                    if chunk.error:
-                        console.print(f"[red]error {chunk.error.code}: {chunk.error.message}[/red]")
-                    usage = chunk.usage
-                    ttft = f"{(first - started) * 1000:.0f} ms" if first else "-"
-                    console.print(
-                        f"[dim]usage: prompt {usage.prompt_tokens if usage else 0}, completion "
-                        f"{usage.completion_tokens if usage else 0} tokens · chunks {chunk.seq + 1} · "
-                        f"TTFT {ttft} · total {(time.perf_counter() - started) * 1000:.0f} ms[/dim]"
-                    )
+            await show_stream(client.stream_text(request), console)
 
     asyncio.run(_chat())
 

@@ -12,7 +12,8 @@ from services.scheduler.policy.types import SchedRequest, WorkerView
 @register(FILTERS, "serves-model")
 @dataclass
 class ServesModelFilter:
-    """Serves the request's model, is READY (not starting, draining or stopped) and heard from lately.
+    """Serves the request's model, is READY (not starting, draining or stopped), heard from lately,
+    and not cooling down after its upstream said 429/503.
 
     Workers that already failed this request are left out while any other can serve it;
     with `strict_exclude` they are left out even when they are the only ones.
@@ -29,6 +30,7 @@ class ServesModelFilter:
             if w.serves(request.model)
             and w.state == WorkerState.READY
             and (timeout is None or state.now_ms - w.last_heartbeat_ms <= timeout)
+            and state.now_ms >= w.cooldown_until_ms
         ]
         others = [w for w in ready if w.worker_id not in request.excluded_workers]
         return others if others or self.strict_exclude else ready

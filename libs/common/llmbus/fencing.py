@@ -1,0 +1,120 @@
+"""Fencing by attempt: of all the attempts a request may get, only one publishes its final result.
+
+Two Redis keys per request, shared by the scheduler and the workers, each changed only by
+a Lua script so every check-and-set is one atomic step:
+
+- `fence:<request id>` — the highest attempt the scheduler placed. An attempt below it is
+  superseded: its worker stops (checked before it starts and again while it runs) and may not
+  publish. The scheduler raises the fence before it sends a new attempt (`supersede`), and
+  refuses to when the final marker is already taken (the old attempt is publishing or has).
+- `final:<request id>` — who publishes the final result. A worker claims it with SET NX
+  carrying its attempt (`pending:<attempt>`, with a lease) just before it publishes, and marks it
+  `done:<attempt>` after. A redelivered Dispatch of the same attempt may take over its own
+  pending claim (the worker died between claim and publish). The scheduler's final errors
+  (deadline, max attempts) take it as `done:scheduler` and raise the fence past every attempt.
+
+The one window left: an attempt whose pending claim is older than the lease may be superseded
+while its (very late) publish is still under way.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import redis.asyncio as redis
+
+# KEYS: final, fence. ARGV: attempt, lease_ms. 1: claimed (publish now), 0: not yours.
+_CLAIM = """
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence > tonumber(ARGV[1]) then return 0 end
+local mine = 'pending:' .. ARGV[1]
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= mine then return 0 end
+redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: final, fence. ARGV: attempt, ttl_s. 1: the fence stands at `attempt`; 0: the result is out;
+# 2: an earlier attempt holds a pending claim (it is publishing, or died doing so: its lease will tell).
+_SUPERSEDE = """
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if string.sub(cur, 1, 8) == 'pending:' then return 2 end
+  return 0
+end
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2]) end
+return 1
+"""
+
+# KEYS: final, fence. ARGV: ttl_s, beyond-every-attempt. 1: the scheduler's error is the final result.
+_CLAIM_FOR_ERROR = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SET', KEYS[1], 'done:scheduler', 'EX', ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
+return 1
+"""
+
+# KEYS: final, fence. 1: the fence is gone (attempts count from 1 again), 0: the result is taken.
+_RESTART = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+_EVERY_ATTEMPT = 2**31
+
+
+class Superseded(IntEnum):
+    RESULT_OUT = 0  # an earlier attempt (or the scheduler) published the result: nothing to place
+    FENCED = 1  # earlier attempts are fenced off: send the new one
+    RESULT_PENDING = 2  # an earlier attempt claimed the result and has not marked it done: ask again later
+
+
+class RequestFence:
+    def __init__(
+        self, client: redis.Redis, namespace: str, final_ttl_s: int = 24 * 3600, claim_lease_s: float = 30.0
+    ) -> None:
+        self._client = client
+        self._namespace = namespace
+        self.final_ttl_s = final_ttl_s
+        self.claim_lease_ms = int(claim_lease_s * 1000)
+        self._claim = client.register_script(_CLAIM)
+        self._supersede = client.register_script(_SUPERSEDE)
+        self._claim_for_error = client.register_script(_CLAIM_FOR_ERROR)
+        self._restart = client.register_script(_RESTART)
+
+    def _keys(self, request_id: str) -> list[str]:
+        base = f"llmbus:{self._namespace}"
+        return [f"{base}:final:{request_id}", f"{base}:fence:{request_id}"]
+
+    async def superseded(self, request_id: str, attempt: int) -> bool:
+        """True when this attempt may no longer run: a later one was placed, or another owns the result."""
+        final, fence = await self._client.mget(self._keys(request_id))
+        if fence is not None and int(fence) > attempt:
+            return True
+        return final is not None and final != f"pending:{attempt}".encode()
+
+    async def claim_final(self, request_id: str, attempt: int) -> bool:
+        """Take the right to publish the final result (call just before publishing it)."""
+        return bool(await self._claim(keys=self._keys(request_id), args=[attempt, self.claim_lease_ms]))
+
+    async def final_published(self, request_id: str, attempt: int) -> None:
+        await self._client.set(self._keys(request_id)[0], f"done:{attempt}", ex=self.final_ttl_s)
+
+    async def supersede(self, request_id: str, attempt: int) -> Superseded:
+        """Before sending `attempt` (> 1): fence off the earlier ones, unless one owns the result."""
+        return Superseded(int(await self._supersede(keys=self._keys(request_id), args=[attempt, self.final_ttl_s])))
+
+    async def claim_for_error(self, request_id: str) -> bool:
+        """The scheduler's final error: True if it is the result (no attempt claimed one first)."""
+        return bool(await self._claim_for_error(keys=self._keys(request_id), args=[self.final_ttl_s, _EVERY_ATTEMPT]))
+
+    async def restart(self, request_id: str) -> bool:
+        """A fallback to another model starts its attempts at 1 again; False: the result is taken."""
+        return bool(await self._restart(keys=self._keys(request_id)))
+
+    async def holder(self, request_id: str) -> str | None:
+        """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""
+        value = await self._client.get(self._keys(request_id)[0])
+        return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,187 @@
+"""Scheduler handlers when Redis or Kafka fail mid-request, and when a rebalance takes a partition
+(real Redis for claims and markers; the publisher is a recording fake so failures can be injected)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+import redis.asyncio as redis
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from llmbus.messages import (
+    Dispatch,
+    ErrorCode,
+    InferenceRequest,
+    InferenceResult,
+    ResultStatus,
+    RoutedRequest,
+    TokenChunk,
+    WorkerState,
+    WorkerStatus,
+    now_ms,
+)
+from llmbus.settings import BusSettings
+from llmbus.state import dispatch_markers, redis_client
+from llmbus.topics import Topics
+from services.scheduler.app import build_core
+from services.scheduler.config import SchedulerSettings
+from services.scheduler.handlers import SchedulerHandlers
+from services.scheduler.store import PlacementStore
+
+pytestmark = pytest.mark.redis
+PREFIX = "x."
+
+
+@dataclass
+class FlakyPublisher:
+    """Records what is published; the next `fail_next` publishes to a topic containing `fail_on` raise."""
+
+    sent: list[tuple[str, object]] = field(default_factory=list)
+    fail_on: str = ""
+    fail_next: int = 0
+
+    async def publish(self, topic: str, value: object, **_: object) -> None:
+        if self.fail_next and self.fail_on in topic:
+            self.fail_next -= 1
+            raise TimeoutError(f"publish to {topic} timed out")
+        self.sent.append((topic, value))
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [v for _, v in self.sent if isinstance(v, kind)]
+
+
+@dataclass
+class FakeBus:
+    publisher: FlakyPublisher
+    topics: Topics = field(default_factory=lambda: Topics(PREFIX))
+    service: str = "scheduler"
+    dead_letters: list[ConsumerRecord] = field(default_factory=list)
+
+    async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
+        self.dead_letters.append(record)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[redis.Redis]:
+    c = redis_client(BusSettings().redis_url)
+    await c.ping()
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def namespace(client: redis.Redis) -> AsyncIterator[str]:
+    ns = f"t{uuid.uuid4().hex[:10]}."
+    yield ns
+    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}*")]
+    if keys:
+        await client.delete(*keys)
+
+
+def make_handlers(client: redis.Redis, namespace: str, instance: str = "s1") -> SchedulerHandlers:
+    settings = SchedulerSettings(instance_id=instance, heartbeat_stale_s=60)
+    store = PlacementStore(client, f"{namespace}scheduler", instance)
+    return SchedulerHandlers(
+        FakeBus(FlakyPublisher()),  # type: ignore[arg-type]
+        settings,
+        build_core(settings),
+        store,
+        dispatch_markers(client, namespace, 3600),
+    )
+
+
+def routed_record(request_id: str, partition: int = 0, deadline_ms: int | None = None) -> ConsumerRecord:
+    request = InferenceRequest(request_id=request_id, prompt="hello", max_tokens=8, deadline_ms=deadline_ms)
+    raw = RoutedRequest(request=request, model="m").to_bytes()
+    return ConsumerRecord(f"{PREFIX}llm.routed", partition, 0, 0, 0, b"m", raw, None, 1, len(raw), [])
+
+
+async def add_worker(handlers: SchedulerHandlers, worker_id: str = "w1") -> None:
+    status = WorkerStatus(
+        worker_id=worker_id,
+        node_id="n1",
+        state=WorkerState.READY,
+        engine="sim",
+        models=["m"],
+        max_model_len=8192,
+        kv_blocks_total=1000,
+        kv_blocks_free=1000,
+    )
+    raw = status.to_bytes()
+    await handlers.on_fleet(ConsumerRecord(f"{PREFIX}llm.workers", 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
+
+
+def publisher(handlers: SchedulerHandlers) -> FlakyPublisher:
+    return handlers.bus.publisher  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("failing", ["redis-claim", "kafka-dispatch"])
+async def test_a_failed_claim_or_dispatch_is_rolled_back_and_answered(
+    client: redis.Redis, namespace: str, failing: str
+) -> None:
+    handlers = make_handlers(client, namespace)
+    await add_worker(handlers)
+    if failing == "redis-claim":
+        real_claim = handlers.store.claim
+
+        async def claim_fails_once(placement):  # type: ignore[no-untyped-def]
+            handlers.store.claim = real_claim  # type: ignore[method-assign]
+            raise ConnectionError("redis: connection reset")
+
+        handlers.store.claim = claim_fails_once  # type: ignore[method-assign]
+    else:
+        publisher(handlers).fail_on, publisher(handlers).fail_next = "llm.dispatch", 1
+    await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
+    # The client is answered: final chunk on its reply topic and one error result.
+    [result] = publisher(handlers).of(InferenceResult)
+    assert result.status == ResultStatus.ERROR and result.error is not None
+    assert result.error.code == ErrorCode.INTERNAL and result.error.retryable
+    assert [c for c in publisher(handlers).of(TokenChunk) if c.final]
+    # Core state rolled back: no phantom placement counted against the worker, nothing held.
+    assert handlers.core.fleet.placement_of("r1") is None
+    assert handlers.core.fleet.workers["w1"].inflight_count == 0
+    assert await client.get(handlers.store.key("r1", 1)) is None
+    # A later delivery of the same request id is placed, not ignored as "already held".
+    await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
+    assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["r1"]
+
+
+async def test_a_handler_exception_dead_letters_and_answers_the_client(client: redis.Redis, namespace: str) -> None:
+    handlers = make_handlers(client, namespace)
+    record = routed_record("r2")
+    await handlers.on_routed_error(record, RuntimeError("bug"))
+    assert handlers.bus.dead_letters == [record]  # type: ignore[attr-defined]
+    [result] = publisher(handlers).of(InferenceResult)
+    assert result.request_id == "r2" and result.error is not None and result.error.code == ErrorCode.INTERNAL
+    assert [c.final for c in publisher(handlers).of(TokenChunk)] == [True]
+
+
+async def test_revoked_partitions_are_handed_over_and_the_old_owner_never_answers(
+    client: redis.Redis, namespace: str
+) -> None:
+    old = make_handlers(client, namespace, "old-owner")
+    new = make_handlers(client, namespace, "new-owner")
+    # No worker yet: on the old owner the request waits (its record open), with a short deadline.
+    waiting = asyncio.create_task(old.on_routed(routed_record("r3", partition=0, deadline_ms=now_ms() + 300)))
+    other = asyncio.create_task(old.on_routed(routed_record("r4", partition=1)))
+    await asyncio.sleep(0.2)
+    assert not waiting.done() and old.core.queues.holds("m", "r3")
+    # Rebalance: partition 0 goes to the new owner, which places r3 (attempt 1, its own claim).
+    assert old.hand_over({TopicPartition(f"{PREFIX}llm.routed", 0)}) == 1
+    with pytest.raises(asyncio.CancelledError):
+        await waiting  # cancelled, so its offset stays uncommitted for the new owner
+    assert not other.done() and old.core.queues.holds("m", "r4")  # partition 1 stays here
+    await add_worker(new)
+    await asyncio.wait_for(new.on_routed(routed_record("r3", partition=0)), 5)
+    assert await client.get(new.store.key("r3", 1)) is not None
+    # Past r3's deadline the old owner's timer finds nothing of r3: no DEADLINE_EXCEEDED, claim intact.
+    await asyncio.sleep(0.4)
+    await old._publish(old.core.tick(now_ms()))
+    assert not [r for r in publisher(old).of(InferenceResult) if r.request_id == "r3"]
+    assert await client.get(new.store.key("r3", 1)) is not None
+    other.cancel()

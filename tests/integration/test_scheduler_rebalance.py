@@ -1,0 +1,88 @@
+"""Two scheduler processes on the real broker and Redis: a rebalance with requests waiting.
+
+The first instance holds requests it cannot place (its pipeline refuses the only worker, as a
+lagging or differently configured replica would); a second one joins and takes partitions of
+llm.routed. The waiting requests of those partitions must be handed over: the new owner places
+them and its attempt's result is the only one. Before the fix the old owner timed them out at
+their deadline too (deleting the new owner's claim): two results for one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from llmbus.client import collect_results
+from llmbus.messages import InferenceResult, OutcomeStatus, ResultStatus, now_ms
+from llmbus.replies import publish_result
+from llmbus.settings import BusSettings
+from llmbus.state import dispatch_markers, redis_client
+from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
+from tests.support import ServiceProc
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+MODELS = [f"model-{i}" for i in range(8)]
+
+# The joining instance tolerates the worker's one ECC error; the default pipeline does not.
+TOLERANT = """
+name: tolerant
+filters:
+  - type: serves-model
+  - type: gpu-healthy
+    params: {max_ecc_uncorrected: 5}
+scorers:
+  - type: queue-depth
+    weight: 1
+picker:
+  type: max-score
+"""
+
+
+async def test_waiting_requests_of_revoked_partitions_get_one_result(
+    bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path
+) -> None:
+    pipeline = tmp_path / "tolerant.yaml"
+    pipeline.write_text(TOLERANT)
+    async with scheduler_setup(bus_settings, services, {}) as (bus, fleet, results):
+        await fleet.add("w1", models=MODELS, ecc_uncorrected=1)  # the first instance never places here
+        fleet.start()
+        await asyncio.sleep(4)  # the first instance owns every partition of llm.routed
+        ids: list[str] = []
+        deadline_ms = now_ms() + 20_000  # room for the joiner to start and the group to rebalance
+        for model in MODELS:
+            ids += await send_routed(bus, 1, model=model, deadline_ms=deadline_ms)
+        await asyncio.sleep(1)
+        env = {
+            "LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "2",
+            "LLMBUS_SCHEDULER_TICK_MS": "100",
+            "LLMBUS_SCHEDULER_PIPELINE": str(pipeline),
+            "LLMBUS_SCHEDULER_INSTANCE_ID": f"joiner-{uuid.uuid4().hex[:6]}",
+        }
+        services.append(ServiceProc("services.scheduler", bus_settings, name="joiner", env=env).start())
+        # The joiner places what it was given; the test plays the worker and finishes each attempt
+        # the way a worker does: claim the final marker, publish the result, report the outcome.
+        client = redis_client(bus_settings.redis_url)
+        fence = dispatch_markers(client, bus_settings.topic_prefix)
+        placed = await fleet.dispatches(len(MODELS), timeout_s=25)
+        try:
+            for dispatch in placed:
+                assert await fence.claim_final(dispatch.request_id, dispatch.attempt)
+                result = InferenceResult(
+                    request_id=dispatch.request_id, tenant="default", status=ResultStatus.OK, text="ok"
+                )
+                await publish_result(bus.publisher, bus.topics, result, None)
+                await fence.final_published(dispatch.request_id, dispatch.attempt)
+                await fleet.answer(dispatch, OutcomeStatus.COMPLETED)
+        finally:
+            await client.aclose()
+        assert placed, "the joiner took some partitions and placed their waiting requests"
+        # Past every deadline: the first instance answered what it kept, and nothing it handed over.
+        wait_s = (deadline_ms - now_ms()) / 1000 + 3
+        found = await collect_results(bus_settings, set(ids), timeout_s=wait_s, tail=results)
+        moved = {d.request_id for d in placed}
+        counts = {rid: [r.status.value for r in found.get(rid, [])] for rid in ids}
+        assert {rid: c for rid, c in counts.items() if rid in moved} == {rid: ["ok"] for rid in moved}
+        assert all(c == ["error"] for rid, c in counts.items() if rid not in moved), counts

@@ -1,0 +1,63 @@
+"""The chunk contract on retries (llmbus.chunks): the highest attempt wins, stale and repeated chunks drop."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+
+from rich.console import Console
+
+from llmbus.chunks import ChunkAssembler, TextUpdate
+from llmbus.cli.chat_view import show_stream
+from llmbus.messages import ErrorCode, ErrorInfo, TokenChunk
+
+
+def chunk(seq: int, delta: str = "", attempt: int = 1, final: bool = False, **fields: object) -> TokenChunk:
+    return TokenChunk(request_id="r1", tenant="t", seq=seq, delta=delta, attempt=attempt, final=final, **fields)  # type: ignore[arg-type]
+
+
+# Attempt 1 streams "Hello wor", its worker dies; attempt 2 streams the whole answer; a zombie
+# chunk of attempt 1 and a repeated chunk of attempt 2 arrive late.
+RETRIED = [
+    chunk(0, "Hello "),
+    chunk(1, "wor"),
+    chunk(0, "Hello ", attempt=2),
+    chunk(2, "ld?!", attempt=1),  # stale: attempt 1 was abandoned
+    chunk(1, "world", attempt=2),
+    chunk(1, "world", attempt=2),  # repeated
+    chunk(2, final=True, attempt=2),
+]
+
+
+def test_a_new_attempt_voids_earlier_text_and_stale_chunks_are_dropped() -> None:
+    assembler = ChunkAssembler()
+    updates = [assembler.add(c) for c in RETRIED]
+    assert [u is not None for u in updates] == [True, True, True, False, True, False, True]
+    assert [u.restarted for u in updates if u is not None] == [False, False, True, False, False]
+    assert assembler.text == "Hello world" and assembler.attempt == 2 and assembler.restarts == 1
+    assert assembler.done and assembler.add(chunk(3, "late", attempt=3)) is None  # nothing after the end
+
+
+def test_a_final_error_of_the_scheduler_ends_the_stream() -> None:
+    assembler = ChunkAssembler()
+    assembler.add(chunk(0, "partial"))
+    error = ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")
+    update = assembler.add(chunk(0, final=True, attempt=3, error=error))
+    assert update is not None and update.restarted and update.final
+    assert assembler.text == "" and assembler.final is not None and assembler.final.error == error
+
+
+async def _updates(chunks: list[TokenChunk]) -> AsyncIterator[TextUpdate]:
+    assembler = ChunkAssembler()
+    for c in chunks:
+        if (update := assembler.add(c)) is not None:
+            yield update
+
+
+async def test_the_cli_says_the_answer_restarts_and_returns_only_the_last_attempt() -> None:
+    out = io.StringIO()
+    text = await show_stream(_updates(RETRIED), Console(file=out, width=200, color_system=None))
+    assert text == "Hello world"
+    shown = out.getvalue()
+    assert "attempt 2: the answer restarts" in shown
+    assert "ld?!" not in shown and shown.count("world") == 1

@@ -1,0 +1,30 @@
+"""A router handler that fails (e.g. Redis down under the limits) still answers the client (issue 9, defect 5)."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
+from services.router.config import RouterSettings
+from services.router.handlers import RouterHandlers
+from tests.unit.test_worker_request_errors import FakeBus, RecordingPublisher
+
+
+class UnreachableRedisCore:
+    async def route(self, request: InferenceRequest, received_at_ms: int) -> object:
+        raise ConnectionError("redis: connection refused")
+
+
+async def test_a_failing_route_answers_the_client_then_goes_to_the_dlq() -> None:
+    publisher = RecordingPublisher()
+    handlers = RouterHandlers(FakeBus(publisher), RouterSettings(), UnreachableRedisCore(), None)  # type: ignore[arg-type]
+    raw = InferenceRequest(request_id="r1", prompt="hi", max_tokens=4, reply_topic="llm.replies.acme").to_bytes()
+    record = ConsumerRecord("x.llm.requests", 0, 0, 0, 0, b"r1", raw, None, 2, len(raw), [])
+    with pytest.raises(ConnectionError):  # raised on: the ConsumerLoop writes the DLQ entry
+        await handlers.on_request(record)
+    [result] = publisher.of(InferenceResult)
+    assert result.request_id == "r1" and result.error is not None
+    assert result.error.code == ErrorCode.INTERNAL and result.error.retryable
+    [(topic, chunk)] = [(t, v) for t, v in publisher.sent if isinstance(v, TokenChunk)]
+    assert topic == "x.llm.replies.acme" and chunk.final

@@ -1,0 +1,271 @@
+"""What one request's failure does to the worker (fakes for the bus and Redis; the engines' own
+classification is tested against real servers in tests/integration).
+
+- only a dead engine or OOM restarts the engine; a 4xx is the request's final error;
+  a 429/503 hands it back with Retry-After and cools the worker down;
+- an attempt superseded while it runs is aborted, and one whose final claim is refused publishes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+
+from llmbus.messages import (
+    Dispatch,
+    DispatchOutcome,
+    ErrorCode,
+    InferenceRequest,
+    InferenceResult,
+    OutcomeStatus,
+    ResultStatus,
+    RoutedRequest,
+    TokenChunk,
+)
+from llmbus.settings import BusSettings
+from llmbus.topics import Topics
+from services.engine_worker.config import WorkerSettings
+from services.engine_worker.engines.base import EngineDead, EngineError, EngineOutput, EngineRequest, EngineStats
+from services.engine_worker.engines.openai_http import _status_error
+from services.engine_worker.handlers import WorkerHandlers
+
+
+@dataclass
+class RecordingPublisher:
+    sent: list[tuple[str, object]] = field(default_factory=list)
+
+    async def publish(self, topic: str, value: object, **_: object) -> None:
+        self.sent.append((topic, value))
+
+    async def send(self, topic: str, value: object, **_: object) -> object:
+        self.sent.append((topic, value))
+        return None
+
+    async def delivered(self, _: object) -> None:
+        return None
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [v for _, v in self.sent if isinstance(v, kind)]
+
+
+@dataclass
+class FakeBus:
+    publisher: RecordingPublisher
+    topics: Topics = field(default_factory=lambda: Topics("x."))
+    service: str = "engine-worker"
+    settings: BusSettings = field(default_factory=BusSettings)
+
+
+class MemoryFence:
+    """llmbus.fencing.RequestFence's rules on a dict (the real scripts run on Redis in tests/integration)."""
+
+    def __init__(self) -> None:
+        self.final: dict[str, str] = {}
+        self.fence: dict[str, int] = {}
+
+    async def superseded(self, request_id: str, attempt: int) -> bool:
+        if self.fence.get(request_id, 0) > attempt:
+            return True
+        return request_id in self.final and self.final[request_id] != f"pending:{attempt}"
+
+    async def claim_final(self, request_id: str, attempt: int) -> bool:
+        if await self.superseded(request_id, attempt):
+            return False
+        self.final[request_id] = f"pending:{attempt}"
+        return True
+
+    async def final_published(self, request_id: str, attempt: int) -> None:
+        self.final[request_id] = f"done:{attempt}"
+
+
+class ScriptedEngine:
+    """Streams `tokens` deltas (one per step), then raises `error` if one is given."""
+
+    name = "scripted"
+    model = "m"
+    max_model_len = 8192
+    max_num_seqs = 16
+
+    def __init__(self, error: EngineError | None = None, tokens: int = 3, on_step=None) -> None:  # type: ignore[no-untyped-def]
+        self.error, self.tokens, self.on_step = error, tokens, on_step
+        self.calls = 0
+        self.aborted: list[str] = []
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
+        return None
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+        self.calls += 1
+        for i in range(self.tokens):
+            if request.request_id in self.aborted:
+                yield EngineOutput("", 0, 1, i, finished=True, finish_reason="abort")
+                return
+            if self.on_step is not None:
+                await self.on_step(i)
+            yield EngineOutput(f"t{i} ", 1, 1, i + 1)
+        if self.error is not None:
+            raise self.error
+        yield EngineOutput("", 0, 1, self.tokens, finished=True, finish_reason="stop")
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+def record(attempt: int = 1, request_id: str = "r1") -> ConsumerRecord:
+    request = InferenceRequest(request_id=request_id, prompt="hello", max_tokens=4)
+    raw = Dispatch(routed=RoutedRequest(request=request, model="m"), worker_id="w1", attempt=attempt).to_bytes()
+    return ConsumerRecord("x.llm.dispatch.w1", 0, 0, 0, 0, None, raw, None, 0, len(raw), [])
+
+
+def worker(engine: ScriptedEngine, fence: MemoryFence | None = None, **settings: object):  # type: ignore[no-untyped-def]
+    publisher = RecordingPublisher()
+    ws = WorkerSettings(worker_id="w1", chunk_max_tokens=1, **settings)  # type: ignore[arg-type]
+    handlers = WorkerHandlers(FakeBus(publisher), ws, engine, fence or MemoryFence())  # type: ignore[arg-type]
+    return handlers, publisher
+
+
+@pytest.mark.parametrize("status", [400, 404, 413, 422])
+async def test_an_upstream_4xx_is_the_final_error_and_the_engine_keeps_running(status: int) -> None:
+    handlers, publisher = worker(ScriptedEngine(_status_error(status, "bad request")))
+    await handlers.on_dispatch(record())
+    assert not handlers.engine_failed.is_set(), "one bad request must not restart the engine"
+    [result] = publisher.of(InferenceResult)
+    assert result.status == ResultStatus.ERROR and result.error is not None
+    assert result.error.code == ErrorCode.INVALID_REQUEST and not result.error.retryable
+    assert publisher.of(TokenChunk)[-1].final  # the client's stream ends too
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.FAILED  # final: the scheduler does not retry it
+
+
+@pytest.mark.parametrize(("status", "retry_after", "cooldown_ms"), [(429, "7", 7000), (503, None, 5000)])
+async def test_upstream_busy_hands_back_with_retry_after_and_cools_the_worker_down(
+    status: int, retry_after: str | None, cooldown_ms: int
+) -> None:
+    engine = ScriptedEngine(_status_error(status, "slow down", retry_after), tokens=0)
+    handlers, publisher = worker(engine)
+    await handlers.on_dispatch(record(request_id="r1"))
+    assert not handlers.engine_failed.is_set()
+    assert not publisher.of(InferenceResult)
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
+    assert outcome.error.retry_after_ms == cooldown_ms
+    # While cooling down, the next request is handed back at once, without reaching upstream.
+    await handlers.on_dispatch(record(request_id="r2"))
+    assert engine.calls == 1
+    second = publisher.of(DispatchOutcome)[-1]
+    assert second.request_id == "r2" and second.status == OutcomeStatus.RETRYABLE
+    assert second.error is not None and 0 < (second.error.retry_after_ms or 0) <= cooldown_ms
+
+
+async def test_a_failed_stream_is_retried_elsewhere_without_restarting_the_engine() -> None:
+    handlers, publisher = worker(ScriptedEngine(EngineError("upstream stream broke")))
+    await handlers.on_dispatch(record())
+    assert not handlers.engine_failed.is_set()
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and not publisher.of(InferenceResult)
+
+
+async def test_a_dead_engine_is_restarted() -> None:
+    handlers, publisher = worker(ScriptedEngine(EngineDead("engine core died")))
+    await handlers.on_dispatch(record())
+    assert handlers.engine_failed.is_set()
+    assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.RETRYABLE
+
+
+async def test_an_attempt_superseded_while_running_is_aborted_and_publishes_no_result() -> None:
+    fence = MemoryFence()
+
+    async def step(i: int) -> None:
+        if i == 2:
+            fence.fence["r1"] = 2  # the scheduler placed attempt 2 elsewhere (this worker looked dead)
+
+    engine = ScriptedEngine(tokens=50, on_step=step)
+    handlers, publisher = worker(engine, fence, superseded_check_s=0.0)
+    await handlers.on_dispatch(record(attempt=1))
+    assert engine.aborted == ["r1"]
+    assert not publisher.of(InferenceResult) and not [c for c in publisher.of(TokenChunk) if c.final]
+    assert len(publisher.of(TokenChunk)) < 10
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.DUPLICATE
+
+
+async def test_only_the_attempt_that_claims_the_final_marker_publishes_the_result() -> None:
+    fence = MemoryFence()
+    fence.final["r1"] = "pending:2"  # attempt 2 claimed it while this (zombie) attempt 1 ran
+    handlers, publisher = worker(ScriptedEngine(tokens=3), fence, superseded_check_s=60.0)
+    handlers_check = handlers.fence.superseded
+    calls = 0
+
+    async def first_check_passes(request_id: str, attempt: int) -> bool:
+        nonlocal calls
+        calls += 1
+        return False if calls == 1 else await handlers_check(request_id, attempt)
+
+    handlers.fence.superseded = first_check_passes  # type: ignore[method-assign]  # it started before attempt 2 existed
+    await handlers.on_dispatch(record(attempt=1))
+    assert not publisher.of(InferenceResult), "a zombie attempt must not add a second result"
+    assert not [c for c in publisher.of(TokenChunk) if c.final]
+    assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.DUPLICATE
+    assert fence.final["r1"] == "pending:2"
+
+
+class FlakyFencePublisher(RecordingPublisher):
+    """Outcomes cannot be published once (a broker blip)."""
+
+    failed: bool = False
+
+    async def publish(self, topic: str, value: object, **kw: object) -> None:
+        if "outcomes" in topic and not self.failed:
+            self.failed = True
+            raise TimeoutError("outcome publish timed out")
+        await super().publish(topic, value, **kw)
+
+
+async def test_when_not_even_the_outcome_goes_out_the_client_still_gets_its_final_error() -> None:
+    fence = MemoryFence()
+    real_superseded = fence.superseded
+    blips = iter([ConnectionError("redis: connection reset")])
+
+    async def blip_once(request_id: str, attempt: int) -> bool:
+        if (err := next(blips, None)) is not None:
+            raise err
+        return await real_superseded(request_id, attempt)
+
+    fence.superseded = blip_once  # type: ignore[method-assign]
+    publisher = FlakyFencePublisher()
+    ws = WorkerSettings(worker_id="w1")  # type: ignore[call-arg]
+    handlers = WorkerHandlers(FakeBus(publisher), ws, ScriptedEngine(), fence)  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError):  # the record still goes to the DLQ (ConsumerLoop's on_error)
+        await handlers.on_dispatch(record())
+    [result] = publisher.of(InferenceResult)
+    assert result.status == ResultStatus.ERROR and result.error is not None
+    assert result.error.code == ErrorCode.WORKER_ERROR and "connection reset" in result.error.message
+    assert [c.final for c in publisher.of(TokenChunk)] == [True]
+    assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.FAILED  # the scheduler lets it go
+
+
+def test_vllm_errors_by_kind() -> None:
+    from services.engine_worker.engines.base import EngineOOM, RequestRejected
+    from services.engine_worker.engines.vllm_engine import classify_error
+
+    class VLLMValidationError(ValueError):  # the name is what classify_error matches (vLLM imported lazily)
+        pass
+
+    class EngineDeadError(RuntimeError):
+        pass
+
+    rejected = classify_error(VLLMValidationError("max_tokens must be at least 1"))
+    assert isinstance(rejected, RequestRejected) and not rejected.retryable and not rejected.restarts_engine
+    assert classify_error(EngineDeadError()).restarts_engine
+    assert isinstance(classify_error(RuntimeError("CUDA out of memory")), EngineOOM)
+    other = classify_error(RuntimeError("sampler hiccup"))
+    assert other.retryable and not other.restarts_engine
