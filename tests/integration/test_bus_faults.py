@@ -91,21 +91,48 @@ async def fail(record: ConsumerRecord, exc: Exception) -> None:
 
 
 async def test_a_saturated_loop_skips_nothing_across_rebalances(kafka_settings: BusSettings) -> None:
-    """max_in_flight=1 pauses on every record; a member joining and leaving hands out fresh partitions."""
+    """max_in_flight=1, and a record in flight across each rebalance (a member joining, then leaving):
+    the loop is saturated while the group hands it fresh, unpaused partitions, and keeps polling."""
     settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
-    partitions, per_partition = 4, 20
+    partitions, per_partition = 4, 10
     topic = await make_topic(settings, partitions)
     await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
     everything = {(p, o) for p in range(partitions) for o in range(per_partition)}
     handled: Seen = set()
     commit_violations: list[str] = []
+    hold, held, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def slow(record: ConsumerRecord) -> None:
-        await asyncio.sleep(0.02)
+    async def handler(record: ConsumerRecord) -> None:
+        if hold.is_set():  # this record stays in flight until the test lets it go
+            hold.clear()
+            held.set()
+            await release.wait()
+        await asyncio.sleep(0.05)
         handled.add((record.partition, record.offset))
 
-    consumer, task, stop = await start_loop(settings, topic, slow, fail, max_in_flight=1)
+    async def with_a_record_in_flight(rebalance: Callable[[], Awaitable[None]]) -> None:
+        held.clear()
+        release.clear()
+        hold.set()
+        try:
+            await asyncio.wait_for(held.wait(), 10)
+        except TimeoutError:
+            raise AssertionError(f"nothing delivered for 10 s, never handled: {sorted(everything - handled)}") from None
+        await rebalance()
+        await asyncio.sleep(1.0)  # saturated, polling, on partitions the rebalance just handed out
+        release.set()
+
+    consumer, task, stop = await start_loop(settings, topic, handler, fail, max_in_flight=1)
     joiner = make_consumer(settings, topic, group_id=f"{settings.topic_prefix}g", client_id="joiner")
+
+    async def join() -> None:
+        await asyncio.wait_for(joiner.start(), 30)
+        await wait_assigned(joiner, 30)
+        await until(lambda: len(consumer.assignment()) == partitions // 2, 30)
+
+    async def leave() -> None:
+        await stop_consumer(joiner, 10)
+        await until(lambda: len(consumer.assignment()) == partitions, 30)
 
     async def commits_never_pass_an_unhandled_record() -> None:
         while True:
@@ -117,15 +144,13 @@ async def test_a_saturated_loop_skips_nothing_across_rebalances(kafka_settings: 
 
     watcher = asyncio.create_task(commits_never_pass_an_unhandled_record())
     try:
-        await until(lambda: len(handled) >= 5, 20)
-        await asyncio.wait_for(joiner.start(), 30)  # joins the group: a rebalance while saturated ...
-        await wait_assigned(joiner, 30)
-        await asyncio.sleep(1.0)
-        await stop_consumer(joiner, 10)  # ... and leaving: another one, its partitions come back fresh
-        await until(lambda: everything <= handled, 40)
+        await with_a_record_in_flight(join)
+        await with_a_record_in_flight(leave)
+        await until(lambda: everything <= handled, 30)
         await eventually(lambda: _all_committed(consumer, topic, partitions, per_partition), timeout_s=10)
     finally:
         watcher.cancel()
+        release.set()
         await stop_consumer(joiner, 10)
         await stop_loop(consumer, task, stop)
     assert everything <= handled, f"skipped: {sorted(everything - handled)}"
@@ -220,12 +245,18 @@ def set_on_topic(entry: tuple[object, ...]) -> bool:
 
 async def test_topics_take_replication_and_min_insync_replicas_from_settings(kafka_settings: BusSettings) -> None:
     topic = await make_topic(kafka_settings, 1, name="durable.test")
-    async with open_admin(kafka_settings) as admin:
-        [described] = await asyncio.wait_for(
-            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
-        )
-    [resource] = described.resources
-    entries = {entry[0]: entry for entry in resource[4]}  # name, value, read_only, source or is_default, ...
+    entries: dict[str, tuple[object, ...]] = {}
+
+    async def described() -> bool:  # a topic just created may not be described yet
+        async with open_admin(kafka_settings) as admin:
+            [response] = await asyncio.wait_for(
+                admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
+            )
+        [resource] = response.resources  # error, message, type, name, entries (name, value, read_only, source, ..)
+        entries.update({entry[0]: entry for entry in resource[4]})
+        return bool(entries)
+
+    await eventually(described, timeout_s=15, interval_s=0.2)
     min_isr, max_bytes = entries["min.insync.replicas"], entries["max.message.bytes"]
     assert min_isr[1] == "1" and set_on_topic(min_isr), "set on the topic, not left to the broker"
     assert int(max_bytes[1]) == kafka_settings.topic_max_message_bytes and set_on_topic(max_bytes)
