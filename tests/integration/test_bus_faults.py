@@ -4,8 +4,6 @@ after the group moved on, a DLQ that cannot be written, topics created from the 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -165,57 +163,48 @@ async def _all_committed(consumer: AIOKafkaConsumer, topic: str, partitions: int
 
 
 async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(kafka_settings: BusSettings) -> None:
-    """A blocked event loop misses its heartbeats, the broker expels the member, its next commit fails
-    with CommitFailedError: the loop rejoins and goes on, the records are redelivered, none lost."""
+    """The member's heartbeats stop reaching the coordinator (the fault injected), the broker expels it,
+    its next commit fails with CommitFailedError: the loop rejoins and goes on; records are redelivered."""
     settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
-    partitions, per_partition = 2, 10
-    topic = await make_topic(settings, partitions)
+    topic = await make_topic(settings, 1)
     group = f"{settings.topic_prefix}g"
-    other_joined, other_leave = threading.Event(), threading.Event()
+    handled: list[int] = []
 
-    def other_member() -> None:  # its own thread and event loop: it keeps heartbeating while ours is blocked
-        async def member() -> None:
-            other = make_consumer(settings, topic, group_id=group, client_id="other")
-            await other.start()
-            await wait_assigned(other, 30)
-            other_joined.set()
-            while not other_leave.is_set():
-                await asyncio.sleep(0.05)
-            await stop_consumer(other, 10)
-
-        asyncio.run(member())
-
-    handled: Seen = set()
-    blocked_once: list[int] = []
-
-    async def blocks_the_loop_once(record: ConsumerRecord) -> None:
-        if not blocked_once:
-            blocked_once.append(record.offset)
-            time.sleep(8)  # noqa: ASYNC251 - the point: a blocked loop misses heartbeats past the session timeout
-        await asyncio.sleep(0.01)
-        handled.add((record.partition, record.offset))
+    async def handler(record: ConsumerRecord) -> None:
+        handled.append(record.offset)
 
     consumer, task, stop = await start_loop(
-        settings, topic, blocks_the_loop_once, fail, max_in_flight=4, session_timeout_ms=6000, heartbeat_interval_ms=500
+        settings, topic, handler, fail, max_in_flight=4, session_timeout_ms=6000, heartbeat_interval_ms=500
     )
-    thread = threading.Thread(target=other_member, daemon=True)
-    thread.start()
+    coordinator = consumer._coordinator  # type: ignore[attr-defined]
+    heartbeats_back = asyncio.Event()
+
+    async def heartbeat_lost() -> bool:
+        await heartbeats_back.wait()
+        return False
+
     try:
-        assert await asyncio.to_thread(other_joined.wait, 30)
-        await until(lambda: len(consumer.assignment()) == 1, 30)
-        await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
-        await until(lambda: bool(blocked_once), 30)
-        await asyncio.sleep(3)  # back from the block: the commit was refused and the member rejoins
+        await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(5)])
+        await eventually(lambda: _all_committed(consumer, topic, 1, 5), timeout_s=20)
+        coordinator._do_heartbeat = heartbeat_lost
+
+        async def expelled() -> bool:
+            async with open_admin(settings) as admin:
+                [described] = await asyncio.wait_for(admin.describe_consumer_groups([group]), 10)
+            return not described.groups[0][5]  # error, group, state, protocol type, protocol, members
+
+        await eventually(expelled, timeout_s=30, interval_s=0.5)
+        await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(5, 10)])  # handled, commit refused
+        await until(lambda: set(handled) >= set(range(10)), 20)
+        await asyncio.sleep(1)
         assert not task.done(), f"the loop stopped: {task.exception() if task.done() else ''}"
-        other_leave.set()
-        everything = {(p, o) for p in range(partitions) for o in range(per_partition)}
-        await until(lambda: everything <= handled, 40)
-        await eventually(lambda: _all_committed(consumer, topic, partitions, per_partition), timeout_s=10)
+        del coordinator._do_heartbeat
+        heartbeats_back.set()
+        await eventually(lambda: _all_committed(consumer, topic, 1, 10), timeout_s=30)
         assert not task.done()
     finally:
-        other_leave.set()
+        heartbeats_back.set()
         await stop_loop(consumer, task, stop)
-        thread.join(15)
 
 
 async def test_a_dead_letter_that_cannot_be_written_does_not_stop_the_loop(kafka_settings: BusSettings) -> None:
