@@ -195,7 +195,7 @@ async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(
 
         await eventually(expelled, timeout_s=30, interval_s=0.5)
         await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(5, 10)])  # handled, commit refused
-        await until(lambda: set(handled) >= set(range(10)), 20)
+        await until(lambda: task.done() or set(handled) >= set(range(10)), 20)
         await asyncio.sleep(1)
         assert not task.done(), f"the loop stopped: {task.exception() if task.done() else ''}"
         del coordinator._do_heartbeat
