@@ -52,6 +52,7 @@ async def test_a_huge_malformed_record_is_dead_lettered_and_the_router_keeps_ser
 
     letters_raw = await read_until(dlq, lambda rs: len(rs) >= 2, 60)
     letters = {d.error_code: (d, len(r.value)) for r in letters_raw for d in [decode(r, DeadLetter)]}
+    assert ErrorCode.MALFORMED in letters, f"no dead letter for the huge record, only {sorted(letters)}"
     garbage, garbage_size = letters[ErrorCode.MALFORMED]
     assert garbage_size < 100_000, "the dead letter is bounded, not the record base64-wrapped"
     assert garbage.raw_truncated and garbage.raw_value_size_bytes == len(malformed)

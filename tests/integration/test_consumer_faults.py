@@ -4,8 +4,6 @@ after the group moved on, a DLQ that cannot be written, topics created from the 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -91,21 +89,51 @@ async def fail(record: ConsumerRecord, exc: Exception) -> None:
 
 
 async def test_a_saturated_loop_skips_nothing_across_rebalances(kafka_settings: BusSettings) -> None:
-    """max_in_flight=1 pauses on every record; a member joining and leaving hands out fresh partitions."""
+    """max_in_flight=1, and a record in flight across each rebalance (a member joining, then leaving):
+    the loop is saturated while the group hands it fresh, unpaused partitions, and keeps polling."""
     settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
-    partitions, per_partition = 4, 20
+    partitions, per_partition = 4, 10
     topic = await make_topic(settings, partitions)
     await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
     everything = {(p, o) for p in range(partitions) for o in range(per_partition)}
     handled: Seen = set()
     commit_violations: list[str] = []
+    hold, held, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
-    async def slow(record: ConsumerRecord) -> None:
-        await asyncio.sleep(0.02)
+    async def handler(record: ConsumerRecord) -> None:
+        if hold.is_set():  # this record stays in flight until the test lets it go
+            hold.clear()
+            held.set()
+            await release.wait()
+        await asyncio.sleep(0.05)
         handled.add((record.partition, record.offset))
 
-    consumer, task, stop = await start_loop(settings, topic, slow, fail, max_in_flight=1)
-    joiner = make_consumer(settings, topic, group_id=f"{settings.topic_prefix}g", client_id="joiner")
+    async def with_a_record_in_flight(rebalance: Callable[[], Awaitable[None]]) -> None:
+        held.clear()
+        release.clear()
+        hold.set()
+        try:
+            await asyncio.wait_for(held.wait(), 10)
+        except TimeoutError:
+            raise AssertionError(f"nothing delivered for 10 s, never handled: {sorted(everything - handled)}") from None
+        await rebalance()
+        await asyncio.sleep(0.8)  # saturated, polling, on partitions the rebalance just handed out
+        release.set()
+
+    # Short heartbeats: the loop learns of each rebalance sooner (the test is about what happens then).
+    consumer, task, stop = await start_loop(settings, topic, handler, fail, max_in_flight=1, heartbeat_interval_ms=300)
+    joiner = make_consumer(
+        settings, topic, group_id=f"{settings.topic_prefix}g", client_id="joiner", heartbeat_interval_ms=300
+    )
+
+    async def join() -> None:
+        await asyncio.wait_for(joiner.start(), 30)
+        await wait_assigned(joiner, 30)
+        await until(lambda: len(consumer.assignment()) == partitions // 2, 30)
+
+    async def leave() -> None:
+        await stop_consumer(joiner, 10)
+        await until(lambda: len(consumer.assignment()) == partitions, 30)
 
     async def commits_never_pass_an_unhandled_record() -> None:
         while True:
@@ -117,15 +145,13 @@ async def test_a_saturated_loop_skips_nothing_across_rebalances(kafka_settings: 
 
     watcher = asyncio.create_task(commits_never_pass_an_unhandled_record())
     try:
-        await until(lambda: len(handled) >= 5, 20)
-        await asyncio.wait_for(joiner.start(), 30)  # joins the group: a rebalance while saturated ...
-        await wait_assigned(joiner, 30)
-        await asyncio.sleep(1.0)
-        await stop_consumer(joiner, 10)  # ... and leaving: another one, its partitions come back fresh
-        await until(lambda: everything <= handled, 40)
+        await with_a_record_in_flight(join)
+        await with_a_record_in_flight(leave)
+        await until(lambda: everything <= handled, 30)
         await eventually(lambda: _all_committed(consumer, topic, partitions, per_partition), timeout_s=10)
     finally:
         watcher.cancel()
+        release.set()
         await stop_consumer(joiner, 10)
         await stop_loop(consumer, task, stop)
     assert everything <= handled, f"skipped: {sorted(everything - handled)}"
@@ -137,57 +163,48 @@ async def _all_committed(consumer: AIOKafkaConsumer, topic: str, partitions: int
 
 
 async def test_a_commit_refused_after_the_group_moved_on_does_not_stop_the_loop(kafka_settings: BusSettings) -> None:
-    """A blocked event loop misses its heartbeats, the broker expels the member, its next commit fails
-    with CommitFailedError: the loop rejoins and goes on, the records are redelivered, none lost."""
+    """The member's heartbeats stop reaching the coordinator (the fault injected), the broker expels it,
+    its next commit fails with CommitFailedError: the loop rejoins and goes on; records are redelivered."""
     settings = kafka_settings.model_copy(update={"commit_interval_s": 0.05})
-    partitions, per_partition = 2, 10
-    topic = await make_topic(settings, partitions)
+    topic = await make_topic(settings, 1)
     group = f"{settings.topic_prefix}g"
-    other_joined, other_leave = threading.Event(), threading.Event()
+    handled: list[int] = []
 
-    def other_member() -> None:  # its own thread and event loop: it keeps heartbeating while ours is blocked
-        async def member() -> None:
-            other = make_consumer(settings, topic, group_id=group, client_id="other")
-            await other.start()
-            await wait_assigned(other, 30)
-            other_joined.set()
-            while not other_leave.is_set():
-                await asyncio.sleep(0.05)
-            await stop_consumer(other, 10)
-
-        asyncio.run(member())
-
-    handled: Seen = set()
-    blocked_once: list[int] = []
-
-    async def blocks_the_loop_once(record: ConsumerRecord) -> None:
-        if not blocked_once:
-            blocked_once.append(record.offset)
-            time.sleep(8)  # noqa: ASYNC251 - the point: a blocked loop misses heartbeats past the session timeout
-        await asyncio.sleep(0.01)
-        handled.add((record.partition, record.offset))
+    async def handler(record: ConsumerRecord) -> None:
+        handled.append(record.offset)
 
     consumer, task, stop = await start_loop(
-        settings, topic, blocks_the_loop_once, fail, max_in_flight=4, session_timeout_ms=6000, heartbeat_interval_ms=500
+        settings, topic, handler, fail, max_in_flight=4, session_timeout_ms=6000, heartbeat_interval_ms=500
     )
-    thread = threading.Thread(target=other_member, daemon=True)
-    thread.start()
+    coordinator = consumer._coordinator  # type: ignore[attr-defined]
+    heartbeats_back = asyncio.Event()
+
+    async def heartbeat_lost() -> bool:
+        await heartbeats_back.wait()
+        return False
+
     try:
-        assert await asyncio.to_thread(other_joined.wait, 30)
-        await until(lambda: len(consumer.assignment()) == 1, 30)
-        await produce(settings, topic, [(i % partitions, f"v{i}".encode()) for i in range(partitions * per_partition)])
-        await until(lambda: bool(blocked_once), 30)
-        await asyncio.sleep(3)  # back from the block: the commit was refused and the member rejoins
+        await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(5)])
+        await eventually(lambda: _all_committed(consumer, topic, 1, 5), timeout_s=20)
+        coordinator._do_heartbeat = heartbeat_lost
+
+        async def expelled() -> bool:
+            async with open_admin(settings) as admin:
+                [described] = await asyncio.wait_for(admin.describe_consumer_groups([group]), 10)
+            return not described.groups[0][5]  # error, group, state, protocol type, protocol, members
+
+        await eventually(expelled, timeout_s=30, interval_s=0.5)
+        await produce(settings, topic, [(0, f"v{i}".encode()) for i in range(5, 10)])  # handled, commit refused
+        await until(lambda: task.done() or set(handled) >= set(range(10)), 20)
+        await asyncio.sleep(1)
         assert not task.done(), f"the loop stopped: {task.exception() if task.done() else ''}"
-        other_leave.set()
-        everything = {(p, o) for p in range(partitions) for o in range(per_partition)}
-        await until(lambda: everything <= handled, 40)
-        await eventually(lambda: _all_committed(consumer, topic, partitions, per_partition), timeout_s=10)
+        del coordinator._do_heartbeat
+        heartbeats_back.set()
+        await eventually(lambda: _all_committed(consumer, topic, 1, 10), timeout_s=30)
         assert not task.done()
     finally:
-        other_leave.set()
+        heartbeats_back.set()
         await stop_loop(consumer, task, stop)
-        thread.join(15)
 
 
 async def test_a_dead_letter_that_cannot_be_written_does_not_stop_the_loop(kafka_settings: BusSettings) -> None:
@@ -220,12 +237,18 @@ def set_on_topic(entry: tuple[object, ...]) -> bool:
 
 async def test_topics_take_replication_and_min_insync_replicas_from_settings(kafka_settings: BusSettings) -> None:
     topic = await make_topic(kafka_settings, 1, name="durable.test")
-    async with open_admin(kafka_settings) as admin:
-        [described] = await asyncio.wait_for(
-            admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
-        )
-    [resource] = described.resources
-    entries = {entry[0]: entry for entry in resource[4]}  # name, value, read_only, source or is_default, ...
+    entries: dict[str, tuple[object, ...]] = {}
+
+    async def described() -> bool:  # a topic just created may not be described yet
+        async with open_admin(kafka_settings) as admin:
+            [response] = await asyncio.wait_for(
+                admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)]), 10
+            )
+        [resource] = response.resources  # error, message, type, name, entries (name, value, read_only, source, ..)
+        entries.update({entry[0]: entry for entry in resource[4]})
+        return bool(entries)
+
+    await eventually(described, timeout_s=15, interval_s=0.2)
     min_isr, max_bytes = entries["min.insync.replicas"], entries["max.message.bytes"]
     assert min_isr[1] == "1" and set_on_topic(min_isr), "set on the topic, not left to the broker"
     assert int(max_bytes[1]) == kafka_settings.topic_max_message_bytes and set_on_topic(max_bytes)
