@@ -53,7 +53,7 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
         fleet.start()
         # The first instance is up and owns llm.routed once it places a probe (it may start slowly).
         await send_routed(bus, 1, model="probe-model")
-        assert await fleet.dispatches(1, timeout_s=90), "the first scheduler never came up"
+        assert await fleet.dispatches(1, timeout_s=120), "the first scheduler never came up"
         ids: list[str] = []
         for model in MODELS:
             ids += await send_routed(bus, 1, model=model)
@@ -64,7 +64,7 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
             "LLMBUS_SCHEDULER_INSTANCE_ID": f"joiner-{uuid.uuid4().hex[:6]}",
         }
         services.append(ServiceProc("services.scheduler", bus_settings, name="joiner", env=env).start())
-        placed = await fleet.dispatches(1, timeout_s=90)
+        placed = await fleet.dispatches(1, timeout_s=120)
         placed += await fleet.dispatches(len(MODELS), timeout_s=3)  # the rest of the joiner's share
         assert placed, "the joiner took some partitions and placed their waiting requests"
         # Every request is cancelled while the joiner's attempts run: what the first instance still
@@ -72,7 +72,7 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
         for rid in ids:
             cancel = Control(action=ControlAction.CANCEL, target_id=rid)
             await bus.publisher.publish(bus.topics.name(t.CONTROL), cancel, key=rid)
-        found = await collect_results(bus_settings, set(ids), timeout_s=8, tail=results)
+        found = await collect_results(bus_settings, set(ids), timeout_s=5, tail=results)
         # The test plays the worker and finishes each attempt the way a worker does: claim the
         # final marker, publish the result, report the outcome.
         client = redis_client(bus_settings.redis_url)
