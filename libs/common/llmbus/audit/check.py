@@ -176,10 +176,11 @@ def _chunk_problem(
     return None
 
 
-def _request_id_of(raw: bytes) -> str | None:
+def request_id_of(raw: bytes) -> str | None:
+    """The string `request_id` of a raw request record, if a JSON reader finds one."""
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
     request_id = data.get("request_id") if isinstance(data, dict) else None
     return request_id if isinstance(request_id, str) else None
@@ -240,7 +241,7 @@ def _account_requests(topics: t.Topics, decoded: _Decoded, report: AuditReport) 
     for record in decoded.requests:
         if (record.topic, record.partition, record.offset) in lettered:
             continue
-        request_id = _request_id_of(record.value or b"")
+        request_id = request_id_of(record.value or b"")
         if request_id is not None and request_id in answered:
             continue
         report.unaccounted += 1

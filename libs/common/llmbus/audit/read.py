@@ -7,7 +7,8 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmbus.audit.check import AuditReport, Seen, audit
+from llmbus import topics as t
+from llmbus.audit.check import AuditReport, Seen, audit, request_id_of
 from llmbus.bus.admin import open_admin
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics
@@ -74,3 +75,10 @@ async def audit_namespace(
 ) -> AuditReport:
     records = await read_namespace(settings, timeout_s)
     return audit(Topics(settings.topic_prefix), records, sent_ids, account_requests=account_requests)
+
+
+def request_ids_in(topics: Topics, records: list[Seen]) -> list[str]:
+    """The request ids clients asked for: every string `request_id` on llm.requests, in order."""
+    requests = topics.name(t.REQUESTS)
+    ids = (request_id_of(r.value or b"") for r in records if r.topic == requests)
+    return list(dict.fromkeys(i for i in ids if i is not None))
