@@ -44,8 +44,8 @@ class Size:
     answer_timeout_s: float
 
 
-SHORT = Size(requests=240, rate_per_s=60, hostile=120, answer_timeout_s=60)
-LONG = Size(requests=3000, rate_per_s=60, hostile=2000, answer_timeout_s=120)
+SHORT = Size(requests=240, rate_per_s=40, hostile=120, answer_timeout_s=120)
+LONG = Size(requests=3000, rate_per_s=40, hostile=2000, answer_timeout_s=180)
 
 
 @contextlib.asynccontextmanager
@@ -76,6 +76,10 @@ class Faults:
     def __init__(self) -> None:
         self.tasks: list[asyncio.Task[None]] = []
         self.notes: list[str] = []
+        self.started = time.monotonic()
+
+    def note(self, what: str) -> None:
+        self.notes.append(f"t+{time.monotonic() - self.started:.1f}s {what}")
 
     def spawn(self, action: Callable[[], Awaitable[None]]) -> Callable[[int], Awaitable[None]]:
         async def hook(_: int) -> None:
@@ -98,6 +102,7 @@ async def _run(
 ) -> Outcome:
     started = time.monotonic()
     answers = await Answers(settings).start()
+    faults.started = started
     try:
         load = load or Load(settings, size.requests, size.rate_per_s)
         load.hooks = hooks
@@ -121,9 +126,10 @@ async def sigkill_each_service(size: Size, log_dir: Path) -> Outcome:
     def kill_then_restart(name: str) -> Callable[[], Awaitable[None]]:
         async def action() -> None:
             stack.kill(name)
+            faults.note(f"SIGKILL {name}")
             await asyncio.sleep(2)
             stack.restart(name)
-            faults.notes.append(f"SIGKILL {name}, restarted after 2 s")
+            faults.note(f"{name} restarted")
 
         return action
 
@@ -153,7 +159,7 @@ async def broker_restart(size: Size, log_dir: Path) -> Outcome:
         await asyncio.sleep(8)
         await asyncio.to_thread(kafka.start)
         load.paused.clear()
-        faults.notes.append("broker stopped (SIGTERM) for 8 s, then started; load held meanwhile")
+        faults.note("broker stopped (SIGTERM) for 8 s, then started; load held meanwhile")
 
     try:
         async with running_stack(settings, log_dir) as stack:
@@ -173,14 +179,14 @@ async def group_churn(size: Size, log_dir: Path) -> Outcome:
     def add(kind: str, name: str) -> Callable[[], Awaitable[None]]:
         async def action() -> None:
             getattr(stack, kind)(name)
-            faults.notes.append(f"added {name}")
+            faults.note(f"added {name}")
 
         return action
 
     def remove(name: str) -> Callable[[], Awaitable[None]]:
         async def action() -> None:
             await asyncio.to_thread(stack.retire, name)
-            faults.notes.append(f"removed {name} (SIGTERM, exit {stack.procs[name].proc.returncode})")  # type: ignore[union-attr]
+            faults.note(f"removed {name} (SIGTERM, exit {stack.procs[name].proc.returncode})")  # type: ignore[union-attr]
 
         return action
 
@@ -217,7 +223,7 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
             await asyncio.to_thread(instance.stop)
             await asyncio.sleep(4)
             await asyncio.to_thread(instance.start)
-            faults.notes.append(f"Redis of the {who} stopped for 4 s, then started (append-only file kept)")
+            faults.note(f"Redis of the {who} stopped for 4 s, then started (append-only file kept)")
 
         return action
 
@@ -246,15 +252,15 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
 
 
 async def zombie_worker(size: Size, log_dir: Path) -> Outcome:
-    """SIGSTOP a worker past the heartbeat timeout (3 s) for 7 s, then SIGCONT: it wakes up as a zombie."""
+    """SIGSTOP a worker past the heartbeat timeout (5 s) for 9 s, then SIGCONT: it wakes up as a zombie."""
     settings = fresh_settings()
     faults = Faults()
 
     async def freeze() -> None:
         stack.signal("w1", signal.SIGSTOP)
-        await asyncio.sleep(7)
+        await asyncio.sleep(9)
         stack.signal("w1", signal.SIGCONT)
-        faults.notes.append("w1 SIGSTOPped for 7 s (heartbeat timeout 3 s), then SIGCONTed")
+        faults.note("w1 SIGSTOPped for 9 s (heartbeat timeout 5 s), then SIGCONTed")
 
     try:
         async with running_stack(settings, log_dir) as stack:
@@ -311,7 +317,7 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
             finally:
                 await bus.stop()
             try:
-                faults.notes.append(
+                faults.note(
                     f"{size.hostile} hostile records drawn, {len(sent_hostile_ids)} with a request id, "
                     f"{len(refused)} refused by the broker ({sorted(set(refused))[:5]})"
                 )
