@@ -28,7 +28,7 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
-from tests.support import REPO, ServiceProc, wait_workers_ready
+from tests.support import REPO, ServiceProc, drop_namespace, wait_workers_ready
 
 log = logging.getLogger(__name__)
 MODEL = "sim-llama-8b"
@@ -284,6 +284,14 @@ class Outcome:
             "notes": self.notes,
             "problems": self.report.problems,
         }
+
+
+async def dispose(settings: BusSettings) -> None:
+    """Drop the namespace, unless LLMBUS_RELIABILITY_KEEP=1 (then `llmbus audit --prefix` can look at it)."""
+    if os.environ.get("LLMBUS_RELIABILITY_KEEP") == "1":
+        print(f"kept namespace {settings.topic_prefix} on {settings.kafka_bootstrap}", file=sys.stderr)
+        return
+    await drop_namespace(settings)
 
 
 async def prepare(settings: BusSettings) -> None:
