@@ -65,8 +65,9 @@ class PrivateKafka:
             "KAFKA_DATA_DIR": str(self.run_dir / "kafka-data"),
             "KAFKA_RUN_DIR": str(self.run_dir),
             "KAFKA_NAME": f"kafka-{self.port}",
+            "KAFKA_READY_TIMEOUT_S": "240",  # a JVM starting on two busy cores
         }
-        subprocess.run([str(REPO / "deploy/kafka/kafka.sh"), action], check=True, env=env, timeout=180)
+        subprocess.run([str(REPO / "deploy/kafka/kafka.sh"), action], check=True, env=env, timeout=360)
 
     def start(self) -> None:
         self._script("start")
