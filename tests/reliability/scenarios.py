@@ -347,13 +347,14 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
 
 
 def _answerable(request_id: str) -> bool:
-    """An id with a lone surrogate is no UTF-8 text: no Kafka key can carry it, so no result can name it.
-    Its record must still end in the DLQ (the audit's account of llm.requests checks that)."""
+    """Ids judged one by one (exactly one result each). Not these: an id with a lone surrogate is no
+    UTF-8 text, so no Kafka key or result can carry it; "" is drawn more than once and names nobody.
+    Their records must still end as a result or in the DLQ (the audit's account of llm.requests)."""
     try:
         request_id.encode()
     except UnicodeEncodeError:
         return False
-    return True
+    return request_id != ""
 
 
 def _resolve(record: Hostile, valid_ids: list[str]) -> Hostile:
