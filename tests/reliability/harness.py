@@ -271,6 +271,11 @@ class Outcome:
     report: AuditReport
     seconds: float
     notes: list[str] = field(default_factory=list)
+    error: str | None = None  # the scenario itself did not complete (the audit did not run)
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and self.report.passed
 
     def row(self) -> dict[str, object]:
         return {
@@ -281,7 +286,8 @@ class Outcome:
             "dead_letters": self.report.dead_letters,
             "chunk_redeliveries": self.report.chunk_redeliveries,
             "seconds": round(self.seconds, 1),
-            "passed": self.report.passed,
+            "passed": self.passed,
+            "error": self.error,
             "notes": self.notes,
             "problems": self.report.problems,
         }

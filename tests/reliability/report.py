@@ -38,11 +38,13 @@ def write_report(outcomes: list[Outcome], path_prefix: Path, command: str, size:
     for row in rows:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(row["error_results"].items())) or "none"  # type: ignore[union-attr]
         cells = " | ".join(str(row[c]) for c in COLUMNS)
-        verdict = "pass" if row["passed"] else "**FAIL**"
+        verdict = "pass" if row["passed"] else ("**did not finish**" if row["error"] else "**FAIL**")
         lines.append(f"| {row['scenario']} | {cells} | {row['ok_results']} / {errors} | {row['seconds']} | {verdict} |")
     lines += ["", "## What happened in each scenario", ""]
     for row in rows:
         lines.append(f"### {row['scenario']}")
+        if row["error"]:
+            lines.append(f"- did not finish: `{str(row['error'])[:300]}`")
         lines.extend(f"- {note}" for note in row["notes"])  # type: ignore[union-attr]
         for kind, examples in row["problems"].items():  # type: ignore[union-attr]
             lines.append(f"- {kind} (first {len(examples)}):")

@@ -6,10 +6,12 @@ CI runs the short sizes (`-m reliability` selects them); `make reliability` the 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
+from llmbus.audit import AuditReport
 from tests.reliability.harness import Outcome
 from tests.reliability.scenarios import LONG, SCENARIOS, SHORT
 
@@ -29,6 +31,12 @@ pytestmark = [
 async def test_no_request_lost_or_doubled(
     scenario: str, tmp_path: Path, kafka_up: None, redis_up: None, reliability_outcomes: list[Outcome]
 ) -> None:
-    outcome = await SCENARIOS[scenario](SIZE, tmp_path)
+    started = time.monotonic()
+    try:
+        outcome = await SCENARIOS[scenario](SIZE, tmp_path)
+    except Exception as exc:  # the report shows a scenario that could not even finish
+        error = f"{type(exc).__name__}: {exc}"
+        reliability_outcomes.append(Outcome(scenario, AuditReport(), time.monotonic() - started, error=error))
+        raise
     reliability_outcomes.append(outcome)
-    assert outcome.report.passed, outcome.report.summary() + "\n" + "\n".join(outcome.notes)
+    assert outcome.passed, outcome.report.summary() + "\n" + "\n".join(outcome.notes)
