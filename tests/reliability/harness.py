@@ -329,5 +329,5 @@ async def finish(
     return outcome
 
 
-async def start_and_wait(stack: Stack, workers: list[str], timeout_s: float = 90) -> None:
+async def start_and_wait(stack: Stack, workers: list[str], timeout_s: float = 180) -> None:
     await wait_workers_ready(stack.settings, set(workers), timeout_s)
