@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench \
-        compose-check clean
+        compose-check clean reliability soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -50,6 +50,15 @@ schemas-check: setup ## fail if schemas/ drifted from the models
 
 bench: infra ## all benchmarks; reports (JSON, Markdown with the command, PNG) land in bench/reports/
 	@for b in $$(ls bench/*_bench.py | sed 's#bench/\(.*\)\.py#\1#'); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+
+RELIABILITY_CMD := make reliability
+reliability: infra ## fault-injection scenarios, long sizes (thousands of requests each); report in bench/reports/reliability.*
+	@LLMBUS_RELIABILITY=long LLMBUS_RELIABILITY_REPORT=bench/reports/reliability LLMBUS_RELIABILITY_COMMAND="$(RELIABILITY_CMD)" \
+	  $(PY) -m pytest -q -p no:cacheprovider -m reliability tests/reliability $(PYTEST_ARGS)
+
+SOAK_MINUTES ?= 30
+soak: infra ## steady load at half the measured maximum for SOAK_MINUTES (30); RSS, Redis keys, lag → bench/reports/soak.*
+	@$(PY) -m bench.reliability_soak --minutes $(SOAK_MINUTES)
 
 compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

@@ -2,6 +2,8 @@
 # Local Apache Kafka (KRaft, single node) for llmbus: fetched as Maven artifacts into a
 # cache outside git, storage formatted once, broker on 127.0.0.1:9092.
 # Usage: deploy/kafka/kafka.sh start|stop|status|fetch|reset   (all idempotent)
+# A second, private broker (the reliability tests stop and restart one) takes its own port,
+# data dir and name: KAFKA_PORT=19092 KAFKA_DATA_DIR=/tmp/x KAFKA_NAME=kafka-19092 kafka.sh start
 set -euo pipefail
 
 KAFKA_VERSION=${KAFKA_VERSION:-4.1.1}
@@ -9,11 +11,14 @@ CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
 HOME_DIR=$CACHE/kafka-$KAFKA_VERSION
 LIBS=$HOME_DIR/libs
 DATA_DIR=${KAFKA_DATA_DIR:-$CACHE/kafka-data}
-RUN_DIR=$CACHE/run
-PID_FILE=$RUN_DIR/kafka.pid
-LOG_FILE=$RUN_DIR/kafka.log
+RUN_DIR=${KAFKA_RUN_DIR:-$CACHE/run}
+NAME=${KAFKA_NAME:-kafka}  # pid, log and config files of this broker: $RUN_DIR/$NAME.*
+PID_FILE=$RUN_DIR/$NAME.pid
+LOG_FILE=$RUN_DIR/$NAME.log
 HERE=$(cd "$(dirname "$0")" && pwd)
-PORT=9092
+PORT=${KAFKA_PORT:-9092}
+CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
+PROPERTIES=$RUN_DIR/$NAME.server.properties
 READY_TIMEOUT_S=${KAFKA_READY_TIMEOUT_S:-90}
 
 log() { echo "[kafka] $*" >&2; }
@@ -38,13 +43,14 @@ java_run() {
 
 format_storage() {
   mkdir -p "$RUN_DIR" "$DATA_DIR"
-  sed "s#@DATA_DIR@#$DATA_DIR#" "$HERE/server.properties" >"$RUN_DIR/server.properties"
+  sed -e "s#@DATA_DIR@#$DATA_DIR#" -e "s#@PORT@#$PORT#g" -e "s#@CONTROLLER_PORT@#$CONTROLLER_PORT#g" \
+    "$HERE/server.properties" >"$PROPERTIES"
   if [ -f "$DATA_DIR/meta.properties" ]; then return; fi
   local cluster_id
   cluster_id=$(java_run kafka.tools.StorageTool random-uuid)
   log "formatting KRaft storage in $DATA_DIR (cluster $cluster_id)"
   java_run kafka.tools.StorageTool format --standalone -t "$cluster_id" \
-    -c "$RUN_DIR/server.properties" >/dev/null
+    -c "$PROPERTIES" >/dev/null
 }
 
 running_pid() {
@@ -74,8 +80,8 @@ start() {
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PID_FILE" \
     java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
-    -cp "$LIBS/*" kafka.Kafka "$RUN_DIR/server.properties" \
-    >>"$RUN_DIR/kafka.stdout" 2>&1 </dev/null &
+    -cp "$LIBS/*" kafka.Kafka "$PROPERTIES" \
+    >>"$RUN_DIR/$NAME.stdout" 2>&1 </dev/null &
   for _ in $(seq 1 20); do [ -s "$PID_FILE" ] && break; sleep 0.1; done
   wait_ready
 }

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Local Redis for llmbus from Debian's redis-server (installed if missing).
 # Usage: deploy/redis/redis.sh start|stop|status   (idempotent)
+# A second, private instance (the reliability tests stop and restart one) takes its own port and
+# run dir: REDIS_PORT=16379 REDIS_RUN_DIR=/tmp/x REDIS_APPENDONLY=yes redis.sh start
+# (appendonly: the data survives a stop/start, as a production Redis with AOF would).
 set -euo pipefail
 
 CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
-RUN_DIR=$CACHE/run
+RUN_DIR=${REDIS_RUN_DIR:-$CACHE/run}
 PORT=${REDIS_PORT:-6379}
-PID_FILE=$RUN_DIR/redis.pid
+NAME=${REDIS_NAME:-redis}  # pid, log and data of this instance: $RUN_DIR/$NAME.*, $RUN_DIR/$NAME-data
+APPENDONLY=${REDIS_APPENDONLY:-no}
+PID_FILE=$RUN_DIR/$NAME.pid
 
 log() { echo "[redis] $*" >&2; }
 
@@ -22,11 +27,11 @@ install() {
 start() {
   if answering; then log "already answering on 127.0.0.1:$PORT"; return; fi
   install
-  mkdir -p "$RUN_DIR/redis-data"
+  mkdir -p "$RUN_DIR/$NAME-data"
   redis-server --bind 127.0.0.1 --port "$PORT" --daemonize yes --pidfile "$PID_FILE" \
-    --dir "$RUN_DIR/redis-data" --logfile "$RUN_DIR/redis.log" --save "" --appendonly no
+    --dir "$RUN_DIR/$NAME-data" --logfile "$RUN_DIR/$NAME.log" --save "" --appendonly "$APPENDONLY"
   for _ in $(seq 1 50); do answering && { log "ready on 127.0.0.1:$PORT"; return; }; sleep 0.1; done
-  log "not answering; see $RUN_DIR/redis.log"; exit 1
+  log "not answering; see $RUN_DIR/$NAME.log"; exit 1
 }
 
 stop() {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmbus import topics as t
 from llmbus.messages import ErrorCode, InferenceRequest
 
 
@@ -15,3 +16,8 @@ class Rejected(Exception):
 def check_reply_topic(request: InferenceRequest, allowed_prefix: str) -> None:
     if not request.reply_topic.startswith(allowed_prefix):
         raise Rejected(ErrorCode.INVALID_REQUEST, f"reply_topic must start with {allowed_prefix!r}")
+    # Internal topics share the prefix: chunks written there would corrupt them (a worker's own
+    # dispatch topic, llm.results, llm.workers ...). Only the default reply topic of the catalog is a client's.
+    internal = request.reply_topic in t.BY_NAME and request.reply_topic != t.TOKENS
+    if internal or request.reply_topic.startswith(t.DISPATCH_PREFIX):
+        raise Rejected(ErrorCode.INVALID_REQUEST, f"reply_topic {request.reply_topic!r} is an internal topic")

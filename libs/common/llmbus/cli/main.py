@@ -13,12 +13,14 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import stack
 from llmbus.cli.chat_view import show_stream
+from llmbus.cli.audit import audit_command
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
+app.command("audit")(audit_command)
 
 
 @app.command()

@@ -1,0 +1,53 @@
+"""The reliability report: scenarios x sent / answered / lost / doubled, as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+from tests.reliability.harness import Outcome
+
+COLUMNS = ("sent", "answered", "lost", "doubled", "bad_chunks", "misplaced", "unaccounted")
+
+
+def write_report(outcomes: list[Outcome], path_prefix: Path, command: str, size: str) -> None:
+    rows = [o.row() for o in outcomes]
+    meta = {
+        "command": command,
+        "size": size,
+        "finished_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {platform.python_implementation()} {platform.python_version()}",
+    }
+    path_prefix.parent.mkdir(parents=True, exist_ok=True)
+    path_prefix.with_suffix(".json").write_text(json.dumps({**meta, "scenarios": rows}, indent=2) + "\n")
+    lines = [
+        "# Reliability: delivery under injected faults",
+        "",
+        f"Command: `{command}` ({size} sizes), finished {meta['finished_at']}.",
+        "",
+        "Each scenario runs router → scheduler → 2 sim workers on the real broker and Redis, injects one",
+        "fault mid-load, waits for the answers and then audits every topic of its namespace",
+        "(`llmbus.audit`): exactly one final result per request id, the answering attempt's chunks",
+        "gap-free and equal to the result's text, nothing on a topic it does not belong on.",
+        "",
+        "| scenario | " + " | ".join(COLUMNS) + " | ok / error results | seconds | verdict |",
+        "|---|" + "---:|" * len(COLUMNS) + "---|---:|---|",
+    ]
+    for row in rows:
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(row["error_results"].items())) or "none"  # type: ignore[union-attr]
+        cells = " | ".join(str(row[c]) for c in COLUMNS)
+        verdict = "pass" if row["passed"] else ("**did not finish**" if row["error"] else "**FAIL**")
+        lines.append(f"| {row['scenario']} | {cells} | {row['ok_results']} / {errors} | {row['seconds']} | {verdict} |")
+    lines += ["", "## What happened in each scenario", ""]
+    for row in rows:
+        lines.append(f"### {row['scenario']}")
+        if row["error"]:
+            lines.append(f"- did not finish: `{str(row['error'])[:300]}`")
+        lines.extend(f"- {note}" for note in row["notes"])  # type: ignore[union-attr]
+        for kind, examples in row["problems"].items():  # type: ignore[union-attr]
+            lines.append(f"- {kind} (first {len(examples)}):")
+            lines.extend(f"  - `{e[:300]}`" for e in examples[:8])
+        lines.append("")
+    path_prefix.with_suffix(".md").write_text("\n".join(lines))
