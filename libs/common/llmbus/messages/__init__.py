@@ -28,9 +28,11 @@ from llmbus.messages.inference import (
     Usage,
 )
 from llmbus.messages.ops import (
+    BookedTo,
     BudgetState,
     BudgetStatus,
     Comparison,
+    CostKind,
     CostRecord,
     DeadLetter,
     Experiment,
@@ -42,12 +44,14 @@ from llmbus.messages.ops import (
 __all__ = [
     "DEFAULT_REPLY_TOPIC",
     "RETRYABLE",
+    "BookedTo",
     "BudgetState",
     "BudgetStatus",
     "ChatMessage",
     "Comparison",
     "Control",
     "ControlAction",
+    "CostKind",
     "CostRecord",
     "DeadLetter",
     "Dispatch",
