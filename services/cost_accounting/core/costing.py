@@ -61,6 +61,7 @@ def base_record(result: InferenceResult, book: PriceBook, kind: CostKind, cost_m
         baseline_micro_usd=book.list_price_micro(
             book.default_model, usage.prompt_tokens + result.trimmed_tokens, 0, usage.completion_tokens
         ),
+        list_price_micro_usd=book.list_price_micro(result.model, usage.prompt_tokens, 0, usage.completion_tokens),
         booked_at_ms=result.completed_at_ms,
     )
 

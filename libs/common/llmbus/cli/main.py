@@ -12,6 +12,7 @@ from rich.table import Table
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
+from llmbus.cli import costs as cost_commands
 from llmbus.cli import stack
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
@@ -19,6 +20,7 @@ from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
+app.command()(cost_commands.costs)
 
 
 @app.command()

@@ -94,7 +94,10 @@ class CostRecord(Message):
     cost_micro_usd: int = 0
     cold_start_micro_usd: int = Field(default=0, description="Part of cost_micro_usd that amortises cold start.")
     saving_micro_usd: int = Field(default=0, description="Cache hits: what the model would have cost.")
-    baseline_micro_usd: int | None = Field(default=None, description="The same tokens on the default model.")
+    baseline_micro_usd: int | None = Field(
+        default=None, description="Savings baseline: the untrimmed, uncached request on the default model."
+    )
+    list_price_micro_usd: int | None = Field(default=None, description="The same tokens at the model's list price.")
     variant: str | None = None
     shadow: bool = False
     route_reason: str | None = None

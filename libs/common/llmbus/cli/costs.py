@@ -1,0 +1,77 @@
+"""`llmbus costs`: what tenants, models and experiments cost today and this month, with savings."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmbus.messages import now_ms
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+
+console = Console()
+
+
+def costs(
+    view: str = typer.Option("tenant", help="tenant | model | experiment | pool | kind"),
+    json_out: str | None = typer.Option(
+        None, "--json", help="write the whole report as JSON to this file ('-': stdout)"
+    ),
+    pricebook: str | None = typer.Option(None, help="price book YAML (default: the service's)"),
+) -> None:
+    """Costs per tenant / model / experiment, today and this month, with savings (from Redis aggregates)."""
+    from services.cost_accounting.core.prices import load_pricebook  # the service package, at call time
+    from services.cost_accounting.report import cost_report
+
+    settings = BusSettings()
+
+    async def _read() -> dict[str, Any]:
+        client = redis_client(settings.redis_url)
+        try:
+            return await cost_report(client, settings.topic_prefix, load_pricebook(pricebook), now_ms())
+        finally:
+            await client.aclose()
+
+    report = asyncio.run(_read())
+    if json_out:
+        text = json.dumps(report, indent=2, sort_keys=True)
+        if json_out == "-":
+            print(text)
+            return
+        with open(json_out, "w") as out:
+            out.write(text)
+        console.print(f"report written to {json_out}")
+    for label, section in report.items():
+        table = Table(
+            "name",
+            "cost $",
+            "requests",
+            "prompt tok",
+            "completion tok",
+            "cache saving $",
+            "cold start $",
+            title=f"{label.replace('_', ' ')} by {view}",
+        )
+        for name, row in section[view].items():
+            table.add_row(
+                name,
+                f"{row['cost_usd']:.6f}",
+                str(row["requests"]),
+                str(row["prompt_tokens"]),
+                str(row["completion_tokens"]),
+                f"{row['cache_saving_usd']:.6f}",
+                f"{row['cold_start_usd']:.6f}",
+            )
+        console.print(table)
+        s = section["savings"]
+        console.print(
+            f"[bold]savings {label.replace('_', ' ')}[/bold] vs every request on the default model, untrimmed, "
+            f"uncached: baseline ${s['baseline_usd']:.4f}, billed ${s['actual_usd']:.4f}; routing "
+            f"${s['routing_usd']:.4f}, caching ${s['caching_usd']:.4f}, trimming ${s['trimming_usd']:.4f}, "
+            f"other ${s['other_usd']:.4f}; output caps: {s['output_caps']}"
+        )
