@@ -75,3 +75,57 @@ def costs(
             f"${s['routing_usd']:.4f}, caching ${s['caching_usd']:.4f}, trimming ${s['trimming_usd']:.4f}, "
             f"other ${s['other_usd']:.4f}; output caps: {s['output_caps']}"
         )
+
+
+def plan(
+    config: str | None = typer.Option(None, help="YAML with any PlanInputs fields (the case study's by default)"),
+    consultations_per_day: int | None = typer.Option(None),
+    consultations_per_instance_hour: float | None = typer.Option(None),
+    peak_factor: float | None = typer.Option(None),
+    gpu_usd_per_hour: float | None = typer.Option(None),
+    budget_usd_per_month: float | None = typer.Option(None),
+    out: str = typer.Option("bench/reports", help="where the Markdown, JSON and PNG go"),
+) -> None:
+    """Capacity planner: the design source's case study from first principles, every step shown."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from services.cost_accounting.core.planner import PlanInputs
+    from services.cost_accounting.core.planner import plan as make_plan
+    from services.cost_accounting.plan_report import write
+
+    fields: dict[str, Any] = yaml.safe_load(Path(config).read_text()) if config else {}
+    flags = {
+        "consultations_per_day": consultations_per_day,
+        "consultations_per_instance_hour": consultations_per_instance_hour,
+        "peak_factor": peak_factor,
+        "gpu_usd_per_hour": gpu_usd_per_hour,
+        "budget_usd_per_month": budget_usd_per_month,
+    }
+    fields |= {k: v for k, v in flags.items() if v is not None}
+    p = make_plan(PlanInputs.model_validate(fields))
+    steps = Table("step", "arithmetic", title="steps")
+    for what, how in p.steps:
+        steps.add_row(what, how)
+    console.print(steps)
+    table = Table("scenario", "GPU-h/month", "GPU $", "API $", "total $", "budget", title="per month")
+    for s in p.scenarios:
+        fits = "within" if s.total_usd <= p.inputs.budget_usd_per_month else "[red]OVER[/red]"
+        table.add_row(
+            s.name,
+            f"{s.gpu_hours_per_month:,.0f}",
+            f"{s.gpu_usd_per_month:,.0f}",
+            f"{s.api_usd_per_month:,.0f}",
+            f"{s.total_usd:,.0f}",
+            fits,
+        )
+    console.print(table)
+    checks = Table("source's claim", "from its inputs", "verdict", title="where the source does not add up")
+    for row in p.checks:
+        checks.add_row(*row)
+    console.print(checks)
+    command = "llmbus plan " + " ".join(a for a in sys.argv[2:] if not a.startswith("/"))
+    for path in write(p, Path(out), command.strip()):
+        console.print(f"wrote {path}")

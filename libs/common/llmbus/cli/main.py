@@ -21,6 +21,7 @@ from llmbus.settings import BusSettings
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
 app.command()(cost_commands.costs)
+app.command()(cost_commands.plan)
 
 
 @app.command()
