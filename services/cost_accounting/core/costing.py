@@ -40,7 +40,9 @@ def booking(result: InferenceResult) -> tuple[BookedTo, str | None]:
 def base_record(result: InferenceResult, book: PriceBook, kind: CostKind, cost_micro: int) -> CostRecord:
     booked_to, experiment_id = booking(result)
     usage = result.usage
-    return CostRecord(
+    # model_construct: every field is computed here from a validated result (no second validation;
+    # it is most of the per-result CPU otherwise).
+    return CostRecord.model_construct(
         record_id=result.request_id,
         request_id=result.request_id,
         tenant=result.tenant,
