@@ -78,7 +78,7 @@ class CostHandlers:
                 await self.dead_letter(record, exc)
         seen = await self.store.seen([r.request_id for r in results])
         costed: list[CostRecord] = []
-        held: list[InferenceResult] = []
+        served: list[ServedRequest] = []
         fresh: set[str] = set()
         for result, was_seen in zip(results, seen, strict=True):
             if was_seen or result.request_id in fresh:
@@ -87,15 +87,18 @@ class CostHandlers:
             fresh.add(result.request_id)
             priced = price_result(result, self.book)
             if isinstance(priced, ServedRequest):
-                held.append(result)
-                costed.extend(self.ledger.add(priced))
+                served.append(priced)
                 metrics.RESULTS.labels("held").inc()
             else:
                 costed.append(priced)
                 metrics.RESULTS.labels(priced.kind.value).inc()
-        await self.store.hold(held)
-        await self._publish_costs(costed)
+        # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
+        await self.store.hold([s.result for s in served])
+        late = [record for s in served for record in self.ledger.add(s)]
+        await self._publish_costs(costed + late)
         await self.store.mark_seen([r.request_id for r in costed])
+        if late:
+            await self.store.release(late, {})
 
     async def tick(self, now_ms: int, expiry_ms: int) -> int:
         """Close the ledger's final intervals; publish what they priced. Returns records published."""

@@ -11,6 +11,7 @@ from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook
 from services.cost_accounting.core.savings import savings
+from services.cost_accounting.store import text_of
 
 VIEWS = ("tenant", "model", "experiment", "pool", "kind", "total")
 
@@ -32,7 +33,7 @@ async def cost_report(client: redis.Redis, namespace: str, book: PriceBook, at_m
         section: dict[str, Any] = {}
         for view in VIEWS:
             raw = await client.hgetall(agg_key(namespace, period, at_ms, view))
-            totals = read_totals({k.decode(): int(v) for k, v in raw.items()})
+            totals = read_totals({text_of(k): int(v) for k, v in raw.items()})
             section[view] = {name: _row(m) for name, m in sorted(totals.items())}
             if view == "tenant":
                 all_tenants: Counter[str] = Counter()

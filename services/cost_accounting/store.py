@@ -77,7 +77,7 @@ class CostStore:
         async for key in self.client.scan_iter(match=f"{self.ns}cost:pending:*", count=500):
             for raw in (await self.client.hgetall(key)).values():
                 held.append(InferenceResult.model_validate_json(raw))
-        cursors = {k.decode(): json.loads(v) for k, v in (await self.client.hgetall(f"{self.ns}cost:cursor")).items()}
+        cursors = {text_of(k): json.loads(v) for k, v in (await self.client.hgetall(f"{self.ns}cost:cursor")).items()}
         return held, cursors
 
     # -- aggregates -----------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class CostStore:
             return [bool(n) for n in await pipe.execute()]
 
     async def totals(self, key: str) -> dict[str, int]:
-        return {k.decode(): int(v) for k, v in (await self.client.hgetall(key)).items()}
+        return {text_of(k): int(v) for k, v in (await self.client.hgetall(key)).items()}
 
     async def tenant_spent(self, pairs: list[tuple[str, str]]) -> list[int]:
         """[(aggregate key, tenant)] -> µUSD spent."""
@@ -104,6 +104,10 @@ class CostStore:
     async def first_alert(self, tenant: str, period_key: str, threshold: int) -> bool:
         key = f"{self.ns}cost:alert:{tenant}:{period_key}:{threshold}"
         return bool(await self.client.set(key, "1", nx=True, ex=400 * 86400))
+
+
+def text_of(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def _period_of(key: str) -> str:

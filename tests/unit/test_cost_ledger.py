@@ -83,7 +83,7 @@ workloads = st.integers(0, 3 * MS_PER_HOUR).flatmap(
 @given(workloads)
 def test_conservation_per_worker_hour_and_life(work) -> None:
     started, cold_ms, life_ms, raw, interval_ms = work
-    ledger = GpuLedger(BOOK, interval_ms=interval_ms, grace_ms=5_000, cold_start_requests=7)
+    ledger = GpuLedger(BOOK, interval_ms=interval_ms, grace_ms=5_000, cold_start_requests=7, keep_bills=True)
     ready, end = started + cold_ms, started + life_ms
     reqs = []
     for i, (pos, dur, p, c) in enumerate(raw):
