@@ -21,6 +21,7 @@ from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 from faststream.specification import AsyncAPI
+from pydantic import ValidationError
 
 from llmbus import topics as t
 from llmbus.bus import headers as hdr
@@ -28,7 +29,7 @@ from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
 from llmbus.bus.producer import PublishTimeout
 from llmbus.bus.tables import read_table
-from llmbus.messages import ErrorCode, Message, WorkerStatus, now_ms
+from llmbus.messages import ErrorCode, Message, PriceBookUpdate, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.config import CostSettings
@@ -91,6 +92,13 @@ class CostService:
         async def on_worker(status: WorkerStatus) -> None:
             handlers.on_worker(status)
 
+        @self.broker.subscriber(topics.name(t.PRICEBOOK), auto_offset_reset="earliest")
+        async def on_pricebook(update: PriceBookUpdate, message: KafkaMessage) -> None:
+            try:
+                handlers.on_pricebook(update)
+            except ValidationError as exc:  # the current book stays; the bad one is on record
+                await self.dlq(message.raw_message, BadMessage(ErrorCode.INVALID_REQUEST, f"price book: {exc}"))
+
         @self.broker.subscriber(topics.name(t.RESULTS), group_id=topics.group(t.COST, "results"), **batch)
         async def on_results(_: list[bytes], message: KafkaMessage) -> None:
             await handlers.on_results(message.raw_message)  # type: ignore[arg-type]
@@ -136,6 +144,11 @@ class CostService:
         table = await read_table(self.settings, self.topics.name(t.WORKERS), WorkerStatus)
         for status in sorted(table.values(), key=lambda s: s.sent_at_ms):
             self.handlers.on_worker(status)
+        for update in (await read_table(self.settings, self.topics.name(t.PRICEBOOK), PriceBookUpdate)).values():
+            try:
+                self.handlers.on_pricebook(update)
+            except ValidationError:
+                log.exception("the price book on %s is invalid; keeping the file's", t.PRICEBOOK)
         await self.handlers.restore()
         await self.broker.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="cost-ledger-ticker")

@@ -17,7 +17,15 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus.codec import BadMessage, decode
-from llmbus.messages import BookedTo, BudgetStatus, CostRecord, InferenceResult, Message, WorkerStatus
+from llmbus.messages import (
+    BookedTo,
+    BudgetStatus,
+    CostRecord,
+    InferenceResult,
+    Message,
+    PriceBookUpdate,
+    WorkerStatus,
+)
 from services.cost_accounting import metrics
 from services.cost_accounting.core import budgets as b
 from services.cost_accounting.core.aggregates import agg_key
@@ -68,6 +76,18 @@ class CostHandlers:
 
     def on_worker(self, status: WorkerStatus) -> None:
         self.ledger.observe(status)
+
+    def on_pricebook(self, update: PriceBookUpdate) -> None:
+        """A runtime price book: validated like the file (raises ValidationError), then used from now on."""
+        book = PriceBook.model_validate(update.book)
+        self.book = book
+        self.ledger.book = book  # running workers keep the rate they started with
+        log.info(
+            "price book updated by %r (%d hosted models, %d pools)",
+            update.updated_by,
+            len(book.hosted),
+            len(book.pools),
+        )
 
     async def on_results(self, raw: Sequence[ConsumerRecord]) -> None:
         results: list[InferenceResult] = []

@@ -6,6 +6,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from faststream.kafka import TestKafkaBroker
 
 from llmbus import topics as t
@@ -15,6 +16,7 @@ from llmbus.messages import (
     CostKind,
     CostRecord,
     InferenceResult,
+    PriceBookUpdate,
     ResultStatus,
     Usage,
     WorkerState,
@@ -24,6 +26,7 @@ from llmbus.settings import BusSettings
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.aggregates import agg_key, read_totals
+from services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
 
 NOW = 1_780_000_000_000
 
@@ -129,3 +132,15 @@ async def test_self_hosted_priced_when_interval_closes(service) -> None:  # type
     assert kinds[CostKind.SELF_HOSTED] + kinds[CostKind.IDLE] == rate.cost_micro(60_000)
     held, _ = await svc.store.load_held()
     assert held == []  # released once published
+
+
+async def test_price_book_overridden_at_runtime(service) -> None:  # type: ignore[no-untyped-def]
+    svc, broker, costs, _ = service
+    book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
+    book["hosted"]["gpt-4.1"]["output_per_1m"] = 16.0
+    await broker.publish(PriceBookUpdate(book=book).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    broken = book | {"pools": {"x": {"gpu": "no-such-gpu", "models": ["m"]}}}
+    await broker.publish(PriceBookUpdate(book=broken).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    await send_result(svc, broker, hosted("p1"))
+    # 800 x 2 + 200 x 0.5 + 500 x 16: the valid update applies, the invalid one is refused
+    assert costs[-1].cost_micro_usd == 1600 + 100 + 8000

@@ -307,7 +307,7 @@ class GpuLedger:
             record_id=record_id,
             request_id=record_id,
             tenant=PLATFORM_TENANT,
-            model=",".join(self.book.pools[life.pool].models),
+            model=",".join(pool.models) if (pool := self.book.pools.get(life.pool)) else life.pool,
             kind=kind,
             booked_to=BookedTo.PLATFORM,
             cost_micro_usd=micro,

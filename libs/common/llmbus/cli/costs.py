@@ -129,3 +129,30 @@ def plan(
     command = "llmbus plan " + " ".join(a for a in sys.argv[2:] if not a.startswith("/"))
     for path in write(p, Path(out), command.strip()):
         console.print(f"wrote {path}")
+
+
+def pricebook(path: str = typer.Argument(..., help="price book YAML (validated before it is published)")) -> None:
+    """Publish a price book to llm.pricebook: cost-accounting uses it from now on, without a restart."""
+    from pathlib import Path
+
+    import yaml
+
+    from llmbus import topics as t
+    from llmbus.bus import Bus
+    from llmbus.messages import PriceBookUpdate
+    from services.cost_accounting.core.prices import PriceBook
+
+    raw = yaml.safe_load(Path(path).read_text())
+    PriceBook.model_validate(raw)  # fail here, not in the service
+
+    async def _publish() -> None:
+        settings = BusSettings()
+        bus = await Bus.start(settings, t.CLIENT)
+        try:
+            update = PriceBookUpdate(book=raw, updated_by="llmbus-cli")
+            await bus.publisher.publish(bus.topics.name(t.PRICEBOOK), update, key="pricebook")
+        finally:
+            await bus.stop()
+
+    asyncio.run(_publish())
+    console.print(f"price book {path} published")

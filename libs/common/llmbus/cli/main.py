@@ -22,6 +22,7 @@ app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference c
 console = Console()
 app.command()(cost_commands.costs)
 app.command()(cost_commands.plan)
+app.command()(cost_commands.pricebook)
 
 
 @app.command()

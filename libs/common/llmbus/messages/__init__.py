@@ -1,6 +1,7 @@
 """The message contract of llmbus (docs/architecture.md §2). `schemas/` is generated from these models."""
 
 from llmbus.messages.base import Message, Part, new_request_id, now_ms
+from llmbus.messages.costs import PriceBookUpdate
 from llmbus.messages.errors import RETRYABLE, ErrorCode, ErrorInfo
 from llmbus.messages.fleet import (
     Control,
@@ -70,6 +71,7 @@ __all__ = [
     "NodeProfile",
     "OutcomeStatus",
     "Part",
+    "PriceBookUpdate",
     "ResultStatus",
     "RoutedRequest",
     "ScaleDecision",
