@@ -142,17 +142,22 @@ async def bench_service(results: list[InferenceResult], t0_ms: int) -> dict[str,
             if i % 5000 == 0:
                 print(f"  backlog {i}/{len(results)}", file=sys.stderr)
         await asyncio.wait_for(producer.flush(), 60)
-        stop_beats = heartbeats(t0_ms, now_ms(), WorkerState.STOPPED)
-        for status in stop_beats:
-            await producer.send(topics.name(t.WORKERS), status.to_bytes(), key=status.worker_id.encode())
-        await asyncio.wait_for(producer.flush(), 60)
-    finally:
+    except BaseException:
         await producer.stop()
-    service = CostService(settings, CostSettings(grace_s=0.5, worker_expiry_s=5, close_every_s=0.2))
+        raise
+    service = CostService(settings, CostSettings(grace_s=0.5, worker_expiry_s=30, close_every_s=0.2))
     cpu0, wall0 = time.process_time(), time.perf_counter()
     await service.start()
     requests_billed = 0
     try:
+        # the workers stop once the backlog is read: their last intervals close, their requests are billed
+        while _results_seen() < len(results) and time.perf_counter() - wall0 < 600:
+            await asyncio.sleep(0.2)
+        stage1_s = time.perf_counter() - wall0
+        for status in heartbeats(t0_ms, now_ms(), WorkerState.STOPPED):
+            await producer.send(topics.name(t.WORKERS), status.to_bytes(), key=status.worker_id.encode())
+        await asyncio.wait_for(producer.flush(), 60)
+        await producer.stop()
         days = {agg_key(settings.topic_prefix, "day", r.completed_at_ms, "total") for r in results}
         while time.perf_counter() - wall0 < 600:
             requests_billed = 0
@@ -172,9 +177,18 @@ async def bench_service(results: list[InferenceResult], t0_ms: int) -> dict[str,
         "billed": requests_billed,
         "wall_s": wall,
         "cpu_s": cpu,
+        "read_and_priced_s": stage1_s,  # every result read, priced or held (the workers still running)
         "results_per_s": len(results) / wall,
         "cpu_us_per_result": cpu / len(results) * 1e6,
     }
+
+
+def _results_seen() -> float:
+    from services.cost_accounting.metrics import RESULTS
+
+    return sum(
+        sample.value for metric in RESULTS.collect() for sample in metric.samples if sample.name.endswith("_total")
+    )
 
 
 async def _drop_keys(settings) -> None:  # type: ignore[no-untyped-def]

@@ -68,7 +68,15 @@ class CostService:
         self.redis = redis_client(settings.redis_url)
         self.store = CostStore(self.redis, settings.topic_prefix, cost.dedupe_ttl_s)
         self.handlers = CostHandlers(
-            book, self.ledger, load_budgets(cost.budgets_path), self.store, self.topics, self.publish_all, self.dlq
+            book,
+            self.ledger,
+            load_budgets(cost.budgets_path),
+            self.store,
+            self.topics,
+            self.publish_all,
+            self.dlq,
+            batch_full_records=cost.batch_max_records,
+            settle_s=cost.settle_s,
         )
         self._ticker: asyncio.Task[None] | None = None
         self._subscribe()

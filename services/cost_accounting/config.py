@@ -16,6 +16,9 @@ class CostSettings(BaseSettings):
     grace_s: float = 30.0
     worker_expiry_s: float = 60.0
     close_every_s: float = 1.0
+    settle_s: float = (
+        2.0  # no interval closes while llm.results is read in full batches (a backlog), nor this long after
+    )
     cold_start_requests: int = 100  # cold start is shared by this many first requests of an instance
     prefill_token_weight: float = 0.25  # GPU work of a prefill token relative to a decode token
     decode_token_weight: float = 1.0

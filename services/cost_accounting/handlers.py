@@ -11,6 +11,7 @@ aggregates can be rebuilt by replaying llm.costs from the start into an empty na
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka.structs import ConsumerRecord
@@ -50,6 +51,8 @@ class CostHandlers:
         topics: t.Topics,
         publish_all: Callable[[str, Sequence[tuple[Message, str | None]]], Awaitable[None]],
         dead_letter: DeadLetter,
+        batch_full_records: int = 500,
+        settle_s: float = 2.0,
     ) -> None:
         self.book = book
         self.ledger = ledger
@@ -62,6 +65,12 @@ class CostHandlers:
         # announces the state (OK after a new month began), later ones only new thresholds.
         self._announced: set[tuple[str, str]] = set()
         self._late_reported = 0
+        # Catching up on a backlog (full batches of llm.results): the workers' heartbeats are ahead
+        # of the results still to read, so closing intervals now would make those results late.
+        # Intervals close only once no full batch came for `settle_s` (and `settle_s` after start).
+        self.batch_full_records = batch_full_records
+        self.settle_s = settle_s
+        self._busy_until_s = time.monotonic() + settle_s
 
     async def restore(self) -> None:
         """After the heartbeat table is read: held self-hosted results and ledger cursors back in."""
@@ -90,6 +99,8 @@ class CostHandlers:
         )
 
     async def on_results(self, raw: Sequence[ConsumerRecord]) -> None:
+        if len(raw) >= self.batch_full_records:
+            self._busy_until_s = time.monotonic() + self.settle_s
         results: list[InferenceResult] = []
         for record in raw:
             try:
@@ -122,6 +133,8 @@ class CostHandlers:
 
     async def tick(self, now_ms: int, expiry_ms: int) -> int:
         """Close the ledger's final intervals; publish what they priced. Returns records published."""
+        if time.monotonic() < self._busy_until_s:
+            return 0
         records = self.ledger.close(now_ms, expiry_ms)
         if records:
             await self._publish_costs(records)

@@ -48,7 +48,7 @@ async def service(redis_up: None, tmp_path: Path):  # type: ignore[no-untyped-de
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text("tenants:\n  small: {limit_usd: 0.01, period: day}\n")
     settings = BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False)
-    svc = CostService(settings, CostSettings(budgets_path=str(budgets), interval_s=60, grace_s=1))
+    svc = CostService(settings, CostSettings(budgets_path=str(budgets), interval_s=60, grace_s=1, settle_s=0))
     costs: list[CostRecord] = []
     statuses: list[BudgetStatus] = []
 
