@@ -15,6 +15,7 @@ from services.cost_accounting.core.prices import PriceBook
 
 NO_EXPERIMENT = "(none)"
 PLATFORM_TENANT = "_platform"  # tenant of idle / wasted cold-start records: never a customer
+_TEMPLATE = CostRecord(request_id="", tenant="", model="", cost_usd=0.0)
 
 
 @dataclass(frozen=True)
@@ -40,31 +41,33 @@ def booking(result: InferenceResult) -> tuple[BookedTo, str | None]:
 def base_record(result: InferenceResult, book: PriceBook, kind: CostKind, cost_micro: int) -> CostRecord:
     booked_to, experiment_id = booking(result)
     usage = result.usage
-    # model_construct: every field is computed here from a validated result (no second validation;
-    # it is most of the per-result CPU otherwise).
-    return CostRecord.model_construct(
-        record_id=result.request_id,
-        request_id=result.request_id,
-        tenant=result.tenant,
-        model=result.model or "",
-        kind=kind,
-        booked_to=booked_to,
-        experiment_id=experiment_id,
-        variant=result.variant,
-        shadow=result.shadow,
-        route_reason=result.route_reason,
-        worker_id=result.worker_id,
-        cost_micro_usd=cost_micro,
-        cost_usd=usd(cost_micro),
-        prompt_tokens=usage.prompt_tokens,
-        cached_prompt_tokens=usage.cached_prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        trimmed_prompt_tokens=result.trimmed_tokens,
-        baseline_micro_usd=book.list_price_micro(
-            book.default_model, usage.prompt_tokens + result.trimmed_tokens, 0, usage.completion_tokens
-        ),
-        list_price_micro_usd=book.list_price_micro(result.model, usage.prompt_tokens, 0, usage.completion_tokens),
-        booked_at_ms=result.completed_at_ms,
+    # A copy of a template with the fields set: every value is computed here from a validated
+    # result, and validating again was most of the per-result CPU.
+    return _TEMPLATE.model_copy(
+        update=dict(
+            record_id=result.request_id,
+            request_id=result.request_id,
+            tenant=result.tenant,
+            model=result.model or "",
+            kind=kind,
+            booked_to=booked_to,
+            experiment_id=experiment_id,
+            variant=result.variant,
+            shadow=result.shadow,
+            route_reason=result.route_reason,
+            worker_id=result.worker_id,
+            cost_micro_usd=cost_micro,
+            cost_usd=usd(cost_micro),
+            prompt_tokens=usage.prompt_tokens,
+            cached_prompt_tokens=usage.cached_prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            trimmed_prompt_tokens=result.trimmed_tokens,
+            baseline_micro_usd=book.list_price_micro(
+                book.default_model, usage.prompt_tokens + result.trimmed_tokens, 0, usage.completion_tokens
+            ),
+            list_price_micro_usd=book.list_price_micro(result.model, usage.prompt_tokens, 0, usage.completion_tokens),
+            booked_at_ms=result.completed_at_ms,
+        )
     )
 
 

@@ -303,7 +303,7 @@ class GpuLedger:
         return record
 
     def _platform_record(self, life: WorkerLife, kind: CostKind, micro: int, record_id: str, at_ms: int) -> CostRecord:
-        return CostRecord.model_construct(
+        return CostRecord(
             record_id=record_id,
             request_id=record_id,
             tenant=PLATFORM_TENANT,

@@ -16,7 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from services.cost_accounting.core.money import to_micro
 
@@ -94,6 +94,7 @@ class PriceBook(_Strict):
     hosted: dict[str, HostedPrice] = Field(default_factory=dict)
     gpus: dict[str, GpuPrice] = Field(default_factory=dict)
     pools: dict[str, Pool] = Field(default_factory=dict)
+    _pool_memo: dict[tuple[str, str | None], str | None] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> PriceBook:
@@ -127,13 +128,20 @@ class PriceBook(_Strict):
         )
 
     def pool_of(self, model: str | None, worker_id: str | None) -> str | None:
-        """The first pool that serves `model` on a worker matching its patterns."""
+        """The first pool that serves `model` on a worker matching its patterns (memoised: glob matching is slow)."""
         if model is None:
             return None
-        for name, pool in self.pools.items():
-            if model in pool.models and any(fnmatch.fnmatchcase(worker_id or "", pat) for pat in pool.worker_ids):
-                return name
-        return None
+        key = (model, worker_id)
+        if key not in self._pool_memo:
+            self._pool_memo[key] = next(
+                (
+                    name
+                    for name, pool in self.pools.items()
+                    if model in pool.models and any(fnmatch.fnmatchcase(worker_id or "", p) for p in pool.worker_ids)
+                ),
+                None,
+            )
+        return self._pool_memo[key]
 
     def list_price_micro(
         self, model: str | None, prompt_tokens: int, cached: int, completion_tokens: int
