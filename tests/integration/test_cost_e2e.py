@@ -119,7 +119,7 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
         env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "20"},
     ).start()
     services.append(worker)
-    await wait_workers_ready(bus_settings, {"w1"})
+    await wait_workers_ready(bus_settings, {"w1"}, timeout_s=120)
     results_tail = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
     run = uuid.uuid4().hex[:8]
     redis = redis_client(bus_settings.redis_url)
@@ -174,7 +174,7 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
             return result_ids <= {c.request_id for c in costs} and CostKind.IDLE in kinds
 
         await eventually(all_costed, timeout_s=60, interval_s=1)
-        await asyncio.sleep(2)  # anything still to come (there should be nothing)
+        await asyncio.sleep(1)  # anything still to come (there should be nothing)
         costs = await read_log(bus_settings, topics.name(t.COSTS), CostRecord)
         by_request = defaultdict(list)
         for c in costs:
@@ -214,14 +214,26 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
         before = (await day_totals("tenant"))["acme"]["cost"], (await day_totals("total"))["all"]["cost"]
         assert before == (tenant_expected, sum(c.cost_micro_usd for c in costs))
 
-        # replay llm.results twice (a consumer reset, a re-publish): nothing is billed again
+        # replay llm.results twice (a consumer reset, a re-publish): nothing is billed again. Then one
+        # sentinel per partition: once all are costed, every replayed record before them was read.
         for _ in range(2):
             for r in all_results:
                 await bus.publisher.publish(topics.name(t.RESULTS), r, key=r.request_id)
-        await asyncio.sleep(4)
-        assert len(await read_log(bus_settings, topics.name(t.COSTS), CostRecord)) == len(costs)
+        partitions = t.BY_NAME[t.RESULTS].partitions
+        sentinels = [hosted_result(f"{run}-sentinel-{p}", "gpt-4.1-mini", 100, 0, 10) for p in range(partitions)]
+        for p, r in enumerate(sentinels):
+            await bus.publisher.publish(topics.name(t.RESULTS), r, key=r.request_id, partition=p)
+        sentinel_ids = {r.request_id for r in sentinels}
+
+        async def sentinels_costed() -> bool:
+            logged = await read_log(bus_settings, topics.name(t.COSTS), CostRecord)
+            return sentinel_ids <= {c.request_id for c in logged}
+
+        await eventually(sentinels_costed, timeout_s=60, interval_s=1)
+        sentinel_micro = partitions * (100 * 0.4 + 10 * 1.6)
+        assert len(await read_log(bus_settings, topics.name(t.COSTS), CostRecord)) == len(costs) + partitions
         after = (await day_totals("tenant"))["acme"]["cost"], (await day_totals("total"))["all"]["cost"]
-        assert after == before
+        assert after == (before[0] + sentinel_micro, before[1] + sentinel_micro)
     finally:
         await results_tail.stop()
         await redis.aclose()
