@@ -6,7 +6,7 @@ export LLMBUS_VENV := $(VENV)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench \
+.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
         compose-check clean
 
 help: ## list the targets
@@ -50,6 +50,9 @@ schemas-check: setup ## fail if schemas/ drifted from the models
 
 bench: infra ## all benchmarks; reports (JSON, Markdown with the command, PNG) land in bench/reports/
 	@for b in $$(ls bench/*_bench.py | sed 's#bench/\(.*\)\.py#\1#'); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+
+plan: setup ## the capacity planner's case study (report + PNG in bench/reports/)
+	@$(PY) -m llmbus.cli.main plan --out bench/reports
 
 compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -183,6 +184,12 @@ async def bench_service(results: list[InferenceResult], t0_ms: int) -> dict[str,
     }
 
 
+def _reference_loop() -> float:
+    started = time.process_time()
+    sum(range(10_000_000))
+    return time.process_time() - started
+
+
 def _results_seen() -> float:
     from services.cost_accounting.metrics import RESULTS
 
@@ -219,7 +226,7 @@ def main() -> None:
         service = asyncio.run(bench_service(backlog(args.service_results, recent, 300_000, seed=11), recent))
         print(json.dumps(service), file=sys.stderr)
     command = "python -m bench.cost_bench " + " ".join(sys.argv[1:])
-    report = {"command": command.strip(), "core": core, "service": service}
+    report = {"command": command.strip(), "core": core, "service": service, "reference_loop_cpu_s": _reference_loop()}
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "cost_bench.json").write_text(json.dumps(report, indent=2))
     lines = [
@@ -238,10 +245,13 @@ def main() -> None:
             f"| service (FastStream + real Kafka + Redis, backlog replay to aggregates) | {service['results']:,} | "
             f"{service['wall_s']:.2f} | {service['results_per_s']:,.0f} | {service['cpu_us_per_result']:.1f} |"
         )
+    load1, _, _ = os.getloadavg()
     lines += [
         "",
-        "Kafka's and Redis's own CPU is not in the CPU column; the machine has 2 cores shared by "
-        "the broker, Redis and this process.",
+        "Kafka's and Redis's own CPU is not in the CPU column. Machine: 2 cores shared by the broker, Redis, "
+        f"this process and other work (load average {load1:.1f} when the run ended). How fast a core was in this "
+        f"run: a reference pure-Python loop, `sum(range(10_000_000))`, took {report['reference_loop_cpu_s']:.2f} "
+        "CPU-s here; scale the figures above by that loop's time on your machine to compare.",
     ]
     (REPORTS / "cost_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
