@@ -6,7 +6,7 @@ export LLMBUS_VENV := $(VENV)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench \
+.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
         compose-check clean reliability soak
 
 help: ## list the targets
@@ -59,6 +59,9 @@ reliability: infra ## fault-injection scenarios, long sizes (thousands of reques
 SOAK_MINUTES ?= 30
 soak: infra ## steady load at half the measured maximum for SOAK_MINUTES (30); RSS, Redis keys, lag → bench/reports/soak.*
 	@$(PY) -m bench.reliability_soak --minutes $(SOAK_MINUTES)
+
+plan: setup ## the capacity planner's case study (report + PNG in bench/reports/)
+	@$(PY) -m llmbus.cli.main plan --out bench/reports
 
 compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

@@ -278,6 +278,7 @@ class WorkerHandlers:
             experiment_id=routed.experiment_id,
             variant=routed.variant,
             route_reason=routed.route_reason,
+            trimmed_tokens=routed.trimmed_tokens,
             attempt=dispatch.attempt,
             produced_by=self.bus.service,
             completed_at_ms=now_ms(),

@@ -49,6 +49,7 @@ COMPARISONS = "llm.comparisons"
 SCALING = "llm.scaling"
 COSTS = "llm.costs"
 BUDGETS = "llm.budgets"
+PRICEBOOK = "llm.pricebook"
 CONTROL = "llm.control"
 DLQ = "llm.dlq"
 
@@ -139,6 +140,7 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(SCALING, "pool", m.ScaleDecision, (AUTOSCALER,), (COST, ANALYTICS), partitions=1),
     TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (ANALYTICS,), partitions=4),
     TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
+    TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, (CLIENT,), (COST,), partitions=1, compacted=True),
     TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER), (WORKER, SCHEDULER), partitions=1),
     TopicSpec(
         DLQ,

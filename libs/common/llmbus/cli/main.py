@@ -11,9 +11,10 @@ from rich.table import Table
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
+from llmbus.cli import costs as cost_commands
 from llmbus.cli import stack
-from llmbus.cli.chat_view import show_stream
 from llmbus.cli.audit import audit_command
+from llmbus.cli.chat_view import show_stream
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
@@ -21,6 +22,9 @@ from llmbus.settings import BusSettings
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
 app.command("audit")(audit_command)
+app.command()(cost_commands.costs)
+app.command()(cost_commands.plan)
+app.command()(cost_commands.pricebook)
 
 
 @app.command()

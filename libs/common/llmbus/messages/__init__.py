@@ -1,6 +1,7 @@
 """The message contract of llmbus (docs/architecture.md §2). `schemas/` is generated from these models."""
 
 from llmbus.messages.base import Message, Part, new_request_id, now_ms
+from llmbus.messages.costs import PriceBookUpdate
 from llmbus.messages.errors import RETRYABLE, ErrorCode, ErrorInfo
 from llmbus.messages.fleet import (
     Control,
@@ -28,9 +29,11 @@ from llmbus.messages.inference import (
     Usage,
 )
 from llmbus.messages.ops import (
+    BookedTo,
     BudgetState,
     BudgetStatus,
     Comparison,
+    CostKind,
     CostRecord,
     DeadLetter,
     Experiment,
@@ -42,12 +45,14 @@ from llmbus.messages.ops import (
 __all__ = [
     "DEFAULT_REPLY_TOPIC",
     "RETRYABLE",
+    "BookedTo",
     "BudgetState",
     "BudgetStatus",
     "ChatMessage",
     "Comparison",
     "Control",
     "ControlAction",
+    "CostKind",
     "CostRecord",
     "DeadLetter",
     "Dispatch",
@@ -66,6 +71,7 @@ __all__ = [
     "NodeProfile",
     "OutcomeStatus",
     "Part",
+    "PriceBookUpdate",
     "ResultStatus",
     "RoutedRequest",
     "ScaleDecision",

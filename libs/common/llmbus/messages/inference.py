@@ -171,6 +171,7 @@ class InferenceResult(Message):
     experiment_id: str | None = None
     variant: str | None = None
     route_reason: str | None = None
+    trimmed_tokens: int = Field(default=0, ge=0, description="Prompt tokens the router trimmed to fit the window.")
     attempt: int = 1
     produced_by: str = ""
     completed_at_ms: int = Field(default_factory=now_ms)

@@ -59,13 +59,58 @@ class ScaleDecision(Message):
     decided_at_ms: int = Field(default_factory=now_ms)
 
 
+class CostKind(StrEnum):
+    HOSTED = "hosted"  # tokens x the provider's prices
+    SELF_HOSTED = "self_hosted"  # a share of a worker's GPU time (+ its cold start, amortised)
+    CACHE = "cache"  # served from the router's cache: costs 0, the saving is recorded
+    IDLE = "idle"  # a worker's GPU time that served no request (booked to the platform)
+    COLD_START_WASTE = "cold_start_waste"  # cold-start time no request paid for (reclaimed too early)
+    UNPRICED = "unpriced"  # no price for the model/worker (costs 0; counted, never silent)
+    NONE = "none"  # refused or failed before any tokens (costs 0)
+
+
+class BookedTo(StrEnum):
+    TENANT = "tenant"
+    EXPERIMENT = "experiment"  # shadow traffic: the experiment pays, never the tenant
+    PLATFORM = "platform"  # idle and wasted cold-start GPU time
+
+
 class CostRecord(Message):
+    """On llm.costs (key: tenant): one per result on llm.results, plus one per closed idle interval.
+
+    Money is exact in `*_micro_usd` (integer micro-dollars, rounding half to even once per
+    product); the float `*_usd` fields are for display.
+    """
+
     request_id: str
     tenant: str
     model: str
     cost_usd: float
     experiment_id: str | None = None
     cached_saving_usd: float = 0.0
+    record_id: str = Field(default="", description="Dedupe key: the request id, or idle:<worker>:<interval start>.")
+    kind: CostKind = CostKind.HOSTED
+    booked_to: BookedTo = BookedTo.TENANT
+    cost_micro_usd: int = 0
+    cold_start_micro_usd: int = Field(default=0, description="Part of cost_micro_usd that amortises cold start.")
+    saving_micro_usd: int = Field(default=0, description="Cache hits: what the model would have cost.")
+    baseline_micro_usd: int | None = Field(
+        default=None, description="Savings baseline: the untrimmed, uncached request on the default model."
+    )
+    list_price_micro_usd: int | None = Field(default=None, description="The same tokens at the model's list price.")
+    variant: str | None = None
+    shadow: bool = False
+    route_reason: str | None = None
+    pool: str | None = None
+    worker_id: str | None = None
+    gpu: str | None = None
+    capacity: str | None = None
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    trimmed_prompt_tokens: int = 0
+    gpu_busy_ms: float = 0.0
+    booked_at_ms: int = Field(default_factory=now_ms, description="When the cost happened (result or interval).")
 
 
 class BudgetState(StrEnum):
@@ -83,6 +128,8 @@ class BudgetStatus(Message):
     limit_usd: float | None = None
     state: BudgetState = BudgetState.OK
     updated_at_ms: int = Field(default_factory=now_ms)
+    period_key: str | None = Field(default=None, description="e.g. 2026-11 or 2026-11-30 (UTC)")
+    threshold_perc: int | None = Field(default=None, description="The alert threshold just crossed (50, 80, 100).")
 
 
 class DeadLetter(Message):

@@ -1,0 +1,261 @@
+"""Cost-accounting throughput: results costed per second on one core, replaying a backlog.
+
+Two measurements, side by side in one run:
+  core     the pure path the service runs per result, in this process on one core: decode the
+           InferenceResult JSON, price it (hosted / cache / shadow) or add it to the GPU ledger
+           (self-hosted), close the ledger's intervals, encode the CostRecords. No I/O.
+  service  the FastStream service in this process against the real Kafka and Redis: a backlog of
+           N results already on llm.results, the service started, the clock stops when every
+           result has been billed once and every CostRecord applied to the aggregates (Redis
+           dedupe, atomic aggregate scripts, budgets, the ledger's interval closes included).
+           CPU seconds are this process's; Kafka's and Redis's own CPU is not counted.
+
+    python -m bench.cost_bench [--results 100000] [--service-results 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from llmbus.messages import (
+    CostRecord,
+    InferenceResult,
+    ResultStatus,
+    Timings,
+    Usage,
+    WorkerState,
+    WorkerStatus,
+    now_ms,
+)
+from services.cost_accounting.core.costing import ServedRequest, price_result
+from services.cost_accounting.core.gpu_ledger import GpuLedger
+from services.cost_accounting.core.prices import load_pricebook
+
+REPORTS = Path(__file__).resolve().parent / "reports"
+WORKERS = [f"bench-w{i}" for i in range(4)]
+
+
+def backlog(n: int, t0_ms: int, span_ms: int, seed: int = 7) -> list[InferenceResult]:
+    """A mix like a day's traffic: 55 % hosted, 25 % self-hosted, 12 % cache hits, 5 % shadow, 3 % refused."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        done = t0_ms + int(span_ms * i / n)
+        prompt, completion = rng.randint(50, 4000), rng.randint(10, 800)
+        r = rng.random()
+        fields: dict[str, object] = {
+            "request_id": f"bench-{i}",
+            "tenant": f"tenant-{rng.randint(0, 49)}",
+            "status": ResultStatus.OK,
+            "usage": Usage(prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=prompt // 4),
+            "completed_at_ms": done,
+            "route_reason": "default",
+        }
+        if r < 0.55:
+            fields["model"] = rng.choice(["gpt-4.1", "gpt-4.1-mini"])
+        elif r < 0.80:
+            fields |= {"model": "sim-llama-8b", "worker_id": rng.choice(WORKERS)}
+            fields["timings"] = Timings(engine_ms=float(rng.randint(200, 20_000)))
+        elif r < 0.92:
+            fields |= {"model": "gpt-4.1-mini", "cached": True}
+        elif r < 0.97:
+            fields |= {"model": "gpt-4.1", "shadow": True, "experiment_id": "exp-bench", "variant": "cand"}
+        else:
+            fields |= {"status": ResultStatus.ERROR, "usage": Usage(), "model": "gpt-4.1"}
+        out.append(InferenceResult.model_validate(fields))
+    return out
+
+
+def heartbeats(t0_ms: int, sent_ms: int, state: WorkerState = WorkerState.READY) -> list[WorkerStatus]:
+    return [
+        WorkerStatus(
+            worker_id=w,
+            node_id="bench",
+            state=state,
+            engine="sim",
+            models=["sim-llama-8b"],
+            cold_start_s=20.0,
+            started_at_ms=t0_ms - 60_000,
+            sent_at_ms=sent_ms,
+        )
+        for w in WORKERS
+    ]
+
+
+def bench_core(raw: list[bytes], t0_ms: int, span_ms: int) -> dict[str, float]:
+    book = load_pricebook()
+    ledger = GpuLedger(book, interval_ms=60_000, grace_ms=30_000)
+    for status in heartbeats(t0_ms, t0_ms):
+        ledger.observe(status)
+    records = 0
+    step = max(1, len(raw) // 200)  # heartbeats advance the workers' clocks 200 times over the backlog
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for i, payload in enumerate(raw):
+        result = InferenceResult.model_validate_json(payload)
+        priced = price_result(result, book)
+        out: list[CostRecord] = ledger.add(priced) if isinstance(priced, ServedRequest) else [priced]
+        records += sum(len(r.to_bytes()) > 0 for r in out)
+        if i % step == 0:
+            for status in heartbeats(t0_ms, result.completed_at_ms):
+                ledger.observe(status)
+            records += sum(len(r.to_bytes()) > 0 for r in ledger.close(result.completed_at_ms))
+    for status in heartbeats(t0_ms, t0_ms + span_ms, WorkerState.STOPPED):
+        ledger.observe(status)
+    records += sum(len(r.to_bytes()) > 0 for r in ledger.close(t0_ms + span_ms + 120_000))
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return {
+        "results": len(raw),
+        "records": records,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "results_per_s": len(raw) / wall,
+        "cpu_us_per_result": cpu / len(raw) * 1e6,
+        "late_results": ledger.late_results,
+    }
+
+
+async def bench_service(results: list[InferenceResult], t0_ms: int) -> dict[str, float]:
+    from llmbus import topics as t
+    from llmbus.bus.admin import ensure_catalog
+    from llmbus.bus.producer import make_producer
+    from services.cost_accounting.app import CostService
+    from services.cost_accounting.config import CostSettings
+    from services.cost_accounting.core.aggregates import agg_key, read_totals
+    from tests.support import drop_namespace, fresh_settings
+
+    settings = fresh_settings()
+    await ensure_catalog(settings)
+    topics = t.Topics(settings.topic_prefix)
+    producer = make_producer(settings, "cost-bench")
+    await producer.start()
+    try:
+        for status in heartbeats(t0_ms, now_ms()):
+            await producer.send(topics.name(t.WORKERS), status.to_bytes(), key=status.worker_id.encode())
+        for i, r in enumerate(results):
+            await producer.send(topics.name(t.RESULTS), r.to_bytes(), key=r.request_id.encode())
+            if i % 5000 == 0:
+                print(f"  backlog {i}/{len(results)}", file=sys.stderr)
+        await asyncio.wait_for(producer.flush(), 60)
+    except BaseException:
+        await producer.stop()
+        raise
+    service = CostService(settings, CostSettings(grace_s=0.5, worker_expiry_s=30, close_every_s=0.2))
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    await service.start()
+    requests_billed = 0
+    try:
+        # the workers stop once the backlog is read: their last intervals close, their requests are billed
+        while _results_seen() < len(results) and time.perf_counter() - wall0 < 600:
+            await asyncio.sleep(0.2)
+        stage1_s = time.perf_counter() - wall0
+        for status in heartbeats(t0_ms, now_ms(), WorkerState.STOPPED):
+            await producer.send(topics.name(t.WORKERS), status.to_bytes(), key=status.worker_id.encode())
+        await asyncio.wait_for(producer.flush(), 60)
+        await producer.stop()
+        days = {agg_key(settings.topic_prefix, "day", r.completed_at_ms, "total") for r in results}
+        while time.perf_counter() - wall0 < 600:
+            requests_billed = 0
+            for key in days:
+                requests_billed += read_totals(await service.store.totals(key)).get("all", {}).get("requests", 0)
+            if requests_billed >= len(results):
+                break
+            print(f"  billed {requests_billed}/{len(results)}", file=sys.stderr)
+            await asyncio.sleep(1.0)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    finally:
+        await service.stop()
+        await _drop_keys(settings)
+        await drop_namespace(settings)
+    return {
+        "results": len(results),
+        "billed": requests_billed,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "read_and_priced_s": stage1_s,  # every result read, priced or held (the workers still running)
+        "results_per_s": len(results) / wall,
+        "cpu_us_per_result": cpu / len(results) * 1e6,
+    }
+
+
+def _reference_loop() -> float:
+    started = time.process_time()
+    sum(range(10_000_000))
+    return time.process_time() - started
+
+
+def _results_seen() -> float:
+    from services.cost_accounting.metrics import RESULTS
+
+    return sum(
+        sample.value for metric in RESULTS.collect() for sample in metric.samples if sample.name.endswith("_total")
+    )
+
+
+async def _drop_keys(settings) -> None:  # type: ignore[no-untyped-def]
+    from llmbus.state import redis_client
+
+    client = redis_client(settings.redis_url)
+    async for key in client.scan_iter(match=f"{settings.topic_prefix}*", count=1000):
+        await client.delete(key)
+    await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--results", type=int, default=100_000)
+    parser.add_argument("--service-results", type=int, default=20_000)
+    parser.add_argument("--no-service", action="store_true", help="only the core path (no Kafka/Redis)")
+    args = parser.parse_args()
+    span_ms = 3_600_000
+    t0 = now_ms() - now_ms() % 3_600_000 - 2 * span_ms
+    results = backlog(args.results, t0, span_ms)
+    raw = [r.to_bytes() for r in results]
+    print(f"core path over {len(raw)} results ...", file=sys.stderr)
+    core = bench_core(raw, t0, span_ms)
+    print(json.dumps(core), file=sys.stderr)
+    service = None
+    if not args.no_service:
+        recent = now_ms() - 600_000
+        service = asyncio.run(bench_service(backlog(args.service_results, recent, 300_000, seed=11), recent))
+        print(json.dumps(service), file=sys.stderr)
+    command = "python -m bench.cost_bench " + " ".join(sys.argv[1:])
+    report = {"command": command.strip(), "core": core, "service": service, "reference_loop_cpu_s": _reference_loop()}
+    REPORTS.mkdir(exist_ok=True)
+    (REPORTS / "cost_bench.json").write_text(json.dumps(report, indent=2))
+    lines = [
+        "# cost-accounting throughput (one core)",
+        "",
+        f"Command: `{report['command']}`. Mix: 55 % hosted, 25 % self-hosted on 4 workers, 12 % cache hits, "
+        "5 % shadow, 3 % refused. Target: >= 20,000 results/s on one core.",
+        "",
+        "| path | results | wall s | results/s | CPU µs/result (this process) |",
+        "|---|---:|---:|---:|---:|",
+        f"| core (decode, price / GPU ledger, encode; no I/O) | {core['results']:,} | {core['wall_s']:.2f} | "
+        f"{core['results_per_s']:,.0f} | {core['cpu_us_per_result']:.1f} |",
+    ]
+    if service:
+        lines.append(
+            f"| service (FastStream + real Kafka + Redis, backlog replay to aggregates) | {service['results']:,} | "
+            f"{service['wall_s']:.2f} | {service['results_per_s']:,.0f} | {service['cpu_us_per_result']:.1f} |"
+        )
+    load1, _, _ = os.getloadavg()
+    lines += [
+        "",
+        "Kafka's and Redis's own CPU is not in the CPU column. Machine: 2 cores shared by the broker, Redis, "
+        f"this process and other work (load average {load1:.1f} when the run ended). How fast a core was in this "
+        f"run: a reference pure-Python loop, `sum(range(10_000_000))`, took {report['reference_loop_cpu_s']:.2f} "
+        "CPU-s here; scale the figures above by that loop's time on your machine to compare.",
+    ]
+    (REPORTS / "cost_bench.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""`python -m services.cost_accounting`"""
+
+from llmbus import topics as t
+from llmbus.bus import run_service
+from services.cost_accounting.app import main
+
+if __name__ == "__main__":
+    run_service(t.COST, main)

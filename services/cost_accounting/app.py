@@ -1,0 +1,186 @@
+"""Cost-accounting wiring: a FastStream Kafka broker with three typed subscribers, Redis, the ledger ticker.
+
+Why FastStream (and not the project's ConsumerLoop): this service is consume -> compute ->
+produce with no per-record concurrency to order, which is what FastStream's subscribers do;
+batches of llm.results and llm.costs are committed after the handler (AckPolicy.NACK_ON_ERROR:
+an infrastructure failure seeks back and the batch comes again; a bad record goes to llm.dlq
+from inside the handler, so one bad record never blocks a partition). The batch handlers
+take the raw records (not `list[InferenceResult]`) only so a record that does not decode can
+be dead-lettered with its partition and offset instead of failing the whole batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from faststream import AckPolicy, FastStream
+from faststream.kafka import KafkaBroker
+from faststream.kafka.annotations import KafkaMessage
+from faststream.specification import AsyncAPI
+from pydantic import ValidationError
+
+from llmbus import topics as t
+from llmbus.bus import headers as hdr
+from llmbus.bus.codec import BadMessage
+from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
+from llmbus.bus.producer import PublishTimeout
+from llmbus.bus.tables import read_table
+from llmbus.messages import ErrorCode, Message, PriceBookUpdate, WorkerStatus, now_ms
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.cost_accounting.config import CostSettings
+from services.cost_accounting.core.budgets import load_budgets
+from services.cost_accounting.core.gpu_ledger import GpuLedger
+from services.cost_accounting.core.prices import load_pricebook
+from services.cost_accounting.handlers import CostHandlers
+from services.cost_accounting.store import CostStore
+
+log = logging.getLogger(__name__)
+
+
+class CostService:
+    def __init__(self, settings: BusSettings, cost: CostSettings, broker: KafkaBroker | None = None) -> None:
+        self.settings = settings
+        self.cost = cost
+        self.topics = t.Topics(settings.topic_prefix)
+        self.broker = broker or KafkaBroker(
+            settings.kafka_bootstrap,
+            client_id=f"llmbus-{t.COST}",
+            acks="all",
+            enable_idempotence=True,
+            request_timeout_ms=settings.request_timeout_ms,
+            linger_ms=settings.linger_ms,
+        )
+        self.app = FastStream(self.broker, specification=AsyncAPI(title="llmbus cost-accounting"))
+        book = load_pricebook(cost.pricebook_path)
+        self.ledger = GpuLedger(
+            book,
+            interval_ms=cost.interval_s * 1000,
+            grace_ms=int(cost.grace_s * 1000),
+            cold_start_requests=cost.cold_start_requests,
+            prefill_token_weight=cost.prefill_token_weight,
+            decode_token_weight=cost.decode_token_weight,
+        )
+        self.redis = redis_client(settings.redis_url)
+        self.store = CostStore(self.redis, settings.topic_prefix, cost.dedupe_ttl_s)
+        self.handlers = CostHandlers(
+            book,
+            self.ledger,
+            load_budgets(cost.budgets_path),
+            self.store,
+            self.topics,
+            self.publish_all,
+            self.dlq,
+            batch_full_records=cost.batch_max_records,
+            settle_s=cost.settle_s,
+        )
+        self._ticker: asyncio.Task[None] | None = None
+        self._subscribe()
+
+    def asyncapi(self) -> dict[str, Any]:
+        """The AsyncAPI document FastStream derives from the real handlers."""
+        spec = self.app.schema.to_specification()
+        return dict(spec.to_jsonable())
+
+    def _subscribe(self) -> None:
+        handlers, topics = self.handlers, self.topics
+        batch: dict[str, Any] = {
+            "batch": True,
+            "max_records": self.cost.batch_max_records,
+            "auto_offset_reset": "earliest",
+            "ack_policy": AckPolicy.NACK_ON_ERROR,
+        }
+
+        # No group: every replica reads the whole compacted heartbeat table.
+        @self.broker.subscriber(topics.name(t.WORKERS), auto_offset_reset="earliest")
+        async def on_worker(status: WorkerStatus) -> None:
+            handlers.on_worker(status)
+
+        @self.broker.subscriber(topics.name(t.PRICEBOOK), auto_offset_reset="earliest")
+        async def on_pricebook(update: PriceBookUpdate, message: KafkaMessage) -> None:
+            try:
+                handlers.on_pricebook(update)
+            except ValidationError as exc:  # the current book stays; the bad one is on record
+                await self.dlq(message.raw_message, BadMessage(ErrorCode.INVALID_REQUEST, f"price book: {exc}"))
+
+        @self.broker.subscriber(topics.name(t.RESULTS), group_id=topics.group(t.COST, "results"), **batch)
+        async def on_results(_: list[bytes], message: KafkaMessage) -> None:
+            await handlers.on_results(message.raw_message)  # type: ignore[arg-type]
+
+        @self.broker.subscriber(topics.name(t.COSTS), group_id=topics.group(t.COST, "aggregates"), **batch)
+        async def on_costs(_: list[bytes], message: KafkaMessage) -> None:
+            await handlers.on_costs(message.raw_message)  # type: ignore[arg-type]
+
+    async def publish_all(self, topic: str, items: Sequence[tuple[Message, str | None]]) -> None:
+        """Send all, then wait (bounded) for every broker ack: a batch costs one round trip, not one per record."""
+        deliveries = []
+        for message, key in items:
+            headers = dict(hdr.as_dict(hdr.outgoing(message, t.COST)))
+            deliveries.append(
+                await asyncio.wait_for(
+                    self.broker.publish(
+                        message.to_bytes(),
+                        topic,
+                        key=key.encode() if key is not None else None,
+                        headers=headers,
+                        no_confirm=True,
+                    ),
+                    self.settings.send_timeout_s,
+                )
+            )
+        pending = [d for d in deliveries if isinstance(d, asyncio.Future)]  # TestKafkaBroker returns none
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), self.settings.send_timeout_s)
+        except TimeoutError as exc:
+            raise PublishTimeout(f"no ack from Kafka for {len(deliveries)} records on {topic}") from exc
+
+    async def dlq(self, record: Any, exc: Exception) -> None:
+        code = exc.code if isinstance(exc, BadMessage) else ErrorCode.INTERNAL
+        reason = exc.reason if isinstance(exc, BadMessage) else f"{type(exc).__name__}: {exc}"
+        letter = dead_letter(record, code, reason, t.COST, getattr(exc, "request_id", None))
+        key = record.key.decode(errors="replace") if record.key is not None else None
+        await self.publish_all(self.topics.name(t.DLQ), [(letter, key)])
+        DEAD_LETTERS.labels(t.COST, code).inc()
+
+    async def start(self) -> None:
+        # The heartbeat table first, then the held results: the ledger knows every worker's life
+        # before the first result arrives.
+        table = await read_table(self.settings, self.topics.name(t.WORKERS), WorkerStatus)
+        for status in sorted(table.values(), key=lambda s: s.sent_at_ms):
+            self.handlers.on_worker(status)
+        for update in (await read_table(self.settings, self.topics.name(t.PRICEBOOK), PriceBookUpdate)).values():
+            try:
+                self.handlers.on_pricebook(update)
+            except ValidationError:
+                log.exception("the price book on %s is invalid; keeping the file's", t.PRICEBOOK)
+        await self.handlers.restore()
+        await self.broker.start()
+        self._ticker = asyncio.create_task(self._tick_forever(), name="cost-ledger-ticker")
+
+    async def _tick_forever(self) -> None:
+        while True:
+            try:
+                await self.handlers.tick(now_ms(), int(self.cost.worker_expiry_s * 1000))
+            except Exception:  # Redis or Kafka away: the same intervals close on the next tick
+                log.exception("closing ledger intervals failed; retrying")
+            await asyncio.sleep(self.cost.close_every_s)
+
+    async def stop(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        await asyncio.wait_for(self.broker.stop(), self.settings.stop_timeout_s)
+        await self.redis.aclose()
+
+
+async def main(settings: BusSettings, stop: asyncio.Event) -> None:
+    service = CostService(settings, CostSettings())
+    await service.start()
+    log.info("cost-accounting running (results -> costs -> aggregates, budgets)")
+    await stop.wait()
+    await service.stop()

@@ -1,0 +1,162 @@
+"""The price book (YAML), validated by strict pydantic models before any record is costed.
+
+Hosted models are priced per 1M input, cached-input and output tokens. Self-hosted pools
+are priced per GPU-hour of their GPU type, on demand or spot (spot defaults to
+`spot_fraction` of on demand, ~30 % in the design source), times an overhead factor for
+operations (networking, storage, people). Prices are Decimals: write them as strings or
+plain numbers in the YAML (pydantic turns a YAML float into the Decimal of its shortest
+repr, so 0.45 is exactly Decimal("0.45")).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from decimal import Decimal
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from services.cost_accounting.core.money import to_micro
+
+DEFAULT_PRICEBOOK_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "default.yaml"
+MS_PER_HOUR = 3_600_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HostedPrice(_Strict):
+    """USD per 1M tokens."""
+
+    input_per_1m: Decimal = Field(ge=0)
+    cached_input_per_1m: Decimal | None = Field(default=None, ge=0, description="Defaults to the input price.")
+    output_per_1m: Decimal = Field(ge=0)
+
+    def cost_micro(self, prompt_tokens: int, cached_prompt_tokens: int, completion_tokens: int) -> int:
+        """A price per 1M tokens in USD is a price per token in µUSD: tokens x price, rounded once."""
+        cached = min(cached_prompt_tokens, prompt_tokens)
+        cached_price = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+        return to_micro(
+            (prompt_tokens - cached) * self.input_per_1m
+            + cached * cached_price
+            + completion_tokens * self.output_per_1m
+        )
+
+
+class GpuPrice(_Strict):
+    """USD per GPU-hour."""
+
+    on_demand_per_hour: Decimal = Field(gt=0)
+    spot_per_hour: Decimal | None = Field(default=None, gt=0, description="Defaults to spot_fraction x on demand.")
+
+
+class Capacity(StrEnum):
+    ON_DEMAND = "on_demand"
+    SPOT = "spot"
+
+
+class Pool(_Strict):
+    """Self-hosted instances of one GPU type serving some models."""
+
+    gpu: str
+    gpus_per_instance: int = Field(default=1, ge=1)
+    capacity: Capacity = Capacity.ON_DEMAND
+    models: list[str] = Field(min_length=1)
+    worker_ids: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of worker ids.")
+    # What 1M tokens on this pool are worth when a cache hit avoided them (savings only, never billed).
+    reference_per_1m_tokens: Decimal = Field(default=Decimal("0.10"), ge=0)
+
+
+class SelfHostedRate(BaseModel):
+    """A pool's resolved price: µUSD per instance-millisecond, overhead included."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pool: str
+    gpu: str
+    capacity: Capacity
+    usd_per_instance_hour: Decimal
+    reference_per_1m_tokens: Decimal
+
+    def cost_micro(self, instance_ms: int) -> int:
+        """instance-ms x USD/hour ÷ 3.6e6 ms/hour x 1e6 µUSD/USD, rounded once."""
+        return to_micro(instance_ms * self.usd_per_instance_hour / Decimal("3.6"))
+
+
+class PriceBook(_Strict):
+    version: int = 1
+    overhead_factor: Decimal = Field(default=Decimal(1), ge=1, description="Multiplies self-hosted GPU-hours.")
+    spot_fraction: Decimal = Field(default=Decimal("0.3"), gt=0, le=1)
+    default_model: str = Field(description="The baseline of the savings report: every request to this model.")
+    hosted: dict[str, HostedPrice] = Field(default_factory=dict)
+    gpus: dict[str, GpuPrice] = Field(default_factory=dict)
+    pools: dict[str, Pool] = Field(default_factory=dict)
+    _pool_memo: dict[tuple[str, str | None], str | None] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PriceBook:
+        for name, pool in self.pools.items():
+            if pool.gpu not in self.gpus:
+                raise ValueError(f"pool {name!r}: gpu {pool.gpu!r} has no price under `gpus`")
+            for model in pool.models:
+                if model in self.hosted:
+                    raise ValueError(f"pool {name!r}: model {model!r} is also priced as hosted")
+        if self.default_model not in self.hosted and not any(
+            self.default_model in p.models for p in self.pools.values()
+        ):
+            raise ValueError(f"default_model {self.default_model!r} has no price")
+        return self
+
+    def gpu_hour_usd(self, gpu: str, capacity: Capacity) -> Decimal:
+        price = self.gpus[gpu]
+        if capacity == Capacity.ON_DEMAND:
+            return price.on_demand_per_hour
+        return price.spot_per_hour if price.spot_per_hour is not None else price.on_demand_per_hour * self.spot_fraction
+
+    def pool_rate(self, pool_name: str) -> SelfHostedRate:
+        pool = self.pools[pool_name]
+        per_hour = self.gpu_hour_usd(pool.gpu, pool.capacity) * pool.gpus_per_instance * self.overhead_factor
+        return SelfHostedRate(
+            pool=pool_name,
+            gpu=pool.gpu,
+            capacity=pool.capacity,
+            usd_per_instance_hour=per_hour,
+            reference_per_1m_tokens=pool.reference_per_1m_tokens,
+        )
+
+    def pool_of(self, model: str | None, worker_id: str | None) -> str | None:
+        """The first pool that serves `model` on a worker matching its patterns (memoised: glob matching is slow)."""
+        if model is None:
+            return None
+        key = (model, worker_id)
+        if key not in self._pool_memo:
+            self._pool_memo[key] = next(
+                (
+                    name
+                    for name, pool in self.pools.items()
+                    if model in pool.models and any(fnmatch.fnmatchcase(worker_id or "", p) for p in pool.worker_ids)
+                ),
+                None,
+            )
+        return self._pool_memo[key]
+
+    def list_price_micro(
+        self, model: str | None, prompt_tokens: int, cached: int, completion_tokens: int
+    ) -> int | None:
+        """What a request costs at list price on `model` (hosted prices, or a pool's reference), for savings."""
+        if model is None:
+            return None
+        if model in self.hosted:
+            return self.hosted[model].cost_micro(prompt_tokens, cached, completion_tokens)
+        pool = self.pool_of(model, None) or next((n for n, p in self.pools.items() if model in p.models), None)
+        if pool is None:
+            return None
+        return to_micro((prompt_tokens + completion_tokens) * self.pools[pool].reference_per_1m_tokens)
+
+
+def load_pricebook(path: str | Path | None = None) -> PriceBook:
+    raw = yaml.safe_load(Path(path or DEFAULT_PRICEBOOK_PATH).read_text())
+    return PriceBook.model_validate(raw)

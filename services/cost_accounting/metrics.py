@@ -1,0 +1,10 @@
+"""Prometheus metrics of cost-accounting (llmbus_ namespace, units in names)."""
+
+from prometheus_client import Counter
+
+COST_USD = Counter("llmbus_cost_usd_total", "Cost booked, USD", ["tenant", "model", "kind"])
+TOKENS = Counter("llmbus_cost_tokens_total", "Tokens costed", ["tenant", "model", "type"])
+SAVING_USD = Counter("llmbus_cost_saving_usd_total", "Cache savings, USD", ["tenant", "model"])
+RESULTS = Counter("llmbus_cost_results_total", "Results seen on llm.results", ["outcome"])
+BUDGET_ALERTS = Counter("llmbus_cost_budget_alerts_total", "BudgetStatus alerts published", ["threshold"])
+LATE_RESULTS = Counter("llmbus_cost_late_results_total", "Self-hosted results after their interval closed")

@@ -1,0 +1,146 @@
+"""Cost-accounting handlers in memory (FastStream TestKafkaBroker) with the real Redis (namespaced keys)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from faststream.kafka import TestKafkaBroker
+
+from llmbus import topics as t
+from llmbus.messages import (
+    BudgetState,
+    BudgetStatus,
+    CostKind,
+    CostRecord,
+    InferenceResult,
+    PriceBookUpdate,
+    ResultStatus,
+    Usage,
+    WorkerState,
+    WorkerStatus,
+)
+from llmbus.settings import BusSettings
+from services.cost_accounting.app import CostService
+from services.cost_accounting.config import CostSettings
+from services.cost_accounting.core.aggregates import agg_key, read_totals
+from services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
+
+NOW = 1_780_000_000_000
+
+
+def hosted(rid: str, tenant: str = "acme", **kw: object) -> InferenceResult:
+    fields: dict[str, object] = {
+        "request_id": rid,
+        "tenant": tenant,
+        "status": ResultStatus.OK,
+        "model": "gpt-4.1",
+        "usage": Usage(prompt_tokens=1000, cached_prompt_tokens=200, completion_tokens=500),
+        "completed_at_ms": NOW,
+    } | kw
+    return InferenceResult.model_validate(fields)
+
+
+@pytest.fixture
+async def service(redis_up: None, tmp_path: Path):  # type: ignore[no-untyped-def]
+    budgets = tmp_path / "budgets.yaml"
+    budgets.write_text("tenants:\n  small: {limit_usd: 0.01, period: day}\n")
+    settings = BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False)
+    svc = CostService(settings, CostSettings(budgets_path=str(budgets), interval_s=60, grace_s=1, settle_s=0))
+    costs: list[CostRecord] = []
+    statuses: list[BudgetStatus] = []
+
+    @svc.broker.subscriber(svc.topics.name(t.COSTS), group_id="test-spy")
+    async def spy_costs(record: CostRecord) -> None:
+        costs.append(record)
+
+    @svc.broker.subscriber(svc.topics.name(t.BUDGETS))
+    async def spy_budgets(status: BudgetStatus) -> None:
+        statuses.append(status)
+
+    async with TestKafkaBroker(svc.broker) as broker:
+        yield svc, broker, costs, statuses
+    async for key in svc.redis.scan_iter(match=f"{settings.topic_prefix}*"):
+        await svc.redis.delete(key)
+    await svc.redis.aclose()
+
+
+async def send_result(svc: CostService, broker, result: InferenceResult) -> None:  # type: ignore[no-untyped-def]
+    await broker.publish(result.to_bytes(), svc.topics.name(t.RESULTS), key=result.request_id.encode())
+
+
+async def test_hosted_cache_shadow_and_dedupe(service) -> None:  # type: ignore[no-untyped-def]
+    svc, broker, costs, _ = service
+    await send_result(svc, broker, hosted("r1"))
+    await send_result(svc, broker, hosted("r1"))  # redelivered: billed once
+    await send_result(svc, broker, hosted("r2", cached=True, model="gpt-4.1-mini"))
+    await send_result(svc, broker, hosted("r3", shadow=True, experiment_id="exp1", variant="cand"))
+    by_id = {c.request_id: c for c in costs}
+    assert len(costs) == 3
+    # 800 x $2 + 200 x $0.50 + 500 x $8 per 1M tokens = 5,700 µUSD
+    assert by_id["r1"].cost_micro_usd == 5700 and by_id["r1"].kind == CostKind.HOSTED
+    assert by_id["r2"].cost_micro_usd == 0 and by_id["r2"].kind == CostKind.CACHE
+    assert by_id["r2"].saving_micro_usd == 1000 * 0.40 + 500 * 1.60  # list price of the model it would have used
+    assert by_id["r3"].booked_to == "experiment" and by_id["r3"].experiment_id == "exp1"
+
+    day = lambda dim: agg_key(svc.topics.prefix, "day", NOW, dim)  # noqa: E731
+    tenants = read_totals(await svc.store.totals(day("tenant")))
+    assert tenants["acme"]["cost"] == 5700  # the shadow copy is not the tenant's
+    assert tenants["acme"]["saving"] == 1200
+    experiments = read_totals(await svc.store.totals(day("experiment")))
+    assert experiments["exp1/cand"]["cost"] == 5700
+    # a CostRecord seen twice by the aggregator counts once
+    await broker.publish(by_id["r1"].to_bytes(), svc.topics.name(t.COSTS), key=b"acme")
+    assert read_totals(await svc.store.totals(day("total")))["all"]["cost"] == 11400
+
+
+async def test_budget_alerts_once_per_threshold(service) -> None:  # type: ignore[no-untyped-def]
+    svc, broker, _, statuses = service
+    # $0.01 a day; each request 5,700 µUSD: 57 % then 114 %, then nothing new
+    for rid in ("b1", "b2", "b3"):
+        await send_result(svc, broker, hosted(rid, tenant="small"))
+    assert [(s.state, s.threshold_perc) for s in statuses] == [(BudgetState.WARN, 50), (BudgetState.OVER, 100)]
+    assert statuses[-1].spent_usd == pytest.approx(0.0114)  # published when 100 % was crossed
+
+
+async def test_self_hosted_priced_when_interval_closes(service) -> None:  # type: ignore[no-untyped-def]
+    svc, broker, costs, _ = service
+    start = NOW - NOW % 60_000
+    beat = WorkerStatus(
+        worker_id="sim-1",
+        node_id="n",
+        state=WorkerState.READY,
+        engine="sim",
+        models=["sim-llama-8b"],
+        cold_start_s=0.0,
+        started_at_ms=start,
+        sent_at_ms=start + 1000,
+    )
+    await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-1")
+    result = hosted("s1", model="sim-llama-8b", worker_id="sim-1", completed_at_ms=start + 30_000)
+    result.timings.engine_ms = 20_000
+    await send_result(svc, broker, result)
+    assert costs == []  # held until the interval closes
+    stopped = beat.model_copy(update={"state": WorkerState.STOPPED, "sent_at_ms": start + 60_000})
+    await broker.publish(stopped.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-1")
+    await svc.handlers.tick(start + 120_000, 60_000)
+    kinds = {c.kind: c.cost_micro_usd for c in costs}
+    rate = svc.ledger.book.pool_rate("sim")
+    assert kinds[CostKind.SELF_HOSTED] == rate.cost_micro(20_000)
+    assert kinds[CostKind.SELF_HOSTED] + kinds[CostKind.IDLE] == rate.cost_micro(60_000)
+    held, _ = await svc.store.load_held()
+    assert held == []  # released once published
+
+
+async def test_price_book_overridden_at_runtime(service) -> None:  # type: ignore[no-untyped-def]
+    svc, broker, costs, _ = service
+    book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
+    book["hosted"]["gpt-4.1"]["output_per_1m"] = 16.0
+    await broker.publish(PriceBookUpdate(book=book).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    broken = book | {"pools": {"x": {"gpu": "no-such-gpu", "models": ["m"]}}}
+    await broker.publish(PriceBookUpdate(book=broken).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    await send_result(svc, broker, hosted("p1"))
+    # 800 x 2 + 200 x 0.5 + 500 x 16: the valid update applies, the invalid one is refused
+    assert costs[-1].cost_micro_usd == 1600 + 100 + 8000

@@ -1,0 +1,156 @@
+"""The GPU ledger: request costs + idle (+ cold start) = instance-hours x price, to the micro-dollar."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from llmbus.messages import CostKind, InferenceResult, ResultStatus, Timings, Usage, WorkerState, WorkerStatus
+from services.cost_accounting.core.costing import ServedRequest, price_result
+from services.cost_accounting.core.gpu_ledger import GpuLedger
+from services.cost_accounting.core.money import cents
+from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
+
+BOOK = load_pricebook()
+T0 = 1_780_000_000_000 - 1_780_000_000_000 % MS_PER_HOUR  # an hour boundary
+
+
+def heartbeat(worker: str, started: int, sent: int, cold_s: float | None, state: WorkerState) -> WorkerStatus:
+    return WorkerStatus(
+        worker_id=worker,
+        node_id="n",
+        state=state,
+        engine="sim",
+        models=["sim-llama-8b"],
+        cold_start_s=cold_s,
+        started_at_ms=started,
+        sent_at_ms=sent,
+    )
+
+
+def result(rid: str, worker: str, start: int, end: int, prompt: int, completion: int) -> InferenceResult:
+    return InferenceResult(
+        request_id=rid,
+        tenant="acme",
+        status=ResultStatus.OK,
+        model="sim-llama-8b",
+        worker_id=worker,
+        usage=Usage(prompt_tokens=prompt, completion_tokens=completion),
+        timings=Timings(engine_ms=float(end - start)),
+        completed_at_ms=end,
+    )
+
+
+def run_life(
+    ledger: GpuLedger, worker: str, started: int, cold_ms: int, life_ms: int, reqs: list, hb_ms: int = 1000
+) -> list:
+    """Heartbeats every hb_ms (results fed in as they complete), then STOPPED; close far in the future."""
+    records = []
+    end = started + life_ms
+    pending = sorted(reqs, key=lambda r: r[1])
+    t = started
+    while t <= end:
+        ready = t >= started + cold_ms
+        state = WorkerState.STOPPED if t == end else (WorkerState.READY if ready else WorkerState.WARMING)
+        ledger.observe(heartbeat(worker, started, t, cold_ms / 1000 if ready else None, state))
+        while pending and pending[0][1] <= t:
+            rid, r_end, r_start, p, c = pending.pop(0)
+            priced = price_result(result(rid, worker, r_start, r_end, p, c), BOOK)
+            assert isinstance(priced, ServedRequest)
+            records += ledger.add(priced)
+        records += ledger.close(t)
+        t = min(end, t + hb_ms) if t < end else end + 1
+    records += ledger.close(end + 10 * ledger.grace_ms)
+    return records
+
+
+workloads = st.integers(0, 3 * MS_PER_HOUR).flatmap(
+    lambda offset: st.tuples(
+        st.just(T0 + offset),  # start
+        st.integers(0, 120_000),  # cold start ms
+        st.integers(130_000, 5 * 3_600_000 // 2),  # life ms (to 2.5 h)
+        st.lists(
+            st.tuples(st.floats(0, 1), st.integers(1, 90_000), st.integers(0, 4000), st.integers(0, 2000)), max_size=60
+        ),
+        st.sampled_from([60_000, 300_000, 3_600_000]),
+    )
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workloads)
+def test_conservation_per_worker_hour_and_life(work) -> None:
+    started, cold_ms, life_ms, raw, interval_ms = work
+    ledger = GpuLedger(BOOK, interval_ms=interval_ms, grace_ms=5_000, cold_start_requests=7, keep_bills=True)
+    ready, end = started + cold_ms, started + life_ms
+    reqs = []
+    for i, (pos, dur, p, c) in enumerate(raw):
+        r_start = ready + int(pos * (end - ready - 1))
+        reqs.append((f"r{i}", min(end, r_start + dur), r_start, p, c))
+    records = run_life(ledger, "w1", started, cold_ms, life_ms, reqs, hb_ms=7_000)
+    rate = BOOK.pool_rate("sim")
+
+    # every request billed exactly once, nothing late
+    billed = [r for r in records if r.kind == CostKind.SELF_HOSTED]
+    assert sorted(r.request_id for r in billed) == sorted(r[0] for r in reqs)
+    assert ledger.late_results == 0
+
+    # per worker and hour: GPU shares + idle + cold-start time = instance-hours in that hour x price
+    per_hour: dict[int, int] = defaultdict(int)
+    for bill in ledger.bills:
+        assert sum(bill.shares_micro.values()) + bill.idle_micro + bill.cold_micro == bill.cost_micro
+        per_hour[bill.start_ms - bill.start_ms % MS_PER_HOUR] += bill.cost_micro
+    expected_total = 0
+    for hour, micro in per_hour.items():
+        alive_ms = max(0, min(end, hour + MS_PER_HOUR) - max(started, hour))
+        assert micro == rate.cost_micro(alive_ms)
+        assert cents(micro) == cents(rate.cost_micro(alive_ms))
+        expected_total += micro
+
+    # over the life: requests (GPU share + cold share) + idle + wasted cold start = the bill
+    assert sum(r.cost_micro_usd for r in records) == expected_total
+    waste = sum(r.cost_micro_usd for r in records if r.kind == CostKind.COLD_START_WASTE)
+    cold_paid = sum(r.cold_start_micro_usd for r in billed)
+    assert cold_paid + waste == sum(b.cold_micro for b in ledger.bills)
+    if len(reqs) >= 7:
+        assert waste == 0
+
+
+def test_cold_start_amortised_and_wasted() -> None:
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000, cold_start_requests=4)
+    # 60 s cold start at $0.495/h = 8250 µUSD; two requests served, then reclaimed
+    reqs = [("a", T0 + 70_000, T0 + 61_000, 100, 100), ("b", T0 + 80_000, T0 + 71_000, 100, 100)]
+    records = run_life(ledger, "w2", T0, 60_000, 90_000, reqs)
+    by_kind = defaultdict(int)
+    for r in records:
+        by_kind[r.kind] += r.cost_micro_usd
+    cold_total = BOOK.pool_rate("sim").cost_micro(60_000)
+    assert cold_total == 8250
+    shares = [r.cold_start_micro_usd for r in records if r.kind == CostKind.SELF_HOSTED]
+    assert shares == [2062, 2063]  # 8250 // 4 twice, remainders spread exactly
+    assert by_kind[CostKind.COLD_START_WASTE] == cold_total - sum(shares)
+    assert sum(by_kind.values()) == BOOK.pool_rate("sim").cost_micro(90_000)
+
+
+def test_two_requests_share_an_interval_by_work() -> None:
+    ledger = GpuLedger(
+        BOOK,
+        interval_ms=60_000,
+        grace_ms=1_000,
+        cold_start_requests=1_000_000,
+        prefill_token_weight=0.0,
+        decode_token_weight=1.0,
+    )
+    # same span, decode 300 vs 100 tokens: 3:1 split of the busy cost
+    reqs = [("big", T0 + 50_000, T0 + 10_000, 0, 300), ("small", T0 + 50_000, T0 + 10_000, 0, 100)]
+    records = run_life(ledger, "w3", T0, 0, 60_000, reqs)
+    cost = {r.request_id: r.cost_micro_usd - r.cold_start_micro_usd for r in records if r.kind == CostKind.SELF_HOSTED}
+    busy = BOOK.pool_rate("sim").cost_micro(40_000)
+    assert cost["big"] + cost["small"] == busy
+    assert abs(cost["big"] - 3 * cost["small"]) <= 3
+    idle = sum(r.cost_micro_usd for r in records if r.kind == CostKind.IDLE)
+    assert idle + busy + ledger.workers["w3"].cold_paid_micro + sum(
+        r.cost_micro_usd for r in records if r.kind == CostKind.COLD_START_WASTE
+    ) == BOOK.pool_rate("sim").cost_micro(60_000)
