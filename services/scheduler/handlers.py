@@ -36,6 +36,7 @@ from llmbus.state import DedupeStore
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.types import SchedRequest
+from services.scheduler.pool_stats import PoolStatsRecorder
 from services.scheduler.store import PlacementStore
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class SchedulerHandlers:
         self._answered: dict[str, asyncio.Future[None]] = {}  # request id → set when placed or answered
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
+        self.pool_stats = PoolStatsRecorder(settings.instance_id)  # the autoscaler's signals
 
     async def restore(self) -> int:
         placements = await self.store.load(self.settings.prefix_block_tokens, self.settings.max_prefix_blocks)
@@ -93,6 +95,7 @@ class SchedulerHandlers:
             # The worker drops a Dispatch for a request it is running or has finished.
             await self._send(restored.worker_id, routed, restored.attempt, request.prefix_block_hashes)
             return
+        self.pool_stats.on_arrival(request.model, now_ms())
         answered = self._answered.setdefault(request.request_id, asyncio.get_running_loop().create_future())
         async with self._lock:
             await self._publish(self.core.submit(request, now_ms()))
@@ -104,6 +107,7 @@ class SchedulerHandlers:
         outcome = decode(record, DispatchOutcome)
         await self.store.release(outcome.request_id, outcome.attempt)
         async with self._lock:
+            self.pool_stats.on_outcome(self.core.fleet.placement_of(outcome.request_id), now_ms())
             await self._publish(
                 self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
             )
@@ -137,6 +141,7 @@ class SchedulerHandlers:
             await self.store.release(placement.request_id, placement.attempt - 1)
             await self.markers.mark_done("superseded", f"{placement.request_id}:{placement.attempt - 1}")
         await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
+        self.pool_stats.on_placed(placement, request.routed.routed_at_ms, now_ms())
         log.info("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
 
     async def _send(self, worker_id: str, routed: RoutedRequest, attempt: int, prefix_block_hashes: list[str]) -> None:

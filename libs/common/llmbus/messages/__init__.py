@@ -38,6 +38,7 @@ from llmbus.messages.ops import (
     ScaleDecision,
     Variant,
 )
+from llmbus.messages.scaling import PoolStats
 
 __all__ = [
     "DEFAULT_REPLY_TOPIC",
@@ -66,6 +67,7 @@ __all__ = [
     "NodeProfile",
     "OutcomeStatus",
     "Part",
+    "PoolStats",
     "ResultStatus",
     "RoutedRequest",
     "ScaleDecision",
