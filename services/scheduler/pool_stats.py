@@ -79,10 +79,12 @@ class PoolStatsRecorder:
         window.service_ms.append(float(max(0, at_ms - placement.placed_at_ms)))
 
     def snapshot(self, core: SchedulerCore, now: int) -> list[PoolStats]:
-        """One PoolStats per pool seen (in traffic or the fleet); starts the next window."""
+        """One PoolStats per pool this instance has had traffic for; starts the next window.
+
+        Pools only in the fleet are left out: with several instances, the one that owns a
+        model's partition speaks for it, and the others must not report it as idle.
+        """
         pools = set(self._windows) | set(core.queues.by_model)
-        for worker in core.fleet.workers.values():
-            pools.update(worker.models)
         stats = [self._stats_of(pool, core, now) for pool in sorted(pools)]
         self._windows = {pool: _Window(now) for pool in pools}
         return stats

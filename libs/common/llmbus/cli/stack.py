@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -81,6 +82,8 @@ def stop(proc: ServiceProcess, grace_s: float = 30.0) -> bool:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # our own child (an autoscaler's worker) would stay a zombie
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
