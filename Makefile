@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench \
-        compose-check clean
+        compose-check clean bench-autoscaler
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -50,6 +50,9 @@ schemas-check: setup ## fail if schemas/ drifted from the models
 
 bench: infra ## all benchmarks; reports (JSON, Markdown with the command, PNG) land in bench/reports/
 	@for b in $$(ls bench/*_bench.py | sed 's#bench/\(.*\)\.py#\1#'); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done
+
+bench-autoscaler: setup ## the autoscaler's tidal-day benchmark alone (virtual time, no broker)
+	@$(PY) -m bench.autoscaler_bench
 
 compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

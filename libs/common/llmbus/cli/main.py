@@ -12,7 +12,7 @@ from rich.table import Table
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
-from llmbus.cli import stack
+from llmbus.cli import scaling, stack
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
@@ -117,6 +117,7 @@ def status() -> None:
             f"{s.cold_start_s}s",
         )
     console.print(table)
+    scaling.print_scaling(console, BusSettings(), fleet)
 
 
 @app.command()

@@ -111,6 +111,8 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
                 },
             )
         )
+    # Scales the pool beyond the static workers on queue wait and back (services/autoscaler).
+    procs.append(ServiceProcess("autoscaler", "services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)}))
     return procs
 
 
