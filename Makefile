@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
-        compose-check clean reliability soak
+        compose-check clean reliability soak bench-autoscaler
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ soak: infra ## steady load at half the measured maximum for SOAK_MINUTES (30); R
 
 plan: setup ## the capacity planner's case study (report + PNG in bench/reports/)
 	@$(PY) -m llmbus.cli.main plan --out bench/reports
+
+bench-autoscaler: setup ## the autoscaler's tidal-day benchmark alone (virtual time, no broker)
+	@$(PY) -m bench.autoscaler_bench
 
 compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

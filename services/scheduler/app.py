@@ -18,6 +18,7 @@ from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.policy.core import CoreConfig, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
+from services.scheduler.pool_stats import publish_pool_stats
 from services.scheduler.store import PlacementStore
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,11 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     try:
         tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
         tasks.append(asyncio.create_task(handlers.run_timer(stop)))
+        tasks.append(
+            asyncio.create_task(
+                publish_pool_stats(bus, handlers.pool_stats, handlers.core, sched.pool_stats_interval_s, stop)
+            )
+        )
         await run_until_stopped(tasks, stop)
     finally:
         for consumer in (fleet, routed, outcomes):

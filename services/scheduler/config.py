@@ -30,3 +30,4 @@ class SchedulerSettings(BaseSettings):
     prefill_tokens_per_s: float = 50_000.0  # one worker's prefill rate, for the TTFT estimate
     placement_ttl_s: int = 24 * 3600  # a claim whose outcome never comes expires (bounded Redis keys)
     seed: int | None = None
+    pool_stats_interval_s: float = 5.0  # how often per-pool statistics go to llm.pool-stats

@@ -43,6 +43,7 @@ from llmbus.replies import publish_error, reply_topic_of
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.types import SchedRequest
+from services.scheduler.pool_stats import PoolStatsRecorder
 from services.scheduler.store import PlacementStore
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class SchedulerHandlers:
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
+        self.pool_stats = PoolStatsRecorder(settings.instance_id)  # the autoscaler's signals
 
     async def restore(self) -> int:
         placements = await self.store.load(self.settings.prefix_block_tokens, self.settings.max_prefix_blocks)
@@ -104,6 +106,7 @@ class SchedulerHandlers:
             await self._send(restored.worker_id, routed, restored.attempt, request.prefix_block_hashes)
             return
         rid = request.request_id
+        self.pool_stats.on_arrival(request.model, now_ms())
         answered = self._answered.setdefault(rid, asyncio.get_running_loop().create_future())
         self._source[rid] = TopicPartition(record.topic, record.partition)
         try:
@@ -151,6 +154,7 @@ class SchedulerHandlers:
         except Exception:  # the claim expires by itself; the outcome must still be acted on
             log.warning("could not release the claim of %s:%d", outcome.request_id, outcome.attempt, exc_info=True)
         async with self._lock:
+            self.pool_stats.on_outcome(self.core.fleet.placement_of(outcome.request_id), now_ms())
             await self._publish(
                 self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
             )
@@ -204,6 +208,7 @@ class SchedulerHandlers:
             if placement.attempt > 1:
                 await self.store.release_own(placement.request_id, placement.attempt - 1)
             await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
+            self.pool_stats.on_placed(placement, request.routed.routed_at_ms, now_ms())
         except Exception:
             # Roll back: no phantom placement stays counted, and the request id is not "held" any more.
             self.core.forget(placement.request_id, placement.attempt)

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from llmbus.settings import BusSettings
+from services.autoscaler.config import AutoscalerSettings
 from services.engine_worker.config import WorkerSettings
 from services.router.config import RouterSettings
 from services.scheduler.config import SchedulerSettings
@@ -21,6 +22,7 @@ PREFIXES = {
     "LLMBUS_WORKER_": WorkerSettings,
     "LLMBUS_ROUTER_": RouterSettings,
     "LLMBUS_SCHEDULER_": SchedulerSettings,
+    "LLMBUS_AUTOSCALER_": AutoscalerSettings,
     "LLMBUS_": BusSettings,
 }
 

@@ -47,6 +47,7 @@ EXPERIMENTS = "llm.experiments"
 FEEDBACK = "llm.feedback"
 COMPARISONS = "llm.comparisons"
 SCALING = "llm.scaling"
+POOL_STATS = "llm.pool-stats"
 COSTS = "llm.costs"
 BUDGETS = "llm.budgets"
 PRICEBOOK = "llm.pricebook"
@@ -138,6 +139,16 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(FEEDBACK, "request id", m.Feedback, (CLIENT,), (COMPARATOR,), partitions=4),
     TopicSpec(COMPARISONS, "experiment id", m.Comparison, (COMPARATOR,), (ANALYTICS,), partitions=1),
     TopicSpec(SCALING, "pool", m.ScaleDecision, (AUTOSCALER,), (COST, ANALYTICS), partitions=1),
+    TopicSpec(
+        POOL_STATS,
+        "pool",
+        m.PoolStats,
+        (SCHEDULER,),
+        (AUTOSCALER,),
+        partitions=1,
+        retention_ms=DAY_MS,
+        notes="per-pool queue wait, arrivals, in flight: the scaling signal",
+    ),
     TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (ANALYTICS,), partitions=4),
     TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
     TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, (CLIENT,), (COST,), partitions=1, compacted=True),

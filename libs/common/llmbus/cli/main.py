@@ -12,7 +12,7 @@ from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import costs as cost_commands
-from llmbus.cli import stack
+from llmbus.cli import scaling, stack
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.client import LlmbusClient, ready_workers
@@ -107,6 +107,7 @@ def status() -> None:
             f"{s.cold_start_s}s",
         )
     console.print(table)
+    scaling.print_scaling(console, BusSettings(), fleet)
 
 
 @app.command()

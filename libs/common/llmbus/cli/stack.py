@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -81,6 +82,8 @@ def stop(proc: ServiceProcess, grace_s: float = 30.0) -> bool:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # our own child (an autoscaler's worker) would stay a zombie
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -109,6 +112,8 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
                 },
             )
         )
+    # Scales the pool beyond the static workers on queue wait and back (services/autoscaler).
+    procs.append(ServiceProcess("autoscaler", "services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)}))
     return procs
 
 

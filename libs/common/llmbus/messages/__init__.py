@@ -41,6 +41,7 @@ from llmbus.messages.ops import (
     ScaleDecision,
     Variant,
 )
+from llmbus.messages.scaling import PoolStats
 
 __all__ = [
     "DEFAULT_REPLY_TOPIC",
@@ -72,6 +73,7 @@ __all__ = [
     "OutcomeStatus",
     "Part",
     "PriceBookUpdate",
+    "PoolStats",
     "ResultStatus",
     "RoutedRequest",
     "ScaleDecision",

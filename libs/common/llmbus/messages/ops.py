@@ -51,12 +51,17 @@ class Comparison(Message):
 
 
 class ScaleDecision(Message):
+    """On llm.scaling (key: pool): what the autoscaler decided, with what it saw, to audit and replay."""
+
     pool: str
     current_replicas: int
     desired_replicas: int
     reason: str
     policy: str
     decided_at_ms: int = Field(default_factory=now_ms)
+    action: Literal["up", "down", "hold"] = "hold"
+    signals: dict[str, float] = Field(default_factory=dict, description="signal values the policy decided on")
+    actuator: str | None = Field(default=None, description="local | kubernetes | none (dry run)")
 
 
 class CostKind(StrEnum):

@@ -1,0 +1,90 @@
+"""The autoscaler's pool file (YAML), validated by strict pydantic before anything is scaled.
+
+    pools:
+      sim-llama-8b:
+        min_replicas: 0
+        max_replicas: 4
+        policy: {type: threshold, params: {target_queue_wait_ms: 300, up_after_s: 180}}
+        local: {engine: sim, env: {LLMBUS_WORKER_SIM_MAX_NUM_SEQS: "16"}}
+        kubernetes: {namespace: llmbus, deployment: worker-sim-llama-8b}
+
+A bad file fails at start-up with pydantic's message; policy params are checked against the
+policy's own fields there too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.autoscaler.policy.base import POLICIES, Bounds, ScalingPolicy, build_policy
+
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PolicySpec(_Strict):
+    type: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> PolicySpec:
+        if self.type not in POLICIES:
+            raise ValueError(f"unknown policy {self.type!r}; known: {sorted(POLICIES)}")
+        fields = {f.name for f in dataclasses.fields(POLICIES[self.type]) if f.init} - {"bounds", "name"}
+        if unknown := set(self.params) - fields:
+            raise ValueError(f"policy {self.type!r} has no parameter(s) {sorted(unknown)}; known: {sorted(fields)}")
+        return self
+
+
+class LocalSpec(_Strict):
+    """Workers the local actuator starts for the pool (services.engine_worker processes)."""
+
+    engine: Literal["sim", "vllm"] = "sim"
+    worker_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", description="'' → '<pool>-as'")
+    stop_grace_s: float = Field(default=60.0, gt=0, description="SIGTERM, then SIGKILL after this")
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class KubernetesSpec(_Strict):
+    namespace: str = "llmbus"
+    deployment: str
+
+
+class PoolSpec(_Strict):
+    min_replicas: int = Field(default=0, ge=0)
+    max_replicas: int = Field(default=1, ge=1)
+    policy: PolicySpec
+    local: LocalSpec = Field(default_factory=LocalSpec)
+    kubernetes: KubernetesSpec | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+    @property
+    def bounds(self) -> Bounds:
+        return Bounds(self.min_replicas, self.max_replicas)
+
+    def build_policy(self) -> ScalingPolicy:
+        return build_policy(self.policy.type, self.bounds, self.policy.params)
+
+
+class PoolsFile(_Strict):
+    pools: dict[str, PoolSpec]
+
+    @classmethod
+    def load(cls, name_or_path: str) -> PoolsFile:
+        path = Path(name_or_path)
+        if not path.suffix:
+            path = POLICIES_DIR / f"{name_or_path}.yaml"
+        return cls.model_validate(yaml.safe_load(path.read_text()))

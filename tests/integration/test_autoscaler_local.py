@@ -1,0 +1,247 @@
+"""The autoscaler on the real broker with the local actuator (timings compressed through its YAML).
+
+Scheduler and autoscaler run as processes; the autoscaler starts and drains real sim
+engine-workers. One test walks a pool through a whole tide:
+1. at zero, a request arrives: one worker is started and the request is served after its cold start;
+2. a step of load a single worker cannot carry: the queue wait rises, the pool grows, and the
+   queue wait falls back under 300 ms while the load goes on;
+3. idle: the pool shrinks to its minimum, zero, and the workers drain (SIGTERM) and stop;
+4. a request at zero again is served after a cold start;
+and every request gets exactly one result, an ok one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from llmbus import topics as t
+from llmbus.bus import Bus, decode
+from llmbus.client import TopicTail
+from llmbus.messages import (
+    InferenceRequest,
+    InferenceResult,
+    PoolStats,
+    ResultStatus,
+    RoutedRequest,
+    ScaleDecision,
+    WorkerState,
+    WorkerStatus,
+)
+from llmbus.settings import BusSettings
+from tests.support import ServiceProc, eventually
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
+POOL = "sim-llama-8b"
+TARGET_MS = 300.0
+
+
+class Collector:
+    """Everything published on a few topics during the test, decoded, with when it was read."""
+
+    def __init__(self, settings: BusSettings) -> None:
+        self.settings = settings
+        self.topics = t.Topics(settings.topic_prefix)
+        self.results: dict[str, list[InferenceResult]] = {}
+        self.decisions: list[ScaleDecision] = []
+        self.stats: list[tuple[float, PoolStats]] = []
+        self.workers: dict[str, list[WorkerState]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._tails: list[TopicTail] = []
+
+    async def start(self) -> Collector:
+        for base, handle in (
+            (t.RESULTS, self._result),
+            (t.SCALING, self._decision),
+            (t.POOL_STATS, self._stats),
+            (t.WORKERS, self._worker),
+        ):
+            tail = await TopicTail(self.settings, self.topics.name(base)).start()
+            self._tails.append(tail)
+            self._tasks.append(asyncio.create_task(self._follow(tail, handle)))
+        return self
+
+    async def _follow(self, tail: TopicTail, handle) -> None:  # type: ignore[no-untyped-def]
+        while True:
+            async for record in tail.records(1.0):
+                handle(record)
+
+    def _result(self, record) -> None:  # type: ignore[no-untyped-def]
+        result = decode(record, InferenceResult)
+        self.results.setdefault(result.request_id, []).append(result)
+
+    def _decision(self, record) -> None:  # type: ignore[no-untyped-def]
+        self.decisions.append(decode(record, ScaleDecision))
+
+    def _stats(self, record) -> None:  # type: ignore[no-untyped-def]
+        self.stats.append((time.monotonic(), decode(record, PoolStats)))
+
+    def _worker(self, record) -> None:  # type: ignore[no-untyped-def]
+        status = decode(record, WorkerStatus)
+        states = self.workers.setdefault(status.worker_id, [])
+        if not states or states[-1] != status.state:
+            states.append(status.state)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for tail in self._tails:
+            await tail.stop()
+
+
+def pools_file(path: Path) -> Path:
+    spec = {
+        "pools": {
+            POOL: {
+                "min_replicas": 0,
+                "max_replicas": 3,
+                "policy": {
+                    "type": "threshold",
+                    "params": {
+                        "target_queue_wait_ms": TARGET_MS,
+                        "up_after_s": 3,
+                        "idle_after_s": 6,
+                        "cooldown_s": 4,
+                        "step_up": 1,
+                    },
+                },
+                "local": {
+                    "engine": "sim",
+                    "stop_grace_s": 30,
+                    "env": {"LLMBUS_WORKER_SIM_MAX_NUM_SEQS": "2", "LLMBUS_WORKER_HEARTBEAT_INTERVAL_S": "0.5"},
+                },
+            }
+        }
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+async def send(bus: Bus, max_tokens: int) -> str:
+    request = InferenceRequest(prompt="tell me about tides " * 8, max_tokens=max_tokens, model=POOL)
+    routed = RoutedRequest(request=request, model=POOL)
+    await bus.publisher.publish(bus.topics.name(t.ROUTED), routed, key=POOL, request_id=request.request_id)
+    return request.request_id
+
+
+@contextlib.asynccontextmanager
+async def stack(settings: BusSettings, services: list[ServiceProc], tmp_path: Path) -> AsyncIterator[Bus]:
+    services.append(
+        ServiceProc(
+            "services.scheduler",
+            settings,
+            env={"LLMBUS_SCHEDULER_POOL_STATS_INTERVAL_S": "1", "LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "120"},
+        ).start()
+    )
+    services.append(
+        ServiceProc(
+            "services.autoscaler",
+            settings,
+            env={
+                "LLMBUS_CACHE": str(tmp_path / "cache"),  # the local actuator's run dir: pid and log files
+                "LLMBUS_AUTOSCALER_POOLS": str(pools_file(tmp_path / "pools.yaml")),
+                "LLMBUS_AUTOSCALER_ACTUATOR": "local",
+                "LLMBUS_WORKER_SIM_SPEEDUP": "1",
+            },
+        ).start()
+    )
+    bus = await Bus.start(settings, "test")
+    try:
+        yield bus
+    finally:
+        await bus.stop()
+
+
+def live_pids(tmp_path: Path) -> list[int]:
+    alive = []
+    for pid_file in (tmp_path / "cache" / "run").glob(f"{POOL}-as*.pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), 0)
+            alive.append(int(pid_file.read_text()))
+    return alive
+
+
+async def test_pool_grows_on_queue_wait_shrinks_to_zero_with_drain_and_wakes_again(
+    bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path
+) -> None:
+    seen = await Collector(bus_settings).start()
+    sent: list[str] = []
+    try:
+        async with stack(bus_settings, services, tmp_path) as bus:
+            # 1. zero → one worker, the waiting request is served after the cold start
+            sent.append(await send(bus, 20))
+            # generous: on a loaded 2-core machine the services themselves take a while to start
+            await eventually(lambda: _has_result(seen, sent), timeout_s=240, interval_s=0.5)
+            wake = seen.decisions[0]
+            assert (wake.current_replicas, wake.desired_replicas, wake.action) == (0, 1, "up")
+            assert "cold start" in wake.reason and wake.policy == "threshold" and wake.actuator == "local"
+
+            # 2. a step of load: ~2 requests/s of ~2 s each; one worker runs 2 at once (1/s)
+            step_started = time.monotonic()
+            for _ in range(100):
+                sent.append(await send(bus, 300))
+                await asyncio.sleep(0.5)
+            ups = [d for d in seen.decisions[1:] if d.action == "up"]
+            assert ups, "the pool grew"
+            assert max(d.desired_replicas for d in ups) >= 2
+            assert any("median queue wait" in d.reason for d in ups)
+            assert any((s.queue_wait_ms_p50 or 0) > TARGET_MS for at, s in seen.stats if at > step_started)
+            # after the last scale-up, while the load still runs, queue wait comes back under target
+            last_up = max(d.decided_at_ms for d in ups) / 1000
+            back_under = [
+                s
+                for _, s in seen.stats
+                if s.sent_at_ms / 1000 > last_up and s.placed and (s.queue_wait_ms_p50 or 0) < TARGET_MS
+            ]
+            assert back_under, f"queue wait never fell back under {TARGET_MS} ms: {[s for _, s in seen.stats][-5:]}"
+
+            # 3. idle: down to the minimum (zero), the workers drain and exit
+            await eventually(lambda: _has_result(seen, sent), timeout_s=120, interval_s=0.5)
+            await eventually(
+                lambda: _async(any(d.desired_replicas == 0 and d.action == "down" for d in seen.decisions)),
+                timeout_s=60,
+                interval_s=0.5,
+            )
+            await eventually(lambda: _async(not live_pids(tmp_path)), timeout_s=60, interval_s=0.5)
+            scaled = [w for w in seen.workers if w.startswith(f"{POOL}-as")]
+            assert len(scaled) >= 2
+            for worker_id in scaled:
+                states = seen.workers[worker_id]
+                assert WorkerState.DRAINING in states and states[-1] == WorkerState.STOPPED, (worker_id, states)
+
+            # 4. a request at zero again: one cold start, then served
+            woke_at = time.monotonic()
+            sent.append(await send(bus, 20))
+            await eventually(lambda: _has_result(seen, sent), timeout_s=90, interval_s=0.5)
+            assert time.monotonic() - woke_at > 1.0  # it waited for a worker to start
+            assert seen.decisions[-1].current_replicas == 0 and seen.decisions[-1].desired_replicas == 1
+    finally:
+        await seen.stop()
+        for pid in live_pids(tmp_path):  # workers the autoscaler started and still runs
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in reversed(services):
+            with contextlib.suppress(Exception):
+                proc.terminate(timeout_s=40)  # the autoscaler leaves its workers; the fixture kills the rest
+    # nothing lost: exactly one result per request, all ok
+    assert set(seen.results) == set(sent)
+    assert all(len(seen.results[r]) == 1 for r in sent)
+    assert all(seen.results[r][0].status == ResultStatus.OK for r in sent)
+
+
+async def _async(value: bool) -> bool:
+    return value
+
+
+async def _has_result(seen: Collector, sent: list[str]) -> bool:
+    return all(r in seen.results for r in sent)

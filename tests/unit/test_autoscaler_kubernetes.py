@@ -1,0 +1,124 @@
+"""The kubernetes actuator's contract, against a local stand-in of the API server's scale subresource.
+
+No cluster can run here: the stand-in answers what the apps/v1 API answers for
+GET/PATCH /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale (an autoscaling/v1 Scale), and
+records what the official client sent (method, path, content type, body).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+pytest.importorskip("kubernetes")
+
+from kubernetes.client.exceptions import ApiException
+
+from services.autoscaler.actuators.kubernetes import KubernetesActuator
+from services.autoscaler.policy.config import KubernetesSpec
+
+SCALE_PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale$")
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.replicas: dict[tuple[str, str], int] = {("llmbus", "engine-worker-a"): 2}
+        self.requests: list[dict] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                return
+
+            def _scale(self, ns: str, name: str) -> None:
+                n = fake.replicas[(ns, name)]
+                body = {
+                    "apiVersion": "autoscaling/v1",
+                    "kind": "Scale",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"replicas": n},
+                    "status": {"replicas": n},
+                }
+                self._send(200, body)
+
+            def _send(self, code: int, body: dict) -> None:
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def _route(self) -> tuple[str, str] | None:
+                m = SCALE_PATH.match(self.path.split("?")[0])
+                if m is None or (m.group(1), m.group(2)) not in fake.replicas:
+                    self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                                     "reason": "NotFound", "message": "deployments.apps not found"})  # fmt: skip
+                    return None
+                return m.group(1), m.group(2)
+
+            def do_GET(self) -> None:
+                fake.requests.append({"method": "GET", "path": self.path})
+                if (key := self._route()) is not None:
+                    self._scale(*key)
+
+            def do_PATCH(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append(
+                    {"method": "PATCH", "path": self.path, "type": self.headers["Content-Type"], "body": body}
+                )
+                if (key := self._route()) is not None:
+                    fake.replicas[key] = int(body["spec"]["replicas"])
+                    self._scale(*key)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.host = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def api_server() -> Iterator[FakeApiServer]:
+    server = FakeApiServer()
+    yield server
+    server.close()
+
+
+async def test_reads_and_sets_replicas_through_the_scale_subresource(api_server: FakeApiServer) -> None:
+    actuator = KubernetesActuator(
+        {"pool-a": KubernetesSpec(namespace="llmbus", deployment="engine-worker-a")}, host=api_server.host
+    )
+    try:
+        assert await actuator.replicas("pool-a") == 2
+        await actuator.scale("pool-a", 5)
+        assert await actuator.replicas("pool-a") == 5
+        await actuator.scale("pool-a", 0)  # to zero
+        assert api_server.replicas[("llmbus", "engine-worker-a")] == 0
+    finally:
+        await actuator.close()
+    gets = [r for r in api_server.requests if r["method"] == "GET"]
+    patches = [r for r in api_server.requests if r["method"] == "PATCH"]
+    assert all(r["path"].startswith("/apis/apps/v1/namespaces/llmbus/deployments/engine-worker-a/scale") for r in gets)
+    assert [p["body"] for p in patches] == [{"spec": {"replicas": 5}}, {"spec": {"replicas": 0}}]
+    # a merge-style patch of replicas only: nothing else of the Deployment is touched
+    assert all(p["type"].split(";")[0] in ("application/merge-patch+json", "application/strategic-merge-patch+json")
+               for p in patches)  # fmt: skip
+
+
+async def test_a_missing_deployment_is_an_error_not_a_silent_zero(api_server: FakeApiServer) -> None:
+    actuator = KubernetesActuator({"pool-b": KubernetesSpec(deployment="nope")}, host=api_server.host)
+    try:
+        with pytest.raises(ApiException) as err:
+            await actuator.replicas("pool-b")
+        assert err.value.status == 404
+    finally:
+        await actuator.close()
