@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from llmbus.lifecycle import CANDIDATE, CONTROL
 from llmbus.messages import (
     Comparison,
     CostRecord,
@@ -35,7 +36,6 @@ from services.shadow_comparator.core.aggregates import (
 from services.shadow_comparator.core.compare import compare
 from services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
 from services.shadow_comparator.core.join import pair_ref
-from services.shadow_comparator.core.lifecycle import CANDIDATE, CONTROL
 from services.shadow_comparator.store import ComparatorStore
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
+from llmbus.lifecycle import create, to_step
 from llmbus.messages import (
     Comparison,
     CostRecord,
@@ -23,7 +24,6 @@ from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.shadow_comparator.comparator import Comparator, ExperimentView
 from services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
-from services.shadow_comparator.core.lifecycle import create, to_step
 from services.shadow_comparator.store import ComparatorStore
 
 pytestmark = pytest.mark.redis

@@ -7,6 +7,15 @@ import random
 import numpy as np
 import pytest
 
+from llmbus.lifecycle import (
+    LifecycleError,
+    create,
+    render,
+    share_pct,
+    step_for_share,
+    to_step,
+    with_state,
+)
 from llmbus.messages import (
     ErrorCode,
     ErrorInfo,
@@ -30,15 +39,6 @@ from services.shadow_comparator.core.aggregates import (
 from services.shadow_comparator.core.compare import compare, rouge_l_f1
 from services.shadow_comparator.core.decide import StepEvidence, decide
 from services.shadow_comparator.core.join import pair_ref
-from services.shadow_comparator.core.lifecycle import (
-    LifecycleError,
-    create,
-    render,
-    share_pct,
-    step_for_share,
-    to_step,
-    with_state,
-)
 from services.shadow_comparator.core.sketch import GROWTH, LatencyHistogram
 
 

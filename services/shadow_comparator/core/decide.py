@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from llmbus.lifecycle import ENDED, render, share_pct
 from llmbus.messages import (
     Experiment,
     ExperimentDecision,
@@ -22,7 +23,6 @@ from llmbus.messages import (
     VariantEvidence,
 )
 from services.shadow_comparator.core.aggregates import PairStats, VariantStats
-from services.shadow_comparator.core.lifecycle import ENDED, render, share_pct
 from services.shadow_comparator.core.sequential import (
     Moments,
     SequentialResult,

@@ -13,12 +13,15 @@ from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import stack
+from llmbus.cli.experiments import experiments_app, models_app
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
+app.add_typer(models_app, name="models")
+app.add_typer(experiments_app, name="experiments")
 
 
 @app.command()
