@@ -19,12 +19,13 @@ from collections.abc import Awaitable, Callable
 from faststream import FastStream
 from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
+from prometheus_client import start_http_server
 
 from llmbus import topics as t
 from llmbus.messages import Comparison
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from llmbus.telemetry import setup_logging
+from llmbus.telemetry import setup_logging, setup_tracing
 from services.shadow_comparator.comparator import Comparator, ExperimentView
 from services.shadow_comparator.config import ComparatorSettings
 from services.shadow_comparator.handlers import BrokerPublisher, ComparatorHandlers
@@ -117,5 +118,8 @@ async def _every(interval_s: float, name: str, job: Callable[[], Awaitable[objec
 def main() -> None:
     settings = BusSettings()
     setup_logging(t.COMPARATOR, settings.log_level, settings.log_json)
+    setup_tracing(t.COMPARATOR, settings.otel_console)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port)
     app, _, _ = build(settings, ComparatorSettings())
     asyncio.run(app.run())

@@ -134,6 +134,12 @@ class ComparatorStore:
         fields, _, _ = await pipe.execute()
         return {k.decode(): v for k, v in fields.items()}
 
+    async def drop(self) -> None:
+        """Delete every key of this namespace (tests and throw-away stacks)."""
+        keys = [k async for k in self._r.scan_iter(match=f"{self._ns}:*")]
+        if keys:
+            await self._r.delete(*keys)
+
     async def close(self) -> None:
         await self._r.aclose()
 
