@@ -31,7 +31,7 @@ def result(rid: str, shadow: bool = False) -> bytes:
 async def test_handlers_join_publish_and_dead_letter(redis_up: None) -> None:
     settings: BusSettings = fresh_settings()
     topics = t.Topics(settings.topic_prefix)
-    app, broker, handlers = build(settings, ComparatorSettings(decide=False))
+    _, broker, handlers = build(settings, ComparatorSettings(decide=False))
     comparisons: list[dict[str, object]] = []
     letters: list[dict[str, object]] = []
 
