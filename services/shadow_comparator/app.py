@@ -57,16 +57,18 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
     comparator = Comparator(store, ExperimentView(), publish_comparison, max_text_chars=cfg.max_text_chars)
     handlers = ComparatorHandlers(comparator, publisher, topics)
 
-    common = {"auto_offset_reset": "earliest", "ack_policy": AckPolicy.NACK_ON_ERROR}
+    def at_least_once(topic: str, group: str, handler: Callable[..., Awaitable[None]]) -> None:
+        broker.subscriber(topic, group_id=group, auto_offset_reset="earliest", ack_policy=AckPolicy.NACK_ON_ERROR)(
+            handler
+        )
+
     # No group: every instance reads the whole compacted topic from the start and commits nothing.
     broker.subscriber(topics.name(t.EXPERIMENTS), auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL)(
         handlers.on_experiment
     )
-    broker.subscriber(topics.name(t.RESULTS), group_id=topics.group(t.COMPARATOR), **common)(handlers.on_result)
-    broker.subscriber(topics.name(t.COSTS), group_id=topics.group(t.COMPARATOR, "costs"), **common)(handlers.on_cost)
-    broker.subscriber(topics.name(t.FEEDBACK), group_id=topics.group(t.COMPARATOR, "feedback"), **common)(
-        handlers.on_feedback
-    )
+    at_least_once(topics.name(t.RESULTS), topics.group(t.COMPARATOR), handlers.on_result)
+    at_least_once(topics.name(t.COSTS), topics.group(t.COMPARATOR, "costs"), handlers.on_cost)
+    at_least_once(topics.name(t.FEEDBACK), topics.group(t.COMPARATOR, "feedback"), handlers.on_feedback)
 
     app = FastStream(broker)
     timers: list[asyncio.Task[None]] = []

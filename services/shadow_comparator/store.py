@@ -49,6 +49,13 @@ return 1
 """
 
 
+Arg = bytes | str | int | float
+
+
+def _str(raw: object) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 class ComparatorStore:
     def __init__(
         self, client: redis.Redis, namespace: str, pair_ttl_s: int = 600, done_ttl_s: int = 7 * 24 * 3600
@@ -76,8 +83,8 @@ class ComparatorStore:
             ],
             args=[field, value, self.pair_ttl_s, now_ms + self.pair_ttl_s * 1000, primary_id],
         )
-        status = reply[0].decode()
-        fields = {reply[i].decode(): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
+        status = _str(reply[0])
+        fields = {_str(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
         return status, fields
 
     async def apply_once(
@@ -85,7 +92,7 @@ class ComparatorStore:
     ) -> bool:
         """Add `increments` to `agg_key` unless `done:<kind>:<id>` exists; optionally settle a pair side."""
         keys = [self.key("done", done_kind, done_id), agg_key]
-        args: list[object] = [self.done_ttl_s, ""]
+        args: list[Arg] = [self.done_ttl_s, ""]
         if settle is not None:
             keys.append(self.key("pair", settle[0]))
             args[1] = settle[1]
@@ -98,7 +105,7 @@ class ComparatorStore:
 
     async def read_agg(self, experiment_id: str, step: int, variant: str) -> dict[str, float]:
         raw = await self._r.hgetall(self.agg_key(experiment_id, step, variant))
-        return {k.decode(): float(v) for k, v in raw.items()}
+        return {_str(k): float(v) for k, v in raw.items()}
 
     async def remember_request(self, request_id: str, experiment_id: str, step: int, variant: str) -> None:
         await self._r.set(self.key("req", request_id), f"{experiment_id}|{step}|{variant}", ex=self.done_ttl_s)
@@ -107,7 +114,7 @@ class ComparatorStore:
         raw = await self._r.get(self.key("req", request_id))
         if raw is None:
             return None
-        exp, step, variant = raw.decode().split("|", 2)
+        exp, step, variant = _str(raw).split("|", 2)
         return exp, int(step), variant
 
     async def count(self, **counters: int) -> None:
@@ -118,10 +125,10 @@ class ComparatorStore:
 
     async def stats(self) -> dict[str, int]:
         raw = await self._r.hgetall(self.key("stats"))
-        return {k.decode(): int(v) for k, v in raw.items()}
+        return {_str(k): int(v) for k, v in raw.items()}
 
     async def due(self, now_ms: int, limit: int = 500) -> list[str]:
-        return [m.decode() for m in await self._r.zrangebyscore(self.key("pending"), "-inf", now_ms, 0, limit)]
+        return [_str(m) for m in await self._r.zrangebyscore(self.key("pending"), "-inf", now_ms, 0, limit)]
 
     async def sweep_one(self, primary_id: str) -> dict[str, bytes] | None:
         """Remove an expired pair (once: the zset removal decides who sweeps it); its leftover sides."""
@@ -132,7 +139,7 @@ class ComparatorStore:
         pipe.delete(self.key("pair", primary_id))
         pipe.set(self.key("gone", primary_id), "1", ex=self.done_ttl_s)
         fields, _, _ = await pipe.execute()
-        return {k.decode(): v for k, v in fields.items()}
+        return {_str(k): v for k, v in fields.items()}
 
     async def drop(self) -> None:
         """Delete every key of this namespace (tests and throw-away stacks)."""
