@@ -43,6 +43,7 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
         enable_idempotence=True,
         request_timeout_ms=settings.request_timeout_ms,
         graceful_timeout=settings.stop_timeout_s,
+        log_level=logging.DEBUG,  # FastStream's per-message "Received/Processed" lines: debug only
     )
     store = ComparatorStore(
         redis_client(settings.redis_url), f"{settings.topic_prefix}comparator", cfg.pair_ttl_s, cfg.done_ttl_s

@@ -26,7 +26,7 @@ def _topic(settings: BusSettings, base: str) -> str:
     return t.Topics(settings.topic_prefix).name(base)
 
 
-async def _publish(settings: BusSettings, base: str, key: str, value: Message | None) -> None:
+async def publish_record(settings: BusSettings, base: str, key: str, value: Message | None) -> None:
     """One record (a message, or a tombstone when `value` is None), acknowledged by the broker."""
     producer = make_producer(settings, client_id="llmbus-cli")
     await asyncio.wait_for(producer.start(), settings.admin_timeout_s)
@@ -63,7 +63,7 @@ def models_register(
         max_output_tokens=max_output_tokens,
         hosted=hosted,
     )
-    asyncio.run(_publish(BusSettings(), t.MODELS, name, spec))
+    asyncio.run(publish_record(BusSettings(), t.MODELS, name, spec))
     console.print(f"registered {name} v{version}")
 
 
@@ -87,7 +87,7 @@ def models_list() -> None:
 @models_app.command("retire")
 def models_retire(name: str) -> None:
     """Tombstone the model's record: the router stops choosing it."""
-    asyncio.run(_publish(BusSettings(), t.MODELS, name, None))
+    asyncio.run(publish_record(BusSettings(), t.MODELS, name, None))
     console.print(f"retired {name}")
 
 
@@ -103,7 +103,7 @@ def _load(settings: BusSettings, experiment_id: str) -> Experiment:
 
 
 def _write(settings: BusSettings, experiment: Experiment, verb: str) -> None:
-    asyncio.run(_publish(settings, t.EXPERIMENTS, experiment.experiment_id, experiment))
+    asyncio.run(publish_record(settings, t.EXPERIMENTS, experiment.experiment_id, experiment))
     console.print(
         f"{verb} {experiment.experiment_id}: {experiment.state.value}, step {experiment.step}, "
         f"candidate {experiment.candidate_model} at {share_pct(experiment)} %"
