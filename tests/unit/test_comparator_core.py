@@ -285,6 +285,13 @@ def test_paused_experiment_never_ramps_but_still_rolls_back() -> None:
     assert roll is not None and roll.decision.decision == "rollback"
 
 
+def test_no_ramp_before_the_guardrails_could_be_evaluated() -> None:
+    exp = create("e", "ctrl", "cand", ramp=RampPlan(min_samples_per_step=2, min_step_s=0))  # guardrails: 30
+    verdict = decide(exp, _pairs(10, similar=False), now_ms=exp.step_started_at_ms)
+    assert verdict is not None and verdict.decision.decision == "hold"
+    assert any("10/30 samples" in r for r in verdict.decision.reasons)
+
+
 def test_guardrails_are_configurable() -> None:
     lax = Guardrails(min_similarity=0.0, min_samples=10)
     exp = create("e", "ctrl", "cand", ramp=PLAN, guardrails=lax)

@@ -6,7 +6,8 @@ Rules, in order:
     `min_samples`, or earlier when the sequential test already shows the candidate worse
     (its always-valid p-value ≤ alpha, so looking every tick does not make this trigger-happy);
  3. promote (next step) when the experiment runs, ramps automatically, the step has
-    `min_samples_per_step` candidate samples and `min_step_s` seconds, and the guardrails hold;
+    `min_samples_per_step` candidate samples (and at least the guardrails' `min_samples`, so every
+    guardrail was evaluated) and `min_step_s` seconds, and the guardrails hold;
  4. hold otherwise, saying what is missing.
 """
 
@@ -221,8 +222,10 @@ def decide(experiment: Experiment, evidence: StepEvidence, now_ms: int) -> Verdi
         missing.append(f"state {experiment.state.value}")
     if not plan.auto:
         missing.append("ramp is manual")
-    if samples < plan.min_samples_per_step:
-        missing.append(f"{samples}/{plan.min_samples_per_step} samples at this step")
+    # A guardrail that has not been evaluated has not held: ramp only past its sample floor too.
+    needed = max(plan.min_samples_per_step, experiment.guardrails.min_samples)
+    if samples < needed:
+        missing.append(f"{samples}/{needed} samples at this step")
     held_s = (now_ms - experiment.step_started_at_ms) / 1000
     if held_s < plan.min_step_s:
         missing.append(f"{held_s:.0f}/{plan.min_step_s:.0f} s at this step")
