@@ -59,8 +59,8 @@ def summary(r: SimResult) -> dict[str, float | int | None]:
         "within_500": round(r.detected_within(500), 4),
         "within_1000": round(r.detected_within(1000), 4),
         "within_2000": round(r.detected_within(2000), 4),
-        "median_n_when_detected": float(np.median(first)) if len(first) else None,
-        "p90_n_when_detected": float(np.percentile(first, 90)) if len(first) else None,
+        "median_n_when_detected": round(float(np.median(first))) if len(first) else None,
+        "p90_n_when_detected": round(float(np.percentile(first, 90))) if len(first) else None,
     }
 
 
