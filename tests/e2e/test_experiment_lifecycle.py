@@ -41,7 +41,7 @@ from llmbus.messages import (
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, eventually, wait_workers_ready
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 WORKERS = {
     "sim-ctrl": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100"},
@@ -117,7 +117,8 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
 ) -> None:
     s = bus_settings
     services.append(ServiceProc("services.router", s).start())
-    services.append(ServiceProc("services.scheduler", s).start())
+    # A loaded CI machine can delay heartbeats by seconds: don't let the scheduler declare workers dead.
+    services.append(ServiceProc("services.scheduler", s, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "30"}).start())
     services.append(
         ServiceProc(
             "services.shadow_comparator",
