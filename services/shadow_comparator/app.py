@@ -6,7 +6,8 @@ a failing handler's record is delivered again — NACK_ON_ERROR):
   llm.costs        group llmbus.shadow-comparator.costs    cost per A/B request
   llm.feedback     group llmbus.shadow-comparator.feedback feedback per A/B request
   llm.experiments  no group, from the start                 the experiments' current state
-Timers: the sweeper (expired pairs) and the decision loop (verdicts, ramps, rollbacks).
+Timers: the sweeper (expired pairs) and the decision loop (verdicts, ramps, rollbacks), the latter
+in one instance at a time (a Redis lease), so several comparators never ramp the same step twice.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Awaitable, Callable
 
 from faststream import FastStream
@@ -78,7 +81,14 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
     async def start_timers() -> None:
         timers.append(asyncio.create_task(_every(cfg.sweep_interval_s, "sweep", comparator.sweep)))
         if cfg.decide:
-            timers.append(asyncio.create_task(_every(cfg.decide_interval_s, "decide", lambda: decide_once(handlers))))
+            owner = f"{socket.gethostname()}-{os.getpid()}"
+            lease_s = cfg.decide_interval_s * 3
+
+            async def tick() -> None:
+                if await store.lead(owner, lease_s):
+                    await decide_once(handlers)
+
+            timers.append(asyncio.create_task(_every(cfg.decide_interval_s, "decide", tick)))
 
     @app.on_shutdown
     async def stop_timers() -> None:

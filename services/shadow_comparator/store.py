@@ -141,6 +141,16 @@ class ComparatorStore:
         fields, _, _ = await pipe.execute()
         return {_str(k): v for k, v in fields.items()}
 
+    async def lead(self, owner: str, ttl_s: float) -> bool:
+        """True while `owner` holds the decision lease: one instance decides, however many compare."""
+        key = self.key("decider")
+        if await self._r.set(key, owner, nx=True, px=int(ttl_s * 1000)):
+            return True
+        if _str(await self._r.get(key)) == owner:
+            await self._r.pexpire(key, int(ttl_s * 1000))
+            return True
+        return False
+
     async def drop(self) -> None:
         """Delete every key of this namespace (tests and throw-away stacks)."""
         keys = [k async for k in self._r.scan_iter(match=f"{self._ns}:*")]

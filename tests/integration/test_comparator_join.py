@@ -176,3 +176,9 @@ async def test_decide_reads_the_current_steps_aggregates(client: redis.Redis, na
     (verdict,) = await h.comparator.decide_all()
     assert verdict.decision.decision == "promote" and verdict.updated is not None
     assert isinstance(verdict.updated, Experiment) and verdict.updated.step == 1
+
+
+async def test_one_decider_at_a_time(client: redis.Redis, namespace: str) -> None:
+    h = Harness(client, namespace, ExperimentView())
+    assert await h.store.lead("a", 5) and await h.store.lead("a", 5)
+    assert not await h.store.lead("b", 5)
