@@ -34,6 +34,7 @@ class WorkerSettings(BaseSettings):
     sim_max_num_seqs: int = 256  # vLLM's default
     sim_kv_blocks_total: int | None = None  # GPU KV blocks; None: the profile's (one GPU's HBM)
     sim_kv_offloading_gib: float = 0.0  # host-memory KV tier (vLLM's --kv-offloading-size); 0: none
+    sim_divergence: float = Field(default=0.0, ge=0.0, le=1.0)  # answer quality knob (shadow/A-B experiments)
 
     # vllm engine
     vllm_model_path: str = ""

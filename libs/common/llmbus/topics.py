@@ -46,6 +46,7 @@ MODELS = "llm.models"
 EXPERIMENTS = "llm.experiments"
 FEEDBACK = "llm.feedback"
 COMPARISONS = "llm.comparisons"
+DECISIONS = "llm.decisions"
 SCALING = "llm.scaling"
 POOL_STATS = "llm.pool-stats"
 COSTS = "llm.costs"
@@ -134,10 +135,26 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(NODES, "node id", m.NodeProfile, (WORKER,), (SCHEDULER, COST), partitions=1, compacted=True),
     TopicSpec(MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER), partitions=1, compacted=True),
     TopicSpec(
-        EXPERIMENTS, "experiment id", m.Experiment, (CLIENT, COMPARATOR), (ROUTER,), partitions=1, compacted=True
+        EXPERIMENTS,
+        "experiment id",
+        m.Experiment,
+        (CLIENT, COMPARATOR),
+        (ROUTER, COMPARATOR),
+        partitions=1,
+        compacted=True,
     ),
     TopicSpec(FEEDBACK, "request id", m.Feedback, (CLIENT,), (COMPARATOR,), partitions=4),
     TopicSpec(COMPARISONS, "experiment id", m.Comparison, (COMPARATOR,), (ANALYTICS,), partitions=1),
+    TopicSpec(
+        DECISIONS,
+        "experiment id",
+        m.ExperimentDecision,
+        (COMPARATOR,),
+        (CLIENT, ANALYTICS),
+        partitions=1,
+        retention_ms=30 * DAY_MS,
+        notes="promote / hold / rollback with the evidence behind each",
+    ),
     TopicSpec(SCALING, "pool", m.ScaleDecision, (AUTOSCALER,), (COST, ANALYTICS), partitions=1),
     TopicSpec(
         POOL_STATS,

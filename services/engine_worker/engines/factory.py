@@ -19,6 +19,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 profile=settings.sim_profile,
                 kv_blocks_total=settings.sim_kv_blocks_total,
                 kv_offloading_gib=settings.sim_kv_offloading_gib,
+                divergence=settings.sim_divergence,
             )
         )
     if settings.engine == "vllm":

@@ -1,4 +1,4 @@
-"""Reading a compacted topic as a table: every key's latest value, up to the end as of now."""
+"""Reading a topic up to its end as of now: as a table (every key's latest value) or as a log."""
 
 from __future__ import annotations
 
@@ -16,6 +16,11 @@ M = TypeVar("M", bound=Message)
 
 async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> dict[str, M]:
     """Latest value per key of `topic` (tombstones and undecodable records are skipped)."""
+    return dict(await read_log(settings, topic, model, timeout_s))
+
+
+async def read_log(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> list[tuple[str, M]]:
+    """Every (key, message) of `topic` in offset order per partition (tombstones and undecodable records skipped)."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=settings.kafka_bootstrap,
@@ -25,7 +30,7 @@ async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_
         request_timeout_ms=settings.request_timeout_ms,
     )
     await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
-    table: dict[str, M] = {}
+    log: list[tuple[str, M]] = []
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -39,11 +44,11 @@ async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_
                 for record in records:
                     if record.key is not None and record.value is not None:
                         try:
-                            table[record.key.decode()] = decode(record, model)
+                            log.append((record.key.decode(), decode(record, model)))
                         except BadMessage:
                             continue
                 if await consumer.position(tp) >= ends[tp]:
                     pending.discard(tp)
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
-    return table
+    return log

@@ -15,6 +15,7 @@ from llmbus.cli import costs as cost_commands
 from llmbus.cli import scaling, stack
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
+from llmbus.cli.experiments import experiments_app, models_app
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
@@ -25,6 +26,8 @@ app.command("audit")(audit_command)
 app.command()(cost_commands.costs)
 app.command()(cost_commands.plan)
 app.command()(cost_commands.pricebook)
+app.add_typer(models_app, name="models")
+app.add_typer(experiments_app, name="experiments")
 
 
 @app.command()

@@ -98,8 +98,12 @@ def stop(proc: ServiceProcess, grace_s: float = 30.0) -> bool:
 def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[ServiceProcess]:
     # Only sim workers run locally: requests that name no model go to the sim model, not a hosted one.
     router_env = {"LLMBUS_ROUTER_DEFAULT_MODEL": "sim-llama-8b"}
-    procs = [ServiceProcess("router", "services.router", router_env), ServiceProcess("scheduler", "services.scheduler")]
-    procs.append(ServiceProcess("cost", "services.cost_accounting"))
+    procs = [
+        ServiceProcess("router", "services.router", router_env),
+        ServiceProcess("scheduler", "services.scheduler"),
+        ServiceProcess("cost", "services.cost_accounting"),
+        ServiceProcess("comparator", "services.shadow_comparator"),
+    ]
     for i in range(1, workers + 1):
         procs.append(
             ServiceProcess(

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmbus.messages.base import Message, Part, now_ms
+from llmbus.messages.experiments import ExperimentState, Guardrails, PairSide, RampPlan
 
 
 class Variant(Part):
@@ -29,6 +30,17 @@ class Experiment(Message):
     shadow_share: float = Field(default=0.0, ge=0.0, le=1.0)
     shadow_reply_topic: str = "llm.shadow"
     updated_at_ms: int = Field(default_factory=now_ms)
+    # The lifecycle (llmbus experiments …, shadow-comparator): the router reads only the fields
+    # above, which the lifecycle keeps in step with the current ramp step.
+    control_model: str | None = None
+    candidate_model: str | None = None
+    state: ExperimentState = ExperimentState.RUNNING
+    ramp: RampPlan | None = Field(default=None, description="None: a plain experiment nobody ramps")
+    step: int = Field(default=0, ge=0, description="index into ramp.steps_pct")
+    step_started_at_ms: int = Field(default_factory=now_ms)
+    guardrails: Guardrails = Field(default_factory=Guardrails)
+    ab_shadow_share: float = Field(default=1.0, ge=0.0, le=1.0, description="shadow share used at the shadow step")
+    note: str = ""
 
 
 class Feedback(Message):
@@ -39,15 +51,23 @@ class Feedback(Message):
 
 
 class Comparison(Message):
+    """On llm.comparisons (key: experiment id): one per joined primary/shadow pair.
+
+    `comparison_id` (primary request id + experiment id) is the same on a redelivery, so a
+    reader dedupes on it.
+    """
+
+    comparison_id: str
     experiment_id: str
-    variant: str
-    samples: int
-    latency_delta_ms_mean: float | None = None
-    length_delta_tokens_mean: float | None = None
-    similarity_mean: float | None = None
-    error_rate: float | None = None
-    p_value: float | None = None
-    decision: Literal["promote", "hold", "rollback"] = "hold"
+    request_id: str = Field(description="the primary (control) request id")
+    control: PairSide
+    candidate: PairSide
+    ttft_delta_ms: float | None = Field(default=None, description="candidate minus control")
+    total_delta_ms: float | None = None
+    length_delta_tokens: int = 0
+    similarity: float | None = Field(default=None, ge=0.0, le=1.0, description="None when either side failed")
+    similarity_metric: str = "rouge_l_f1"
+    compared_at_ms: int = Field(default_factory=now_ms)
 
 
 class ScaleDecision(Message):

@@ -24,7 +24,7 @@ from services.engine_worker.engines.base import (
 )
 from services.engine_worker.engines.sim.core import RequestOutput, SimCore, SimRequest
 from services.engine_worker.engines.sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
-from services.engine_worker.engines.sim.text import next_token_text, token_stream
+from services.engine_worker.engines.sim.text import AnswerText
 
 # Falling further behind the simulated clock than this (a busy event loop) resets the
 # pacing instead of bursting steps to catch up.
@@ -44,6 +44,7 @@ class SimConfig:
     admit_full_prompt: bool = True  # vLLM's scheduler_reserve_full_isl
     kv_offloading_gib: float = 0.0  # host-memory KV tier, as vLLM's --kv-offloading-size (0: none)
     speedup: float = 1.0  # 0 = take no time
+    divergence: float = 0.0  # answer quality: share of tokens that differ from the reference answer
     # Overrides of the profile's step-time coefficients (None: the profile's).
     step_base_us: float | None = None
     prefill_us_per_token: float | None = None
@@ -138,7 +139,7 @@ class SimEngine:
         self._sync_idle_clock()
         self.core.add(sim_request)
         self._ensure_stepping()
-        rng = token_stream(request.prompt, request.seed)
+        answer = AnswerText(request.prompt, request.seed, self.config.divergence, self.model)
         text = ""
         completion_tokens = 0  # as delivered: an abort can land after the core ran a step not yet delivered
         done = False
@@ -147,7 +148,7 @@ class SimEngine:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                delta = "".join(next_token_text(rng) for _ in range(item.new_tokens))
+                delta = "".join(answer.next_token() for _ in range(item.new_tokens))
                 finish_reason = item.finish_reason
                 stop_at = _first_stop(text + delta, request.stop, len(text))
                 if stop_at is not None:

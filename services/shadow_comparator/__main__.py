@@ -1,0 +1,4 @@
+from services.shadow_comparator.app import main
+
+if __name__ == "__main__":
+    main()

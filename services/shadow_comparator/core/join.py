@@ -1,0 +1,34 @@
+"""Which pair a result belongs to (pure): the router derives a shadow's request id from its primary's.
+
+A shadow copy's id is `<primary id>.shadow.<experiment id>` (router/policy/experiments.py);
+ids that would pass 128 characters are hashed there and cannot be joined (counted as
+`unjoinable`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmbus.messages import InferenceResult
+
+SHADOW_MARK = ".shadow."
+
+
+@dataclass(frozen=True)
+class PairRef:
+    primary_id: str
+    experiment_id: str | None  # None on the primary side: it may pair with several experiments
+    is_shadow: bool
+
+    @property
+    def field(self) -> str:
+        return f"s:{self.experiment_id}" if self.is_shadow else "p"
+
+
+def pair_ref(result: InferenceResult) -> PairRef | None:
+    if not result.shadow:
+        return PairRef(result.request_id, None, False)
+    primary_id, mark, experiment_id = result.request_id.rpartition(SHADOW_MARK)
+    if not mark or not primary_id or not experiment_id:
+        return None
+    return PairRef(primary_id, experiment_id, True)

@@ -1,0 +1,215 @@
+"""A new model version's whole path on the real broker: shadow → A/B ramp → 100 %, or rollback.
+
+Processes: router, scheduler, shadow-comparator and three sim workers — control `sim-ctrl`
+(A100 step times), a worse candidate `sim-bad` (same speed, answers drift: divergence 0.7)
+and a better one `sim-good` (H100 step times, the reference answers). The operator's
+records are written with the CLI's own publishing function (`llmbus models register`,
+`llmbus experiments create`; the commands themselves are tested in test_experiments_cli.py);
+everything after that is the comparator's doing. Timings are compressed by configuration
+(sim time / 4, decision tick 0.5 s, 4 candidate samples per step and guardrail) so the
+run stays near a minute on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from llmbus import topics as t
+from llmbus.bus.tables import read_log, read_table
+from llmbus.cli.experiments import publish_record
+from llmbus.client import LlmbusClient
+from llmbus.lifecycle import create
+from llmbus.messages import (
+    Comparison,
+    Experiment,
+    ExperimentDecision,
+    ExperimentState,
+    Guardrails,
+    InferenceRequest,
+    InferenceResult,
+    ModelSpec,
+    RampPlan,
+    TokenChunk,
+    now_ms,
+)
+from llmbus.settings import BusSettings
+from tests.support import ServiceProc, eventually, wait_workers_ready
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+WORKERS = {
+    "sim-ctrl": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100"},
+    "sim-bad": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100", "LLMBUS_WORKER_SIM_DIVERGENCE": "0.7"},
+    "sim-good": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-h100"},
+}
+# The default plan's 1 % step needs ~100 requests per candidate sample; the e2e ramps through
+# 5 → 25 → 50 → 100 (the full default plan is walked in tests/unit/test_comparator_core.py).
+COMPRESSED = {
+    "ramp": RampPlan(steps_pct=[0, 5, 25, 50, 100], min_samples_per_step=4, min_step_s=0),
+    "guardrails": Guardrails(min_samples=4, max_p95_regression=0.5),
+}
+
+
+class Load:
+    """Steady traffic to the control model from many users; remembers which model answered each."""
+
+    def __init__(self, settings: BusSettings) -> None:
+        self.settings = settings
+        # (request id, model of the chunks, any shadow chunk, sent at ms)
+        self.answered: list[tuple[str, str, bool, int]] = []
+        self.stop = asyncio.Event()
+        self.failed = 0
+        self.rng = random.Random(7)
+
+    async def run(self, concurrency: int = 8) -> None:
+        async with LlmbusClient(self.settings) as client:
+            await asyncio.gather(*[self._user_loop(client) for _ in range(concurrency)])
+
+    async def _user_loop(self, client: LlmbusClient) -> None:
+        while not self.stop.is_set():
+            request = InferenceRequest(
+                request_id=uuid.uuid4().hex,
+                user_id=f"u{self.rng.randrange(100_000)}",
+                model="sim-ctrl",
+                prompt=f"question {uuid.uuid4().hex[:8]}: why stream tokens over kafka?",
+                max_tokens=12,
+                temperature=1.0,
+            )
+            sent_at_ms = now_ms()
+            try:
+                chunks: list[TokenChunk] = [c async for c in client.stream(request, timeout_s=60)]
+            except TimeoutError:
+                self.failed += 1  # a loaded machine; the experiment's verdicts don't depend on one request
+                continue
+            models = {c.model for c in chunks if c.model}
+            assert len(models) <= 1, models
+            model = models.pop() if models else "error"
+            self.answered.append((request.request_id, model, any(c.shadow for c in chunks), sent_at_ms))
+
+    def models_since(self, index: int) -> Counter[str]:
+        return Counter(model for _, model, _, _ in self.answered[index:])
+
+    def models_between(self, start_ms: int, end_ms: int) -> Counter[str]:
+        return Counter(model for _, model, _, sent in self.answered if start_ms <= sent < end_ms)
+
+
+async def experiment(settings: BusSettings, experiment_id: str) -> Experiment | None:
+    return (await read_table(settings, t.Topics(settings.topic_prefix).name(t.EXPERIMENTS), Experiment)).get(
+        experiment_id
+    )
+
+
+async def decisions(settings: BusSettings, experiment_id: str) -> list[ExperimentDecision]:
+    log = await read_log(settings, t.Topics(settings.topic_prefix).name(t.DECISIONS), ExperimentDecision)
+    return [d for key, d in log if key == experiment_id]
+
+
+@pytest.fixture
+def load_task() -> Iterator[list[asyncio.Task[None]]]:
+    tasks: list[asyncio.Task[None]] = []
+    yield tasks
+    for task in tasks:
+        task.cancel()
+
+
+async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
+    bus_settings: BusSettings, services: list[ServiceProc], load_task: list[asyncio.Task[None]]
+) -> None:
+    s = bus_settings
+    services.append(ServiceProc("services.router", s).start())
+    # A loaded CI machine can delay heartbeats by seconds: don't let the scheduler declare workers dead.
+    services.append(ServiceProc("services.scheduler", s, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "30"}).start())
+    services.append(
+        ServiceProc(
+            "services.shadow_comparator",
+            s,
+            env={
+                "LLMBUS_COMPARATOR_DECIDE_INTERVAL_S": "0.5",
+                "LLMBUS_COMPARATOR_SWEEP_INTERVAL_S": "1",
+                "LLMBUS_COMPARATOR_PAIR_TTL_S": "30",
+            },
+        ).start()
+    )
+    for model, env in WORKERS.items():
+        services.append(
+            ServiceProc(
+                "services.engine_worker",
+                s,
+                name=model,
+                env={"LLMBUS_WORKER_WORKER_ID": model, "LLMBUS_WORKER_MODEL": model, "LLMBUS_WORKER_SIM_SPEEDUP": "4"}
+                | env,
+            ).start()
+        )
+    await wait_workers_ready(s, set(WORKERS), timeout_s=240)
+    for model in WORKERS:  # what `llmbus models register` does (its parsing is tested in test_experiments_cli)
+        await publish_record(s, t.MODELS, model, ModelSpec(name=model, max_output_tokens=256))
+
+    load = Load(s)
+    load_task.append(asyncio.create_task(load.run()))
+
+    # 1. The worse candidate, in shadow: compared, never seen by a user, rolled back by the comparator.
+    await publish_record(s, t.EXPERIMENTS, "exp-bad", create("exp-bad", "sim-ctrl", "sim-bad", **COMPRESSED))
+
+    async def rolled_back() -> bool:
+        e = await experiment(s, "exp-bad")
+        return e is not None and e.state == ExperimentState.ROLLED_BACK
+
+    await eventually(rolled_back, timeout_s=240, interval_s=0.5)
+    [rollback] = [d for d in await decisions(s, "exp-bad") if d.decision == "rollback"]
+    assert any("similarity" in reason for reason in rollback.reasons), rollback.reasons
+    shadow_evidence = {v.variant: v for v in rollback.variants}["candidate(shadow)"]
+    assert shadow_evidence.samples >= 4 and shadow_evidence.similarity_mean < 0.5  # type: ignore[operator]
+    assert rollback.tests and rollback.share_to_pct == 0
+
+    # 2. The better candidate: shadow, then 5 → 25 → 50 → 100 % of users, step by step.
+    await publish_record(s, t.EXPERIMENTS, "exp-good", create("exp-good", "sim-ctrl", "sim-good", **COMPRESSED))
+
+    async def promoted() -> bool:
+        e = await experiment(s, "exp-good")
+        return e is not None and e.state == ExperimentState.PROMOTED
+
+    await eventually(promoted, timeout_s=400, interval_s=0.5)
+    at_100 = len(load.answered)
+    await eventually(lambda: _more(load, at_100, 12), timeout_s=30)
+    load.stop.set()
+    await asyncio.wait_for(load_task[0], 90)
+
+    # A shadow candidate never reached a user: no answer from sim-bad, none from sim-good before its
+    # first ramp decision, no chunk flagged shadow on the client's reply topic.
+    good = await decisions(s, "exp-good")
+    promotions = [d for d in good if d.decision == "promote"]
+    assert [(d.share_from_pct, d.share_to_pct) for d in promotions] == [(0, 5), (5, 25), (25, 50), (50, 100)]
+    assert all(d.variants and d.tests and d.reasons for d in good)
+    assert set(load.models_since(0)) <= {"sim-ctrl", "sim-good", "error"}
+    assert "sim-good" not in load.models_between(0, promotions[0].decided_at_ms)
+    assert not any(shadow for _, _, shadow, _ in load.answered)
+    # The router followed each step: what users got between two decisions (printed), and only the
+    # candidate once the last step was read.
+    edges = [p.decided_at_ms for p in promotions] + [now_ms()]
+    for p, start, end in zip(promotions, edges, edges[1:], strict=False):
+        print(f"at {p.share_to_pct:g} %: {dict(load.models_between(start, end))}")
+    assert set(load.models_since(at_100 + 2)) - {"error"} == {"sim-good"}
+    assert load.models_between(promotions[1].decided_at_ms, promotions[3].decided_at_ms)["sim-good"] > 0
+
+    # Comparisons on llm.comparisons for shadowed requests of both experiments.
+    topics = t.Topics(s.topic_prefix)
+    comparisons = [c for _, c in await read_log(s, topics.name(t.COMPARISONS), Comparison)]
+    by_exp = Counter(c.experiment_id for c in comparisons)
+    assert by_exp["exp-bad"] >= 4 and by_exp["exp-good"] >= 4
+    answered_ids = {rid for rid, _, _, _ in load.answered}
+    assert {c.request_id for c in comparisons} <= answered_ids
+    good_pairs = [c for c in comparisons if c.experiment_id == "exp-good"]
+    assert all(c.similarity == 1.0 and c.candidate.model == "sim-good" for c in good_pairs)
+    # The candidate really ran: its results are on llm.results, flagged shadow, and nobody streamed them.
+    shadow_results = [r for _, r in await read_log(s, topics.name(t.RESULTS), InferenceResult) if r.shadow]
+    assert {r.model for r in shadow_results} == {"sim-bad", "sim-good"}
+
+
+async def _more(load: Load, index: int, n: int) -> bool:
+    return len(load.answered) >= index + n

@@ -1,0 +1,184 @@
+"""The comparator's join and aggregates on the real Redis: out of order, duplicated, late, missing, restarted."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as redis
+
+from llmbus.lifecycle import create, to_step
+from llmbus.messages import (
+    Comparison,
+    CostRecord,
+    Experiment,
+    Feedback,
+    InferenceResult,
+    ResultStatus,
+    Timings,
+    Usage,
+    now_ms,
+)
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.shadow_comparator.comparator import Comparator, ExperimentView
+from services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
+from services.shadow_comparator.store import ComparatorStore
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def client(redis_up: None) -> AsyncIterator[redis.Redis]:
+    c = redis_client(BusSettings().redis_url)
+    yield c
+    await c.aclose()
+
+
+class Harness:
+    def __init__(self, client: redis.Redis, namespace: str, view: ExperimentView) -> None:
+        self.published: list[Comparison] = []
+        self.store = ComparatorStore(client, namespace, pair_ttl_s=60)
+        self.comparator = Comparator(self.store, view, self.publish)
+
+    async def publish(self, comparison: Comparison) -> None:
+        self.published.append(comparison)
+
+
+@pytest.fixture
+async def namespace(client: redis.Redis) -> AsyncIterator[str]:
+    ns = f"test-comparator-{uuid.uuid4().hex[:10]}"
+    yield ns
+    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
+    if keys:
+        await client.delete(*keys)
+
+
+def shadow_view() -> ExperimentView:
+    view = ExperimentView()
+    view.apply(create("exp", "ctrl", "cand"))
+    return view
+
+
+def res(rid: str, *, shadow: bool = False, text: str = "a b c", total_ms: float = 100, **kw: object) -> InferenceResult:
+    return InferenceResult(
+        request_id=rid,
+        tenant="t",
+        status=ResultStatus.OK,
+        model="cand" if shadow else "ctrl",
+        text=text,
+        usage=Usage(completion_tokens=3),
+        timings=Timings(ttft_ms=10, total_ms=total_ms),
+        shadow=shadow,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+async def pair_stats(h: Harness) -> PairStats:
+    return PairStats.from_fields(await h.store.read_agg("exp", 0, PAIRS))
+
+
+async def test_pairs_join_in_either_order_and_count_once(client: redis.Redis, namespace: str) -> None:
+    h = Harness(client, namespace, shadow_view())
+    await h.comparator.on_result(res("a"))
+    await h.comparator.on_result(res("a.shadow.exp", shadow=True, total_ms=150))
+    await h.comparator.on_result(res("b.shadow.exp", shadow=True, text="x y z"))  # shadow first
+    await h.comparator.on_result(res("b"))
+    assert sorted(c.comparison_id for c in h.published) == ["a:exp", "b:exp"]
+    stats = await pair_stats(h)
+    assert stats.n == 2 and stats.similarity_mean == pytest.approx(0.5)
+    assert (await h.store.stats())["pairs"] == 2
+
+
+async def test_duplicates_never_count_twice(client: redis.Redis, namespace: str) -> None:
+    h = Harness(client, namespace, shadow_view())
+    for record in [res("a"), res("a"), res("a.shadow.exp", shadow=True), res("a.shadow.exp", shadow=True), res("a")]:
+        await h.comparator.on_result(record)
+    assert [c.comparison_id for c in h.published] == ["a:exp"]
+    assert (await pair_stats(h)).n == 1
+    stats = await h.store.stats()
+    assert stats["pairs"] == 1 and stats["duplicate"] == 3
+
+
+async def test_restart_between_publish_and_count_republishes_the_same_id_and_counts_once(
+    client: redis.Redis, namespace: str
+) -> None:
+    first = Harness(client, namespace, shadow_view())
+
+    async def crash(_: Comparison) -> None:
+        raise ConnectionError("killed before the offset was committed")
+
+    first.comparator.publish_comparison = crash
+    await first.comparator.on_result(res("a"))
+    with pytest.raises(ConnectionError):
+        await first.comparator.on_result(res("a.shadow.exp", shadow=True))
+    # A new process gets the uncommitted shadow result again.
+    second = Harness(client, namespace, shadow_view())
+    await second.comparator.on_result(res("a.shadow.exp", shadow=True))
+    await second.comparator.on_result(res("a.shadow.exp", shadow=True))  # and once more, after the commit was lost
+    assert [c.comparison_id for c in second.published] == ["a:exp"]
+    assert (await pair_stats(second)).n == 1
+
+
+async def test_missing_partners_are_swept_and_late_ones_counted(client: redis.Redis, namespace: str) -> None:
+    h = Harness(client, namespace, shadow_view())
+    await h.comparator.on_result(res("lonely.shadow.exp", shadow=True))  # its primary never comes
+    await h.comparator.on_result(res("unshadowed"))  # not mirrored (or its shadow was lost)
+    await h.comparator.on_result(res("paired"))
+    await h.comparator.on_result(res("paired.shadow.exp", shadow=True))
+    assert await h.comparator.sweep(now_ms()) == {}  # nothing due yet
+    swept = await h.comparator.sweep(now_ms() + 61_000)
+    assert swept == {"missing_primary": 1, "unshadowed_primary": 1}
+    await h.comparator.on_result(res("lonely"))  # arrives after its pair was given up
+    stats = await h.store.stats()
+    assert stats["late_primary"] == 1 and stats["pairs"] == 1
+    assert not [k async for k in client.scan_iter(match=f"llmbus:{namespace}:pair:*")]  # state bounded
+
+
+async def test_primaries_no_shadow_experiment_covers_are_not_held(client: redis.Redis, namespace: str) -> None:
+    h = Harness(client, namespace, ExperimentView())
+    await h.comparator.on_result(res("a"))
+    assert not [k async for k in client.scan_iter(match=f"llmbus:{namespace}:pair:*")]
+
+
+async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: redis.Redis, namespace: str) -> None:
+    view = ExperimentView()
+    view.apply(to_step(create("exp", "ctrl", "cand"), 2))
+    h = Harness(client, namespace, view)
+    for i in range(10):
+        variant = "candidate" if i % 2 else "control"
+        r = res(f"r{i}", experiment_id="exp", variant=variant)
+        await h.comparator.on_result(r)
+        await h.comparator.on_result(r)  # redelivered
+        cost = CostRecord(request_id=f"r{i}", tenant="t", model="m", cost_usd=0.01 * (1 + i % 2))
+        await h.comparator.on_cost(cost)
+        await h.comparator.on_cost(cost)
+        await h.comparator.on_feedback(Feedback(request_id=f"r{i}", score=0.0 if i % 2 else 1.0))
+    await h.comparator.on_feedback(Feedback(request_id="never-seen", score=1.0))
+    cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
+    ctrl = VariantStats.from_fields(await h.store.read_agg("exp", 2, "control"))
+    assert cand.n == 5 and ctrl.n == 5
+    assert cand.cost_per_request_usd == pytest.approx(0.02) and ctrl.cost_per_request_usd == pytest.approx(0.01)
+    assert cand.negative_feedback_rate == 1.0 and ctrl.negative_feedback_rate == 0.0
+    assert (await h.store.stats())["feedback_unjoined"] == 1
+
+
+async def test_decide_reads_the_current_steps_aggregates(client: redis.Redis, namespace: str) -> None:
+    view = ExperimentView()
+    exp = create("exp", "ctrl", "cand")
+    exp = exp.model_copy(update={"ramp": exp.ramp.model_copy(update={"min_samples_per_step": 40, "min_step_s": 0})})  # type: ignore[union-attr]
+    view.apply(exp)
+    h = Harness(client, namespace, view)
+    for i in range(45):
+        await h.comparator.on_result(res(f"p{i}"))
+        await h.comparator.on_result(res(f"p{i}.shadow.exp", shadow=True))
+    (verdict,) = await h.comparator.decide_all()
+    assert verdict.decision.decision == "promote" and verdict.updated is not None
+    assert isinstance(verdict.updated, Experiment) and verdict.updated.step == 1
+
+
+async def test_one_decider_at_a_time(client: redis.Redis, namespace: str) -> None:
+    h = Harness(client, namespace, ExperimentView())
+    assert await h.store.lead("a", 5) and await h.store.lead("a", 5)
+    assert not await h.store.lead("b", 5)
