@@ -104,7 +104,7 @@ def pools_file(path: Path) -> Path:
         "pools": {
             POOL: {
                 "min_replicas": 0,
-                "max_replicas": 3,
+                "max_replicas": 4,
                 "policy": {
                     "type": "threshold",
                     "params": {
@@ -186,11 +186,11 @@ async def test_pool_grows_on_queue_wait_shrinks_to_zero_with_drain_and_wakes_aga
             assert (wake.current_replicas, wake.desired_replicas, wake.action) == (0, 1, "up")
             assert "cold start" in wake.reason and wake.policy == "threshold" and wake.actuator == "local"
 
-            # 2. a step of load: ~2 requests/s of ~2 s each; one worker runs 2 at once (1/s)
+            # 2. a step of load: ~1.25 requests/s of ~2 s each; one worker runs 2 at once (~1/s)
             step_started = time.monotonic()
-            for _ in range(100):
+            for _ in range(60):
                 sent.append(await send(bus, 300))
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.8)
             ups = [d for d in seen.decisions[1:] if d.action == "up"]
             assert ups, "the pool grew"
             assert max(d.desired_replicas for d in ups) >= 2
@@ -220,11 +220,13 @@ async def test_pool_grows_on_queue_wait_shrinks_to_zero_with_drain_and_wakes_aga
                 assert WorkerState.DRAINING in states and states[-1] == WorkerState.STOPPED, (worker_id, states)
 
             # 4. a request at zero again: one cold start, then served
+            down_at = len(seen.decisions)
             woke_at = time.monotonic()
             sent.append(await send(bus, 20))
             await eventually(lambda: _has_result(seen, sent), timeout_s=90, interval_s=0.5)
             assert time.monotonic() - woke_at > 1.0  # it waited for a worker to start
-            assert seen.decisions[-1].current_replicas == 0 and seen.decisions[-1].desired_replicas == 1
+            # (with timings this compressed, more workers may follow while the request waits out the cold start)
+            assert any((d.current_replicas, d.desired_replicas) == (0, 1) for d in seen.decisions[down_at:])
     finally:
         await seen.stop()
         for pid in live_pids(tmp_path):  # workers the autoscaler started and still runs
