@@ -292,6 +292,17 @@ def test_no_ramp_before_the_guardrails_could_be_evaluated() -> None:
     assert any("10/30 samples" in r for r in verdict.decision.reasons)
 
 
+def test_pairs_without_both_answers_are_no_evidence_for_a_ramp() -> None:
+    exp = create("e", "ctrl", "cand", ramp=PLAN, guardrails=Guardrails(min_samples=10, max_error_rate=1.0))
+    fields: dict[str, float] = {}
+    for i in range(60):  # the control failed every time: nothing to compare the candidate's answers with
+        c = compare("e", result(f"r{i}", ok=False), result(f"r{i}.shadow.e", "w x y z", shadow=True))
+        for k, v in pair_increments(c).items():
+            fields[k] = fields.get(k, 0.0) + v
+    verdict = decide(exp, StepEvidence(pairs=PairStats.from_fields(fields)), now_ms=exp.step_started_at_ms)
+    assert verdict is not None and verdict.decision.decision == "hold"
+
+
 def test_guardrails_are_configurable() -> None:
     lax = Guardrails(min_similarity=0.0, min_samples=10)
     exp = create("e", "ctrl", "cand", ramp=PLAN, guardrails=lax)

@@ -134,7 +134,8 @@ def _shadow_checks(
             format_failure_rate=_round(p.format_failure_rate),
         ),
     ]
-    return breaches, early, variants, tests, p.n
+    # Pairs where either side failed carry no similarity: only pairs with both answers count as evidence.
+    return breaches, early, variants, tests, min(p.n, p.similarity.n)
 
 
 def _ab_checks(

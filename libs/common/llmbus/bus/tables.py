@@ -15,12 +15,23 @@ M = TypeVar("M", bound=Message)
 
 
 async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> dict[str, M]:
-    """Latest value per key of `topic` (tombstones and undecodable records are skipped)."""
-    return dict(await read_log(settings, topic, model, timeout_s))
+    """Latest value per key of `topic`: a tombstone removes its key; undecodable records are skipped."""
+    table: dict[str, M] = {}
+    for key, value in await _read(settings, topic, model, timeout_s):
+        if value is None:
+            table.pop(key, None)
+        else:
+            table[key] = value
+    return table
 
 
 async def read_log(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> list[tuple[str, M]]:
     """Every (key, message) of `topic` in offset order per partition (tombstones and undecodable records skipped)."""
+    return [(key, value) for key, value in await _read(settings, topic, model, timeout_s) if value is not None]
+
+
+async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: float) -> list[tuple[str, M | None]]:
+    """(key, message or None for a tombstone) up to the end offsets as of now."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=settings.kafka_bootstrap,
@@ -30,7 +41,7 @@ async def read_log(settings: BusSettings, topic: str, model: type[M], timeout_s:
         request_timeout_ms=settings.request_timeout_ms,
     )
     await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
-    log: list[tuple[str, M]] = []
+    log: list[tuple[str, M | None]] = []
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -42,7 +53,9 @@ async def read_log(settings: BusSettings, topic: str, model: type[M], timeout_s:
         while pending and loop.time() < deadline:
             for tp, records in (await consumer.getmany(timeout_ms=200)).items():
                 for record in records:
-                    if record.key is not None and record.value is not None:
+                    if record.key is not None and record.value is None:
+                        log.append((record.key.decode(), None))
+                    elif record.key is not None:
                         try:
                             log.append((record.key.decode(), decode(record, model)))
                         except BadMessage:
