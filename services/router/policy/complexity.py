@@ -40,7 +40,7 @@ def register_scorer(name: str) -> Callable[[Callable[..., ComplexityScorer]], Ca
 
 def build_scorer(name: str, params: dict[str, Any] | None = None) -> ComplexityScorer:
     # Importing here registers the shipped scorers without an import cycle.
-    from services.router.policy import heuristic  # noqa: F401
+    from services.router.policy import heuristic, learned  # noqa: F401
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown complexity scorer {name!r}; known: {sorted(_REGISTRY)}")
@@ -48,7 +48,7 @@ def build_scorer(name: str, params: dict[str, Any] | None = None) -> ComplexityS
 
 
 def scorer_names() -> list[str]:
-    from services.router.policy import heuristic  # noqa: F401
+    from services.router.policy import heuristic, learned  # noqa: F401
 
     return sorted(_REGISTRY)
 
