@@ -18,7 +18,7 @@ from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
 from services.router.limits import RedisRateLimiter
-from services.router.policy.complexity import build_scorer
+from services.router.policy.complexity import build_scorer_with_fallback
 from services.router.policy.config import RouterPolicy, load_policy, with_default_model
 from services.router.policy.pipeline import RouterCore
 from services.router.state_follow import caught_up
@@ -34,7 +34,7 @@ def build_core(
     )
     core = RouterCore(
         policy,
-        build_scorer(policy.scorer.name, policy.scorer.params),
+        build_scorer_with_fallback(policy.scorer.name, policy.scorer.params, policy.scorer.fallback),
         limiter=RedisRateLimiter(client, redis_namespace),
         cache=cache,
         budgets=budgets,

@@ -111,6 +111,9 @@ class CachePolicy(_Strict):
 class ScorerPolicy(_Strict):
     name: str = "heuristic"
     params: dict[str, Any] = Field(default_factory=dict)
+    fallback: str | None = Field(
+        default=None, description="Scorer (default params) used when `name` cannot be built, e.g. a missing model file."
+    )
 
 
 class RouterPolicy(_Strict):

@@ -84,7 +84,12 @@ def _youden_logit(labels: list[bool], logits: list[float]) -> float:
 
 
 def fit(
-    rows: Sequence[dict], seed: int = 0, c: float = 1.0, min_count: int = 2, folds: int = 4, threshold: float = THRESHOLD
+    rows: Sequence[dict],
+    seed: int = 0,
+    c: float = 1.0,
+    min_count: int = 2,
+    folds: int = 4,
+    threshold: float = THRESHOLD,
 ) -> ScorerModel:
     """Logistic regression (liblinear, balanced classes) on features seen in at least `min_count` rows.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer
@@ -14,8 +15,17 @@ from llmbus.settings import BusSettings
 M = TypeVar("M", bound=Message)
 
 
-async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> dict[str, M]:
-    """Latest value per key of `topic` (tombstones and undecodable records are skipped)."""
+async def read_table(
+    settings: BusSettings,
+    topic: str,
+    model: type[M],
+    timeout_s: float = 10.0,
+    key_of: Callable[[M], str] | None = None,
+) -> dict[str, M]:
+    """Latest value per key of `topic` (tombstones and undecodable records are skipped).
+
+    `key_of` keys the table by a field of the value instead of the record key (e.g. request
+    id on a topic keyed by model)."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=settings.kafka_bootstrap,
@@ -39,7 +49,8 @@ async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_
                 for record in records:
                     if record.key is not None and record.value is not None:
                         try:
-                            table[record.key.decode()] = decode(record, model)
+                            value = decode(record, model)
+                            table[key_of(value) if key_of else record.key.decode()] = value
                         except BadMessage:
                             continue
                 if await consumer.position(tp) >= ends[tp]:
