@@ -18,8 +18,8 @@ from llmbus.replies import publish_error, publish_result, reply_topic_of
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
-from services.router.latency_watch import LatencyReporter
 from services.router.core.route import Rejected, check_reply_topic
+from services.router.latency_watch import LatencyReporter
 from services.router.policy.pipeline import RouteOutcome, RouterCore
 
 

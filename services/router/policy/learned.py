@@ -16,6 +16,7 @@ Features (all in [0, 1] or binary):
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -49,7 +50,7 @@ def featurize_text(text: str, category: str | None, depth: int, has_system: bool
         words = words[:_HEAD_WORDS] + words[-_TAIL_WORDS:]
     for w in words:
         feats["w:" + w] = 1.0
-    for a, b in zip(words, words[1:], strict=False):
+    for a, b in itertools.pairwise(words):
         feats["b:" + a + "_" + b] = 1.0
     feats["cat:" + (category or "none")] = 1.0
     feats["depth"] = min(depth, 4) / 4

@@ -1,4 +1,4 @@
-"""Synthetic labelled prompts: template families × slot fillers, labelled by the family's rule.
+"""Synthetic labelled prompts: template families crossed with slot fillers, labelled by the family's rule.
 
 Labelling rule (the same for every source, see services/router/data/README.md):
 - "high": answering well needs several dependent steps of reasoning — a design under
