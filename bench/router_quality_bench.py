@@ -124,13 +124,17 @@ def write_md(report: dict, path: Path) -> None:
             )
     lines += [
         "",
-        "Scoring latency, one call at a time on one core (µs):",
+        "Scoring cost, one call at a time in one thread (µs). CPU = the thread's own CPU time per call",
+        "(what one core spends); wall includes waiting for a core, which on a loaded host is most of it.",
         "",
-        "| scorer | n | p50 | p99 | max | mean |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| scorer | n | CPU p50 | CPU p99 | CPU mean | wall p50 | wall p99 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, m in report["latency_one_core"].items():
-        lines.append(f"| {name} | {m['n']} | {m['p50_us']} | {m['p99_us']} | {m['max_us']} | {m['mean_us']} |")
+        lines.append(
+            f"| {name} | {m['n']} | {m['cpu_p50_us']} | {m['cpu_p99_us']} | {m['cpu_mean_us']} "
+            f"| {m['wall_p50_us']} | {m['wall_p99_us']} |"
+        )
     lines += ["", *[f"- {n}" for n in report["notes"]], ""]
     path.write_text("\n".join(lines))
 

@@ -80,7 +80,7 @@ def digest(rows: list[dict]) -> str:
 def main() -> None:
     rows = build_corpus()
     CORPUS_PATH.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
-    by = {}
+    by: dict[tuple[str, str], int] = {}
     for r in rows:
         by[(r["source"], r["label"])] = by.get((r["source"], r["label"]), 0) + 1
     print(f"wrote {len(rows)} rows to {CORPUS_PATH.name} (digest {digest(rows)}): {by}")
