@@ -17,9 +17,11 @@ from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
+from services.router.latency_watch import LatencyReporter
 from services.router.limits import RedisRateLimiter
-from services.router.policy.complexity import build_scorer
+from services.router.policy.complexity import build_scorer_with_fallback
 from services.router.policy.config import RouterPolicy, load_policy, with_default_model
+from services.router.policy.latency import TierLatencyWatch
 from services.router.policy.pipeline import RouterCore
 from services.router.state_follow import caught_up
 
@@ -32,12 +34,14 @@ def build_core(
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
     )
+    watch = TierLatencyWatch(policy.latency) if policy.latency.enabled else None
     core = RouterCore(
         policy,
-        build_scorer(policy.scorer.name, policy.scorer.params),
+        build_scorer_with_fallback(policy.scorer.name, policy.scorer.params, policy.scorer.fallback),
         limiter=RedisRateLimiter(client, redis_namespace),
         cache=cache,
         budgets=budgets,
+        latency=watch,
     )
     return core, budgets, cache
 
@@ -50,7 +54,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
     core, budgets, cache = build_core(policy, f"{settings.topic_prefix}router", settings.redis_url)
-    handlers = RouterHandlers(bus, router_settings, core, budgets, cache)
+    reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
+    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter)
 
     state = make_consumer(
         settings,
@@ -74,7 +79,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     )
     consumers = [state]
     loops = [state_loop]
-    if router_settings.cache_fill and policy.cache.enabled:
+    if (router_settings.cache_fill and policy.cache.enabled) or reporter is not None:
         # Earliest on a new group: a few stale results only miss their (expired) pending marks.
         results = make_consumer(settings, group_id=topics.group(t.ROUTER, "results"), client_id="llmbus-router-results")
         results_loop = ConsumerLoop(

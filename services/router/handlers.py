@@ -27,6 +27,7 @@ from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
 from services.router.core.route import Rejected, check_reply_topic
+from services.router.latency_watch import LatencyReporter
 from services.router.policy.pipeline import RouteOutcome, RouterCore
 
 
@@ -38,12 +39,14 @@ class RouterHandlers:
         core: RouterCore,
         budgets: BudgetBook,
         cache: RedisResponseCache | None = None,
+        latency: LatencyReporter | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
         self.core = core
         self.budgets = budgets
         self.cache = cache
+        self.latency = latency
         self.routed_topic = bus.topics.name(t.ROUTED)
 
     async def on_request(self, record: ConsumerRecord) -> None:
@@ -108,8 +111,11 @@ class RouterHandlers:
         )
 
     async def on_result(self, record: ConsumerRecord) -> None:
-        if self.cache is not None:
-            await self.cache.complete(decode(record, InferenceResult))
+        result = decode(record, InferenceResult)
+        if self.latency is not None:
+            self.latency.on_result(result)
+        if self.cache is not None and self.settings.cache_fill:
+            await self.cache.complete(result)
 
     async def on_model(self, record: ConsumerRecord) -> None:
         if record.value is None:  # tombstone: the model is gone

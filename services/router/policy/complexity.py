@@ -14,6 +14,7 @@ and naming it in the YAML (`scorer: {name: distilbert, params: {model_dir: ...}}
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -27,6 +28,7 @@ class ComplexityScorer(Protocol):
     def score(self, request: InferenceRequest) -> float: ...
 
 
+log = logging.getLogger(__name__)
 _REGISTRY: dict[str, Callable[..., ComplexityScorer]] = {}
 
 
@@ -40,15 +42,26 @@ def register_scorer(name: str) -> Callable[[Callable[..., ComplexityScorer]], Ca
 
 def build_scorer(name: str, params: dict[str, Any] | None = None) -> ComplexityScorer:
     # Importing here registers the shipped scorers without an import cycle.
-    from services.router.policy import heuristic  # noqa: F401
+    from services.router.policy import heuristic, learned  # noqa: F401
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown complexity scorer {name!r}; known: {sorted(_REGISTRY)}")
     return _REGISTRY[name](**(params or {}))
 
 
+def build_scorer_with_fallback(name: str, params: dict[str, Any] | None, fallback: str | None) -> ComplexityScorer:
+    """`build_scorer(name, params)`, or the `fallback` scorer when that fails (logged, never silent)."""
+    try:
+        return build_scorer(name, params)
+    except (OSError, ValueError, KeyError, TypeError):
+        if fallback is None:
+            raise
+        log.exception("complexity scorer %r could not be built; using the fallback %r", name, fallback)
+        return build_scorer(fallback)
+
+
 def scorer_names() -> list[str]:
-    from services.router.policy import heuristic  # noqa: F401
+    from services.router.policy import heuristic, learned  # noqa: F401
 
     return sorted(_REGISTRY)
 

@@ -108,9 +108,26 @@ class CachePolicy(_Strict):
     max_text_bytes: int = Field(default=256_000, ge=1)
 
 
+class LatencyPolicy(_Strict):
+    """`latency:` TTFT targets per tier, watched over a window (policy/latency.py)."""
+
+    enabled: bool = True
+    targets_ms: dict[str, float] = Field(
+        default_factory=lambda: {"strong": 5000.0, "mid": 800.0, "small": 100.0, "default": 1500.0},
+        description="TTFT target per tier (ms); tiers not listed have none.",
+    )
+    window_s: float = Field(default=60.0, gt=0)
+    min_samples: int = Field(default=20, ge=1)
+    quantile: float = Field(default=0.9, gt=0, le=1)
+    prefer_fallback_while_missing: bool = False
+
+
 class ScorerPolicy(_Strict):
     name: str = "heuristic"
     params: dict[str, Any] = Field(default_factory=dict)
+    fallback: str | None = Field(
+        default=None, description="Scorer (default params) used when `name` cannot be built, e.g. a missing model file."
+    )
 
 
 class RouterPolicy(_Strict):
@@ -122,6 +139,7 @@ class RouterPolicy(_Strict):
     limits: LimitsPolicy = Field(default_factory=LimitsPolicy)
     tenants: dict[str, TenantPolicy] = Field(default_factory=lambda: {"default": TenantPolicy()})
     cache: CachePolicy = Field(default_factory=CachePolicy)
+    latency: LatencyPolicy = Field(default_factory=LatencyPolicy)
 
     @model_validator(mode="after")
     def _consistent(self) -> RouterPolicy:

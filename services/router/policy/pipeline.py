@@ -38,6 +38,7 @@ from services.router.policy.catalog import ModelCatalog
 from services.router.policy.complexity import ComplexityScorer
 from services.router.policy.config import OverBudget, OverCap, RouterPolicy, UnknownModel
 from services.router.policy.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
+from services.router.policy.latency import TARGET_KEY, TIER_KEY, TierLatencyWatch, avoid_missing_tier
 from services.router.policy.ports import BudgetView, CachedAnswer, RateLimiter, ResponseCache
 from services.router.policy.rules import RouteDecision, RouteFeatures, decide_route
 from services.router.policy.trimming import trim_to_window
@@ -83,6 +84,7 @@ class RouterCore:
         limiter: RateLimiter | None = None,
         cache: ResponseCache | None = None,
         budgets: BudgetView | None = None,
+        latency: TierLatencyWatch | None = None,
     ) -> None:
         self.policy = policy
         self.scorer = scorer
@@ -91,6 +93,10 @@ class RouterCore:
         self.limiter = limiter
         self.cache = cache
         self.budgets = budgets
+        self.latency = latency
+
+    def tier_of(self, model: str) -> str:
+        return self.catalog.entry(model).tier if self.catalog.knows(model) else "unknown"
 
     async def route(self, request: InferenceRequest, received_at_ms: int | None = None) -> RouteOutcome:
         received_at_ms = received_at_ms or now_ms()
@@ -173,6 +179,10 @@ class RouterCore:
             )
         decision = self.decide(request, f)
         model, reason, chain = decision.model, decision.route_reason, decision.fallback_chain
+        if self.latency is not None:
+            avoided = avoid_missing_tier(model, chain, self.tier_of, self.latency, received_at_ms / 1000)
+            if avoided is not None:
+                model, chain, reason = avoided
         experiment_id = variant = None
         for experiment in self.experiments.ab_for(model)[:1]:  # one A/B per request: effects stay attributable
             picked = pick_variant(experiment, unit_of(request))
@@ -182,7 +192,7 @@ class RouterCore:
                 chain = [m for m in chain if m != model]
 
         fitted = self.fit(request, model)
-        request = fitted.request
+        request = self._stamp_target(fitted.request, model)
         if self.limiter is not None:
             tenant = self.policy.tenant(request.tenant)
             verdict = await self.limiter.take(request.tenant, tenant, fitted.prompt_tokens + request.max_tokens)
@@ -211,6 +221,15 @@ class RouterCore:
                 return self._cache_hit(routed, hit)
             await self.cache.remember_pending(request.request_id, key)
         return RouteOutcome(routed=routed, shadows=self._shadows(routed))
+
+    def _stamp_target(self, request: InferenceRequest, model: str) -> InferenceRequest:
+        """Record the tier and its TTFT target on the routed request (metadata, read by dashboards and tests)."""
+        if self.latency is None:
+            return request
+        tier = self.tier_of(model)
+        target = self.latency.target_ms(tier)
+        stamp = {TIER_KEY: tier} | ({TARGET_KEY: str(int(target))} if target is not None else {})
+        return request.model_copy(update={"metadata": request.metadata | stamp})
 
     def _shadows(self, routed: RoutedRequest) -> list[RoutedRequest]:
         copies = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer
@@ -14,14 +15,23 @@ from llmbus.settings import BusSettings
 M = TypeVar("M", bound=Message)
 
 
-async def read_table(settings: BusSettings, topic: str, model: type[M], timeout_s: float = 10.0) -> dict[str, M]:
-    """Latest value per key of `topic`: a tombstone removes its key; undecodable records are skipped."""
+async def read_table(
+    settings: BusSettings,
+    topic: str,
+    model: type[M],
+    timeout_s: float = 10.0,
+    key_of: Callable[[M], str] | None = None,
+) -> dict[str, M]:
+    """Latest value per key of `topic`: a tombstone removes its key; undecodable records are skipped.
+
+    `key_of` keys the table by a field of the value instead of the record key (e.g. request
+    id on a topic keyed by model)."""
     table: dict[str, M] = {}
     for key, value in await _read(settings, topic, model, timeout_s):
         if value is None:
             table.pop(key, None)
         else:
-            table[key] = value
+            table[key_of(value) if key_of else key] = value
     return table
 
 

@@ -16,6 +16,7 @@ from llmbus.cli import scaling, stack
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
+from llmbus.cli.router_cmds import router_app
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
@@ -28,6 +29,7 @@ app.command()(cost_commands.plan)
 app.command()(cost_commands.pricebook)
 app.add_typer(models_app, name="models")
 app.add_typer(experiments_app, name="experiments")
+app.add_typer(router_app, name="router")
 
 
 @app.command()
