@@ -12,6 +12,7 @@ import yaml
 
 from llmbus.settings import BusSettings
 from services.engine_worker.config import WorkerSettings
+from services.gateway.config import GatewaySettings
 from services.router.config import RouterSettings
 from services.scheduler.config import SchedulerSettings
 
@@ -21,6 +22,7 @@ PREFIXES = {
     "LLMBUS_WORKER_": WorkerSettings,
     "LLMBUS_ROUTER_": RouterSettings,
     "LLMBUS_SCHEDULER_": SchedulerSettings,
+    "LLMBUS_GATEWAY_": GatewaySettings,
     "LLMBUS_": BusSettings,
 }
 
@@ -28,7 +30,7 @@ PREFIXES = {
 def test_compose_services_run_modules_that_exist_with_settings_they_read() -> None:
     spec = yaml.safe_load(COMPOSE.read_text())
     llmbus_services = {n: s for n, s in spec["services"].items() if s.get("image", "").startswith("llmbus")}
-    assert {"router", "scheduler", "worker-sim-1", "topics"} <= set(llmbus_services)
+    assert {"router", "scheduler", "gateway", "worker-sim-1", "topics"} <= set(llmbus_services)
     for name, service in llmbus_services.items():
         command = service["command"]
         if command[:2] == ["python", "-m"]:

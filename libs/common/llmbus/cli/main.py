@@ -7,18 +7,19 @@ import time
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
-from llmbus.cli import stack
+from llmbus.cli import keys, stack
+from llmbus.cli.fleet_view import fleet_table
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
+app.add_typer(keys.app, name="keys")
 
 
 @app.command()
@@ -103,20 +104,7 @@ def chat(
 def status() -> None:
     """The fleet as its latest heartbeats describe it."""
     fleet = asyncio.run(_read_fleet(BusSettings()))
-    table = Table("worker", "state", "model", "running", "waiting", "KV use", "prefix hit", "gen tok/s", "cold start")
-    for s in sorted(fleet.values(), key=lambda s: s.worker_id):
-        table.add_row(
-            s.worker_id,
-            s.state,
-            ",".join(s.models),
-            str(s.num_requests_running),
-            str(s.num_requests_waiting),
-            f"{s.kv_cache_usage_perc:.0%}",
-            f"{s.prefix_cache_hit_rate:.0%}",
-            f"{s.generation_tokens_per_s:.0f}",
-            f"{s.cold_start_s}s",
-        )
-    console.print(table)
+    console.print(fleet_table(list(fleet.values())))
 
 
 @app.command()

@@ -96,6 +96,8 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
     # Only sim workers run locally: requests that name no model go to the sim model, not a hosted one.
     router_env = {"LLMBUS_ROUTER_DEFAULT_MODEL": "sim-llama-8b"}
     procs = [ServiceProcess("router", "services.router", router_env), ServiceProcess("scheduler", "services.scheduler")]
+    # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
+    procs.append(ServiceProcess("gateway", "services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}))
     for i in range(1, workers + 1):
         procs.append(
             ServiceProcess(

@@ -1,0 +1,288 @@
+"""The gateway on the real stack (router, scheduler, a sim worker, Kafka, Redis), driven by the
+official `openai` SDK, plain httpx and curl: answers, streams, errors, and cancel on disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from llmbus import topics as t
+from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
+from llmbus.bus import Bus, decode
+from llmbus.bus.admin import ensure_catalog
+from llmbus.client import TopicTail, collect_results
+from llmbus.messages import Control, ControlAction, ErrorCode, ModelSpec, ResultStatus
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+
+MODEL = "sim-llama-8b"
+ORPHAN = "sim-orphan"  # declared on llm.models, routed with a fallback, served by nobody
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_policy(path: Path) -> Path:
+    """The default policy plus a tenant with a one-request burst and a route nobody serves."""
+    policy = yaml.safe_load((REPO / "services/router/policies/default.yaml").read_text())
+    policy["tenants"]["tiny"] = {"requests_per_s": 0.01, "burst_requests": 1}
+    policy["models"][ORPHAN] = {"tier": "sim"}
+    policy["models"][ORPHAN + "-b"] = {"tier": "sim"}
+    policy["rules"].insert(0, {"name": "orphans", "when": {"models": [ORPHAN]}, "target": ORPHAN, "fallback": [ORPHAN + "-b"]})
+    path.write_text(yaml.safe_dump(policy))
+    return path
+
+
+@dataclass
+class Stack:
+    settings: BusSettings
+    base_url: str
+    key: str
+    tiny_key: str
+    key_env: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_up: None) -> AsyncIterator[Stack]:
+    settings = fresh_settings()
+    await ensure_catalog(settings)
+    bus = await Bus.start(settings, t.CLIENT)
+    topics = t.Topics(settings.topic_prefix)
+    await bus.publisher.publish(topics.name(t.MODELS), ModelSpec(name=ORPHAN), key=ORPHAN)
+    await bus.stop()
+    redis = redis_client(settings.redis_url)
+    keys = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix))
+    key, _ = await keys.create("acme")
+    tiny_key, _ = await keys.create("tiny")
+    port = free_port()
+    log_dir = tmp_path_factory.mktemp("logs")
+    policy = test_policy(log_dir / "policy.yaml")
+    procs = [
+        ServiceProc("services.router", settings, {"LLMBUS_ROUTER_POLICY_PATH": str(policy)}, log_dir).start(),
+        ServiceProc("services.scheduler", settings, log_dir=log_dir).start(),
+        ServiceProc("services.engine_worker", settings, {"LLMBUS_WORKER_WORKER_ID": "w1"}, log_dir, name="w1").start(),
+        ServiceProc(
+            "services.gateway",
+            settings,
+            {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-test"},
+            log_dir,
+        ).start(),
+    ]
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        await wait_workers_ready(settings, {"w1"})
+
+        async def gateway_ready() -> bool:
+            try:
+                async with httpx.AsyncClient() as http:
+                    return (await http.get(f"{base_url}/ready", timeout=2)).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        await eventually(gateway_ready, timeout_s=60, interval_s=0.3)
+        yield Stack(settings, base_url, key, tiny_key, {"LLMBUS_TOPIC_PREFIX": settings.topic_prefix})
+    except BaseException:
+        for proc in procs:
+            print(f"\n--- log of {proc.name} ---\n{proc.log_tail()}")
+        raise
+    finally:
+        for proc in procs:
+            proc.kill()
+        await redis.aclose()
+        await drop_namespace(settings)
+
+
+def sdk(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=key or stack.key, max_retries=0, timeout=60)
+
+
+async def test_chat_completion_not_streaming(stack: Stack) -> None:
+    results = await TopicTail(stack.settings, t.Topics(stack.settings.topic_prefix).name(t.RESULTS)).start()
+    try:
+        raw = await sdk(stack).chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is a control plane?"}],
+            max_tokens=16,
+            temperature=0,
+            extra_body={"tenant": "someone-else"},
+        )
+        completion = raw.parse()
+        request_id = raw.headers["x-request-id"]
+        found = await collect_results(stack.settings, {request_id}, timeout_s=3, tail=results)
+    finally:
+        await results.stop()
+    [result] = found[request_id]
+    assert completion.id == f"chatcmpl-{request_id}" and completion.model == MODEL
+    assert completion.choices[0].message.content == result.text and result.text
+    assert completion.choices[0].finish_reason in ("stop", "length")
+    assert completion.usage is not None and completion.usage.completion_tokens == result.usage.completion_tokens
+    assert result.tenant == "acme"  # from the key, not from the body
+
+
+async def test_chat_completion_streaming_with_usage(stack: Stack) -> None:
+    stream = await sdk(stack).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell me about Kafka partitions."}],
+        max_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) >= 4 and text
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length")
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert 0 < usage_chunk.usage.completion_tokens <= 40 and usage_chunk.usage.prompt_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+async def test_completions_streaming_and_not(stack: Stack) -> None:
+    client = sdk(stack)
+    done = await client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8)
+    assert done.object == "text_completion" and done.choices[0].text and done.usage is not None
+    assert done.usage.completion_tokens <= 8
+    stream = await client.completions.create(model="auto", prompt="Once upon a time", max_tokens=8, stream=True)
+    parts = [c async for c in stream]
+    assert "".join(c.choices[0].text for c in parts) and parts[-1].choices[0].finish_reason in ("stop", "length")
+    assert parts[0].model == MODEL  # `auto`: the router's policy picked it
+
+
+async def test_models_from_catalog_and_fleet(stack: Stack) -> None:
+    models = {m.id: m for m in (await sdk(stack).models.list()).data}
+    assert {MODEL, ORPHAN} <= set(models)
+    assert (await sdk(stack).models.retrieve(MODEL)).id == MODEL
+    with pytest.raises(openai.NotFoundError):
+        await sdk(stack).models.retrieve("no-such-model")
+
+
+async def test_errors_have_openai_shapes_and_statuses(stack: Stack) -> None:
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with pytest.raises(openai.AuthenticationError) as caught:
+        await sdk(stack, key="sk-llmbus-wrong").chat.completions.create(model=MODEL, **ask)  # type: ignore[call-overload]
+    assert caught.value.code == "invalid_api_key" and caught.value.response.headers["x-request-id"]
+    with pytest.raises(openai.NotFoundError) as not_found:
+        await sdk(stack).chat.completions.create(model="no-such-model", **ask)  # type: ignore[call-overload]
+    assert not_found.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as bad:
+        await sdk(stack).chat.completions.create(model=MODEL, n=2, **ask)  # type: ignore[call-overload]
+    assert bad.value.param == "n"
+    with pytest.raises(openai.BadRequestError):
+        await sdk(stack).chat.completions.create(model=MODEL, temperature=7, **ask)  # type: ignore[call-overload]
+    async with httpx.AsyncClient(base_url=stack.base_url) as http:
+        auth = {"authorization": f"Bearer {stack.key}"}
+        big = await http.post("/v1/chat/completions", headers=auth, content=b"x" * (5 * 1024 * 1024))
+        assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+        assert (await http.post("/v1/chat/completions", headers=auth, content=b"{nope")).status_code == 400
+        unknown = await http.get("/v1/nothing-here", headers=auth)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
+    # The router's token bucket (tenant `tiny`: one request, then a long wait) -> 429 with Retry-After.
+    tiny = sdk(stack, key=stack.tiny_key)
+    await tiny.chat.completions.create(model=MODEL, **ask)  # type: ignore[call-overload]
+    with pytest.raises(openai.RateLimitError) as limited:
+        await tiny.chat.completions.create(model=MODEL, **ask)  # type: ignore[call-overload]
+    assert int(limited.value.response.headers["retry-after"]) >= 1
+    # Declared, routed with a fallback, served by nobody: the scheduler answers model_unavailable -> 503.
+    with pytest.raises(openai.InternalServerError) as unavailable:
+        await sdk(stack).chat.completions.create(model=ORPHAN, **ask)  # type: ignore[call-overload]
+    assert unavailable.value.status_code == 503 and unavailable.value.code == "model_unavailable"
+    assert unavailable.value.response.headers["retry-after"]
+
+
+async def test_a_client_that_hangs_up_cancels_its_request(stack: Stack) -> None:
+    topics = t.Topics(stack.settings.topic_prefix)
+    control = await TopicTail(stack.settings, topics.name(t.CONTROL)).start()
+    results = await TopicTail(stack.settings, topics.name(t.RESULTS)).start()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "A long story, please."}], "max_tokens": 3000}
+    try:
+        async with (
+            httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http,
+            http.stream(
+                "POST", "/v1/chat/completions", json=body | {"stream": True}, headers={"authorization": f"Bearer {stack.key}"}
+            ) as response,
+        ):
+            assert response.status_code == 200
+            request_id = response.headers["x-request-id"]
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    break  # one token seen; now hang up
+        cancels = []
+        async for record in control.records(15):
+            message = decode(record, Control)
+            if message.target_id == request_id:
+                cancels.append(message)
+                break
+        assert cancels and cancels[0].action == ControlAction.CANCEL
+        found = await collect_results(stack.settings, {request_id}, timeout_s=15, tail=results)
+        [result] = found[request_id]
+        assert result.status == ResultStatus.ERROR and result.error is not None
+        assert result.error.code == ErrorCode.CANCELLED and result.usage.completion_tokens < 3000
+    finally:
+        await control.stop()
+        await results.stop()
+
+
+def readme_curl() -> str:
+    """The curl command of the README's gateway section (between its `gateway-curl` markers)."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- gateway-curl -->")[1]
+    lines = block.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("curl "))
+    command = []
+    for line in lines[first:]:
+        command.append(line.rstrip("\\").strip())
+        if not line.endswith("\\"):
+            break
+    return " ".join(command)
+
+
+async def test_curl_example_from_the_readme(stack: Stack) -> None:
+    """The README's curl lines, with a key made by `llmbus keys create`."""
+    env = os.environ | stack.key_env
+    made = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmbus.cli.main", "keys", "create", "--tenant", "curl-test", "--name", "readme"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    key = made.stdout.strip().splitlines()[-1]
+    assert key.startswith("sk-llmbus-")
+    out = await asyncio.to_thread(
+        subprocess.run,
+        ["bash", "-c", readme_curl().replace("http://127.0.0.1:8000", stack.base_url)],
+        env=env | {"LLMBUS_KEY": key},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    events = [line.removeprefix("data: ") for line in out.stdout.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
+    listed = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "llmbus.cli.main", "keys", "list"], env=env, capture_output=True,
+        text=True, timeout=60, check=True,
+    )
+    assert "curl-test" in listed.stdout
