@@ -11,7 +11,7 @@ from rich.console import Console
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
-from llmbus.cli import keys, stack
+from llmbus.cli import keys, stack, trace
 from llmbus.cli.fleet_view import fleet_table
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
@@ -20,6 +20,7 @@ from llmbus.settings import BusSettings
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
 app.add_typer(keys.app, name="keys")
+app.command()(trace.trace)
 
 
 @app.command()
