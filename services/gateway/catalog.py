@@ -31,9 +31,7 @@ class ModelCatalog:
 
     def _live(self, at_ms: int) -> list[WorkerStatus]:
         return [
-            w
-            for w in self.workers.values()
-            if w.state != WorkerState.STOPPED and at_ms - w.sent_at_ms <= self.stale_ms
+            w for w in self.workers.values() if w.state != WorkerState.STOPPED and at_ms - w.sent_at_ms <= self.stale_ms
         ]
 
     def listing(self, at_ms: int | None = None) -> list[dict[str, object]]:
@@ -52,7 +50,9 @@ class ModelCatalog:
                     "llmbus": {
                         "version": spec.version if spec else None,
                         "tier": spec.tier if spec else None,
-                        "max_model_len": spec.max_model_len if spec else max((w.max_model_len for w in serving), default=0),
+                        "max_model_len": spec.max_model_len
+                        if spec
+                        else max((w.max_model_len for w in serving), default=0),
                         "workers_ready": sum(1 for w in serving if w.state == WorkerState.READY),
                     },
                 }

@@ -11,12 +11,15 @@ from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry import trace
+from opentelemetry.propagate import extract
 from prometheus_client import make_asgi_app
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmbus.apikeys import ApiKeyStore
+from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import new_request_id
 from services.gateway import metrics
 from services.gateway.catalog import CatalogFollower, ModelCatalog
@@ -28,6 +31,7 @@ from services.gateway.core.translate import ResponseShape, finish_reason, to_req
 from services.gateway.relay import Exchange, Relay
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("llmbus.gateway")
 REQUEST_ID_HEADER = "x-request-id"
 Kind = Literal["chat", "completion"]
 
@@ -165,7 +169,9 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
     started = time.perf_counter()
     request_id = request.state.request_id
     tenant = await gw.tenant_of(request)
-    body = _parse(await read_json(request, gw.settings.max_body_bytes), ChatCompletionBody if kind == "chat" else CompletionBody)
+    body = _parse(
+        await read_json(request, gw.settings.max_body_bytes), ChatCompletionBody if kind == "chat" else CompletionBody
+    )
     if body.model != gw.settings.auto_model and not gw.catalog.knows(body.model):
         raise errors.model_not_found(body.model)
     try:
@@ -180,8 +186,14 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
         raise _validation_error(exc) from exc
     if gw.relay.in_flight >= gw.settings.max_in_flight:
         raise errors.unavailable("This gateway instance is at its limit of requests in flight.", retry_after_s=1)
+    span = tracer.start_span(
+        f"{'chat' if kind == 'chat' else 'text_completion'} {body.model}",
+        kind=trace.SpanKind.SERVER,
+        context=extract(dict(request.headers)),  # a caller's traceparent joins its trace
+        attributes=message_attributes(inference) | {"http.request.method": "POST", "url.path": request.url.path},
+    )
     try:
-        exchange = await gw.relay.open(inference)
+        exchange = await gw.relay.open(inference, span)
     except Exception as exc:
         log.exception("could not publish %s", request_id)
         raise errors.unavailable("The request could not be handed to the bus.") from exc
@@ -256,7 +268,9 @@ def create_app(gw: Gateway) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = "unknown_url" if exc.status_code == 404 else None
         message = f"{exc.detail}: {request.method} {request.url.path}"
-        return JSONResponse(errors.ApiError(exc.status_code, message, "invalid_request_error", code).body(), exc.status_code)
+        return JSONResponse(
+            errors.ApiError(exc.status_code, message, "invalid_request_error", code).body(), exc.status_code
+        )
 
     @app.get("/health")
     async def health() -> dict[str, str]:

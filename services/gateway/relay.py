@@ -11,6 +11,9 @@ import asyncio
 import contextlib
 import logging
 
+from opentelemetry import trace
+
+from llmbus import semconv as sc
 from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.client import ReplyRouter, TopicTail
@@ -30,6 +33,7 @@ class Exchange:
         self.filter = AttemptFilter()
         self.model: str | None = None  # the model that answers (the router may have chosen it)
         self.closed = False
+        self.span: trace.Span = trace.INVALID_SPAN  # the HTTP request's server span, ended on close
 
     async def next_chunk(self, timeout_s: float) -> TokenChunk:
         """The next chunk that counts (stale attempts and repeats skipped); TimeoutError after timeout_s."""
@@ -53,6 +57,25 @@ class Exchange:
         self.relay.forget(self)
         if not self.finished:
             self.relay.cancel_later(self.request.request_id, reason)
+        self._end_span()
+
+    def _end_span(self) -> None:
+        final = self.filter.final
+        if self.span.is_recording():
+            attributes: dict[str, str | int | list[str]] = {sc.LLMBUS_ATTEMPT: self.filter.attempt}
+            if self.model:
+                attributes[sc.GEN_AI_RESPONSE_MODEL] = self.model
+            if final is None:
+                attributes[sc.ERROR_TYPE] = "client_disconnected"
+            elif final.error is not None:
+                attributes[sc.ERROR_TYPE] = str(final.error.code)
+            else:
+                attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [str(final.finish_reason or "stop")]
+                if final.usage is not None:
+                    attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = final.usage.prompt_tokens
+                    attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = final.usage.completion_tokens
+            self.span.set_attributes(attributes)
+        self.span.end()
 
 
 class Relay:
@@ -71,20 +94,26 @@ class Relay:
     def healthy(self) -> bool:
         return not self.replies.task.done()
 
-    async def open(self, request: InferenceRequest) -> Exchange:
-        """Listen for the request's chunks, then publish it (so not even the first chunk is missed)."""
+    async def open(self, request: InferenceRequest, span: trace.Span = trace.INVALID_SPAN) -> Exchange:
+        """Listen for the request's chunks, then publish it (so not even the first chunk is missed).
+
+        The request goes out inside `span`: its traceparent makes every later hop part of the trace.
+        """
         key = request.request_id.encode()
         queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
         self.replies.queues[key] = queue
         exchange = Exchange(self, request, queue)
+        exchange.span = span
         self.in_flight += 1
         try:
-            await self.bus.publisher.publish(
-                self.bus.topics.name(t.REQUESTS), request, key=request.session_id or request.request_id
-            )
+            with trace.use_span(span, end_on_exit=False):
+                await self.bus.publisher.publish(
+                    self.bus.topics.name(t.REQUESTS), request, key=request.session_id or request.request_id
+                )
         except BaseException:
             exchange.closed = True
             self.forget(exchange)
+            span.end()
             raise
         return exchange
 

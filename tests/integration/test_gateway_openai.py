@@ -46,7 +46,9 @@ def test_policy(path: Path) -> Path:
     policy["tenants"]["tiny"] = {"requests_per_s": 0.01, "burst_requests": 1}
     policy["models"][ORPHAN] = {"tier": "sim"}
     policy["models"][ORPHAN + "-b"] = {"tier": "sim"}
-    policy["rules"].insert(0, {"name": "orphans", "when": {"models": [ORPHAN]}, "target": ORPHAN, "fallback": [ORPHAN + "-b"]})
+    policy["rules"].insert(
+        0, {"name": "orphans", "when": {"models": [ORPHAN]}, "target": ORPHAN, "fallback": [ORPHAN + "-b"]}
+    )
     path.write_text(yaml.safe_dump(policy))
     return path
 
@@ -217,7 +219,10 @@ async def test_a_client_that_hangs_up_cancels_its_request(stack: Stack) -> None:
         async with (
             httpx.AsyncClient(base_url=stack.base_url, timeout=30) as http,
             http.stream(
-                "POST", "/v1/chat/completions", json=body | {"stream": True}, headers={"authorization": f"Bearer {stack.key}"}
+                "POST",
+                "/v1/chat/completions",
+                json=body | {"stream": True},
+                headers={"authorization": f"Bearer {stack.key}"},
             ) as response,
         ):
             assert response.status_code == 200
@@ -282,7 +287,12 @@ async def test_curl_example_from_the_readme(stack: Stack) -> None:
     assert events[-1] == "[DONE]" and len(events) >= 3
     assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1])
     listed = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "llmbus.cli.main", "keys", "list"], env=env, capture_output=True,
-        text=True, timeout=60, check=True,
+        subprocess.run,
+        [sys.executable, "-m", "llmbus.cli.main", "keys", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     assert "curl-test" in listed.stdout

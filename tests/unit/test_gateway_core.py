@@ -78,7 +78,9 @@ def test_limits_of_the_bus_surface_as_validation_errors() -> None:
     with pytest.raises(ValidationError):
         to_request(body, request_id="r", tenant="t", reply_topic="llm.replies.x", auto_model="auto")
     with pytest.raises(ValidationError):
-        ChatCompletionBody.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3})
+        ChatCompletionBody.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}
+        )
 
 
 def test_stream_shapes_follow_openai() -> None:

@@ -68,7 +68,9 @@ def test_a_retried_request_shows_both_attempts_and_where_they_ran() -> None:
     ]
     for record in records:
         lineage.add(record)
-    workers = {"w1": WorkerStatus(worker_id="w1", node_id="n1", state=WorkerState.READY, engine="sim", model_version="6")}
+    workers = {
+        "w1": WorkerStatus(worker_id="w1", node_id="n1", state=WorkerState.READY, engine="sim", model_version="6")
+    }
     nodes = {
         "n1": NodeProfile(
             node_id="n1",

@@ -29,3 +29,6 @@ class BusSettings(BaseSettings):
     log_level: str = "INFO"
     log_json: bool = True
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
+    # Tracing is on when spans go somewhere (OTLP endpoint, console or trace_file); off, it costs nothing.
+    trace_sample_ratio: float = 1.0  # share of new traces kept; a sampled parent's children always are
+    trace_file: str | None = None  # append finished spans as JSON lines (tests, debugging)

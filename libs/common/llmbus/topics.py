@@ -132,7 +132,9 @@ CATALOG: tuple[TopicSpec, ...] = (
         notes="heartbeats",
     ),
     TopicSpec(NODES, "node id", m.NodeProfile, (WORKER,), (SCHEDULER, COST), partitions=1, compacted=True),
-    TopicSpec(MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER, GATEWAY), partitions=1, compacted=True),
+    TopicSpec(
+        MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER, GATEWAY), partitions=1, compacted=True
+    ),
     TopicSpec(
         EXPERIMENTS, "experiment id", m.Experiment, (CLIENT, COMPARATOR), (ROUTER,), partitions=1, compacted=True
     ),
@@ -141,9 +143,7 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(SCALING, "pool", m.ScaleDecision, (AUTOSCALER,), (COST, ANALYTICS), partitions=1),
     TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (ANALYTICS,), partitions=4),
     TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
-    TopicSpec(
-        CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER, GATEWAY), (WORKER, SCHEDULER), partitions=1
-    ),
+    TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER, GATEWAY), (WORKER, SCHEDULER), partitions=1),
     TopicSpec(
         DLQ,
         "original key",

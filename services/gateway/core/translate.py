@@ -81,9 +81,7 @@ class ResponseShape:
     def _head(self, obj: str) -> dict[str, object]:
         return {"id": self.response_id, "object": obj, "created": self.created_s, "model": self.model}
 
-    def stream_chunk(
-        self, delta: str, *, first: bool, finish: str | None, include_usage: bool
-    ) -> dict[str, object]:
+    def stream_chunk(self, delta: str, *, first: bool, finish: str | None, include_usage: bool) -> dict[str, object]:
         if self.kind == "chat":
             message: dict[str, object] = {"content": delta}
             if first:
