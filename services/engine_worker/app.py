@@ -7,6 +7,8 @@ import contextlib
 import logging
 import time
 
+from prometheus_client import REGISTRY
+
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
@@ -19,6 +21,7 @@ from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.factory import build_engine
 from services.engine_worker.handlers import RunSite, WorkerHandlers
 from services.engine_worker.lifecycle import Lifecycle
+from services.engine_worker.node.metrics import register_node_metrics
 from services.engine_worker.node.plan import plan_for
 from services.engine_worker.node.publish import profile_and_publish
 
@@ -47,6 +50,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         model_format=plan.model_format,
     )
     life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
+    life.profile = profile
+    register_node_metrics(REGISTRY, lambda: life.profile)  # DCGM-named gauges on this process's /metrics
     background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
 
     await life.set_state(WorkerState.WARMING)

@@ -14,6 +14,7 @@ import asyncio
 import logging
 
 from aiokafka.structs import ConsumerRecord
+from opentelemetry import trace
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
@@ -51,6 +52,7 @@ class SchedulerHandlers:
         self.core = core
         self.store = store
         self._answered: dict[str, asyncio.Future[None]] = {}  # request id → set when placed or answered
+        self._spans: dict[str, trace.Span] = {}  # request id → the span of its llm.routed record, until answered
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
 
@@ -94,6 +96,9 @@ class SchedulerHandlers:
             await self._send(restored.worker_id, routed, restored.attempt, request.prefix_block_hashes)
             return
         answered = self._answered.setdefault(request.request_id, asyncio.get_running_loop().create_future())
+        # Placed later from the queue (timer or another record's handler), its Dispatch still
+        # belongs to this record's trace: this handler's span stays open until it is answered.
+        self._spans[request.request_id] = trace.get_current_span()
         async with self._lock:
             await self._publish(self.core.submit(request, now_ms()))
         if request.request_id not in self.core.queues.of(request.model):
@@ -120,10 +125,12 @@ class SchedulerHandlers:
     # -- publishing ---------------------------------------------------------------------------
     async def _publish(self, actions: list[Action]) -> None:
         for action in actions:
-            if isinstance(action, PlaceAction):
-                await self._dispatch(action)
-            elif isinstance(action, FinalError):
-                await self._fail(action)
+            span = self._spans.get(action.request.request_id, trace.get_current_span())
+            with trace.use_span(span, end_on_exit=False):
+                if isinstance(action, PlaceAction):
+                    await self._dispatch(action)
+                elif isinstance(action, FinalError):
+                    await self._fail(action)
             self._resolve(action.request.request_id)
 
     async def _dispatch(self, action: PlaceAction) -> None:
@@ -183,6 +190,7 @@ class SchedulerHandlers:
         )
 
     def _resolve(self, request_id: str) -> None:
+        self._spans.pop(request_id, None)
         future = self._answered.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(None)

@@ -23,7 +23,7 @@ from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import Control, ControlAction, ErrorCode, ModelSpec, ResultStatus
+from llmbus.messages import Control, ControlAction, Dispatch, ErrorCode, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
@@ -60,6 +60,9 @@ class Stack:
     key: str
     tiny_key: str
     key_env: dict[str, str]
+    span_dir: Path
+    metrics_urls: dict[str, str]
+    procs: dict[str, ServiceProc]
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +80,40 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
     port = free_port()
     log_dir = tmp_path_factory.mktemp("logs")
     policy = test_policy(log_dir / "policy.yaml")
+    ports = {name: free_port() for name in ("router", "scheduler", "w1", "w2")}
+
+    def env(name: str, **more: str) -> dict[str, str]:
+        """Every process writes its spans to its own file and serves /metrics on its own port."""
+        return (
+            {"LLMBUS_TRACE_FILE": str(log_dir / f"spans-{name}.jsonl")}
+            | ({"LLMBUS_METRICS_PORT": str(ports[name]), "LLMBUS_METRICS_HOST": "127.0.0.1"} if name in ports else {})
+            | more
+        )
+
     procs = [
-        ServiceProc("services.router", settings, {"LLMBUS_ROUTER_POLICY_PATH": str(policy)}, log_dir).start(),
-        ServiceProc("services.scheduler", settings, log_dir=log_dir).start(),
-        ServiceProc("services.engine_worker", settings, {"LLMBUS_WORKER_WORKER_ID": "w1"}, log_dir, name="w1").start(),
+        ServiceProc("services.router", settings, env("router", LLMBUS_ROUTER_POLICY_PATH=str(policy)), log_dir).start(),
+        ServiceProc("services.scheduler", settings, env("scheduler"), log_dir).start(),
+        ServiceProc("services.engine_worker", settings, env("w1", LLMBUS_WORKER_WORKER_ID="w1"), log_dir, "w1").start(),
+        # A second worker of the same model, quick to hand work back when stopped (the retry test).
+        ServiceProc(
+            "services.engine_worker",
+            settings,
+            env("w2", LLMBUS_WORKER_WORKER_ID="w2", LLMBUS_WORKER_DRAIN_GRACE_S="0.5"),
+            log_dir,
+            "w2",
+        ).start(),
         ServiceProc(
             "services.gateway",
             settings,
-            {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-test"},
+            env("gateway", LLMBUS_GATEWAY_PORT=str(port), LLMBUS_GATEWAY_INSTANCE_ID="gw-test"),
             log_dir,
         ).start(),
     ]
     base_url = f"http://127.0.0.1:{port}"
+    metrics_urls = {name: f"http://127.0.0.1:{p}/metrics" for name, p in ports.items()}
+    metrics_urls["gateway"] = f"{base_url}/metrics"
     try:
-        await wait_workers_ready(settings, {"w1"})
+        await wait_workers_ready(settings, {"w1", "w2"})
 
         async def gateway_ready() -> bool:
             try:
@@ -100,7 +123,16 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
                 return False
 
         await eventually(gateway_ready, timeout_s=60, interval_s=0.3)
-        yield Stack(settings, base_url, key, tiny_key, {"LLMBUS_TOPIC_PREFIX": settings.topic_prefix})
+        yield Stack(
+            settings,
+            base_url,
+            key,
+            tiny_key,
+            {"LLMBUS_TOPIC_PREFIX": settings.topic_prefix},
+            log_dir,
+            metrics_urls,
+            {proc.name: proc for proc in procs},
+        )
     except BaseException:
         for proc in procs:
             print(f"\n--- log of {proc.name} ---\n{proc.log_tail()}")
@@ -296,3 +328,131 @@ async def test_curl_example_from_the_readme(stack: Stack) -> None:
         check=True,
     )
     assert "curl-test" in listed.stdout
+
+
+def spans_of_trace(span_dir: Path, request_id: str) -> list[dict[str, object]]:
+    spans = [
+        json.loads(line) for path in span_dir.glob("spans-*.jsonl") for line in path.read_text().splitlines() if line
+    ]
+    trace_ids = {s["trace_id"] for s in spans if s["attributes"].get("llmbus.request_id") == request_id}
+    assert len(trace_ids) == 1, f"request {request_id} in traces {trace_ids}"
+    return [s for s in spans if s["trace_id"] in trace_ids]
+
+
+async def test_one_connected_trace_across_every_service(stack: Stack) -> None:
+    raw = await sdk(stack).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Trace me."}], max_tokens=8
+    )
+    request_id = raw.headers["x-request-id"]
+    wanted = {"llmbus-gateway", "llmbus-router", "llmbus-scheduler", "llmbus-engine-worker"}
+
+    async def all_hops_written() -> bool:
+        spans = spans_of_trace(stack.span_dir, request_id)
+        return wanted <= {s["service"] for s in spans} and any(s["name"].endswith("llm.results publish") for s in spans)
+
+    await eventually(all_hops_written, timeout_s=15)
+    spans = spans_of_trace(stack.span_dir, request_id)
+    ids = {s["span_id"] for s in spans}
+    roots = [s for s in spans if s["parent_id"] is None]
+    assert len(roots) == 1 and roots[0]["service"] == "llmbus-gateway" and roots[0]["kind"] == "SERVER"
+    assert all(s["parent_id"] in ids for s in spans if s["parent_id"] is not None)  # connected: no orphans
+    kinds = {(s["service"], s["kind"]) for s in spans}
+    for service in wanted - {"llmbus-gateway"}:
+        assert (service, "CONSUMER") in kinds and (service, "PRODUCER") in kinds
+    by_name = {s["name"]: s["attributes"] for s in spans}
+    ns = stack.settings.topic_prefix
+    assert roots[0]["attributes"]["gen_ai.request.model"] == MODEL
+    assert roots[0]["attributes"]["gen_ai.usage.output_tokens"] >= 1
+    routed = by_name[f"{ns}llm.routed publish"]
+    assert routed["llmbus.route.rule"] == "rule:explicit" and routed["llmbus.shadow"] is False
+    [dispatch] = [a for n, a in by_name.items() if n.startswith(f"{ns}llm.dispatch.")]
+    assert dispatch["llmbus.worker_id"] in ("w1", "w2") and dispatch["llmbus.attempt"] == 1
+    assert dispatch["llmbus.queue_time_ms"] >= 0
+    result = by_name[f"{ns}llm.results publish"]
+    assert result["gen_ai.response.model"] == MODEL and result["gen_ai.usage.output_tokens"] >= 1
+    assert result["gen_ai.response.finish_reasons"] == ["length"] or result["gen_ai.response.finish_reasons"] == [
+        "stop"
+    ]
+    for key in ("llmbus.node_id", "llmbus.model.version", "llmbus.preemptions", "llmbus.cached_prefix_tokens"):
+        assert key in result, key
+    assert "llmbus.queue_time_ms" in result and "gen_ai.server.time_to_first_token" in result
+
+
+async def test_catalog_names_every_topic_the_services_really_use(stack: Stack) -> None:
+    """What each process published and consumed (its own counters) must be in the topic catalog."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    topics = t.Topics(stack.settings.topic_prefix)
+    used: set[tuple[str, str, str]] = set()
+    async with httpx.AsyncClient(timeout=5) as http:
+        for url in stack.metrics_urls.values():
+            for family in text_string_to_metric_families((await http.get(url)).text):
+                for sample in family.samples:
+                    topic = sample.labels.get("topic", "")
+                    if not topic.startswith(topics.prefix):
+                        continue
+                    if sample.name == "llmbus_messages_published_total":
+                        used.add((sample.labels["service"], "writes", topic))
+                    elif sample.name == "llmbus_messages_consumed_total":
+                        used.add((sample.labels["service"], "reads", topic))
+    assert {s for s, _, _ in used} >= {"router", "scheduler", "engine-worker", "gateway"}
+    wrong = []
+    for service, verb, topic in sorted(used):
+        spec = topics.spec_of(topic)
+        if service not in (spec.writers if verb == "writes" else spec.readers):
+            wrong.append(f"{service} {verb} {spec.name}")
+    assert not wrong, f"the catalog (llmbus/topics.py) does not say: {wrong}"
+
+
+async def worker_of(dispatches: dict[str, TopicTail], request_id: str) -> str:
+    for worker_id, tail in dispatches.items():
+        async for record in tail.records(0.5):
+            if decode(record, Dispatch).request_id == request_id:
+                return worker_id
+    raise AssertionError(f"no dispatch of {request_id} seen")
+
+
+async def test_a_retried_request_streams_on_without_repeating_text(stack: Stack) -> None:
+    """The worker running a stream is stopped mid-answer: it hands the request back, the scheduler
+    places attempt 2 on the other worker, and the client sees each character once. Runs last: it
+    stops a worker."""
+    topics = t.Topics(stack.settings.topic_prefix)
+    dispatches = {w: await TopicTail(stack.settings, topics.dispatch(w)).start() for w in ("w1", "w2")}
+    results = await TopicTail(stack.settings, topics.name(t.RESULTS)).start()
+    try:
+        raw = await sdk(stack).chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "A long answer, please, about retries."}],
+            max_tokens=1000,
+            stream=True,
+        )
+        request_id = raw.headers["x-request-id"]
+        stream = raw.parse()
+        text = ""
+        first_worker = None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+            if first_worker is None and text:
+                first_worker = await worker_of(dispatches, request_id)
+                await asyncio.to_thread(stack.procs[first_worker].terminate, 60)
+        found = await collect_results(stack.settings, {request_id}, timeout_s=10, tail=results)
+    finally:
+        for tail in (*dispatches.values(), results):
+            await tail.stop()
+    [result] = found[request_id]
+    assert result.attempt == 2 and result.worker_id != first_worker and result.status == ResultStatus.OK
+    assert text == result.text  # every character once, in order
+    out = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "llmbus.cli.main", "trace", request_id, "--since-minutes", "10"],
+        env=os.environ | stack.key_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = out.stdout
+    assert f"attempt 1: worker {first_worker}" in lines and "outcome: retryable handed_back" in lines
+    assert f"attempt 2: worker {result.worker_id}" in lines and "result: ok by engine-worker (attempt 2)" in lines
+    assert "preemptions 0" in lines and "model version 1" in lines

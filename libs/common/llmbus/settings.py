@@ -26,6 +26,7 @@ class BusSettings(BaseSettings):
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     metrics_port: int = 0  # 0: no /metrics endpoint
+    metrics_host: str = "0.0.0.0"  # bind address of /metrics (127.0.0.1: this machine only)
     log_level: str = "INFO"
     log_json: bool = True
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead

@@ -78,7 +78,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         ROUTED,
         "target model",
         m.RoutedRequest,
-        (ROUTER,),
+        (ROUTER, SCHEDULER),  # the scheduler re-publishes a request it hands to a fallback model
         (SCHEDULER,),
         partitions=8,
         notes="keyed by model so one scheduler instance owns a model",
@@ -87,7 +87,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         TOKENS,
         "request id",
         m.TokenChunk,
-        (WORKER,),
+        (WORKER, ROUTER, SCHEDULER),  # router and scheduler write final chunks of requests they end
         (CLIENT,),
         partitions=8,
         retention_ms=DAY_MS,
@@ -97,7 +97,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         SHADOW_TOKENS,
         "request id",
         m.TokenChunk,
-        (WORKER,),
+        (WORKER, ROUTER, SCHEDULER),
         (COMPARATOR,),
         partitions=4,
         retention_ms=DAY_MS,
@@ -108,7 +108,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         "request id",
         m.InferenceResult,
         (WORKER, ROUTER, SCHEDULER),
-        (COMPARATOR, COST, AUTOSCALER, ANALYTICS, CLIENT),
+        (ROUTER, COMPARATOR, COST, AUTOSCALER, ANALYTICS, CLIENT),  # the router fills its cache from results
         partitions=8,
         notes="exactly one final result per request id",
     ),

@@ -68,7 +68,7 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
     setup_logging(service, settings.log_level, settings.log_json)
     setup_tracing(service, settings)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+        start_http_server(settings.metrics_port, addr=settings.metrics_host)
 
     async def _run() -> None:
         stop = asyncio.Event()
