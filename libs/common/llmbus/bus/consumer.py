@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from opentelemetry import trace
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus import semconv
 from llmbus.bus.headers import REQUEST_ID, as_dict, trace_context
@@ -31,6 +31,11 @@ Handler = Callable[[ConsumerRecord], Awaitable[None]]
 ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 
 CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
+LAG = Gauge(
+    "llmbus_consumer_lag_records",
+    "Records behind the partition's end after the last fetch (broker lag)",
+    ["service", "topic", "partition"],
+)
 HANDLE_SECONDS = Histogram(
     "llmbus_handler_seconds",
     "Time from a record's start to its handler's end",
@@ -166,6 +171,10 @@ class ConsumerLoop:
                 for tp, records in batches.items():
                     for record in records:
                         self._start(tp, record)
+                    if records and (high := self._consumer.highwater(tp)) is not None:
+                        LAG.labels(self._service, tp.topic, str(tp.partition)).set(
+                            max(0, high - records[-1].offset - 1)
+                        )
             if time.monotonic() >= next_commit:
                 await self.commit()
                 next_commit = time.monotonic() + self._settings.commit_interval_s

@@ -11,6 +11,7 @@ from prometheus_client import Counter
 
 from llmbus import semconv
 from llmbus.bus import headers as hdr
+from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
 from llmbus.settings import BusSettings
@@ -66,6 +67,7 @@ class Publisher:
                 )
             headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
             await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
+        observe_published(self._service, value)
 
     async def send(
         self, topic: str, value: Message, *, key: str | None, request_id: str | None = None, tenant: str | None = None
