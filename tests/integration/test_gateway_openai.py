@@ -40,7 +40,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_policy(path: Path) -> Path:
+def policy_file(path: Path) -> Path:
     """The default policy plus a tenant with a one-request burst and a route nobody serves."""
     policy = yaml.safe_load((REPO / "services/router/policies/default.yaml").read_text())
     policy["tenants"]["tiny"] = {"requests_per_s": 0.01, "burst_requests": 1}
@@ -79,7 +79,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
     tiny_key, _ = await keys.create("tiny")
     port = free_port()
     log_dir = tmp_path_factory.mktemp("logs")
-    policy = test_policy(log_dir / "policy.yaml")
+    policy = policy_file(log_dir / "policy.yaml")
     ports = {name: free_port() for name in ("router", "scheduler", "w1", "w2")}
 
     def env(name: str, **more: str) -> dict[str, str]:
@@ -113,7 +113,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
     metrics_urls = {name: f"http://127.0.0.1:{p}/metrics" for name, p in ports.items()}
     metrics_urls["gateway"] = f"{base_url}/metrics"
     try:
-        await wait_workers_ready(settings, {"w1", "w2"})
+        await wait_workers_ready(settings, {"w1", "w2"}, timeout_s=120)
 
         async def gateway_ready() -> bool:
             try:
@@ -122,7 +122,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
             except httpx.HTTPError:
                 return False
 
-        await eventually(gateway_ready, timeout_s=60, interval_s=0.3)
+        await eventually(gateway_ready, timeout_s=90, interval_s=0.3)
         yield Stack(
             settings,
             base_url,
