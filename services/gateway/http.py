@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import trace
 from opentelemetry.propagate import extract
-from prometheus_client import make_asgi_app
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -255,7 +255,6 @@ class RequestIdMiddleware:
 
 def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="llmbus gateway", version="1", docs_url=None, redoc_url=None)
-    app.mount("/metrics", make_asgi_app())
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(errors.ApiError)
@@ -271,6 +270,10 @@ def create_app(gw: Gateway) -> FastAPI:
         return JSONResponse(
             errors.ApiError(exc.status_code, message, "invalid_request_error", code).body(), exc.status_code
         )
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

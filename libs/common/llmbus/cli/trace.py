@@ -25,19 +25,21 @@ _FIXED = (t.REQUESTS, t.ROUTED, t.TOKENS, t.SHADOW_TOKENS, t.OUTCOMES, t.RESULTS
 _PREFIXES = (t.DISPATCH_PREFIX, t.REPLIES_PREFIX)
 
 
-async def _path_topics(settings: BusSettings) -> list[str]:
+async def _path_partitions(settings: BusSettings) -> list[TopicPartition]:
+    """Every partition of the path's topics (from the broker: a group-less consumer knows none yet)."""
     topics = t.Topics(settings.topic_prefix)
     async with open_admin(settings) as admin:
         existing = set(await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s))
-    wanted = {topics.name(base) for base in _FIXED}
-    wanted |= {n for n in existing if any(n.startswith(topics.name(p)) for p in _PREFIXES)}
-    return sorted(wanted & existing)
+        wanted = {topics.name(base) for base in _FIXED}
+        wanted |= {n for n in existing if any(n.startswith(topics.name(p)) for p in _PREFIXES)}
+        described = await asyncio.wait_for(admin.describe_topics(sorted(wanted & existing)), settings.admin_timeout_s)
+    return [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
 
 
 async def read_lineage(settings: BusSettings, request_id: str, since_s: float, timeout_s: float) -> Lineage:
     """Scan the path's topics from `since_s` ago to their end as of now, keeping the request's records."""
     topics = t.Topics(settings.topic_prefix)
-    names = await _path_topics(settings)
+    tps = await _path_partitions(settings)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap,
         group_id=None,
@@ -48,7 +50,6 @@ async def read_lineage(settings: BusSettings, request_id: str, since_s: float, t
     lineage = Lineage(request_id)
     control_topic = topics.name(t.CONTROL)
     try:
-        tps = [TopicPartition(n, p) for n in names for p in sorted(consumer.partitions_for_topic(n) or ())]
         consumer.assign(tps)
         ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
         since_ms = int((time.time() - since_s) * 1000)
