@@ -31,7 +31,7 @@ from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_s
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 MODEL = "sim-llama-8b"
-ORPHAN = "sim-orphan"  # declared on llm.models, routed with a fallback, served by nobody
+ORPHAN = "sim-orphan"  # declared on llm.models, served by nobody
 
 
 def free_port() -> int:
@@ -45,7 +45,6 @@ def policy_file(path: Path) -> Path:
     policy = yaml.safe_load((REPO / "services/router/policies/default.yaml").read_text())
     policy["tenants"]["tiny"] = {"requests_per_s": 0.01, "burst_requests": 1}
     policy["models"][ORPHAN] = {"tier": "sim"}
-    # A chain with nothing else in it: the scheduler answers model_unavailable at once.
     policy["rules"].insert(0, {"name": "orphans", "when": {"models": [ORPHAN]}, "target": ORPHAN, "fallback": [ORPHAN]})
     path.write_text(yaml.safe_dump(policy))
     return path
@@ -95,7 +94,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
             env("router", LLMBUS_ROUTER_POLICY_PATH=str(policy), LLMBUS_ROUTER_DEFAULT_MODEL=MODEL),
             log_dir,
         ).start(),
-        ServiceProc("services.scheduler", settings, env("scheduler"), log_dir).start(),
+        ServiceProc(
+            "services.scheduler", settings, env("scheduler", LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S="3"), log_dir
+        ).start(),
         ServiceProc("services.engine_worker", settings, env("w1", LLMBUS_WORKER_WORKER_ID="w1"), log_dir, "w1").start(),
         # A second worker of the same model, quick to hand work back when stopped (the retry test).
         ServiceProc(
@@ -148,7 +149,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
 
 
 def sdk(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=key or stack.key, max_retries=0, timeout=60)
+    return openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=key or stack.key, max_retries=0, timeout=120)
 
 
 async def test_chat_completion_not_streaming(stack: Stack) -> None:
@@ -238,11 +239,11 @@ async def test_errors_have_openai_shapes_and_statuses(stack: Stack) -> None:
     with pytest.raises(openai.RateLimitError) as limited:
         await tiny.chat.completions.create(model=MODEL, **ask)  # type: ignore[call-overload]
     assert int(limited.value.response.headers["retry-after"]) >= 1
-    # Declared, routed with a fallback, served by nobody: the scheduler answers model_unavailable -> 503.
-    with pytest.raises(openai.InternalServerError) as unavailable:
+    # Declared, served by nobody: the scheduler holds it for a worker (no_worker_timeout_s), then gives up -> 504.
+    # (model_unavailable -> 503 with Retry-After is checked in tests/unit/test_gateway_core.py.)
+    with pytest.raises(openai.APIStatusError) as unavailable:
         await sdk(stack).chat.completions.create(model=ORPHAN, **ask)  # type: ignore[call-overload]
-    assert unavailable.value.status_code == 503 and unavailable.value.code == "model_unavailable"
-    assert unavailable.value.response.headers["retry-after"]
+    assert unavailable.value.status_code == 504 and unavailable.value.code == "deadline_exceeded"
 
 
 async def test_a_client_that_hangs_up_cancels_its_request(stack: Stack) -> None:
@@ -315,7 +316,7 @@ async def test_curl_example_from_the_readme(stack: Stack) -> None:
         env=env | {"LLMBUS_KEY": key},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         check=True,
     )
     events = [line.removeprefix("data: ") for line in out.stdout.splitlines() if line.startswith("data: ")]
@@ -327,7 +328,7 @@ async def test_curl_example_from_the_readme(stack: Stack) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
         check=True,
     )
     assert "curl-test" in listed.stdout
