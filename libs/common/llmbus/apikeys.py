@@ -60,7 +60,7 @@ class ApiKeyStore:
         if digest is None:
             return False
         async with self._client.pipeline(transaction=True) as pipe:
-            pipe.delete(self._by_hash + digest.decode())
+            pipe.delete(self._by_hash + _text(digest))
             pipe.hdel(self._index, key_id)
             await pipe.execute()
         return True
@@ -69,8 +69,12 @@ class ApiKeyStore:
         digests = await self._client.hgetall(self._index)
         if not digests:
             return []
-        raws = await self._client.mget([self._by_hash + d.decode() for d in digests.values()])
+        raws = await self._client.mget([self._by_hash + _text(d) for d in digests.values()])
         return sorted((ApiKey.model_validate_json(raw) for raw in raws if raw), key=lambda k: k.created_at_ms)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def gateway_key_namespace(topic_prefix: str) -> str:
