@@ -61,10 +61,9 @@ class Publisher:
         # A PRODUCER span per message (free when tracing is off); the consumer's span is its child.
         with tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER) as span:
             if span.is_recording():
-                span.set_attributes(
-                    {semconv.MESSAGING_SYSTEM: "kafka", semconv.MESSAGING_DESTINATION: topic}
-                    | message_attributes(value)
-                )
+                attributes = message_attributes(value)
+                attributes |= {semconv.MESSAGING_SYSTEM: "kafka", semconv.MESSAGING_DESTINATION: topic}
+                span.set_attributes(attributes)
             headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
             await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
         observe_published(self._service, value)
