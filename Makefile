@@ -35,7 +35,7 @@ test-unit: setup ## fast unit tests only (no broker)
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
 
 test-integration: infra ## integration, e2e and reliability tests against the real broker and Redis
-	@$(PY) -m pytest -q -p no:cacheprovider tests/integration tests/e2e tests/reliability $(PYTEST_ARGS)
+	@$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/e2e tests/reliability) $(PYTEST_ARGS)
 
 lint: setup ## ruff (lint + format check) and mypy
 	@$(VENV)/bin/ruff check libs services tests bench

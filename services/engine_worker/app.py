@@ -7,6 +7,8 @@ import contextlib
 import logging
 import time
 
+from prometheus_client import REGISTRY
+
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
@@ -18,8 +20,9 @@ from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.factory import build_engine
-from services.engine_worker.handlers import WorkerHandlers
+from services.engine_worker.handlers import RunSite, WorkerHandlers
 from services.engine_worker.lifecycle import Lifecycle
+from services.engine_worker.node.metrics import register_node_metrics
 from services.engine_worker.node.plan import plan_for
 from services.engine_worker.node.publish import profile_and_publish
 
@@ -41,7 +44,15 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     redis = redis_client(settings.redis_url)
     engine = build_engine(plan.settings)
     handlers = WorkerHandlers(bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
+    handlers.site = RunSite(
+        node_id=profile.node_id,
+        gpu=profile.gpus[0].name if profile.gpus else None,
+        model_version=plan.settings.model_version,
+        model_format=plan.model_format,
+    )
     life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
+    life.profile = profile
+    register_node_metrics(REGISTRY, lambda: life.profile)  # DCGM-named gauges on this process's /metrics
     background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
 
     await life.set_state(WorkerState.WARMING)

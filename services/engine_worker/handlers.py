@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 
 from aiokafka.structs import ConsumerRecord
 
@@ -49,6 +50,16 @@ from services.engine_worker.streaming import ChunkBatcher
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RunSite:
+    """Where this worker's requests run, recorded in each result (`llmbus trace` shows it)."""
+
+    node_id: str | None = None
+    gpu: str | None = None
+    model_version: str | None = None
+    model_format: str | None = None
+
+
 class WorkerHandlers:
     def __init__(self, bus: Bus, settings: WorkerSettings, engine: Engine, fence: RequestFence) -> None:
         self.bus = bus
@@ -60,6 +71,7 @@ class WorkerHandlers:
         self.running: set[str] = set()  # request ids in the engine now
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
+        self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
 
     async def on_dispatch(self, record: ConsumerRecord) -> None:
         dispatch = decode(record, Dispatch)
@@ -282,6 +294,11 @@ class WorkerHandlers:
             attempt=dispatch.attempt,
             produced_by=self.bus.service,
             completed_at_ms=now_ms(),
+            node_id=self.site.node_id,
+            gpu=self.site.gpu,
+            model_version=self.site.model_version,
+            model_format=self.site.model_format,
+            preemptions=last.preemptions if last else 0,
         )
 
     def _note_engine_failure(self, failed: EngineError) -> None:

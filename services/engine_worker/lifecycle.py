@@ -9,7 +9,7 @@ import time
 
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop
-from llmbus.messages import WorkerState, now_ms
+from llmbus.messages import NodeProfile, WorkerState, now_ms
 from services.engine_worker import metrics
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.handlers import WorkerHandlers
@@ -31,6 +31,7 @@ class Lifecycle:
         self.cold_start_s: float | None = None
         self.started_at_ms = now_ms()
         self._rates = RateTracker()
+        self.profile: NodeProfile | None = None  # the latest node profile (DCGM-named gauges read it)
 
     async def beat(self) -> None:
         status = build_status(
@@ -68,6 +69,7 @@ class Lifecycle:
             await asyncio.sleep(self.settings.node_profile_interval_s)
             try:
                 profile = await profile_and_publish(self.bus, self.settings.node_id)
+                self.profile = profile
             except Exception:
                 log.warning("node profile failed", exc_info=True)
                 continue

@@ -21,6 +21,7 @@ import logging
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
+from opentelemetry import trace
 
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
@@ -60,6 +61,7 @@ class SchedulerHandlers:
         self.store = store
         self._answered: dict[str, asyncio.Future[None]] = {}  # request id → set when placed or answered
         self._source: dict[str, TopicPartition] = {}  # request id → llm.routed partition of its open record
+        self._spans: dict[str, trace.Span] = {}  # request id → the span of its llm.routed record, until answered
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
@@ -109,6 +111,9 @@ class SchedulerHandlers:
         self.pool_stats.on_arrival(request.model, now_ms())
         answered = self._answered.setdefault(rid, asyncio.get_running_loop().create_future())
         self._source[rid] = TopicPartition(record.topic, record.partition)
+        # Placed later from the queue (timer or another record's handler), its Dispatch still
+        # belongs to this record's trace: this handler's span stays open until it is answered.
+        self._spans[rid] = trace.get_current_span()
         try:
             async with self._lock:
                 await self._publish(self.core.submit(request, now_ms()))
@@ -176,15 +181,17 @@ class SchedulerHandlers:
         """Publish every action; one that fails does not stop the others (the first error is raised after)."""
         failed: list[Exception] = []
         for action in actions:
+            span = self._spans.get(action.request.request_id, trace.get_current_span())
             try:
-                if isinstance(action, PlaceAction):
-                    try:
-                        await self._dispatch(action)
-                    except Exception as exc:  # rolled back: the request gets its final error instead
-                        log.exception("could not place %s", action.placement.key)
-                        await self._fail(FinalError(action.request, _internal(exc)))
-                elif isinstance(action, FinalError):
-                    await self._fail(action)
+                with trace.use_span(span, end_on_exit=False):
+                    if isinstance(action, PlaceAction):
+                        try:
+                            await self._dispatch(action)
+                        except Exception as exc:  # rolled back: the request gets its final error instead
+                            log.exception("could not place %s", action.placement.key)
+                            await self._fail(FinalError(action.request, _internal(exc)))
+                    elif isinstance(action, FinalError):
+                        await self._fail(action)
             except Exception as exc:  # noqa: BLE001 - collected, raised once the other actions are out
                 failed.append(exc)
             finally:
@@ -290,6 +297,7 @@ class SchedulerHandlers:
             return True
 
     def _resolve(self, request_id: str) -> None:
+        self._spans.pop(request_id, None)
         future = self._answered.pop(request_id, None)
         if future is not None and not future.done():
             future.set_result(None)

@@ -292,3 +292,16 @@ def test_waiting_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
         core.add(SimRequest("next", 160, 5))
         step = core.step()
         assert ("next" in step.num_scheduled_tokens) is expect_next_in_step_2
+
+
+def test_each_request_reports_how_often_it_was_preempted() -> None:
+    # What the worker records per request (InferenceResult.preemptions; `llmbus trace` shows it).
+    core = SimCore(TOY, kv_blocks_total=40, max_num_seqs=16)
+    for i in range(8):
+        core.add(SimRequest(f"r{i}", 100, 200))
+    per_request: dict[str, int] = {}
+    for result in run_to_end(core):
+        for out in result.outputs:
+            assert out.preemptions >= per_request.get(out.request_id, 0)  # a count, never going back
+            per_request[out.request_id] = out.preemptions
+    assert sum(per_request.values()) == core.preemptions_total > 0

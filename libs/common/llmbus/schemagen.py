@@ -20,7 +20,7 @@ ASYNCAPI_VERSION = "3.0.0"
 
 
 def message_models() -> list[type[m.Message]]:
-    return sorted({spec.value for spec in (*t.CATALOG, t.DISPATCH_SPEC)}, key=lambda cls: cls.__name__)
+    return sorted({spec.value for spec in (*t.CATALOG, *t.PATTERN_SPECS)}, key=lambda cls: cls.__name__)
 
 
 def _dump_json(data: object) -> str:
@@ -40,7 +40,7 @@ def topic_catalog() -> list[dict[str, object]]:
             "readers": list(spec.readers),
             "notes": spec.notes,
         }
-        for spec in (*t.CATALOG, t.DISPATCH_SPEC)
+        for spec in (*t.CATALOG, *t.PATTERN_SPECS)
     ]
 
 
@@ -49,7 +49,7 @@ def asyncapi_for(service: str) -> dict[str, object]:
     channels: dict[str, object] = {}
     operations: dict[str, object] = {}
     components: dict[str, object] = {}
-    for spec in (*t.CATALOG, t.DISPATCH_SPEC):
+    for spec in (*t.CATALOG, *t.PATTERN_SPECS):
         sends, receives = service in spec.writers, service in spec.readers
         if not (sends or receives):
             continue

@@ -43,6 +43,7 @@ class BusSettings(BaseSettings):
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     metrics_port: int = 0  # 0: no /metrics endpoint
+    metrics_host: str = "0.0.0.0"  # bind address of /metrics (127.0.0.1: this machine only)
     log_level: str = "INFO"
     log_json: bool = True
     # How long `final:<request id>` markers (and attempt fences) outlive a request: a Dispatch
@@ -50,6 +51,9 @@ class BusSettings(BaseSettings):
     # unconsumed records in practice (a worker down longer than this replays its backlog).
     final_marker_ttl_s: int = 24 * 3600
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
+    # Tracing is on when spans go somewhere (OTLP endpoint, console or trace_file); off, it costs nothing.
+    trace_sample_ratio: float = 1.0  # share of new traces kept; a sampled parent's children always are
+    trace_file: str | None = None  # append finished spans as JSON lines (tests, debugging)
 
     @model_validator(mode="after")
     def _limits_agree(self) -> BusSettings:

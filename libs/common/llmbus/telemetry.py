@@ -8,11 +8,21 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from llmbus.settings import BusSettings
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
@@ -55,10 +65,21 @@ def setup_logging(service: str, level: str = "INFO", as_json: bool = True) -> No
     logging.getLogger("kafka").setLevel(logging.WARNING)
 
 
-def setup_tracing(service: str, console: bool = False) -> None:
-    """Install a tracer provider; spans go to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set."""
-    provider = TracerProvider(resource=Resource.create({"service.name": f"llmbus-{service}"}))
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+def setup_tracing(service: str, settings: BusSettings | None = None, *, console: bool = False) -> bool:
+    """Install a tracer provider when spans have somewhere to go; True if tracing is on.
+
+    Destinations: OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, the standard variable), the console, a
+    JSON-lines file. With none, no provider is installed: OpenTelemetry's no-op tracer makes
+    every span free, and `traceparent` headers are passed on unchanged.
+    """
+    settings = settings or BusSettings()
+    console = console or settings.otel_console
+    otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    if not (otlp or console or settings.trace_file):
+        return False
+    sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
+    provider = TracerProvider(resource=Resource.create({"service.name": f"llmbus-{service}"}), sampler=sampler)
+    if otlp:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:  # exporter is optional; without it spans stay in process
@@ -67,4 +88,33 @@ def setup_tracing(service: str, console: bool = False) -> None:
             provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     if console:
         provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+    if settings.trace_file:
+        # Written as each span ends: a killed process loses nothing (a test reads these files).
+        provider.add_span_processor(SimpleSpanProcessor(JsonLinesSpanExporter(settings.trace_file)))
     trace.set_tracer_provider(provider)
+    return True
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """One JSON object per finished span: ids, parent, name, kind, service and attributes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        with open(self.path, "a", encoding="utf-8") as out:
+            for span in spans:
+                ctx = span.get_span_context()
+                entry = {
+                    "trace_id": f"{ctx.trace_id:032x}" if ctx else None,
+                    "span_id": f"{ctx.span_id:016x}" if ctx else None,
+                    "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                    "name": span.name,
+                    "kind": span.kind.name,
+                    "service": span.resource.attributes.get("service.name"),
+                    "start_ns": span.start_time,
+                    "end_ns": span.end_time,
+                    "attributes": dict(span.attributes or {}),
+                }
+                out.write(json.dumps(entry, default=str) + "\n")
+        return SpanExportResult.SUCCESS

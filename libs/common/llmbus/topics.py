@@ -36,6 +36,7 @@ class TopicSpec:
 REQUESTS = "llm.requests"
 ROUTED = "llm.routed"
 DISPATCH_PREFIX = "llm.dispatch."
+REPLIES_PREFIX = "llm.replies."
 TOKENS = m.DEFAULT_REPLY_TOPIC
 SHADOW_TOKENS = "llm.shadow"
 RESULTS = "llm.results"
@@ -63,14 +64,15 @@ COMPARATOR = "shadow-comparator"
 AUTOSCALER = "autoscaler"
 COST = "cost-accounting"
 ANALYTICS = "analytics"
-ALL_SERVICES = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST)
+GATEWAY = "gateway"
+ALL_SERVICES = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST, GATEWAY)
 
 CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(
         REQUESTS,
         "session id, else request id",
         m.InferenceRequest,
-        (CLIENT,),
+        (CLIENT, GATEWAY),
         (ROUTER,),
         partitions=8,
         notes="replayable log of what clients asked",
@@ -79,7 +81,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         ROUTED,
         "target model",
         m.RoutedRequest,
-        (ROUTER,),
+        (ROUTER, SCHEDULER),  # the scheduler re-publishes a request it hands to a fallback model
         (SCHEDULER,),
         partitions=8,
         notes="keyed by model so one scheduler instance owns a model",
@@ -88,7 +90,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         TOKENS,
         "request id",
         m.TokenChunk,
-        (WORKER,),
+        (WORKER, ROUTER, SCHEDULER),  # router and scheduler write final chunks of requests they end
         (CLIENT,),
         partitions=8,
         retention_ms=DAY_MS,
@@ -98,7 +100,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         SHADOW_TOKENS,
         "request id",
         m.TokenChunk,
-        (WORKER,),
+        (WORKER, ROUTER, SCHEDULER),
         (COMPARATOR,),
         partitions=4,
         retention_ms=DAY_MS,
@@ -109,7 +111,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         "request id",
         m.InferenceResult,
         (WORKER, ROUTER, SCHEDULER),
-        (COMPARATOR, COST, AUTOSCALER, ANALYTICS, CLIENT),
+        (ROUTER, COMPARATOR, COST, AUTOSCALER, ANALYTICS, CLIENT),  # the router fills its cache from results
         partitions=8,
         notes="exactly one final result per request id",
     ),
@@ -127,13 +129,15 @@ CATALOG: tuple[TopicSpec, ...] = (
         "worker id",
         m.WorkerStatus,
         (WORKER,),
-        (SCHEDULER, AUTOSCALER, COST),
+        (SCHEDULER, AUTOSCALER, COST, GATEWAY),
         partitions=1,
         compacted=True,
         notes="heartbeats",
     ),
     TopicSpec(NODES, "node id", m.NodeProfile, (WORKER,), (SCHEDULER, COST), partitions=1, compacted=True),
-    TopicSpec(MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER), partitions=1, compacted=True),
+    TopicSpec(
+        MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER, GATEWAY), partitions=1, compacted=True
+    ),
     TopicSpec(
         EXPERIMENTS,
         "experiment id",
@@ -169,7 +173,7 @@ CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (COMPARATOR, ANALYTICS), partitions=4),
     TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
     TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, (CLIENT,), (COST,), partitions=1, compacted=True),
-    TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER), (WORKER, SCHEDULER), partitions=1),
+    TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER, GATEWAY), (WORKER, SCHEDULER), partitions=1),
     TopicSpec(
         DLQ,
         "original key",
@@ -193,6 +197,20 @@ DISPATCH_SPEC = TopicSpec(
     notes="one topic per worker; never key-hashed",
 )
 
+REPLIES_SPEC = TopicSpec(
+    REPLIES_PREFIX + "<instance>",
+    "request id",
+    m.TokenChunk,
+    (WORKER, ROUTER, SCHEDULER),
+    (GATEWAY,),
+    partitions=4,
+    retention_ms=DAY_MS,
+    notes="reply topic of one gateway instance: the chunks of the requests it sent",
+)
+
+# Topics named per instance (a worker's dispatch topic, a gateway's reply topic).
+PATTERN_SPECS = (DISPATCH_SPEC, REPLIES_SPEC)
+
 BY_NAME = {spec.name: spec for spec in CATALOG}
 
 
@@ -208,6 +226,9 @@ class Topics:
     def dispatch(self, worker_id: str) -> str:
         return self.name(DISPATCH_PREFIX + worker_id)
 
+    def replies(self, instance: str) -> str:
+        return self.name(replies_base(instance))
+
     def group(self, service: str, suffix: str = "") -> str:
         """Consumer group ids live in the same namespace as the topics."""
         return f"{self.prefix}llmbus.{service}{'.' + suffix if suffix else ''}"
@@ -216,7 +237,14 @@ class Topics:
         base = name.removeprefix(self.prefix)
         if base.startswith(DISPATCH_PREFIX):
             return DISPATCH_SPEC
+        if base.startswith(REPLIES_PREFIX):
+            return REPLIES_SPEC
         return BY_NAME[base]
 
     def all_specs(self) -> list[tuple[str, TopicSpec]]:
         return [(self.name(spec.name), spec) for spec in CATALOG]
+
+
+def replies_base(instance: str) -> str:
+    """A gateway instance's reply topic, as a request names it (relative to the namespace)."""
+    return REPLIES_PREFIX + instance

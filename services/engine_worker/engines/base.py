@@ -33,6 +33,7 @@ class EngineOutput:
     cached_prompt_tokens: int = 0
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    preemptions: int = 0  # times the engine preempted this request so far (0 where not known)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.protocol.api import Response
+from aiokafka.protocol.offset import OffsetRequest
 
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics, TopicSpec
@@ -69,6 +70,7 @@ async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec
             else:
                 _raise_creation_errors(response)
             log.info("created topics %s", [t.name for t in missing])
+            await wait_for_leaders(admin, [t.name for t in missing], settings.admin_timeout_s)
         present = [(name, spec) for name, spec in wanted if name in existing]
         if present:
             await _grow_partitions(admin, present, settings.admin_timeout_s)
@@ -80,6 +82,52 @@ def _raise_creation_errors(response: Response) -> None:
     for topic, code, *message in response.topic_errors:
         if code and code != TopicAlreadyExistsError.errno:  # already there: a concurrent creator won the race
             raise for_code(code)(f"creating topic {topic}: {message[0] if message else ''}")
+
+
+async def wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> bool:
+    """Wait until every partition of `names` is served by its leader.
+
+    A fresh broker names the leaders a moment after CreateTopics returns and starts serving
+    them a moment later still; producing before that only earns NotLeaderForPartition
+    retries (a screen of warnings during `make up`). Served = the leader answers ListOffsets.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    pending = set(names)
+    while pending:
+        pending = await _not_served(admin, sorted(pending), timeout_s)
+        if not pending:
+            return True
+        if loop.time() > deadline:
+            log.warning("partitions of %d topics still without a serving leader after %.0fs", len(pending), timeout_s)
+            return False
+        await asyncio.sleep(0.1)
+    return True
+
+
+async def _not_served(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> set[str]:
+    described = await asyncio.wait_for(admin.describe_topics(names), timeout_s)
+    waiting: set[str] = set()
+    by_leader: dict[int, list[tuple[str, int]]] = {}
+    for d in described:
+        parts = d["partitions"]
+        if d["error_code"] != 0 or not parts or any(p["error_code"] != 0 or p["leader"] < 0 for p in parts):
+            waiting.add(d["topic"])
+            continue
+        for p in parts:
+            by_leader.setdefault(p["leader"], []).append((d["topic"], p["partition"]))
+    for leader, tps in by_leader.items():
+        topics: dict[str, list[tuple[int, int]]] = {}
+        for topic, partition in tps:
+            topics.setdefault(topic, []).append((partition, -1))  # -1: latest offset
+        request = OffsetRequest(replica_id=-1, isolation_level=0, topics=list(topics.items()))
+        try:  # aiokafka's admin has no ListOffsets call of its own
+            response = await asyncio.wait_for(admin._send_request_to_node(leader, request), timeout_s)
+        except Exception:
+            log.debug("ListOffsets probe failed", exc_info=True)
+            continue
+        waiting |= {topic for topic, parts in response.topics for part in parts if part[1] != 0}
+    return waiting
 
 
 async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, TopicSpec]], timeout_s: float) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
 from opentelemetry import trace
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
@@ -39,6 +39,11 @@ ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
 REWOUND = Counter(
     "llmbus_records_rewound_total", "Records fetched while saturated, read again later", ["service", "topic"]
+)
+LAG = Gauge(
+    "llmbus_consumer_lag_records",
+    "Records behind the partition's end after the last fetch (broker lag)",
+    ["service", "topic", "partition"],
 )
 HANDLE_SECONDS = Histogram(
     "llmbus_handler_seconds",
@@ -189,6 +194,10 @@ class ConsumerLoop:
                 for tp, records in batches.items():
                     for record in records:
                         self._start(tp, record)
+                    if records and (high := self._consumer.highwater(tp)) is not None:
+                        LAG.labels(self._service, tp.topic, str(tp.partition)).set(
+                            max(0, high - records[-1].offset - 1)
+                        )
             if time.monotonic() >= next_commit:
                 await self.commit()
                 next_commit = time.monotonic() + self._settings.commit_interval_s

@@ -6,13 +6,18 @@ import asyncio
 import logging
 
 from aiokafka import AIOKafkaProducer
+from opentelemetry import trace
 from prometheus_client import Counter
 
+from llmbus import semconv
 from llmbus.bus import headers as hdr
+from llmbus.bus.message_metrics import observe_published
+from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer("llmbus.bus")
 
 PUBLISHED = Counter("llmbus_messages_published_total", "Messages published", ["service", "topic"])
 
@@ -56,8 +61,15 @@ class Publisher:
         request_id: str | None = None,
         tenant: str | None = None,
     ) -> None:
-        headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
-        await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
+        # A PRODUCER span per message (free when tracing is off); the consumer's span is its child.
+        with tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER) as span:
+            if span.is_recording():
+                attributes = message_attributes(value)
+                attributes |= {semconv.MESSAGING_SYSTEM: "kafka", semconv.MESSAGING_DESTINATION: topic}
+                span.set_attributes(attributes)
+            headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
+            await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
+        observe_published(self._service, value)
 
     async def send(
         self, topic: str, value: Message, *, key: str | None, request_id: str | None = None, tenant: str | None = None

@@ -80,9 +80,9 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
     """Run a service until SIGTERM/SIGINT; `main` returns after `stop` is set and work is drained."""
     settings = settings or BusSettings()
     setup_logging(service, settings.log_level, settings.log_json)
-    setup_tracing(service, settings.otel_console)
+    setup_tracing(service, settings)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+        start_http_server(settings.metrics_port, addr=settings.metrics_host)
 
     async def _run() -> None:
         stop = asyncio.Event()

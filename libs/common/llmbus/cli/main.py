@@ -6,16 +6,16 @@ import asyncio
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import costs as cost_commands
-from llmbus.cli import scaling, stack
+from llmbus.cli import keys, scaling, stack, trace
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
+from llmbus.cli.fleet_view import fleet_table
 from llmbus.cli.router_cmds import router_app
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
@@ -30,6 +30,8 @@ app.command()(cost_commands.pricebook)
 app.add_typer(models_app, name="models")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(router_app, name="router")
+app.add_typer(keys.app, name="keys")
+app.command()(trace.trace)
 
 
 @app.command()
@@ -98,20 +100,7 @@ def chat(
 def status() -> None:
     """The fleet as its latest heartbeats describe it."""
     fleet = asyncio.run(_read_fleet(BusSettings()))
-    table = Table("worker", "state", "model", "running", "waiting", "KV use", "prefix hit", "gen tok/s", "cold start")
-    for s in sorted(fleet.values(), key=lambda s: s.worker_id):
-        table.add_row(
-            s.worker_id,
-            s.state,
-            ",".join(s.models),
-            str(s.num_requests_running),
-            str(s.num_requests_waiting),
-            f"{s.kv_cache_usage_perc:.0%}",
-            f"{s.prefix_cache_hit_rate:.0%}",
-            f"{s.generation_tokens_per_s:.0f}",
-            f"{s.cold_start_s}s",
-        )
-    console.print(table)
+    console.print(fleet_table(list(fleet.values())))
     scaling.print_scaling(console, BusSettings(), fleet)
 
 

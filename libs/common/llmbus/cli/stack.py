@@ -104,6 +104,8 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
         ServiceProcess("cost", "services.cost_accounting"),
         ServiceProcess("comparator", "services.shadow_comparator"),
     ]
+    # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
+    procs.append(ServiceProcess("gateway", "services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}))
     for i in range(1, workers + 1):
         procs.append(
             ServiceProcess(

@@ -175,3 +175,9 @@ class InferenceResult(Message):
     attempt: int = 1
     produced_by: str = ""
     completed_at_ms: int = Field(default_factory=now_ms)
+    # Where and on what it ran (set by the worker; `llmbus trace` shows them).
+    node_id: str | None = None
+    gpu: str | None = Field(default=None, description="GPU name, None on a CPU node.")
+    model_version: str | None = None
+    model_format: str | None = None
+    preemptions: int = Field(default=0, ge=0, description="Times the engine preempted it (KV evicted, recomputed).")

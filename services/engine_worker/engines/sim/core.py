@@ -60,6 +60,7 @@ class RequestOutput:
     host_loaded_tokens: int = 0
     finished: bool = False
     finish_reason: str | None = None  # "length" | "abort"
+    preemptions: int = 0  # times this request lost its KV blocks so far (recomputed after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,7 @@ class _Seq:
         "num_computed",
         "num_hashed_blocks",
         "num_output",
+        "num_preemptions",
         "ready_us",
         "req",
         "scheduled_once",
@@ -103,6 +105,7 @@ class _Seq:
         self.arrival_us = arrival_us
         self.num_computed = 0
         self.num_output = 0
+        self.num_preemptions = 0
         self.blocks: list[int] = []
         self.num_hashed_blocks = 0
         self.cached_prompt_tokens = 0
@@ -395,6 +398,7 @@ class SimCore:
             self._free(seq)
             seq.num_computed = 0
             seq.num_hashed_blocks = 0
+            seq.num_preemptions += 1
             self.preemptions_total += 1
         return bool(holders)
 
@@ -440,6 +444,7 @@ class SimCore:
         seq.num_computed = 0
         seq.num_hashed_blocks = 0
         self.waiting.appendleft(seq)
+        seq.num_preemptions += 1
         self.preemptions_total += 1
 
     def _output(self, seq: _Seq, new_tokens: int, finish_reason: str | None) -> RequestOutput:
@@ -452,4 +457,5 @@ class SimCore:
             seq.host_loaded_tokens,
             finished=finish_reason is not None,
             finish_reason=finish_reason,
+            preemptions=seq.num_preemptions,
         )

@@ -167,6 +167,7 @@ class SimEngine:
                     cached_prompt_tokens=item.cached_prompt_tokens,
                     finished=done,
                     finish_reason=finish_reason,
+                    preemptions=item.preemptions,
                 )
         finally:
             self._queues.pop(request.request_id, None)

@@ -1,0 +1,100 @@
+"""Prometheus series read off the messages a service publishes (pure counting, no handler code).
+
+Every final result, routing decision and dispatch goes through `Publisher.publish`, so the
+user-experience and quality series come from one place in every process: results by status
+and error code, time to first token, end-to-end time, queue time, tokens, preemptions, cache
+hits (from each InferenceResult); routes by rule, variant and shadow, fallbacks (RoutedRequest);
+first attempts and retries, queue wait per model pool (Dispatch). Names keep vLLM's stems.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+from llmbus.messages import Dispatch, InferenceResult, Message, RoutedRequest
+
+_LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+
+RESULTS = Counter(
+    "llmbus_request_results_total",
+    "Final results published, by status, error code and finish reason",
+    ["service", "model", "status", "code", "finished_reason", "shadow"],
+)
+TTFT_SECONDS = Histogram(
+    "llmbus_request_time_to_first_token_seconds",
+    "Received by the router -> first token (from results)",
+    ["model"],
+    buckets=_LATENCY_BUCKETS_S,
+)
+E2E_SECONDS = Histogram(
+    "llmbus_request_e2e_request_latency_seconds",
+    "Received by the router -> final token (from results)",
+    ["model"],
+    buckets=_LATENCY_BUCKETS_S,
+)
+QUEUE_SECONDS = Histogram(
+    "llmbus_request_queue_time_seconds",
+    "Received by the router -> the engine started it (from results)",
+    ["model"],
+    buckets=_LATENCY_BUCKETS_S,
+)
+GENERATION_TOKENS = Counter("llmbus_request_generation_tokens_total", "Output tokens of finished requests", ["model"])
+PROMPT_TOKENS = Counter("llmbus_request_prompt_tokens_total", "Prompt tokens of finished requests", ["model"])
+CACHED_PROMPT_TOKENS = Counter(
+    "llmbus_request_cached_prompt_tokens_total", "Prompt tokens served from a prefix cache", ["model"]
+)
+PREEMPTIONS = Counter("llmbus_request_preemptions_total", "Engine preemptions of finished requests", ["model"])
+ROUTED = Counter(
+    "llmbus_routed_total",
+    "Routing decisions by rule (fallback hops count as rule 'fallback'), variant and shadow",
+    ["model", "rule", "variant", "shadow"],
+)
+DISPATCHES = Counter("llmbus_dispatches_total", "Dispatches by worker; attempt > 1 is a retry", ["worker", "retry"])
+QUEUE_WAIT_SECONDS = Histogram(
+    "llmbus_scheduler_queue_wait_seconds",
+    "Routed -> dispatched, per model pool (the autoscaler's signal)",
+    ["model"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1, 3, 10, 30, 60, 120),
+)
+
+
+def _rule(route_reason: str | None) -> str:
+    reason = route_reason or "unknown"
+    return "fallback" if reason.startswith("fallback:") else reason
+
+
+def observe_published(service: str, value: Message) -> None:
+    match value:
+        case InferenceResult():
+            _result(service, value)
+        case RoutedRequest():
+            ROUTED.labels(value.model, _rule(value.route_reason), value.variant or "", str(value.shadow).lower()).inc()
+        case Dispatch():
+            model = value.routed.model
+            DISPATCHES.labels(value.worker_id, str(value.attempt > 1).lower()).inc()
+            if value.attempt == 1:
+                QUEUE_WAIT_SECONDS.labels(model).observe(
+                    max(0, value.dispatched_at_ms - value.routed.routed_at_ms) / 1000
+                )
+
+
+def _result(service: str, r: InferenceResult) -> None:
+    model = r.model or "unknown"
+    RESULTS.labels(
+        service,
+        model,
+        str(r.status),
+        str(r.error.code) if r.error else "",
+        str(r.finish_reason or ""),
+        str(r.shadow).lower(),
+    ).inc()
+    if r.timings.ttft_ms is not None:
+        TTFT_SECONDS.labels(model).observe(r.timings.ttft_ms / 1000)
+    if r.timings.total_ms is not None:
+        E2E_SECONDS.labels(model).observe(r.timings.total_ms / 1000)
+    if r.timings.queued_ms is not None:
+        QUEUE_SECONDS.labels(model).observe(max(0.0, r.timings.queued_ms) / 1000)
+    GENERATION_TOKENS.labels(model).inc(r.usage.completion_tokens)
+    PROMPT_TOKENS.labels(model).inc(r.usage.prompt_tokens)
+    CACHED_PROMPT_TOKENS.labels(model).inc(r.usage.cached_prompt_tokens)
+    PREEMPTIONS.labels(model).inc(r.preemptions)

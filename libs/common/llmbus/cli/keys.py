@@ -1,0 +1,62 @@
+"""`llmbus keys create|revoke|list`: the gateway's API keys (each maps to one tenant)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+
+app = typer.Typer(help="API keys of the OpenAI-compatible gateway (stored hashed in Redis)", no_args_is_help=True)
+console = Console()
+T = TypeVar("T")
+
+
+def _with_store(action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
+    async def _run() -> T:
+        settings = BusSettings()
+        client = redis_client(settings.redis_url, max_connections=2)
+        try:
+            return await action(ApiKeyStore(client, gateway_key_namespace(settings.topic_prefix)))
+        finally:
+            await client.aclose()
+
+    return asyncio.run(_run())
+
+
+@app.command()
+def create(
+    tenant: str = typer.Option(..., help="the tenant every request made with this key belongs to"),
+    name: str = typer.Option("", help="a note to recognise the key by"),
+) -> None:
+    """Create a key; the secret is printed once (only its hash is stored)."""
+    secret, record = _with_store(lambda store: store.create(tenant, name))
+    console.print(f"key id  {record.key_id}  tenant {record.tenant}", highlight=False)
+    print(secret)  # alone on its line, so scripts can take it with `| tail -1`
+
+
+@app.command()
+def revoke(key_id: str) -> None:
+    """Revoke a key by its id: requests carrying it are refused from now on."""
+    if not _with_store(lambda store: store.revoke(key_id)):
+        console.print(f"[red]no key {key_id}[/red]")
+        raise typer.Exit(1)
+    console.print(f"revoked {key_id}")
+
+
+@app.command("list")
+def list_keys() -> None:
+    """Every key's id, tenant, name and creation time (never the secret)."""
+    table = Table("key id", "tenant", "name", "created (UTC)")
+    for key in _with_store(lambda store: store.list()):
+        created = datetime.fromtimestamp(key.created_at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
+        table.add_row(key.key_id, key.tenant, key.name, created)
+    console.print(table)

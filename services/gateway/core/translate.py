@@ -1,0 +1,112 @@
+"""OpenAI bodies -> InferenceRequest, and llmbus chunks -> OpenAI response objects (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from llmbus.messages import ChatMessage, FinishReason, InferenceRequest, Usage
+from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody
+
+Kind = Literal["chat", "completion"]
+
+
+def to_request(
+    body: ChatCompletionBody | CompletionBody,
+    *,
+    request_id: str,
+    tenant: str,
+    reply_topic: str,
+    auto_model: str,
+) -> InferenceRequest:
+    """The bus request for an OpenAI body. The tenant comes from the API key, never from the body.
+
+    Raises pydantic's ValidationError when the body asks for more than llmbus allows.
+    """
+    fields: dict[str, object] = {
+        "request_id": request_id,
+        "tenant": tenant,
+        "reply_topic": reply_topic,
+        "model": None if body.model == auto_model else body.model,  # `auto`: the router's policy picks
+        "user_id": body.user,
+        "stop": body.stops(),
+        "seed": body.seed,
+        "stream": body.stream,
+        "metadata": body.metadata or {},
+    }
+    if body.temperature is not None:
+        fields["temperature"] = body.temperature
+    if body.top_p is not None:
+        fields["top_p"] = body.top_p
+    if isinstance(body, ChatCompletionBody):
+        fields["messages"] = [
+            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in body.messages
+        ]
+        cap = body.output_cap_tokens()
+    else:
+        fields["prompt"] = body.prompt_text()
+        cap = body.max_tokens
+    if cap is not None:
+        fields["max_tokens"] = cap
+    return InferenceRequest.model_validate(fields)
+
+
+def finish_reason(reason: FinishReason | None) -> str:
+    return "length" if reason == FinishReason.LENGTH else "stop"
+
+
+def usage_of(usage: Usage | None) -> dict[str, object]:
+    usage = usage or Usage()
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens},
+    }
+
+
+@dataclass
+class ResponseShape:
+    """Builds the OpenAI objects of one response (chat.completion or text_completion)."""
+
+    kind: Kind
+    request_id: str
+    created_s: int
+    model: str
+
+    @property
+    def response_id(self) -> str:
+        return f"{'chatcmpl' if self.kind == 'chat' else 'cmpl'}-{self.request_id}"
+
+    def _head(self, obj: str) -> dict[str, object]:
+        return {"id": self.response_id, "object": obj, "created": self.created_s, "model": self.model}
+
+    def stream_chunk(self, delta: str, *, first: bool, finish: str | None, include_usage: bool) -> dict[str, object]:
+        if self.kind == "chat":
+            message: dict[str, object] = {"content": delta}
+            if first:
+                message["role"] = "assistant"
+            choice: dict[str, object] = {"index": 0, "delta": message, "logprobs": None, "finish_reason": finish}
+            out = self._head("chat.completion.chunk") | {"choices": [choice]}
+        else:
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
+            out = self._head("text_completion") | {"choices": [choice]}
+        if include_usage:
+            out["usage"] = None  # OpenAI: null on every chunk but the last, usage-only one
+        return out
+
+    def usage_chunk(self, usage: Usage | None) -> dict[str, object]:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return self._head(obj) | {"choices": [], "usage": usage_of(usage)}
+
+    def full(self, text: str, finish: str, usage: Usage | None) -> dict[str, object]:
+        if self.kind == "chat":
+            choice: dict[str, object] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+            return self._head("chat.completion") | {"choices": [choice], "usage": usage_of(usage)}
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        return self._head("text_completion") | {"choices": [choice], "usage": usage_of(usage)}

@@ -1,0 +1,144 @@
+"""The gateway's side of the bus: send a request, follow this instance's reply topic, cancel.
+
+Replies come through llmbus.client's ReplyRouter (one group-less tail of the instance's
+reply topic, chunks handed to their request's queue); the AttemptFilter applies the chunk
+contract on retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from opentelemetry import trace
+
+from llmbus import semconv as sc
+from llmbus import topics as t
+from llmbus.bus import Bus
+from llmbus.client import ReplyRouter, TopicTail
+from llmbus.messages import Control, ControlAction, InferenceRequest, TokenChunk
+from services.gateway.core.attempts import AttemptFilter
+
+log = logging.getLogger(__name__)
+
+
+class Exchange:
+    """One request in flight: its accepted chunks in order, and a cancel if it is left unfinished."""
+
+    def __init__(self, relay: Relay, request: InferenceRequest, queue: asyncio.Queue[TokenChunk]) -> None:
+        self.relay = relay
+        self.request = request
+        self.queue = queue
+        self.filter = AttemptFilter()
+        self.model: str | None = None  # the model that answers (the router may have chosen it)
+        self.closed = False
+        self.span: trace.Span = trace.INVALID_SPAN  # the HTTP request's server span, ended on close
+
+    async def next_chunk(self, timeout_s: float) -> TokenChunk:
+        """The next chunk that counts (stale attempts and repeats skipped); TimeoutError after timeout_s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            chunk = await asyncio.wait_for(self.queue.get(), max(deadline - loop.time(), 0))
+            if self.filter.accept(chunk):
+                self.model = chunk.model or self.model
+                return chunk
+
+    @property
+    def finished(self) -> bool:
+        return self.filter.final is not None
+
+    def close(self, reason: str = "client went away") -> None:
+        """Stop listening; an unfinished request is cancelled through llm.control."""
+        if self.closed:
+            return
+        self.closed = True
+        self.relay.forget(self)
+        if not self.finished:
+            self.relay.cancel_later(self.request.request_id, reason)
+        self._end_span()
+
+    def _end_span(self) -> None:
+        final = self.filter.final
+        if self.span.is_recording():
+            attributes: dict[str, str | int | list[str]] = {sc.LLMBUS_ATTEMPT: self.filter.attempt}
+            if self.model:
+                attributes[sc.GEN_AI_RESPONSE_MODEL] = self.model
+            if final is None:
+                attributes[sc.ERROR_TYPE] = "client_disconnected"
+            elif final.error is not None:
+                attributes[sc.ERROR_TYPE] = str(final.error.code)
+            else:
+                attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = [str(final.finish_reason or "stop")]
+                if final.usage is not None:
+                    attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = final.usage.prompt_tokens
+                    attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = final.usage.completion_tokens
+            self.span.set_attributes(attributes)
+        self.span.end()
+
+
+class Relay:
+    def __init__(self, bus: Bus, replies: ReplyRouter, reply_topic_base: str) -> None:
+        self.bus = bus
+        self.replies = replies
+        self.reply_topic_base = reply_topic_base  # what requests name; the tail reads it in the namespace
+        self.in_flight = 0
+        self._cancels: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def start(cls, bus: Bus, instance_id: str) -> Relay:
+        tail = await TopicTail(bus.settings, bus.topics.replies(instance_id)).start()
+        return cls(bus, ReplyRouter(tail), t.replies_base(instance_id))
+
+    def healthy(self) -> bool:
+        return not self.replies.task.done()
+
+    async def open(self, request: InferenceRequest, span: trace.Span = trace.INVALID_SPAN) -> Exchange:
+        """Listen for the request's chunks, then publish it (so not even the first chunk is missed).
+
+        The request goes out inside `span`: its traceparent makes every later hop part of the trace.
+        """
+        key = request.request_id.encode()
+        queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        self.replies.queues[key] = queue
+        exchange = Exchange(self, request, queue)
+        exchange.span = span
+        self.in_flight += 1
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                await self.bus.publisher.publish(
+                    self.bus.topics.name(t.REQUESTS), request, key=request.session_id or request.request_id
+                )
+        except BaseException:
+            exchange.closed = True
+            self.forget(exchange)
+            span.end()
+            raise
+        return exchange
+
+    def forget(self, exchange: Exchange) -> None:
+        self.replies.queues.pop(exchange.request.request_id.encode(), None)
+        self.in_flight -= 1
+
+    def cancel_later(self, request_id: str, reason: str) -> None:
+        """Publish the cancel in its own task: the caller may be a response being torn down."""
+        task = asyncio.create_task(self._cancel(request_id, reason))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
+    async def _cancel(self, request_id: str, reason: str) -> None:
+        control = Control(action=ControlAction.CANCEL, target_id=request_id, reason=reason)
+        try:
+            await self.bus.publisher.publish(
+                self.bus.topics.name(t.CONTROL), control, key=request_id, request_id=request_id
+            )
+            log.info("cancelled %s: %s", request_id, reason)
+        except Exception:
+            log.exception("could not cancel %s", request_id)
+
+    async def stop(self) -> None:
+        if self._cancels:
+            await asyncio.wait(self._cancels, timeout=self.bus.settings.send_timeout_s)
+        with contextlib.suppress(Exception):
+            await self.replies.stop()

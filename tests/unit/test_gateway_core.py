@@ -1,0 +1,170 @@
+"""The gateway's pure parts: OpenAI bodies to requests, response shapes, errors, the retry contract."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from llmbus.messages import (
+    ErrorCode,
+    ErrorInfo,
+    FinishReason,
+    ModelSpec,
+    TokenChunk,
+    Usage,
+    WorkerState,
+    WorkerStatus,
+)
+from services.gateway.catalog import ModelCatalog
+from services.gateway.core import errors
+from services.gateway.core.attempts import AttemptFilter, RetryDiverged
+from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
+from services.gateway.core.translate import ResponseShape, to_request
+
+
+def chunk(seq: int, delta: str, attempt: int = 1, final: bool = False) -> TokenChunk:
+    return TokenChunk(request_id="r", tenant="t", seq=seq, delta=delta, attempt=attempt, final=final)
+
+
+def test_chat_body_becomes_a_request_of_the_keys_tenant() -> None:
+    body = ChatCompletionBody.model_validate(
+        {
+            "model": "sim-llama-8b",
+            "messages": [
+                {"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+            ],
+            "max_completion_tokens": 12,
+            "temperature": 0,
+            "stop": "END",
+            "user": "u1",
+            "tenant": "evil",  # not an OpenAI field: ignored, the tenant comes from the key
+        }
+    )
+    req = to_request(body, request_id="r1", tenant="acme", reply_topic="llm.replies.gw-1", auto_model="auto")
+    assert req.tenant == "acme" and req.reply_topic == "llm.replies.gw-1" and req.request_id == "r1"
+    assert [(m.role, m.content) for m in req.messages] == [("system", "be brief"), ("user", "hi there")]
+    assert req.max_tokens == 12 and req.temperature == 0.0 and req.stop == ["END"] and req.user_id == "u1"
+    assert req.model == "sim-llama-8b"
+
+
+def test_auto_model_lets_the_router_choose_and_completion_defaults() -> None:
+    body = CompletionBody.model_validate({"model": "auto", "prompt": ["once upon"]})
+    body.check_supported()
+    req = to_request(body, request_id="r2", tenant="t", reply_topic="llm.replies.x", auto_model="auto")
+    assert req.model is None and req.prompt == "once upon" and req.max_tokens == 16
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"logprobs": True}, "logprobs"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_unsupported_parameters_are_refused_by_name(body: dict[str, object], param: str) -> None:
+    parsed = ChatCompletionBody.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}]} | body)
+    with pytest.raises(Unsupported) as caught:
+        parsed.check_supported()
+    assert caught.value.param == param
+
+
+def test_limits_of_the_bus_surface_as_validation_errors() -> None:
+    body = ChatCompletionBody.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5_000_000}
+    )
+    with pytest.raises(ValidationError):
+        to_request(body, request_id="r", tenant="t", reply_topic="llm.replies.x", auto_model="auto")
+    with pytest.raises(ValidationError):
+        ChatCompletionBody.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}
+        )
+
+
+def test_stream_shapes_follow_openai() -> None:
+    shape = ResponseShape("chat", "abc", 1700000000, "sim")
+    first = shape.stream_chunk("Hel", first=True, finish=None, include_usage=True)
+    assert first["id"] == "chatcmpl-abc" and first["object"] == "chat.completion.chunk" and first["usage"] is None
+    assert first["choices"] == [
+        {"index": 0, "delta": {"content": "Hel", "role": "assistant"}, "logprobs": None, "finish_reason": None}
+    ]
+    usage = shape.usage_chunk(Usage(prompt_tokens=5, completion_tokens=3, cached_prompt_tokens=2))
+    assert usage["choices"] == [] and usage["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+    text = ResponseShape("completion", "abc", 1, "sim").full("hi", "length", None)
+    assert text["object"] == "text_completion" and text["choices"][0]["text"] == "hi"  # type: ignore[index]
+
+
+def test_error_codes_map_to_openai_statuses_with_retry_after() -> None:
+    limited = errors.from_error_info(ErrorInfo.of(ErrorCode.RATE_LIMITED, "slow down", retry_after_ms=2500))
+    assert limited.status == 429 and limited.headers() == {"Retry-After": "3"} and limited.code == "rate_limit_exceeded"
+    no_worker = errors.from_error_info(ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, "nobody"))
+    assert no_worker.status == 503 and no_worker.headers() == {"Retry-After": "1"}
+    assert errors.from_error_info(ErrorInfo.of(ErrorCode.PROMPT_TOO_LONG, "long")).status == 400
+    assert errors.from_error_info(ErrorInfo.of(ErrorCode.WORKER_LOST, "gone")).status == 503
+    body = errors.model_not_found("nope").body()
+    assert body == {
+        "error": {
+            "message": "The model `nope` does not exist.",
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
+        }
+    }
+
+
+def test_a_retry_that_repeats_the_shown_text_is_not_shown_twice() -> None:
+    f = AttemptFilter()
+    assert f.accept(chunk(0, "The quick "))
+    assert f.unseen() == "The quick "
+    assert f.accept(chunk(0, "The ", attempt=2))  # worker lost; the retry starts over
+    assert f.unseen() == ""
+    assert f.accept(chunk(1, "quick brown", attempt=2))
+    assert f.unseen() == "brown"
+    assert not f.accept(chunk(1, "quick ", attempt=1))  # a zombie of the first attempt
+    assert not f.accept(chunk(1, "quick brown", attempt=2))  # a repeat
+    assert f.accept(chunk(2, " fox", attempt=2, final=True))
+    assert f.unseen() == " fox" and f.final is not None and f.text == "The quick brown fox"
+    assert not f.accept(chunk(3, "more", attempt=3))  # nothing after the final one
+
+
+def test_a_retry_that_says_something_else_is_refused() -> None:
+    f = AttemptFilter()
+    f.accept(chunk(0, "Yes"))
+    f.unseen()
+    f.accept(chunk(0, "No", attempt=2))
+    with pytest.raises(RetryDiverged):
+        f.unseen()
+
+
+def test_catalog_lists_declared_and_served_models() -> None:
+    catalog = ModelCatalog(worker_stale_s=30)
+    catalog.specs["declared"] = ModelSpec(name="declared", version="7", tier="mid")
+
+    def status(wid: str, model: str, sent_at_ms: int, state: WorkerState = WorkerState.READY) -> WorkerStatus:
+        return WorkerStatus(
+            worker_id=wid, node_id="n", state=state, engine="sim", models=[model], sent_at_ms=sent_at_ms
+        )
+
+    catalog.workers = {
+        "a": status("a", "served", 100_000),
+        "b": status("b", "gone", 10_000),
+        "c": status("c", "stopped", 100_000, WorkerState.STOPPED),
+    }
+    listing = {m["id"]: m for m in catalog.listing(at_ms=101_000)}
+    assert set(listing) == {"declared", "served"}
+    assert listing["declared"]["llmbus"]["version"] == "7"  # type: ignore[index]
+    assert listing["served"]["llmbus"]["workers_ready"] == 1  # type: ignore[index]
+    assert catalog.knows("gone") and not catalog.knows("never-heard-of")
+
+
+def test_finish_reason_is_kept() -> None:
+    from services.gateway.core.translate import finish_reason
+
+    assert finish_reason(FinishReason.LENGTH) == "length" and finish_reason(FinishReason.STOP) == "stop"
