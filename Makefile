@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
-        compose-check clean reliability soak bench-autoscaler
+        compose-check clean reliability soak test-long bench-autoscaler
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -29,10 +29,13 @@ down: ## stop the services (they drain), then Kafka and Redis
 	@if [ -x $(VENV)/bin/llmbus ]; then $(VENV)/bin/llmbus down; else deploy/kafka/kafka.sh stop; deploy/redis/redis.sh stop; fi
 
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
-	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long" $(PYTEST_ARGS)
 
 test-unit: setup ## fast unit tests only (no broker)
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)
+
+test-long: infra ## the long end-to-end runs (experiment lifecycle on the real broker), outside make test
+	@$(PY) -m pytest -q -p no:cacheprovider -m long tests $(PYTEST_ARGS)
 
 test-integration: infra ## integration, e2e and reliability tests against the real broker and Redis
 	@$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/e2e tests/reliability) $(PYTEST_ARGS)

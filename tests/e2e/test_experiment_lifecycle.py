@@ -41,7 +41,7 @@ from llmbus.messages import (
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, eventually, wait_workers_ready
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(1200)]
 
 WORKERS = {
     "sim-ctrl": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100"},
