@@ -66,7 +66,10 @@ async def start_loop(
     **consumer_overrides: object,
 ) -> tuple[AIOKafkaConsumer, asyncio.Task[None], asyncio.Event]:
     consumer = make_consumer(
-        settings, group_id=f"{settings.topic_prefix}{group}", client_id="faults-test", **consumer_overrides
+        settings,
+        group_id=f"{settings.topic_prefix}{group}",
+        client_id="faults-test",
+        **consumer_overrides,  # type: ignore[arg-type]
     )
     loop = ConsumerLoop(
         consumer, handler, on_error, settings, service="test", max_in_flight=max_in_flight, drain_grace_s=0.5
@@ -251,7 +254,7 @@ async def test_topics_take_replication_and_min_insync_replicas_from_settings(kaf
     await eventually(described, timeout_s=15, interval_s=0.2)
     min_isr, max_bytes = entries["min.insync.replicas"], entries["max.message.bytes"]
     assert min_isr[1] == "1" and set_on_topic(min_isr), "set on the topic, not left to the broker"
-    assert int(max_bytes[1]) == kafka_settings.topic_max_message_bytes and set_on_topic(max_bytes)
+    assert int(str(max_bytes[1])) == kafka_settings.topic_max_message_bytes and set_on_topic(max_bytes)
     # A factor this one-broker cluster cannot meet fails loudly instead of quietly keeping one copy.
     three = kafka_settings.model_copy(update={"replication_factor": 3, "min_insync_replicas": 2})
     with pytest.raises(InvalidReplicationFactorError):
