@@ -50,12 +50,6 @@ ROUTED = Counter(
     ["model", "rule", "variant", "shadow"],
 )
 DISPATCHES = Counter("llmbus_dispatches_total", "Dispatches by worker; attempt > 1 is a retry", ["worker", "retry"])
-QUEUE_WAIT_SECONDS = Histogram(
-    "llmbus_scheduler_queue_wait_seconds",
-    "Routed -> dispatched, per model pool (the autoscaler's signal)",
-    ["model"],
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.3, 1, 3, 10, 30, 60, 120),
-)
 
 
 def _rule(route_reason: str | None) -> str:
@@ -70,12 +64,8 @@ def observe_published(service: str, value: Message) -> None:
         case RoutedRequest():
             ROUTED.labels(value.model, _rule(value.route_reason), value.variant or "", str(value.shadow).lower()).inc()
         case Dispatch():
-            model = value.routed.model
+            # Queue wait per pool is the scheduler's own histogram (services/scheduler/pool_stats.py).
             DISPATCHES.labels(value.worker_id, str(value.attempt > 1).lower()).inc()
-            if value.attempt == 1:
-                QUEUE_WAIT_SECONDS.labels(model).observe(
-                    max(0, value.dispatched_at_ms - value.routed.routed_at_ms) / 1000
-                )
 
 
 def _result(service: str, r: InferenceResult) -> None:
