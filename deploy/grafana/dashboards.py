@@ -146,7 +146,11 @@ USER_EXPERIENCE: list[Panel] = [
             )
         ],
     ),
-    ("Queue wait per pool", "s", [(_q(0.5, "llmbus_scheduler_queue_wait_seconds", "model_name"), "p50 {{model_name}}")]),
+    (
+        "Queue wait per pool",
+        "s",
+        [(_q(0.5, "llmbus_scheduler_queue_wait_seconds", "model_name"), "p50 {{model_name}}")],
+    ),
     (
         "Gateway: time to first byte of the answer",
         "s",
