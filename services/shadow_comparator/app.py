@@ -131,7 +131,7 @@ async def _every(interval_s: float, name: str, job: Callable[[], Awaitable[objec
 def main() -> None:
     settings = BusSettings()
     setup_logging(t.COMPARATOR, settings.log_level, settings.log_json)
-    setup_tracing(t.COMPARATOR, settings.otel_console)
+    setup_tracing(t.COMPARATOR, settings, console=settings.otel_console)
     if settings.metrics_port:
         start_http_server(settings.metrics_port)
     app, _, _ = build(settings, ComparatorSettings())

@@ -38,7 +38,8 @@ class PolicySpec(_Strict):
     def _known(self) -> PolicySpec:
         if self.type not in POLICIES:
             raise ValueError(f"unknown policy {self.type!r}; known: {sorted(POLICIES)}")
-        fields = {f.name for f in dataclasses.fields(POLICIES[self.type]) if f.init} - {"bounds", "name"}
+        policy_class: Any = POLICIES[self.type]  # every registered policy is a dataclass
+        fields = {f.name for f in dataclasses.fields(policy_class) if f.init} - {"bounds", "name"}
         if unknown := set(self.params) - fields:
             raise ValueError(f"policy {self.type!r} has no parameter(s) {sorted(unknown)}; known: {sorted(fields)}")
         return self
