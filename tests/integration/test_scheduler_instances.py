@@ -11,7 +11,7 @@ import redis.asyncio as redis
 from llmbus.settings import BusSettings
 from services.scheduler.store import PlacementStore
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
-from tests.support import ServiceProc
+from tests.support import ServiceProc, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 MODELS = [f"model-{i}" for i in range(8)]
@@ -24,7 +24,16 @@ async def test_two_instances_split_models_without_double_placement(
         await fleet.add("w1", models=MODELS)
         await fleet.add("w2", models=MODELS)
         fleet.start()
-        await asyncio.sleep(6)  # both instances join the group and share llm.routed's partitions
+        # Both instances join the group and share llm.routed's partitions (a fixed sleep was too
+        # short on a loaded machine: the second one's join came after the requests were placed).
+        schedulers = [proc for proc in services if proc.module == "services.scheduler"]
+
+        async def both_hold_routed_partitions() -> bool:
+            return len(schedulers) == 2 and all(
+                "llm.routed[" in proc.log_path.read_text(errors="replace") for proc in schedulers
+            )
+
+        await eventually(both_hold_routed_partitions, timeout_s=90)
         ids: list[str] = []
         for model in MODELS:
             ids += await send_routed(bus, 5, model=model)
