@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
     SpanExportResult,
 )
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 
 from llmbus.settings import BusSettings
 
@@ -69,13 +69,15 @@ def setup_tracing(service: str, settings: BusSettings | None = None, *, console:
     """Install a tracer provider when spans have somewhere to go; True if tracing is on.
 
     Destinations: OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, the standard variable), the console, a
-    JSON-lines file. With none, no provider is installed: OpenTelemetry's no-op tracer makes
-    every span free, and `traceparent` headers are passed on unchanged.
+    JSON-lines file. With none, spans are never sampled (nothing is recorded or exported), but
+    every message still carries a `traceparent`: the client's trace id when it sent one, else a
+    new one, so a request can be followed across the topics whether or not tracing is on.
     """
     settings = settings or BusSettings()
     console = console or settings.otel_console
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if not (otlp or console or settings.trace_file):
+        trace.set_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
         return False
     sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": f"llmbus-{service}"}), sampler=sampler)
