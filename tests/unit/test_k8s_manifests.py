@@ -17,6 +17,7 @@ from llmbus.settings import BusSettings
 from services.autoscaler.config import AutoscalerSettings
 from services.autoscaler.policy.config import PoolsFile
 from services.engine_worker.config import WorkerSettings
+from services.gateway.config import GatewaySettings
 from services.router.config import RouterSettings
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.pool_stats import QUEUE_WAIT_SECONDS
@@ -28,6 +29,7 @@ PREFIXES = {
     "LLMBUS_ROUTER_": RouterSettings,
     "LLMBUS_SCHEDULER_": SchedulerSettings,
     "LLMBUS_AUTOSCALER_": AutoscalerSettings,
+    "LLMBUS_GATEWAY_": GatewaySettings,
     "LLMBUS_": BusSettings,
 }
 
