@@ -53,11 +53,14 @@ class PoolStatsRecorder:
     def __init__(self, instance_id: str = "") -> None:
         self.instance_id = instance_id
         self._windows: dict[str, _Window] = {}
+        self._window_start_ms: int | None = None  # the last snapshot: where every pool's window starts
 
     def _window(self, pool: str, now: int) -> _Window:
         window = self._windows.get(pool)
         if window is None:
-            window = self._windows[pool] = _Window(now)
+            # A pool first seen mid-window counts from the window's start, so rates are per window.
+            start = now if self._window_start_ms is None else self._window_start_ms
+            window = self._windows[pool] = _Window(start)
         return window
 
     def on_arrival(self, pool: str, at_ms: int) -> None:
@@ -87,6 +90,7 @@ class PoolStatsRecorder:
         pools = set(self._windows) | set(core.queues.by_model)
         stats = [self._stats_of(pool, core, now) for pool in sorted(pools)]
         self._windows = {pool: _Window(now) for pool in pools}
+        self._window_start_ms = now
         return stats
 
     def _stats_of(self, pool: str, core: SchedulerCore, now: int) -> PoolStats:
