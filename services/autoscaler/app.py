@@ -18,6 +18,7 @@ from services.autoscaler.config import AutoscalerSettings
 from services.autoscaler.handlers import AutoscalerHandlers
 from services.autoscaler.policy import FleetTable
 from services.autoscaler.policy.config import PoolsFile
+from services.autoscaler.policy.merge import PoolStatsMerger
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ def build_app(
         actuator or build_actuator(cfg, pools, settings),
         publish,
         FleetTable(stale_ms=int(cfg.worker_stale_s * 1000)),
+        PoolStatsMerger(stale_s=cfg.stats_instance_stale_s, max_wait_s=cfg.stats_max_wait_s),
     )
 
     # Heartbeats: the compacted table from its start, no group (every instance needs all of it).

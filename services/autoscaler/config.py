@@ -14,3 +14,8 @@ class AutoscalerSettings(BaseSettings):
     actuator: Literal["local", "kubernetes", "none"] = "local"
     kubernetes_host: str | None = None  # None: in-cluster config, else ~/.kube/config
     worker_stale_s: float = 5.0  # a worker silent this long is not counted ready or warming
+    # Pool statistics of several scheduler instances (policy/merge.py): a pool is evaluated once all
+    # live instances have reported, or this long after its last evaluation; an instance silent for
+    # stats_instance_stale_s is no longer waited for. Both a little above the scheduler's interval (5 s).
+    stats_max_wait_s: float = 7.5
+    stats_instance_stale_s: float = 15.0

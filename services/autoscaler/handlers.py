@@ -1,7 +1,8 @@
 """Autoscaler handlers (thin): heartbeats → the fleet table; pool statistics → policy → actuator.
 
-Each PoolStats (one per pool every few seconds from the scheduler) is one evaluation of the
-pool's policy. A change is applied through the actuator and published as a ScaleDecision on
+Each scheduler instance sends one PoolStats per pool every few seconds; the merger combines
+the instances' statistics of a pool (policy/merge.py) and each merged PoolStats is one
+evaluation of the pool's policy. A change is applied through the actuator and published as a ScaleDecision on
 llm.scaling with the policy, the signal values and the reason; so are the start-up moves
 that bring a pool to its minimum.
 """
@@ -17,6 +18,7 @@ from llmbus.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
 from services.autoscaler.actuators import Actuator
 from services.autoscaler.policy import Decision, FleetTable, ScalingPolicy
 from services.autoscaler.policy.config import PoolsFile, PoolSpec
+from services.autoscaler.policy.merge import PoolStatsMerger
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +33,19 @@ class Pool:
 
 
 class AutoscalerHandlers:
-    def __init__(self, pools: PoolsFile, actuator: Actuator, publish: PublishDecision, fleet: FleetTable) -> None:
+    def __init__(
+        self,
+        pools: PoolsFile,
+        actuator: Actuator,
+        publish: PublishDecision,
+        fleet: FleetTable,
+        merger: PoolStatsMerger | None = None,
+    ) -> None:
         self.pools = {name: Pool(name, spec, spec.build_policy()) for name, spec in pools.pools.items()}
         self.actuator = actuator
         self.publish = publish
         self.fleet = fleet
+        self.merger = merger or PoolStatsMerger()
         self._lock = asyncio.Lock()  # one evaluation and its actuation at a time
 
     async def on_worker(self, status: WorkerStatus) -> None:
@@ -45,6 +55,10 @@ class AutoscalerHandlers:
         pool = self.pools.get(stats.pool)
         if pool is None:
             return None  # not a pool this autoscaler manages
+        merged = self.merger.add(stats)
+        if merged is None:
+            return None  # another scheduler instance has yet to report this period
+        stats = merged
         async with self._lock:
             current = await self.actuator.replicas(pool.name)
             decision = pool.policy.decide(self.fleet.signals(stats, now_ms()), current)

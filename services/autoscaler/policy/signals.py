@@ -29,6 +29,7 @@ class PoolSignals:
     workers_warming: int = 0
     slots_per_worker: int = 0  # requests a worker runs at once (max_num_seqs); 0: unknown
     cold_start_s: float | None = None  # the workers' own measurement (median)
+    scheduler_instances: int = 1  # how many scheduler instances' statistics were merged
 
     @property
     def arrival_rate_per_s(self) -> float:
@@ -53,6 +54,7 @@ class PoolSignals:
             "in_flight": float(self.in_flight),
             "workers_ready": float(self.workers_ready),
             "workers_warming": float(self.workers_warming),
+            "scheduler_instances": float(self.scheduler_instances),
         }
         if self.queue_wait_ms_p99 is not None:
             out["queue_wait_ms_p99"] = self.queue_wait_ms_p99
@@ -117,4 +119,5 @@ class FleetTable:
             workers_warming=sum(1 for w in live if w.state in WARMING),
             slots_per_worker=self.slots.get(stats.pool, 0),
             cold_start_s=self.cold_start_s(stats.pool),
+            scheduler_instances=stats.instance_id.count("+") + 1,  # merged statistics name every instance
         )
