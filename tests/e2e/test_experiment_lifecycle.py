@@ -1,7 +1,7 @@
 """A new model version's whole path on the real broker: shadow → A/B ramp → 100 %, or rollback.
 
 Processes: router, scheduler, shadow-comparator and three sim workers — control `sim-ctrl`
-(A100 step times), a worse candidate `sim-bad` (same speed, answers drift: divergence 0.7)
+(A100 step times), a worse candidate `sim-bad` (same speed, answers drift: 85 % of tokens differ)
 and a better one `sim-good` (H100 step times, the reference answers). The operator's
 records are written with the CLI's own publishing function (`llmbus models register`,
 `llmbus experiments create`; the commands themselves are tested in test_experiments_cli.py);
@@ -9,7 +9,7 @@ everything after that is the comparator's doing.
 
 Two sizes of the same run, compressed by configuration (decision tick 0.5 s, 4 candidate
 samples per step and guardrail, no minimum time per step):
-- `fast` (in `make test`): sim time / 10, ramp shadow → 20 → 50 → 100 %;
+- `fast` (in `make test`): sim time / 10, ramp shadow → 50 → 100 %;
 - `long` (`make test-long`): sim time / 4, the default plan shadow → 1 → 5 → 25 → 50 → 100 %
   (the 1 % step alone needs ~400 requests for 4 candidate samples).
 """
@@ -52,7 +52,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 
 WORKERS = {
     "sim-ctrl": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100"},
-    "sim-bad": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100", "LLMBUS_WORKER_SIM_DIVERGENCE": "0.7"},
+    "sim-bad": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100", "LLMBUS_WORKER_SIM_DIVERGENCE": "0.85"},
     "sim-good": {"LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-h100"},
 }
 # The router reads a new step from llm.experiments a moment after the decision: requests sent
@@ -70,7 +70,7 @@ class Size:
 
 FAST = Size(
     sim_speedup=10,
-    ramp=RampPlan(steps_pct=[0, 20, 50, 100], min_samples_per_step=4, min_step_s=0),
+    ramp=RampPlan(steps_pct=[0, 50, 100], min_samples_per_step=4, min_step_s=0),
     # Total latency here is mostly the bus on a shared machine: with 4 samples a p95 can double by chance.
     guardrails=Guardrails(min_samples=4, max_p95_regression=1.0),
     promote_timeout_s=180,
@@ -211,9 +211,9 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
     await eventually(promoted, timeout_s=size.promote_timeout_s, interval_s=0.5)
     good = await decisions(s, "exp-good")
     promotions = [d for d in good if d.decision == "promote"]
-    # Requests sent once the router has had time to read the last step; 12 of them answered.
+    # Requests sent once the router has had time to read the last step; a few of them answered.
     all_in_ms = promotions[-1].decided_at_ms + ROUTER_GRACE_MS
-    await eventually(lambda: _answered_sent_after(load, all_in_ms, 12), timeout_s=60)
+    await eventually(lambda: _answered_sent_after(load, all_in_ms, 6), timeout_s=60)
     load.stop.set()
     await asyncio.wait_for(load_task[0], 90)
 
