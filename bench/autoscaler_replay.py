@@ -1,6 +1,6 @@
 """A tidal day in virtual time: the real scheduler core and the real autoscaler policies on modelled workers.
 
-Arrivals go to `SchedulerCore` (the service's pipeline YAML, filters, queues); every 5 s the
+Arrivals go to `SchedulerCore` (a pipeline YAML, filters, queues); every 5 s the
 scheduler's own `PoolStatsRecorder` turns what happened into a PoolStats, the autoscaler's
 `FleetTable` turns that into PoolSignals, and the pool's policy (threshold or predictive, built
 from the same YAML-validated parameters) decides. Workers are modelled at request level from
@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
 from services.autoscaler.policy import FleetTable, ScalingPolicy
@@ -52,7 +53,12 @@ class ReplayConfig:
     stats_interval_s: float = 5.0
     heartbeat_s: float = 30.0  # gauges only: the scheduler counts its own placements; state changes are sent at once
     ttft_slo_ms: float = 2000.0
-    pipeline: str = "default"
+    # The batch limit and least-loaded placement (bench/autoscaler_pipeline.yaml): identical workers
+    # without a modelled prefix cache leave the default pipeline's affinity scorers nothing to do.
+    pipeline: str = str(Path(__file__).resolve().parent / "autoscaler_pipeline.yaml")
+    # Identical requests on identical workers: one refused placement means every slot is busy, so a
+    # release stops at the first miss instead of trying 8 more queued requests that cannot fit either.
+    release_max_misses: int = 1
     start_replicas: int = 1
 
 
@@ -80,7 +86,13 @@ def replay_day(
     """One day; `policy` None means `static_replicas` workers all day, ready from the start."""
     core = SchedulerCore(
         Pipeline.load(cfg.pipeline),
-        CoreConfig(max_queued_per_model=10**9, max_wait_ms=10**12, heartbeat_timeout_ms=10**12, seed=0),
+        CoreConfig(
+            max_queued_per_model=10**9,
+            max_wait_ms=10**12,
+            heartbeat_timeout_ms=10**12,
+            seed=0,
+            release_max_misses=cfg.release_max_misses,
+        ),
     )
     recorder = PoolStatsRecorder("replay")
     fleet = FleetTable(stale_ms=10**12)

@@ -60,6 +60,13 @@ WORKERS = {
 ROUTER_GRACE_MS = 1000
 
 
+# With 4 samples a p95 is the sample's maximum, and on a shared 2-core machine total latency is mostly
+# the bus's tail (seconds under load): a tight latency guardrail would roll the better candidate back on
+# noise (seen: +63 % on 4 samples at the 1 % step). The latency guardrail's rollback is tested in
+# tests/unit/test_comparator_core.py; here it only catches a candidate 4x slower.
+LOOSE_LATENCY = Guardrails(min_samples=4, max_p95_regression=3.0)
+
+
 @dataclass(frozen=True)
 class Size:
     sim_speedup: float
@@ -71,14 +78,13 @@ class Size:
 FAST = Size(
     sim_speedup=10,
     ramp=RampPlan(steps_pct=[0, 50, 100], min_samples_per_step=4, min_step_s=0),
-    # Total latency here is mostly the bus on a shared machine: with 4 samples a p95 can double by chance.
-    guardrails=Guardrails(min_samples=4, max_p95_regression=1.0),
+    guardrails=LOOSE_LATENCY,
     promote_timeout_s=180,
 )
 LONG = Size(
     sim_speedup=4,
     ramp=RampPlan(steps_pct=list(DEFAULT_RAMP_PCT), min_samples_per_step=4, min_step_s=0),
-    guardrails=Guardrails(min_samples=4, max_p95_regression=0.5),
+    guardrails=LOOSE_LATENCY,
     promote_timeout_s=900,
 )
 
