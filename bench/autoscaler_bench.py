@@ -1,6 +1,6 @@
 """Tidal-day benchmark of the autoscaler: static-for-the-peak vs threshold vs predictive.
 
-    python -m bench.autoscaler_bench [--base-rate 0.8] [--slots 4] [--cold-start-s 60]
+    python -m bench.autoscaler_bench [--base-rate 0.8] [--slots 4] [--cold-start-s 60] [--tune-caps 0.6,0.7]
 
 Arrivals of the Azure LLM conversation trace (data/traces/azure-llm-2023-conv.csv: its
 inter-arrival burstiness and its prompt/output lengths) are time-warped onto a working day
@@ -8,7 +8,9 @@ whose rate follows `DAY_SHAPE` (a quiet night, a daytime base, 4x peaks 10-12 h 
 then replayed in virtual time (bench/autoscaler_replay.py) through the real SchedulerCore and
 the real autoscaler policies on modelled workers with a cold start. The predictive policy is
 given the previous day's arrival counts (the same day shape, another stretch of the trace) as
-its daily-pattern history. Writes bench/reports/autoscaler_bench.{json,md,png}.
+its daily-pattern history. Its utilisation cap is tuned on that previous day (the highest cap
+that meets the SLO there) and judged on the day itself, so the judged result is out of sample.
+Writes bench/reports/autoscaler.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import multiprocessing
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -110,14 +113,16 @@ def summarise(name: str, res: DayResult, arrivals: int, slo_ms: float, wall_s: f
     }
 
 
-def build_policy(kind: str, args: argparse.Namespace, history: list[Arrival]) -> PredictivePolicy | ThresholdPolicy:
+def build_policy(
+    kind: str, args: argparse.Namespace, history: list[Arrival], max_utilisation: float
+) -> PredictivePolicy | ThresholdPolicy:
     bounds = Bounds(1, args.max_replicas)
     if kind == "threshold":
         return ThresholdPolicy(bounds)  # the design source's numbers, untuned
     predictive = PredictivePolicy(
         bounds,
         target_queue_wait_ms=300,
-        max_utilisation=args.max_utilisation,
+        max_utilisation=max_utilisation,
         lead_s=30,
         down_after_s=120,
         idle_after_s=600,
@@ -128,14 +133,41 @@ def build_policy(kind: str, args: argparse.Namespace, history: list[Arrival]) ->
     return predictive
 
 
-def run_one(job: tuple) -> tuple[str, DayResult, float]:
-    name, kind, n, args, day, history = job
+@dataclass(frozen=True)
+class Job:
+    name: str
+    kind: str  # static | threshold | predictive
+    day: str  # which built day: "tune" or "judge"
+    replicas: int = 0  # static
+    max_utilisation: float = 0.0  # predictive
+
+
+DAYS: dict[str, tuple[list[Arrival], list[Arrival]]] = {}  # name → (the day, the day before it); set before forking
+
+
+def run_one(job_and_args: tuple[Job, argparse.Namespace]) -> tuple[Job, DayResult, float]:
+    job, args = job_and_args
+    day, history = DAYS[job.day]
     started = time.perf_counter()
     cfg = ReplayConfig(slots=args.slots, cold_start_s=args.cold_start_s)
-    policy = None if kind == "static" else build_policy(kind, args, history)
-    res = replay_day(day, get_profile(args.profile), cfg, policy, static_replicas=n)
-    print(f"   {name} done in {time.perf_counter() - started:.0f}s", flush=True)
-    return name, res, time.perf_counter() - started
+    policy = None if job.kind == "static" else build_policy(job.kind, args, history, job.max_utilisation)
+
+    def progress(t_s: float, replicas: int) -> None:
+        if int(t_s) % (6 * 3600) == 0:
+            print(
+                f"   {job.name}: {t_s / 3600:.0f} h, {replicas} workers, {time.perf_counter() - started:.0f} s",
+                flush=True,
+            )
+
+    res = replay_day(day, get_profile(args.profile), cfg, policy, static_replicas=job.replicas, progress=progress)
+    print(f"   {job.name} done in {time.perf_counter() - started:.0f} s", flush=True)
+    return job, res, time.perf_counter() - started
+
+
+def run_jobs(jobs: list[Job], args: argparse.Namespace) -> list[tuple[Job, DayResult, float]]:
+    print(f"== {', '.join(j.name for j in jobs)}", flush=True)
+    with multiprocessing.get_context("fork").Pool(min(len(jobs), args.processes)) as pool:
+        return pool.map(run_one, [(j, args) for j in jobs], chunksize=1)
 
 
 def main() -> int:
@@ -145,35 +177,53 @@ def main() -> int:
     ap.add_argument("--cold-start-s", type=float, default=60.0)
     ap.add_argument("--max-replicas", type=int, default=40)
     ap.add_argument("--max-output-tokens", type=int, default=1024)
-    ap.add_argument("--max-utilisation", type=float, default=0.6, help="predictive's utilisation cap (tuned here)")
+    ap.add_argument(
+        "--tune-caps",
+        default="0.6,0.7",
+        help="predictive's utilisation caps tried on the tuning day; the highest meeting the SLO is judged",
+    )
     ap.add_argument("--profile", default="llama-3.1-8b-a100")
-    ap.add_argument("--processes", type=int, default=5, help="replays run side by side")
-    ap.add_argument("--out", default=str(REPORTS / "autoscaler_bench"))
+    ap.add_argument("--processes", type=int, default=2, help="replays run side by side")
+    ap.add_argument("--out", default=str(REPORTS / "autoscaler"))
     args = ap.parse_args()
     command = "python -m bench.autoscaler_bench " + " ".join(sys.argv[1:])
+    started = time.perf_counter()
     profile = get_profile(args.profile)
-    day = tidal_day(args.base_rate, 0, args.max_output_tokens)
-    history = tidal_day(args.base_rate, 7919, args.max_output_tokens)  # "yesterday": another stretch
-    print(f"day: {len(day)} requests; history day: {len(history)}", flush=True)
+    # Three stretches of the trace on the same day shape: the judged day, the day before it (the
+    # tuning day, also the judged day's history) and the day before that (the tuning day's history).
+    judge = tidal_day(args.base_rate, 0, args.max_output_tokens)
+    tune = tidal_day(args.base_rate, 7919, args.max_output_tokens)
+    before_tune = tidal_day(args.base_rate, 15838 % len(load_azure()[0]), args.max_output_tokens)
+    DAYS.update({"judge": (judge, tune), "tune": (tune, before_tune)})
+    print(f"judged day: {len(judge)} requests; tuning day: {len(tune)}", flush=True)
 
-    # Static provisioning for the peak: the sizing rule on the day's known peak rate, and one and
-    # two workers more; the smallest static fleet that meets the SLO is the one compared against.
-    mean_out = float(np.mean([a.output_tokens for a in day]))
+    # Static provisioning for the peak: the sizing rule on the day's known peak rate; one and two
+    # workers more while it misses the SLO. The smallest static fleet that meets it is the baseline.
+    mean_out = float(np.mean([a.output_tokens for a in judge]))
     service_s = mean_out * profile.step_us(0, args.slots) / 1e6
     peak_rate = args.base_rate * max(s for _, s in DAY_SHAPE)
     sized = replicas_for(peak_rate, service_s, args.slots, 0.3, 0.8, args.max_replicas)
-    todo = [(f"static-{n}", "static", n) for n in (sized, sized + 1, sized + 2)]
-    todo += [("threshold", "threshold", 0), ("predictive", "predictive", 0)]
-    jobs = [(name, kind, n, args, day, history) for name, kind, n in todo]
-    with multiprocessing.get_context("fork").Pool(min(len(jobs), args.processes)) as pool:
-        done = pool.map(run_one, jobs)
-    runs = {name: res for name, res, _ in done}
-    summary = {name: summarise(name, res, len(day), TTFT_SLO_MS, wall) for name, res, wall in done}
-    statics = [summary[name] for name, kind, _ in todo if kind == "static"]
+    caps = sorted(float(c) for c in args.tune_caps.split(","))
+    first = [Job(f"tune-predictive-{c:g}", "predictive", "tune", max_utilisation=c) for c in caps]
+    first += [Job(f"static-{sized}", "static", "judge", replicas=sized), Job("threshold", "threshold", "judge")]
+    done = run_jobs(first, args)
+    tuning = {j.max_utilisation: summarise(j.name, r, len(tune), TTFT_SLO_MS, w) for j, r, w in done if j.day == "tune"}
+    meeting_caps = [c for c in caps if tuning[c]["slo_attainment"] >= TARGET_ATTAINMENT]
+    cap = max(meeting_caps) if meeting_caps else min(caps)
+    print(f"tuning day: cap {cap:g} chosen ({ {c: round(r['slo_attainment'], 4) for c, r in tuning.items()} })")
+    runs = {j.name: (j, r, w) for j, r, w in done if j.day == "judge"}
+    static_ok = summarise("", runs[f"static-{sized}"][1], len(judge), TTFT_SLO_MS, 0)["slo_attainment"]
+    second = [Job("predictive", "predictive", "judge", max_utilisation=cap)]
+    if static_ok < TARGET_ATTAINMENT:
+        second += [Job(f"static-{n}", "static", "judge", replicas=n) for n in (sized + 1, sized + 2)]
+    runs |= {j.name: (j, r, w) for j, r, w in run_jobs(second, args)}
+
+    summary = {name: summarise(name, r, len(judge), TTFT_SLO_MS, w) for name, (_, r, w) in runs.items()}
+    statics = sorted((summary[n] for n, (j, _, _) in runs.items() if j.kind == "static"), key=lambda r: r["gpu_hours"])
     meeting = [r for r in statics if r["slo_attainment"] >= TARGET_ATTAINMENT]
     static = meeting[0] if meeting else statics[-1]
     static_n = int(static["policy"].removeprefix("static-"))
-    for r in summary.values():
+    for r in [*summary.values(), *tuning.values()]:
         r["gpu_hours_vs_static"] = round(r["gpu_hours"] / static["gpu_hours"], 3)
         print(json.dumps(r), flush=True)
     results = [static | {"policy": f"static-peak ({static_n} workers)"}, summary["threshold"], summary["predictive"]]
@@ -182,29 +232,36 @@ def main() -> int:
     report = {
         "command": command,
         "settings": vars(args)
-        | {"static_replicas": static_n, "sized_for_peak": sized, "service_s_model": round(service_s, 2)},
+        | {
+            "static_replicas": static_n,
+            "sized_for_peak": sized,
+            "service_s_model": round(service_s, 2),
+            "predictive_cap_chosen": cap,
+        },
         "day_shape": DAY_SHAPE,
         "results": results,
         "static_candidates": statics,
+        "tuning_day": list(tuning.values()),
         "target": f"predictive >= {TARGET_ATTAINMENT:.0%} attainment at <= {TARGET_GPU_RATIO}x static GPU-hours",
         "target_met": met,
-        "decisions": {k: v.decisions[:400] for k, v in runs.items() if v.decisions},
+        "bench_wall_s": round(time.perf_counter() - started),
+        "decisions": {name: r.decisions[:400] for name, (_, r, _) in runs.items() if r.decisions},
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1))
-    write_markdown(out.with_suffix(".md"), report)
+    write_markdown(out.with_suffix(".md"), report, out.with_suffix(".png").name)
     plot(
         out.with_suffix(".png"),
-        {f"static-peak ({static_n})": runs[f"static-{static_n}"], "threshold": runs["threshold"],
-         "predictive": runs["predictive"]},
+        {f"static-peak ({static_n})": runs[f"static-{static_n}"][1], "threshold": runs["threshold"][1],
+         "predictive": runs["predictive"][1]},
         args.base_rate,
     )  # fmt: skip
-    print(f"target met: {met}; wrote {out}.{{json,md,png}}")
+    print(f"target met: {met}; wrote {out}.{{json,md,png}} in {report['bench_wall_s']} s")
     return 0
 
 
-def write_markdown(path: Path, report: dict) -> None:
+def write_markdown(path: Path, report: dict, png_name: str) -> None:
     s = report["settings"]
     lines = [
         "# Autoscaler: a tidal day (static for the peak vs threshold vs predictive)",
@@ -214,10 +271,10 @@ def write_markdown(path: Path, report: dict) -> None:
         f"Azure LLM conversation trace arrivals time-warped onto a day (base {s['base_rate']} req/s, 4x peaks "
         f"10-12 h and 14-17 h, night at 0.2x), replayed in virtual time through the real `SchedulerCore` and the "
         f"real policies; workers modelled from the `{s['profile']}` sim profile with {s['slots']} slots and a "
-        f"{s['cold_start_s']:.0f} s cold start. Static provisioning: {s['static_replicas']} workers all day, the "
-        f"smallest of {s['sized_for_peak']}..{s['sized_for_peak'] + 2} (the Little's-law/Erlang-C size for the known "
-        f"peak at 0.8 utilisation, {s['service_s_model']} s mean service, and one and two more) that meets the SLO "
-        "(all candidates in the JSON).",
+        f"{s['cold_start_s']:.0f} s cold start. Static provisioning: {s['static_replicas']} workers all day: "
+        f"the Little's-law/Erlang-C size for the known peak at 0.8 utilisation ({s['sized_for_peak']} workers, "
+        f"{s['service_s_model']} s mean service), or one or two more where that misses the SLO (the candidates "
+        "replayed are in the JSON).",
         "",
         "| policy | TTFT <= 2 s | TTFT p50 ms | TTFT p99 ms | GPU-hours | vs static | scale events | "
         "workers started | cold-start GPU-h | unserved |",
@@ -236,16 +293,30 @@ def write_markdown(path: Path, report: dict) -> None:
         "Notes:",
         "- threshold runs with the design source's numbers (300 ms for 3 min up, +1 step, 5 min cooldown, "
         "10 min of zero traffic down) untuned; at night traffic never stops, so it never scales down.",
-        f"- predictive's parameters (utilisation cap {s['max_utilisation']}, lead 30 s past the cold start, 120 s "
-        "before a scale-down, 10-minute pattern bins) were chosen while developing it on this same synthetic day "
-        "(the cap was lowered from 0.8 to 0.6 after a static fleet sized at 0.8 for the peak reached only 97.9 % "
-        "TTFT attainment on this day): "
-        "this is an in-sample result. Its daily pattern is learnt from a previous day of the same shape "
-        "built from another stretch of the trace.",
+        f"- predictive's utilisation cap ({s['predictive_cap_chosen']:g}) was chosen on the tuning day, another "
+        f"stretch of the trace on the same day shape (the highest of {s['tune_caps']} meeting the SLO there; "
+        "the tuning runs are below and in the JSON), and judged here on a day it was not tuned on. Its other "
+        "parameters (lead 30 s past the cold start, 120 s before a scale-down, 10-minute pattern bins) were "
+        "set while developing it on this synthetic day shape and are not tuned per run. Its daily pattern is "
+        "learnt from the previous day (the tuning day).",
         "- Workers are modelled at request level (prefill step, then decode steps whose length grows with the "
         "batch), not by SimCore's step-by-step engine: a day of SimCore steps is too slow to replay here.",
         "",
-        "![timeline](autoscaler_bench.png)",
+        f"- Replays are in virtual time through the real scheduler core (pipeline `bench/autoscaler_pipeline.yaml`: "
+        f"the batch limit and least-loaded placement); the whole benchmark took {report['bench_wall_s']} s of wall "
+        f"time with {s['processes']} replays side by side.",
+        "",
+        "Tuning day (predictive, per utilisation cap):",
+        "",
+        "| cap | TTFT <= 2 s | GPU-hours | scale events |",
+        "|---|---|---|---|",
+        *[
+            f"| {r['policy'].removeprefix('tune-predictive-')} | {r['slo_attainment']:.2%} | {r['gpu_hours']:.1f} | "
+            f"{r['scale_events']} |"
+            for r in report["tuning_day"]
+        ],
+        "",
+        f"![timeline]({png_name})",
     ]
     path.write_text("\n".join(lines) + "\n")
 

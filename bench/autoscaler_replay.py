@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,8 +83,10 @@ def replay_day(
     policy: ScalingPolicy | None,
     static_replicas: int = 0,
     day_ms: float = 86_400_000.0,
+    progress: Callable[[float, int], None] | None = None,
 ) -> DayResult:
-    """One day; `policy` None means `static_replicas` workers all day, ready from the start."""
+    """One day; `policy` None means `static_replicas` workers all day, ready from the start.
+    `progress(t_s, replicas)` is called once per simulated hour."""
     core = SchedulerCore(
         Pipeline.load(cfg.pipeline),
         CoreConfig(
@@ -237,6 +240,8 @@ def replay_day(
                         )
                         scale_to(decision.desired_replicas, now)
                 res.timeline.append((now / 1000, len(live()), signals.arrival_rate_per_s, signals.queue_wait_ms))
+            if progress is not None and int(now) % 3_600_000 < cfg.stats_interval_s * 1000:
+                progress(now / 1000, len(live()))
             push(now + cfg.stats_interval_s * 1000, "stats")
     end = max(day_ms, now)
     for w in workers.values():
