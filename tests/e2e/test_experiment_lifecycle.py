@@ -243,7 +243,7 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
 
     # Comparisons on llm.comparisons for shadowed requests of both experiments.
     topics = t.Topics(s.topic_prefix)
-    comparisons = [c for _, c in await read_log(s, topics.name(t.COMPARISONS), Comparison)]
+    comparisons = [c for _, c in await read_log(s, topics.name(t.COMPARISONS), Comparison, timeout_s=60)]
     by_exp = Counter(c.experiment_id for c in comparisons)
     assert by_exp["exp-bad"] >= 4 and by_exp["exp-good"] >= 4
     answered_ids = {rid for rid, _, _, _ in load.answered}
@@ -251,7 +251,9 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
     good_pairs = [c for c in comparisons if c.experiment_id == "exp-good"]
     assert all(c.similarity == 1.0 and c.candidate.model == "sim-good" for c in good_pairs)
     # The candidate really ran: its results are on llm.results, flagged shadow, and nobody streamed them.
-    shadow_results = [r for _, r in await read_log(s, topics.name(t.RESULTS), InferenceResult) if r.shadow]
+    shadow_results = [
+        r for _, r in await read_log(s, topics.name(t.RESULTS), InferenceResult, timeout_s=60) if r.shadow
+    ]
     assert {r.model for r in shadow_results} == {"sim-bad", "sim-good"}
 
 
