@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import multiprocessing
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -231,7 +232,7 @@ def main() -> int:
     met = pred["slo_attainment"] >= TARGET_ATTAINMENT and pred["gpu_hours_vs_static"] <= TARGET_GPU_RATIO
     report = {
         "command": command,
-        "settings": vars(args)
+        "settings": {k: v for k, v in vars(args).items() if k != "out"}  # no machine paths in a report
         | {
             "static_replicas": static_n,
             "sized_for_peak": sized,
@@ -245,6 +246,7 @@ def main() -> int:
         "target": f"predictive >= {TARGET_ATTAINMENT:.0%} attainment at <= {TARGET_GPU_RATIO}x static GPU-hours",
         "target_met": met,
         "bench_wall_s": round(time.perf_counter() - started),
+        "load_average_1m": round(os.getloadavg()[0], 1),
         "decisions": {name: r.decisions[:400] for name, (_, r, _) in runs.items() if r.decisions},
     }
     out = Path(args.out)
@@ -304,7 +306,7 @@ def write_markdown(path: Path, report: dict, png_name: str) -> None:
         "",
         f"- Replays are in virtual time through the real scheduler core (pipeline `bench/autoscaler_pipeline.yaml`: "
         f"the batch limit and least-loaded placement); the whole benchmark took {report['bench_wall_s']} s of wall "
-        f"time with {s['processes']} replays side by side.",
+        f"time with {s['processes']} replays side by side (load average {report['load_average_1m']} at the end).",
         "",
         "Tuning day (predictive, per utilisation cap):",
         "",
