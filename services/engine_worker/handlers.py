@@ -68,7 +68,7 @@ class WorkerHandlers:
         self.fence = fence
         self.cooldown_until_s = 0.0  # monotonic: upstream said 429/503, take nothing new until then
         self.draining = False
-        self.running: set[str] = set()  # request ids in the engine now
+        self.running: set[str] = set()  # request ids handled here now (claimed before the first await)
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
@@ -91,6 +91,14 @@ class WorkerHandlers:
     async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if dispatch.request_id in self.running:
             return  # the same request re-sent while it runs here (a restarted scheduler): one run only
+        # Check and claim with no await between: a second copy handled concurrently sees the claim.
+        self.running.add(dispatch.request_id)
+        try:
+            await self._admit_and_run(dispatch, record)
+        finally:
+            self.running.discard(dispatch.request_id)
+
+    async def _admit_and_run(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if await self.fence.superseded(dispatch.request_id, dispatch.attempt):
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)  # finished already, or a later attempt runs
             return
@@ -157,7 +165,6 @@ class WorkerHandlers:
         deliveries: list[asyncio.Future[object]] = []
         superseded = False
         next_check_s = time.monotonic() + self.settings.superseded_check_s
-        self.running.add(request.request_id)
         try:
             async for out in self.engine.generate(engine_request):
                 last = out
@@ -173,8 +180,6 @@ class WorkerHandlers:
         except EngineError as failed:
             await self._engine_failed(dispatch, failed, reply_topic, batcher.last_seq)
             return
-        finally:
-            self.running.discard(request.request_id)
         if superseded:
             log.warning("%s: superseded while running, aborted", dispatch.dedupe_key)
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)

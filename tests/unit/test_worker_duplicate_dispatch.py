@@ -1,0 +1,40 @@
+"""A Dispatch delivered twice at once (a restarted scheduler re-sent it) runs once on a worker (issue 9).
+
+The `running` check and the claim used to be separated by awaits (the superseded check in Redis),
+so two copies handled concurrently both passed it and the engine ran the request twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from llmbus.messages import DispatchOutcome, InferenceResult, TokenChunk
+from tests.unit.test_worker_request_errors import MemoryFence, ScriptedEngine, record, worker
+
+
+class SlowFence(MemoryFence):
+    """Redis answers after a round trip: every check yields to the event loop."""
+
+    async def superseded(self, request_id: str, attempt: int) -> bool:
+        await asyncio.sleep(0)
+        return await super().superseded(request_id, attempt)
+
+
+async def test_two_copies_of_one_dispatch_handled_concurrently_run_the_engine_once() -> None:
+    engine = ScriptedEngine(tokens=3)
+    handlers, publisher = worker(engine, SlowFence())
+    await asyncio.gather(handlers.on_dispatch(record()), handlers.on_dispatch(record()))
+    assert engine.calls == 1
+    [result] = publisher.of(InferenceResult)
+    chunks = [c for c in publisher.of(TokenChunk) if c.attempt == result.attempt]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))  # one gap-free stream, not two interleaved
+    assert not handlers.running  # the claim is released when the run ends
+
+
+async def test_a_copy_arriving_after_the_run_ended_is_judged_by_the_fence() -> None:
+    engine = ScriptedEngine(tokens=2)
+    handlers, publisher = worker(engine, SlowFence())
+    await handlers.on_dispatch(record())
+    await handlers.on_dispatch(record())  # finished already: the final marker says done
+    assert engine.calls == 1 and len(publisher.of(InferenceResult)) == 1
+    assert publisher.of(DispatchOutcome)[-1].status.value == "duplicate"
