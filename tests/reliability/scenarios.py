@@ -211,8 +211,9 @@ async def group_churn(size: Size, log_dir: Path) -> Outcome:
 async def redis_restart(size: Size, log_dir: Path) -> Outcome:
     """Private Redis instances: the router's one stopped for 4 s, later the one scheduler and workers share.
 
-    Scheduler and workers must share one Redis (the final and superseded markers fence attempts
-    between them), so their outage is one fault; the router's state (limits, cache) is its own.
+    The final markers (who answers a request) live in the bus's Redis, shared by router, scheduler
+    and workers, so its outage is one fault; the router's limits and cache are in a Redis of their
+    own (LLMBUS_ROUTER_STATE_REDIS_URL).
     """
     router_redis = PrivateRedis(log_dir / "redis-router")
     dispatch_redis = PrivateRedis(log_dir / "redis-dispatch")
@@ -233,7 +234,7 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
     try:
         await prepare(settings)
         stack = Stack(settings, log_dir)
-        stack.router(settings=settings.model_copy(update={"redis_url": router_redis.url}))
+        stack.router(env={"LLMBUS_ROUTER_STATE_REDIS_URL": router_redis.url})
         stack.scheduler()
         for worker_id in WORKERS:
             stack.worker(worker_id)
@@ -242,7 +243,7 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
             await start_and_wait(stack, WORKERS)
             hooks = {
                 at(size, 0.25): faults.spawn(outage(router_redis, "router")),
-                at(size, 0.6): faults.spawn(outage(dispatch_redis, "scheduler and workers")),
+                at(size, 0.6): faults.spawn(outage(dispatch_redis, "final markers (router, scheduler, workers)")),
             }
             return await _run("redis_restart", settings, stack, size, hooks, faults)
         finally:
