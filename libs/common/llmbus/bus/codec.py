@@ -61,6 +61,8 @@ def decode(record: ConsumerRecord, model: type[M], *, max_bytes: int | None = No
         raise BadMessage(ErrorCode.MALFORMED, "empty value (tombstone) where a message was expected")
     try:
         data = json.loads(raw)
+    except RecursionError as exc:  # nested deeper than the parser's stack: input, not a service fault
+        raise BadMessage(ErrorCode.MALFORMED, "JSON nested too deep") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         if max_bytes is not None and len(raw) > max_bytes:
             raise BadMessage(ErrorCode.REQUEST_TOO_LARGE, _too_large(len(raw), max_bytes)) from exc
