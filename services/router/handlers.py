@@ -63,7 +63,10 @@ class RouterHandlers:
         received_at_ms = now_ms()
         try:
             # The edge of the bus: over max_request_bytes is refused here, so what routing adds still fits.
-            request = decode(record, InferenceRequest, max_bytes=self.bus.settings.max_request_bytes)
+            # A request without an id would be answered under a fresh one that its sender cannot know.
+            request = decode(
+                record, InferenceRequest, max_bytes=self.bus.settings.max_request_bytes, required=("request_id",)
+            )
             check_reply_topic(request, self.settings.allowed_reply_topic_prefix)
         except BadMessage as bad:
             await self._reject_bad(record, bad)
