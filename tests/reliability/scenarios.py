@@ -12,7 +12,7 @@ import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -47,8 +47,16 @@ class Size:
     answer_timeout_s: float
 
 
-SHORT = Size(requests=240, rate_per_s=40, hostile=120, answer_timeout_s=120)
+SHORT = Size(requests=160, rate_per_s=40, hostile=80, answer_timeout_s=120)
 LONG = Size(requests=3000, rate_per_s=40, hostile=2000, answer_timeout_s=180)
+
+
+def sized(size: Size, requests: str | None) -> Size:
+    """`size` with another request count (hostile records scaled alike); None keeps it."""
+    if not requests:
+        return size
+    count = int(requests)
+    return replace(size, requests=count, hostile=max(1, size.hostile * count // size.requests))
 
 
 @contextlib.asynccontextmanager

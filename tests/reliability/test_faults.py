@@ -1,6 +1,8 @@
 """Delivery under faults: every scenario must end with 0 lost, 0 doubled, clean chunks, nothing misfiled.
 
-CI runs the short sizes (`-m reliability` selects them); `make reliability` the long ones.
+`make test` runs the short sizes (unmarked); `make reliability` sets LLMBUS_RELIABILITY=long, which
+marks them `reliability` (and `make test` leaves them out). LLMBUS_RELIABILITY_REQUESTS overrides
+the number of requests per scenario (the report says so).
 """
 
 from __future__ import annotations
@@ -13,17 +15,17 @@ import pytest
 
 from llmbus.audit import AuditReport
 from tests.reliability.harness import Outcome
-from tests.reliability.scenarios import LONG, SCENARIOS, SHORT
+from tests.reliability.scenarios import LONG, SCENARIOS, SHORT, sized
 
 LONG_RUN = os.environ.get("LLMBUS_RELIABILITY") == "long"
-SIZE = LONG if LONG_RUN else SHORT
+SIZE = sized(LONG if LONG_RUN else SHORT, os.environ.get("LLMBUS_RELIABILITY_REQUESTS"))
 
 pytestmark = [
-    pytest.mark.reliability,
+    *([pytest.mark.reliability] if LONG_RUN else []),
     pytest.mark.kafka,
     pytest.mark.redis,
     pytest.mark.slow,
-    pytest.mark.timeout(1500 if LONG_RUN else 240),
+    pytest.mark.timeout(1500 if LONG_RUN else 300),
 ]
 
 
