@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from llmbus import topics as t
 from llmbus.bus import Bus
+from llmbus.bus.codec import MAX_ID_CHARS
 from llmbus.settings import BusSettings
 from tests.reliability.harness import (
     Answers,
@@ -356,14 +357,12 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
 
 
 def _answerable(request_id: str) -> bool:
-    """Ids judged one by one (exactly one result each). Not these: an id with a lone surrogate is no
-    UTF-8 text, so no Kafka key or result can carry it; "" is drawn more than once and names nobody.
+    """Ids judged one by one (exactly one result each): those a request can carry and the router can
+    answer under (`llmbus.bus.codec`: 1..128 printable characters). Not these: an id with a lone
+    surrogate is no UTF-8 text, so no Kafka key or result can carry it; a longer one or one with
+    CR/LF is refused without an answer when the rest of the request is bad too; "" names nobody.
     Their records must still end as a result or in the DLQ (the audit's account of llm.requests)."""
-    try:
-        request_id.encode()
-    except UnicodeEncodeError:
-        return False
-    return request_id != ""
+    return 0 < len(request_id) <= MAX_ID_CHARS and request_id.isprintable()
 
 
 def _resolve(record: Hostile, valid_ids: list[str]) -> Hostile:
