@@ -50,6 +50,10 @@ from services.engine_worker.streaming import ChunkBatcher
 log = logging.getLogger(__name__)
 
 
+class ResultOut(Exception):
+    """Raised when what follows a published result (final marker, outcome) failed: never retried."""
+
+
 @dataclass(frozen=True)
 class RunSite:
     """Where this worker's requests run, recorded in each result (`llmbus trace` shows it)."""
@@ -77,6 +81,10 @@ class WorkerHandlers:
         dispatch = decode(record, Dispatch)
         try:
             await self._handle(dispatch, record)
+        except ResultOut:
+            # The result is published: sending the request round again (or answering it with an
+            # error) would give it a second result. The scheduler learns the end from the marker.
+            log.exception("dispatch %s: result out, its bookkeeping failed", dispatch.dedupe_key)
         except Exception as exc:
             log.exception("dispatch %s failed in the worker", dispatch.dedupe_key)
             error = ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"[:2000])
@@ -202,16 +210,33 @@ class WorkerHandlers:
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
         await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, last_seq)
-        await asyncio.gather(
-            self.fence.final_published(dispatch.request_id, dispatch.attempt),
-            self._outcome(
-                dispatch,
-                status,
-                error=result.error if status == OutcomeStatus.FAILED else None,
-                prompt_tokens=result.usage.prompt_tokens,
-                completion_tokens=result.usage.completion_tokens,
-            ),
-        )
+        try:
+            await asyncio.gather(
+                self._mark_published(dispatch),
+                self._outcome(
+                    dispatch,
+                    status,
+                    error=result.error if status == OutcomeStatus.FAILED else None,
+                    prompt_tokens=result.usage.prompt_tokens,
+                    completion_tokens=result.usage.completion_tokens,
+                ),
+            )
+        except Exception as exc:
+            raise ResultOut(dispatch.dedupe_key) from exc
+
+    async def _mark_published(self, dispatch: Dispatch) -> None:
+        """`done:<attempt>`, retried within the claim's lease: while only the pending claim stands,
+        its expiry would let a later attempt publish a second result."""
+        deadline_s = time.monotonic() + self.fence.claim_lease_ms / 1000
+        while True:
+            try:
+                await self.fence.final_published(dispatch.request_id, dispatch.attempt)
+                return
+            except Exception:
+                if time.monotonic() >= deadline_s:
+                    raise
+                log.warning("%s: final marker not set yet; retrying", dispatch.dedupe_key, exc_info=True)
+                await asyncio.sleep(0.5)
 
     async def _answer_failure(self, dispatch: Dispatch, error: ErrorInfo) -> None:
         final = error.model_copy(update={"retryable": False})

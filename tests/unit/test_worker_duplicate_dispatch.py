@@ -38,3 +38,21 @@ async def test_a_copy_arriving_after_the_run_ended_is_judged_by_the_fence() -> N
     await handlers.on_dispatch(record())  # finished already: the final marker says done
     assert engine.calls == 1 and len(publisher.of(InferenceResult)) == 1
     assert publisher.of(DispatchOutcome)[-1].status.value == "duplicate"
+
+
+class MarkerDown(MemoryFence):
+    """Redis goes away between the claim and the `done` mark (seen under load: a pool timeout)."""
+
+    claim_lease_ms = 300
+
+    async def final_published(self, request_id: str, attempt: int) -> None:
+        raise TimeoutError("no connection available")
+
+
+async def test_a_failure_after_the_result_is_out_never_sends_the_request_round_again() -> None:
+    handlers, publisher = worker(ScriptedEngine(tokens=2), MarkerDown())
+    await handlers.on_dispatch(record())  # logged, not raised: the record is done
+    [result] = publisher.of(InferenceResult)  # no second, error result from _answer_failure
+    assert result.status.value == "ok"
+    statuses = [o.status.value for o in publisher.of(DispatchOutcome)]
+    assert "retryable" not in statuses  # a retry would publish a second result once the lease ran out
