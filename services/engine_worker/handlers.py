@@ -72,7 +72,7 @@ class WorkerHandlers:
         self.fence = fence
         self.cooldown_until_s = 0.0  # monotonic: upstream said 429/503, take nothing new until then
         self.draining = False
-        self.running: set[str] = set()  # request ids handled here now (claimed before the first await)
+        self.running: dict[str, int] = {}  # request id → attempt handled here now (claimed before any await)
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
@@ -97,14 +97,22 @@ class WorkerHandlers:
                 raise
 
     async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
-        if dispatch.request_id in self.running:
-            return  # the same request re-sent while it runs here (a restarted scheduler): one run only
+        running_attempt = self.running.get(dispatch.request_id)
+        if running_attempt == dispatch.attempt:
+            return  # the same attempt re-sent while it runs here (a restarted scheduler): one run only
+        if running_attempt is not None:
+            # A later attempt while the earlier (fenced off, aborting) one still holds the engine's
+            # request id: hand it back, so it is placed again once the earlier one is gone.
+            busy = ErrorInfo.of(ErrorCode.HANDED_BACK, f"attempt {running_attempt} still runs here")
+            await self._retryable(dispatch, busy)
+            return
         # Check and claim with no await between: a second copy handled concurrently sees the claim.
-        self.running.add(dispatch.request_id)
+        self.running[dispatch.request_id] = dispatch.attempt
         try:
             await self._admit_and_run(dispatch, record)
         finally:
-            self.running.discard(dispatch.request_id)
+            if self.running.get(dispatch.request_id) == dispatch.attempt:
+                del self.running[dispatch.request_id]
 
     async def _admit_and_run(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if await self.fence.superseded(dispatch.request_id, dispatch.attempt):

@@ -56,3 +56,21 @@ async def test_a_failure_after_the_result_is_out_never_sends_the_request_round_a
     assert result.status.value == "ok"
     statuses = [o.status.value for o in publisher.of(DispatchOutcome)]
     assert "retryable" not in statuses  # a retry would publish a second result once the lease ran out
+
+
+async def test_a_later_attempt_arriving_while_the_earlier_runs_here_is_handed_back_not_dropped() -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def step(i: int) -> None:
+        started.set()
+        await release.wait()
+
+    handlers, publisher = worker(ScriptedEngine(tokens=2, on_step=step), SlowFence())
+    first = asyncio.create_task(handlers.on_dispatch(record(attempt=1)))
+    await started.wait()
+    await handlers.on_dispatch(record(attempt=2))  # the worker looked dead; now it is back
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.attempt == 2 and outcome.status.value == "retryable"  # placed again, never silently lost
+    release.set()
+    await first
