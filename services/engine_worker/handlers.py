@@ -50,6 +50,10 @@ from services.engine_worker.streaming import ChunkBatcher
 log = logging.getLogger(__name__)
 
 
+class ResultOut(Exception):
+    """Raised when what follows a published result (final marker, outcome) failed: never retried."""
+
+
 @dataclass(frozen=True)
 class RunSite:
     """Where this worker's requests run, recorded in each result (`llmbus trace` shows it)."""
@@ -68,7 +72,7 @@ class WorkerHandlers:
         self.fence = fence
         self.cooldown_until_s = 0.0  # monotonic: upstream said 429/503, take nothing new until then
         self.draining = False
-        self.running: set[str] = set()  # request ids in the engine now
+        self.running: dict[str, int] = {}  # request id → attempt handled here now (claimed before any await)
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
@@ -77,6 +81,10 @@ class WorkerHandlers:
         dispatch = decode(record, Dispatch)
         try:
             await self._handle(dispatch, record)
+        except ResultOut:
+            # The result is published: sending the request round again (or answering it with an
+            # error) would give it a second result. The scheduler learns the end from the marker.
+            log.exception("dispatch %s: result out, its bookkeeping failed", dispatch.dedupe_key)
         except Exception as exc:
             log.exception("dispatch %s failed in the worker", dispatch.dedupe_key)
             error = ErrorInfo.of(ErrorCode.WORKER_ERROR, f"{type(exc).__name__}: {exc}"[:2000])
@@ -89,8 +97,24 @@ class WorkerHandlers:
                 raise
 
     async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
-        if dispatch.request_id in self.running:
-            return  # the same request re-sent while it runs here (a restarted scheduler): one run only
+        running_attempt = self.running.get(dispatch.request_id)
+        if running_attempt == dispatch.attempt:
+            return  # the same attempt re-sent while it runs here (a restarted scheduler): one run only
+        if running_attempt is not None:
+            # A later attempt while the earlier (fenced off, aborting) one still holds the engine's
+            # request id: hand it back, so it is placed again once the earlier one is gone.
+            busy = ErrorInfo.of(ErrorCode.HANDED_BACK, f"attempt {running_attempt} still runs here")
+            await self._retryable(dispatch, busy)
+            return
+        # Check and claim with no await between: a second copy handled concurrently sees the claim.
+        self.running[dispatch.request_id] = dispatch.attempt
+        try:
+            await self._admit_and_run(dispatch, record)
+        finally:
+            if self.running.get(dispatch.request_id) == dispatch.attempt:
+                del self.running[dispatch.request_id]
+
+    async def _admit_and_run(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
         if await self.fence.superseded(dispatch.request_id, dispatch.attempt):
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)  # finished already, or a later attempt runs
             return
@@ -157,7 +181,6 @@ class WorkerHandlers:
         deliveries: list[asyncio.Future[object]] = []
         superseded = False
         next_check_s = time.monotonic() + self.settings.superseded_check_s
-        self.running.add(request.request_id)
         try:
             async for out in self.engine.generate(engine_request):
                 last = out
@@ -173,8 +196,6 @@ class WorkerHandlers:
         except EngineError as failed:
             await self._engine_failed(dispatch, failed, reply_topic, batcher.last_seq)
             return
-        finally:
-            self.running.discard(request.request_id)
         if superseded:
             log.warning("%s: superseded while running, aborted", dispatch.dedupe_key)
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
@@ -197,16 +218,33 @@ class WorkerHandlers:
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
         await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, last_seq)
-        await asyncio.gather(
-            self.fence.final_published(dispatch.request_id, dispatch.attempt),
-            self._outcome(
-                dispatch,
-                status,
-                error=result.error if status == OutcomeStatus.FAILED else None,
-                prompt_tokens=result.usage.prompt_tokens,
-                completion_tokens=result.usage.completion_tokens,
-            ),
-        )
+        try:
+            await asyncio.gather(
+                self._mark_published(dispatch),
+                self._outcome(
+                    dispatch,
+                    status,
+                    error=result.error if status == OutcomeStatus.FAILED else None,
+                    prompt_tokens=result.usage.prompt_tokens,
+                    completion_tokens=result.usage.completion_tokens,
+                ),
+            )
+        except Exception as exc:
+            raise ResultOut(dispatch.dedupe_key) from exc
+
+    async def _mark_published(self, dispatch: Dispatch) -> None:
+        """`done:<attempt>`, retried within the claim's lease: while only the pending claim stands,
+        its expiry would let a later attempt publish a second result."""
+        deadline_s = time.monotonic() + self.fence.claim_lease_ms / 1000
+        while True:
+            try:
+                await self.fence.final_published(dispatch.request_id, dispatch.attempt)
+                return
+            except Exception:
+                if time.monotonic() >= deadline_s:
+                    raise
+                log.warning("%s: final marker not set yet; retrying", dispatch.dedupe_key, exc_info=True)
+                await asyncio.sleep(0.5)
 
     async def _answer_failure(self, dispatch: Dispatch, error: ErrorInfo) -> None:
         final = error.model_copy(update={"retryable": False})

@@ -12,7 +12,7 @@ from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state import dispatch_markers, redis_client
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
@@ -53,9 +53,12 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         policy = with_default_model(policy, router_settings.default_model)
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
-    core, budgets, cache = build_core(policy, f"{settings.topic_prefix}router", settings.redis_url)
+    state_redis_url = router_settings.state_redis_url or settings.redis_url
+    core, budgets, cache = build_core(policy, f"{settings.topic_prefix}router", state_redis_url)
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
-    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter)
+    markers = redis_client(settings.redis_url)
+    fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
+    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter, fence)
 
     state = make_consumer(
         settings,
@@ -103,6 +106,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
             await stop_consumer(consumer, settings.stop_timeout_s)
         with contextlib.suppress(Exception):
             await cache.close()
+        with contextlib.suppress(Exception):
+            await markers.aclose()
         await bus.stop()
 
 

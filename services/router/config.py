@@ -19,3 +19,6 @@ class RouterSettings(BaseSettings):
     state_catch_up_s: float = 15.0
     # Fill the exact cache from llm.results (a router replica group reads them once).
     cache_fill: bool = True
+    # Redis for the limits and the cache; None: the bus's redis_url. The final markers (who
+    # answers a request) are always in the bus's redis_url, shared with scheduler and workers.
+    state_redis_url: str | None = None

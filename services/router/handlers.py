@@ -2,16 +2,21 @@
 
 A refusal (limits, budget, prompt too long) or a cache hit is not a bad message: it ends
 as a final chunk on the client's reply topic and one InferenceResult, with no DLQ entry.
+Such an answer first claims the request's final marker (llmbus.fencing, as attempt 0): a
+request record delivered again after a crash or rebalance, whose first delivery was routed to
+a worker, is not answered a second time from the cache (or refused by then-full limits).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
+from llmbus.fencing import RequestFence
 from llmbus.messages import (
     BudgetStatus,
     ErrorCode,
@@ -30,6 +35,9 @@ from services.router.core.route import Rejected, check_reply_topic
 from services.router.latency_watch import LatencyReporter
 from services.router.policy.pipeline import RouteOutcome, RouterCore
 
+log = logging.getLogger(__name__)
+ROUTER_ATTEMPT = 0  # the router's own answers, before any worker attempt (those count from 1)
+
 
 class RouterHandlers:
     def __init__(
@@ -40,6 +48,7 @@ class RouterHandlers:
         budgets: BudgetBook,
         cache: RedisResponseCache | None = None,
         latency: LatencyReporter | None = None,
+        fence: RequestFence | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -47,13 +56,17 @@ class RouterHandlers:
         self.budgets = budgets
         self.cache = cache
         self.latency = latency
+        self.fence = fence  # the final markers scheduler and workers share
         self.routed_topic = bus.topics.name(t.ROUTED)
 
     async def on_request(self, record: ConsumerRecord) -> None:
         received_at_ms = now_ms()
         try:
             # The edge of the bus: over max_request_bytes is refused here, so what routing adds still fits.
-            request = decode(record, InferenceRequest, max_bytes=self.bus.settings.max_request_bytes)
+            # A request without an id would be answered under a fresh one that its sender cannot know.
+            request = decode(
+                record, InferenceRequest, max_bytes=self.bus.settings.max_request_bytes, required=("request_id",)
+            )
             check_reply_topic(request, self.settings.allowed_reply_topic_prefix)
         except BadMessage as bad:
             await self._reject_bad(record, bad)
@@ -88,12 +101,16 @@ class RouterHandlers:
     async def _publish(self, request: InferenceRequest, outcome: RouteOutcome) -> None:
         publisher = self.bus.publisher
         if outcome.result is not None:
-            reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
-            for chunk in outcome.content_chunks:
-                await publisher.publish(
-                    reply_topic, chunk, key=request.request_id, request_id=request.request_id, tenant=request.tenant
+            if not await self._claim_answer(request.request_id):
+                log.info(
+                    "%s: already routed or answered (a redelivered request); not answered again", request.request_id
                 )
-            await publish_result(publisher, self.bus.topics, outcome.result, reply_topic, last_seq=outcome.last_seq)
+                return
+            reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
+            await publish_result(
+                publisher, self.bus.topics, outcome.result, reply_topic, content_chunks=outcome.content_chunks
+            )
+            await self._answered(request.request_id)
             return
         assert outcome.routed is not None
         # The primary and its shadow copies go out together; the record is done when all are acknowledged.
@@ -109,6 +126,25 @@ class RouterHandlers:
                 for routed in [outcome.routed, *outcome.shadows]
             ]
         )
+
+    async def _claim_answer(self, request_id: str) -> bool:
+        """False when a worker attempt or an earlier delivery owns the result. Redis away: answer
+        anyway (a second result needs a redelivery during the outage; no answer would be certain)."""
+        if self.fence is None:
+            return True
+        try:
+            return await self.fence.claim_final(request_id, ROUTER_ATTEMPT)
+        except Exception:
+            log.warning("final marker of %s unreachable; answering without it", request_id, exc_info=True)
+            return True
+
+    async def _answered(self, request_id: str) -> None:
+        if self.fence is None:
+            return
+        try:
+            await self.fence.final_published(request_id, ROUTER_ATTEMPT)
+        except Exception:  # the pending claim's lease runs out by itself
+            log.warning("could not mark %s answered", request_id, exc_info=True)
 
     async def on_result(self, record: ConsumerRecord) -> None:
         result = decode(record, InferenceResult)
@@ -140,6 +176,8 @@ class RouterHandlers:
         await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
         if bad.request_id is None:
             return  # nobody to answer: the DLQ entry is the only trace
+        if not await self._claim_answer(bad.request_id):
+            return  # a request of that id was answered already (or is in flight): one result per id
         await publish_error(
             self.bus.publisher,
             self.bus.topics,
@@ -149,3 +187,4 @@ class RouterHandlers:
             produced_by=self.bus.service,
             reply_topic=reply_topic_of(self.bus.topics, None),
         )
+        await self._answered(bad.request_id)

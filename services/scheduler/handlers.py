@@ -235,7 +235,7 @@ class SchedulerHandlers:
             # An earlier attempt is publishing its result (or died doing so): ask again after its lease.
             self.core.delay(placement.request, now_ms() + self.fence.claim_lease_ms)
         else:
-            log.info("%s: an earlier attempt's result is out; attempt %d not sent", *placement.key.rsplit(":", 1))
+            log.info("%s: an earlier attempt's result is out; attempt %s not sent", *placement.key.rsplit(":", 1))
         return False
 
     async def _send(self, worker_id: str, routed: RoutedRequest, attempt: int, prefix_block_hashes: list[str]) -> None:

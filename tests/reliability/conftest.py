@@ -22,4 +22,7 @@ def reliability_outcomes() -> Iterator[list[Outcome]]:
     target = os.environ.get("LLMBUS_RELIABILITY_REPORT")
     if target and outcomes:
         command = os.environ.get("LLMBUS_RELIABILITY_COMMAND") or shlex.join(["python", *sys.argv[1:]])
-        write_report(outcomes, Path(target), command, os.environ.get("LLMBUS_RELIABILITY", "short"))
+        size = os.environ.get("LLMBUS_RELIABILITY", "short")
+        if requests := os.environ.get("LLMBUS_RELIABILITY_REQUESTS"):
+            size += f", {requests} requests per scenario"
+        write_report(outcomes, Path(target), command, size)

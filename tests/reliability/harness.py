@@ -118,8 +118,8 @@ class Stack:
         self.procs[name] = proc.start()
         return proc
 
-    def router(self, name: str = "router", settings: BusSettings | None = None) -> ServiceProc:
-        return self._add(name, "services.router", ROUTER_ENV, settings)
+    def router(self, name: str = "router", env: dict[str, str] | None = None) -> ServiceProc:
+        return self._add(name, "services.router", ROUTER_ENV | (env or {}), None)
 
     def scheduler(self, name: str = "scheduler", settings: BusSettings | None = None) -> ServiceProc:
         # A stable instance id: a restarted scheduler resumes its own outcomes group.
@@ -318,8 +318,10 @@ async def finish(
     notes: list[str] | None = None,
 ) -> Outcome:
     """Wait for the answers, then audit everything the namespace holds."""
+    load_done = time.monotonic()
     answered = await answers.wait(sent_ids, answer_timeout_s)
     notes = list(notes or [])
+    notes.append(f"load sent in {load_done - started:.1f}s; answers awaited {time.monotonic() - load_done:.1f}s")
     if stack.crashes:
         notes.append(f"services that exited by themselves ({len(stack.crashes)}): {stack.crashes[:10]}")
     notes.append(f"{answered}/{len(sent_ids)} answered within {answer_timeout_s:.0f}s of the last send")

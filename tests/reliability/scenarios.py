@@ -12,13 +12,14 @@ import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
 from llmbus import topics as t
 from llmbus.bus import Bus
+from llmbus.bus.codec import MAX_ID_CHARS
 from llmbus.settings import BusSettings
 from tests.reliability.harness import (
     Answers,
@@ -47,8 +48,16 @@ class Size:
     answer_timeout_s: float
 
 
-SHORT = Size(requests=240, rate_per_s=40, hostile=120, answer_timeout_s=120)
+SHORT = Size(requests=160, rate_per_s=40, hostile=80, answer_timeout_s=120)
 LONG = Size(requests=3000, rate_per_s=40, hostile=2000, answer_timeout_s=180)
+
+
+def sized(size: Size, requests: str | None) -> Size:
+    """`size` with another request count (hostile records scaled alike); None keeps it."""
+    if not requests:
+        return size
+    count = int(requests)
+    return replace(size, requests=count, hostile=max(1, size.hostile * count // size.requests))
 
 
 @contextlib.asynccontextmanager
@@ -211,8 +220,9 @@ async def group_churn(size: Size, log_dir: Path) -> Outcome:
 async def redis_restart(size: Size, log_dir: Path) -> Outcome:
     """Private Redis instances: the router's one stopped for 4 s, later the one scheduler and workers share.
 
-    Scheduler and workers must share one Redis (the final and superseded markers fence attempts
-    between them), so their outage is one fault; the router's state (limits, cache) is its own.
+    The final markers (who answers a request) live in the bus's Redis, shared by router, scheduler
+    and workers, so its outage is one fault; the router's limits and cache are in a Redis of their
+    own (LLMBUS_ROUTER_STATE_REDIS_URL).
     """
     router_redis = PrivateRedis(log_dir / "redis-router")
     dispatch_redis = PrivateRedis(log_dir / "redis-dispatch")
@@ -233,7 +243,7 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
     try:
         await prepare(settings)
         stack = Stack(settings, log_dir)
-        stack.router(settings=settings.model_copy(update={"redis_url": router_redis.url}))
+        stack.router(env={"LLMBUS_ROUTER_STATE_REDIS_URL": router_redis.url})
         stack.scheduler()
         for worker_id in WORKERS:
             stack.worker(worker_id)
@@ -242,7 +252,7 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
             await start_and_wait(stack, WORKERS)
             hooks = {
                 at(size, 0.25): faults.spawn(outage(router_redis, "router")),
-                at(size, 0.6): faults.spawn(outage(dispatch_redis, "scheduler and workers")),
+                at(size, 0.6): faults.spawn(outage(dispatch_redis, "final markers (router, scheduler, workers)")),
             }
             return await _run("redis_restart", settings, stack, size, hooks, faults)
         finally:
@@ -347,14 +357,12 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
 
 
 def _answerable(request_id: str) -> bool:
-    """Ids judged one by one (exactly one result each). Not these: an id with a lone surrogate is no
-    UTF-8 text, so no Kafka key or result can carry it; "" is drawn more than once and names nobody.
+    """Ids judged one by one (exactly one result each): those a request can carry and the router can
+    answer under (`llmbus.bus.codec`: 1..128 printable characters). Not these: an id with a lone
+    surrogate is no UTF-8 text, so no Kafka key or result can carry it; a longer one or one with
+    CR/LF is refused without an answer when the rest of the request is bad too; "" names nobody.
     Their records must still end as a result or in the DLQ (the audit's account of llm.requests)."""
-    try:
-        request_id.encode()
-    except UnicodeEncodeError:
-        return False
-    return request_id != ""
+    return 0 < len(request_id) <= MAX_ID_CHARS and request_id.isprintable()
 
 
 def _resolve(record: Hostile, valid_ids: list[str]) -> Hostile:

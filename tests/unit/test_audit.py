@@ -184,3 +184,19 @@ def test_every_request_record_ends_as_result_or_dead_letter() -> None:
     report = audit(TOPICS, log, ["r1"], account_requests=True)
     assert report.unaccounted == 2 and report.dead_letters == 1, report.summary()
     assert audit(TOPICS, log, ["r1"]).passed  # not asked: only the sent ids are judged
+
+
+def test_a_tombstone_on_llm_requests_is_client_input_accounted_by_its_dead_letter() -> None:
+    tombstone = rec(t.REQUESTS, None, "k")
+    letter = DeadLetter(
+        source_topic=tombstone.topic,
+        source_partition=0,
+        source_offset=tombstone.offset,
+        raw_value_b64="",
+        error_code="malformed",
+        error="empty value (tombstone) where a message was expected",
+        service="router",
+    )
+    report = audit(TOPICS, [tombstone, rec(t.DLQ, letter)], [], account_requests=True)
+    assert report.passed, report.summary()
+    assert audit(TOPICS, [tombstone], [], account_requests=True).unaccounted == 1

@@ -62,6 +62,8 @@ class FakeBus:
 class MemoryFence:
     """llmbus.fencing.RequestFence's rules on a dict (the real scripts run on Redis in tests/integration)."""
 
+    claim_lease_ms = 30_000
+
     def __init__(self) -> None:
         self.final: dict[str, str] = {}
         self.fence: dict[str, int] = {}

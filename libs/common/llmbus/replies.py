@@ -7,6 +7,11 @@ never waits forever and analytics see exactly one result per request id.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+
+from prometheus_client import Counter
+
 from llmbus import topics as t
 from llmbus.bus.producer import Publisher
 from llmbus.messages import (
@@ -18,26 +23,53 @@ from llmbus.messages import (
     TokenChunk,
 )
 
+log = logging.getLogger(__name__)
+REPLY_FAILURES = Counter(
+    "llmbus_reply_chunk_failures_total", "Final chunks that could not be written to a reply topic (the result was)"
+)
+
 
 async def publish_result(
-    publisher: Publisher, topics: t.Topics, result: InferenceResult, reply_topic: str | None, last_seq: int = -1
+    publisher: Publisher,
+    topics: t.Topics,
+    result: InferenceResult,
+    reply_topic: str | None,
+    last_seq: int = -1,
+    content_chunks: Sequence[TokenChunk] = (),
 ) -> None:
-    """Publish the final chunk (seq after `last_seq`) then the result; both keyed by request id."""
-    if reply_topic:
-        final = TokenChunk(
-            request_id=result.request_id,
-            tenant=result.tenant,
-            seq=last_seq + 1,
-            final=True,
-            finish_reason=result.finish_reason,
-            usage=result.usage,
-            error=result.error,
-            model=result.model,
-            shadow=result.shadow,
-            attempt=result.attempt,
-        )
-        await publisher.publish(reply_topic, final, key=result.request_id)
+    """Publish the result, then `content_chunks` and the final chunk (seq after theirs) on the reply topic.
+
+    The result goes first and alone decides success: it is the record every reader relies on,
+    and once it is out the request is answered (its final marker is taken). A reply topic that
+    refuses the chunks (gone, full, too slow) is logged, never raised: raising would send the
+    request round again and give it a second result.
+    """
     await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id)
+    if not reply_topic:
+        return
+    seq = content_chunks[-1].seq if content_chunks else last_seq
+    final = TokenChunk(
+        request_id=result.request_id,
+        tenant=result.tenant,
+        seq=seq + 1,
+        final=True,
+        finish_reason=result.finish_reason,
+        usage=result.usage,
+        error=result.error,
+        model=result.model,
+        shadow=result.shadow,
+        attempt=result.attempt,
+    )
+    try:
+        for chunk in [*content_chunks, final]:
+            await publisher.publish(
+                reply_topic, chunk, key=result.request_id, request_id=result.request_id, tenant=result.tenant
+            )
+    except Exception:
+        REPLY_FAILURES.inc()
+        log.warning(
+            "result of %s is out; its final chunk could not go to %s", result.request_id, reply_topic, exc_info=True
+        )
 
 
 def reply_topic_of(topics: t.Topics, reply_topic: str | None) -> str:

@@ -110,14 +110,14 @@ def _decode_all(topics: t.Topics, records: Iterable[Seen], report: AuditReport) 
     for record in records:
         model = expected_type(topics, record.topic)
         where = f"{record.topic}[{record.partition}]@{record.offset}"
+        if record.topic.removeprefix(topics.prefix) == t.REQUESTS:
+            decoded.requests.append(record)  # client input (tombstones too): judged by what became of it
+            continue
         if record.value is None:
             spec_compacted = model is not TokenChunk and topics.spec_of(record.topic).compacted
             if not spec_compacted:
                 report.misplaced += 1
                 report.note("misplaced", f"{where}: tombstone on a topic that is not compacted")
-            continue
-        if record.topic.removeprefix(topics.prefix) == t.REQUESTS:
-            decoded.requests.append(record)  # client input: judged by what became of it, not by its shape
             continue
         schema = record.header(SCHEMA_HEADER)
         if schema is not None and schema.split("/", 1)[0] != model.__name__:

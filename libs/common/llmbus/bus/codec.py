@@ -50,8 +50,11 @@ def _plausible_tenant(value: object) -> str | None:
     return value if isinstance(value, str) and _TENANT.match(value) else None
 
 
-def decode(record: ConsumerRecord, model: type[M], *, max_bytes: int | None = None) -> M:
-    """The record's message; BadMessage if it is not one (or, given `max_bytes`, is larger).
+def decode(
+    record: ConsumerRecord, model: type[M], *, max_bytes: int | None = None, required: tuple[str, ...] = ()
+) -> M:
+    """The record's message; BadMessage if it is not one (or, given `max_bytes`, is larger, or lacks
+    one of the `required` fields the model would otherwise fill with a default, such as a fresh id).
 
     An oversize record is refused with REQUEST_TOO_LARGE before validation; its request id is
     still recovered when it parses, so the client gets a final error instead of silence.
@@ -61,6 +64,8 @@ def decode(record: ConsumerRecord, model: type[M], *, max_bytes: int | None = No
         raise BadMessage(ErrorCode.MALFORMED, "empty value (tombstone) where a message was expected")
     try:
         data = json.loads(raw)
+    except RecursionError as exc:  # nested deeper than the parser's stack: input, not a service fault
+        raise BadMessage(ErrorCode.MALFORMED, "JSON nested too deep") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         if max_bytes is not None and len(raw) > max_bytes:
             raise BadMessage(ErrorCode.REQUEST_TOO_LARGE, _too_large(len(raw), max_bytes)) from exc
@@ -71,6 +76,8 @@ def decode(record: ConsumerRecord, model: type[M], *, max_bytes: int | None = No
     tenant = _plausible_tenant(data.get("tenant"))
     if max_bytes is not None and len(raw) > max_bytes:
         raise BadMessage(ErrorCode.REQUEST_TOO_LARGE, _too_large(len(raw), max_bytes), request_id, tenant)
+    if missing := [name for name in required if name not in data]:
+        raise BadMessage(ErrorCode.INVALID_REQUEST, f"{', '.join(missing)}: required on the wire", request_id, tenant)
     version = data.get("schema_version", 1)
     if isinstance(version, int) and version > model.SCHEMA_VERSION:
         raise BadMessage(
