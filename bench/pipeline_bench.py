@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.pipeline_load import CpuWindow, PipelineClient, broker_pid, closed_loop, open_loop
+from bench.pipeline_load import CpuWindow, PipelineClient, broker_pid, closed_loop, idle, open_loop
 from bench.pipeline_report import summarise, write_reports
 from bench.traces import AZURE_CONVERSATION
 from llmbus.bus.admin import ensure_catalog
@@ -207,6 +207,9 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
         try:
             await until_answering(client, stack.model)
             cpu = CpuWindow(stack.pids())
+            idle_window = await idle(cpu, args.idle_s)
+            rows.append(summarise(label, engine, "idle", [], idle_window))
+            print(f"[{label}] {engine} idle CPU: {rows[-1]['cpu_utilisation']}", file=sys.stderr, flush=True)
             if engine == "openai" and label == "after":
                 direct = await direct_upstream(stack.upstream_url, args.direct_requests)
                 rows.append(summarise(label, engine, "upstream direct, c=1", [], {}, direct=direct))
@@ -255,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--warmup-s", type=float, default=4.0)
+    parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--replay-rates", default="25,100")
     parser.add_argument("--replay-s", type=float, default=15.0)
     parser.add_argument("--direct-requests", type=int, default=100)
@@ -263,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "reports" / "pipeline"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.window_s, args.warmup_s, args.replay_s, args.direct_requests = 6.0, 2.0, 5.0, 30
+        args.window_s, args.warmup_s, args.replay_s, args.direct_requests, args.idle_s = 10.0, 3.0, 6.0, 30, 5.0
     args.engines = [e for e in args.engines.split(",") if e]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.replay_rates = [float(r) for r in args.replay_rates.split(",")]

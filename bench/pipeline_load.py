@@ -137,12 +137,19 @@ class CpuWindow:
 
 
 def broker_pid(bootstrap: str) -> int | None:
-    """The local Kafka broker's JVM (kafka.Kafka main class), when it runs on this machine."""
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        cmdline = proc.info.get("cmdline") or []
-        if proc.info.get("name") == "java" and any(arg.endswith("kafka.Kafka") for arg in cmdline):
-            return proc.pid
+    """The process listening on the bootstrap address's port (the local broker's JVM), if on this machine."""
+    port = int(bootstrap.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            return int(conn.pid)
     return None
+
+
+async def idle(cpu: CpuWindow, window_s: float) -> dict[str, object]:
+    """CPU of the processes with no requests: the fixed cost (polls, heartbeats, timers)."""
+    cpu.start()
+    await asyncio.sleep(window_s)
+    return cpu.stop()
 
 
 MakeRequest = Callable[[int], InferenceRequest]
@@ -159,7 +166,7 @@ async def closed_loop(
 ) -> tuple[list[Sample], dict[str, object]]:
     """`concurrency` clients, each sending its next request when the last one finished.
 
-    Only requests sent inside the window count; CPU is read over the same window.
+    Requests answered inside the window count; CPU is read over the same window.
     """
     loop = asyncio.get_running_loop()
     window_start = loop.time() + warmup_s
@@ -170,9 +177,8 @@ async def closed_loop(
 
     async def one_client() -> None:
         while loop.time() < window_end:
-            in_window = loop.time() >= window_start
             sample = await client.call(make_request(next(counter)), timeout_s)
-            if in_window and loop.time() <= window_end:
+            if window_start <= loop.time() <= window_end:  # answered inside the window
                 samples.append(sample)
 
     async def measure() -> None:

@@ -38,6 +38,16 @@ def summarise(
             "final_ms": final,
             "headline": f"first token p50 {first['p50']} ms",
         }
+    if load == "idle":  # no requests: the fixed cost, in cores (CPU-seconds per second)
+        cpu_s_idle: dict[str, float] = window["cpu_s"]  # type: ignore[assignment]
+        elapsed_idle_s = float(window["elapsed_s"])  # type: ignore[arg-type]
+        return {
+            "tree": tree,
+            "engine": engine,
+            "load": load,
+            "cpu_utilisation": {n: round(c / elapsed_idle_s, 3) for n, c in cpu_s_idle.items() if not math.isnan(c)},
+            "loadavg": window.get("loadavg"),
+        }
     ok = [s for s in samples if s.error is None]
     errors: dict[str, int] = {}
     for s in samples:
@@ -85,6 +95,16 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
     ]
     for r in rows:
         if r.get("load") == "check":
+            continue
+        if r.get("load") == "idle":
+            cores: dict[str, float] = r["cpu_utilisation"]  # type: ignore[assignment]
+            idle_load = r.get("loadavg")
+            out.append(
+                f"| {r['tree']} | {r['engine']} | idle (CPU in cores, no requests) | | | | "
+                + " · ".join(str(cores.get(name, "–")) for name in CONTROL_PLANE)
+                + f" | {cores.get('upstream', '–')} · {cores.get('client', '–')} "
+                + (f"| {idle_load[0][0]:.2f} → {idle_load[1][0]:.2f} | |" if idle_load else "| | |")  # type: ignore[index]
+            )
             continue
         first, final = r["first_token_ms"], r["final_ms"]  # type: ignore[index]
         cpu: dict[str, float] = r.get("cpu_ms_per_request", {})  # type: ignore[assignment]

@@ -7,6 +7,8 @@ never waits forever and analytics see exactly one result per request id.
 
 from __future__ import annotations
 
+import asyncio
+
 from llmbus import topics as t
 from llmbus.bus.producer import Publisher
 from llmbus.messages import (
@@ -22,7 +24,10 @@ from llmbus.messages import (
 async def publish_result(
     publisher: Publisher, topics: t.Topics, result: InferenceResult, reply_topic: str | None, last_seq: int = -1
 ) -> None:
-    """Publish the final chunk (seq after `last_seq`) then the result; both keyed by request id."""
+    """Publish the final chunk (seq after `last_seq`) and the result, keyed by request id; returns
+    when both are acknowledged. They go out together (one produce round trip, not two): they are
+    on different topics, so no reader could see an order between them anyway."""
+    result_topic = topics.name(t.RESULTS)
     if reply_topic:
         final = TokenChunk(
             request_id=result.request_id,
@@ -36,8 +41,12 @@ async def publish_result(
             shadow=result.shadow,
             attempt=result.attempt,
         )
-        await publisher.publish(reply_topic, final, key=result.request_id)
-    await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id)
+        await asyncio.gather(
+            publisher.publish(reply_topic, final, key=result.request_id),
+            publisher.publish(result_topic, result, key=result.request_id),
+        )
+        return
+    await publisher.publish(result_topic, result, key=result.request_id)
 
 
 def reply_topic_of(topics: t.Topics, reply_topic: str | None) -> str:
