@@ -186,8 +186,10 @@ def start_profiles(stack: Stack, args: argparse.Namespace, tag: str, concurrency
     duration_s = str(int(args.warmup_s + args.window_s))
     return [
         subprocess.Popen(
-            [str(py_spy), "record", "--pid", str(proc.proc.pid), "--duration", duration_s, "--rate", "200"]
-            + ["--format", "raw", "--nonblocking", "-o", str(out / f"{tag}-{name}.txt")],
+            [
+                *(str(py_spy), "record", "--pid", str(proc.proc.pid), "--duration", duration_s, "--rate", "200"),
+                *("--format", "raw", "--nonblocking", "-o", str(out / f"{tag}-{name}.txt")),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -224,10 +226,13 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
                 print(f"[{label}] {engine} c={concurrency}: {row['headline']}", file=sys.stderr, flush=True)
             if engine == "sim":
                 trace = azure_rows(int(max(args.replay_rates) * args.replay_s) + 10)
+
+                def trace_prompt(i: int, trace: list[tuple[int, int]] = trace) -> tuple[str, int]:
+                    context_tokens, generated_tokens = trace[i]  # ~ContextTokens in, GeneratedTokens out
+                    return f"r{i} " + "word " * context_tokens, generated_tokens
+
                 for rate in args.replay_rates:
-                    make = request_maker(
-                        stack.model, f"{label}-replay{rate}", lambda i: (f"r{i} " + "word " * trace[i][0], trace[i][1])
-                    )
+                    make = request_maker(stack.model, f"{label}-replay{rate}", trace_prompt)
                     samples, window = await open_loop(client, make, rate, args.replay_s, cpu)
                     row = summarise(label, engine, f"azure replay {rate}/s", samples, window)
                     rows.append(row)

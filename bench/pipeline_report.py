@@ -89,8 +89,9 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
         "answered in it (the broker's JVM serves other clients too, so its share is an upper bound).",
         "Latencies are from the client's send to the first content chunk / the final chunk.",
         "",
-        "| tree | engine | load | req/s | first p50 / p99 ms | final p50 / p99 ms | CPU ms/req router · sched · worker · broker "
-        "= control plane | upstream · client | load avg (1 min) | errors |",
+        "| tree | engine | load | req/s | first p50 / p99 ms | final p50 / p99 ms "
+        "| CPU ms/req router · sched · worker · broker = control plane | upstream · client "
+        "| load avg (1 min) | errors |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -101,8 +102,8 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
             idle_load = r.get("loadavg")
             out.append(
                 f"| {r['tree']} | {r['engine']} | idle (CPU in cores, no requests) | | | | "
-                + " · ".join(str(cores.get(name, "–")) for name in CONTROL_PLANE)
-                + f" | {cores.get('upstream', '–')} · {cores.get('client', '–')} "
+                + " · ".join(str(cores.get(name, "-")) for name in CONTROL_PLANE)
+                + f" | {cores.get('upstream', '-')} · {cores.get('client', '-')} "
                 + (f"| {idle_load[0][0]:.2f} → {idle_load[1][0]:.2f} | |" if idle_load else "| | |")  # type: ignore[index]
             )
             continue
@@ -111,15 +112,15 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
         load = r.get("loadavg")
         load_txt = f"{load[0][0]:.2f} → {load[1][0]:.2f}" if load else ""  # type: ignore[index]
         cp = (
-            " · ".join(str(cpu.get(name, "–")) for name in CONTROL_PLANE)
-            + f" = **{r.get('control_plane_cpu_ms_per_request', '–')}**"
+            " · ".join(str(cpu.get(name, "-")) for name in CONTROL_PLANE)
+            + f" = **{r.get('control_plane_cpu_ms_per_request', '-')}**"
             if cpu
             else ""
         )
         out.append(
             f"| {r['tree']} | {r['engine']} | {r['load']} | {r.get('requests_per_s', '')} "
             f"| {first['p50']} / {first['p99']} | {final['p50']} / {final['p99']} | {cp} "  # type: ignore[index]
-            f"| {cpu.get('upstream', '–')} · {cpu.get('client', '–')} | {load_txt} | {r.get('errors', '') or 0} |"
+            f"| {cpu.get('upstream', '-')} · {cpu.get('client', '-')} | {load_txt} | {r.get('errors', '') or 0} |"
         )
     checks = [r for r in rows if r.get("load") == "check"]
     out += ["", "Exactly one final chunk per request (requests with more than one):", ""]
