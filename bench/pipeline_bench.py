@@ -221,7 +221,7 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
                 samples, window = await closed_loop(client, make, concurrency, args.warmup_s, args.window_s, cpu)
                 for spy in profiling:
                     spy.wait(timeout=60)
-                row = summarise(label, engine, f"closed c={concurrency}", samples, window)
+                row = summarise(label, engine, f"closed c={concurrency}", samples, window, idle=idle_window)
                 rows.append(row)
                 print(f"[{label}] {engine} c={concurrency}: {row['headline']}", file=sys.stderr, flush=True)
             if engine == "sim":
@@ -234,7 +234,7 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
                 for rate in args.replay_rates:
                     make = request_maker(stack.model, f"{label}-replay{rate}", trace_prompt)
                     samples, window = await open_loop(client, make, rate, args.replay_s, cpu)
-                    row = summarise(label, engine, f"azure replay {rate}/s", samples, window)
+                    row = summarise(label, engine, f"azure replay {rate}/s", samples, window, idle=idle_window)
                     rows.append(row)
                     print(f"[{label}] {engine} replay {rate}/s: {row['headline']}", file=sys.stderr, flush=True)
             duplicates = sum(1 for n in client.finals.values() if n > 1)

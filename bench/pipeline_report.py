@@ -26,6 +26,7 @@ def summarise(
     samples: list[Sample],
     window: dict[str, object],
     direct: dict[str, list[float]] | None = None,
+    idle: dict[str, object] | None = None,
 ) -> dict[str, object]:
     if direct is not None:
         first, final = _pct(direct["first_token_ms"]), _pct(direct["final_ms"])
@@ -58,6 +59,17 @@ def summarise(
     n = max(1, len(ok))
     cpu_ms_per_request = {name: round(1000 * s / n, 2) for name, s in cpu_s.items() if not math.isnan(s)}
     control_ms = round(sum(cpu_ms_per_request.get(name, 0.0) for name in CONTROL_PLANE), 2)
+    # Above idle: the CPU the requests added to what the processes burn with none (polls,
+    # heartbeats) - what a busy deployment pays per request once the fixed cost is spread thin.
+    marginal_ms: dict[str, float] = {}
+    if idle is not None:
+        idle_s: dict[str, float] = idle["cpu_s"]  # type: ignore[assignment]
+        idle_elapsed_s = float(idle["elapsed_s"])  # type: ignore[arg-type]
+        for name, used_s in cpu_s.items():
+            fixed_s = idle_s.get(name, 0.0) / idle_elapsed_s * elapsed_s
+            if not math.isnan(used_s) and not math.isnan(fixed_s):
+                marginal_ms[name] = round(1000 * max(0.0, used_s - fixed_s) / n, 2)
+    control_marginal_ms = round(sum(marginal_ms.get(name, 0.0) for name in CONTROL_PLANE), 2)
     first = _pct([s.first_token_ms for s in ok if s.first_token_ms is not None])
     final = _pct([s.final_ms for s in ok if s.final_ms is not None])
     rps = round(len(ok) / elapsed_s, 1)
@@ -72,10 +84,12 @@ def summarise(
         "final_ms": final,
         "cpu_ms_per_request": cpu_ms_per_request,
         "control_plane_cpu_ms_per_request": control_ms,
+        "cpu_ms_per_request_above_idle": marginal_ms,
+        "control_plane_cpu_ms_per_request_above_idle": control_marginal_ms,
         "cpu_utilisation": {name: round(s / elapsed_s, 2) for name, s in cpu_s.items() if not math.isnan(s)},
         "loadavg": window.get("loadavg"),
         "headline": f"{rps} req/s, first p50 {first['p50']} / final p99 {final['p99']} ms, "
-        f"control-plane CPU {control_ms} ms/request, errors {errors or 0}",
+        f"control-plane CPU {control_ms} ms/request ({control_marginal_ms} above idle), errors {errors or 0}",
     }
 
 
@@ -90,9 +104,9 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
         "Latencies are from the client's send to the first content chunk / the final chunk.",
         "",
         "| tree | engine | load | req/s | first p50 / p99 ms | final p50 / p99 ms "
-        "| CPU ms/req router · sched · worker · broker = control plane | upstream · client "
-        "| load avg (1 min) | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| CPU ms/req router · sched · worker · broker = control plane | above idle "
+        "| upstream · client | load avg (1 min) | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.get("load") == "check":
@@ -103,7 +117,7 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
             out.append(
                 f"| {r['tree']} | {r['engine']} | idle (CPU in cores, no requests) | | | | "
                 + " · ".join(str(cores.get(name, "-")) for name in CONTROL_PLANE)
-                + f" | {cores.get('upstream', '-')} · {cores.get('client', '-')} "
+                + f" | | {cores.get('upstream', '-')} · {cores.get('client', '-')} "
                 + (f"| {idle_load[0][0]:.2f} → {idle_load[1][0]:.2f} | |" if idle_load else "| | |")  # type: ignore[index]
             )
             continue
@@ -120,6 +134,7 @@ def _markdown(rows: list[dict[str, object]], command: str) -> str:
         out.append(
             f"| {r['tree']} | {r['engine']} | {r['load']} | {r.get('requests_per_s', '')} "
             f"| {first['p50']} / {first['p99']} | {final['p50']} / {final['p99']} | {cp} "  # type: ignore[index]
+            f"| {r.get('control_plane_cpu_ms_per_request_above_idle', '')} "
             f"| {cpu.get('upstream', '-')} · {cpu.get('client', '-')} | {load_txt} | {r.get('errors', '') or 0} |"
         )
     checks = [r for r in rows if r.get("load") == "check"]
