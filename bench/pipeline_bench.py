@@ -224,7 +224,7 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
                 row = summarise(label, engine, f"closed c={concurrency}", samples, window, idle=idle_window)
                 rows.append(row)
                 print(f"[{label}] {engine} c={concurrency}: {row['headline']}", file=sys.stderr, flush=True)
-            if engine == "sim":
+            if engine == "sim" and args.replay_rates:
                 trace = azure_rows(int(max(args.replay_rates) * args.replay_s) + 10)
 
                 def trace_prompt(i: int, trace: list[tuple[int, int]] = trace) -> tuple[str, int]:
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         args.window_s, args.warmup_s, args.replay_s, args.direct_requests, args.idle_s = 10.0, 3.0, 6.0, 30, 5.0
     args.engines = [e for e in args.engines.split(",") if e]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    args.replay_rates = [float(r) for r in args.replay_rates.split(",")]
+    args.replay_rates = [float(r) for r in args.replay_rates.split(",") if r]
     command = "python -m bench.pipeline_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     rows = asyncio.run(amain(args))
     write_reports(rows, Path(args.out), command.strip(), vars(args))
