@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -277,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.replay_rates = [float(r) for r in args.replay_rates.split(",") if r]
     command = "python -m bench.pipeline_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
+    # SIGTERM (a `timeout`, a CI cancel) unwinds like Ctrl-C: the stacks' services are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     rows = asyncio.run(amain(args))
     write_reports(rows, Path(args.out), command.strip(), vars(args))
     return 0
