@@ -46,6 +46,7 @@ class ServiceProc:
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path = Path("/tmp")
     name: str = ""
+    cwd: Path = REPO  # another checkout (a benchmark's baseline) runs its own code
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServiceProc:
@@ -65,7 +66,7 @@ class ServiceProc:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module],
-                cwd=REPO,
+                cwd=self.cwd,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

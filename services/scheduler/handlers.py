@@ -222,7 +222,8 @@ class SchedulerHandlers:
             with contextlib.suppress(Exception):
                 await self.store.release_own(placement.request_id, placement.attempt)
             raise
-        log.info("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
+        # Debug, not info: one line per request is a write per request (the result records where it ran).
+        log.debug("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
 
     async def _supersede(self, action: PlaceAction) -> bool:
         """Fence off the earlier attempts before sending this one; False when it must not go out now."""

@@ -20,7 +20,10 @@ class BusSettings(BaseSettings):
     commit_timeout_s: float = 10.0  # one commit, retries of retriable errors included
     admin_timeout_s: float = 30.0
     request_timeout_ms: int = 10_000
-    linger_ms: int = 2
+    # 0: a record leaves at once when nothing is in flight to its broker (a wait here is added to
+    # every hop's latency); under load records still share produce requests, because aiokafka sends
+    # one request per broker at a time and what arrives meanwhile is batched.
+    linger_ms: int = 0
     max_batch_bytes: int = 1_048_576
     # The one size limit of the bus: producers refuse a record over max_message_bytes, topics are
     # created to accept it (max.message.bytes = this + a batch's framing), and an edge service

@@ -26,6 +26,18 @@ from llmbus.settings import BusSettings
 
 request_id_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
 
+# What `setup_tracing` installs when spans have nowhere to go: nothing is ever sampled.
+_OFF_PROVIDER = TracerProvider(sampler=ALWAYS_OFF)
+
+
+def tracing_off() -> bool:
+    """True when this process records no spans at all (setup_tracing found no destination).
+
+    Per-record work that only feeds spans (a consumer span per record) is skipped then; the
+    trace context still travels from message to message.
+    """
+    return trace.get_tracer_provider() is _OFF_PROVIDER
+
 
 class _JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
@@ -77,7 +89,7 @@ def setup_tracing(service: str, settings: BusSettings | None = None, *, console:
     console = console or settings.otel_console
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
     if not (otlp or console or settings.trace_file):
-        trace.set_tracer_provider(TracerProvider(sampler=ALWAYS_OFF))
+        trace.set_tracer_provider(_OFF_PROVIDER)
         return False
     sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
     provider = TracerProvider(resource=Resource.create({"service.name": f"llmbus-{service}"}), sampler=sampler)

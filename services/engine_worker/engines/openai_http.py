@@ -198,7 +198,9 @@ class OpenAIHttpEngine:
                     )
                 async for data in _sse_data(resp):
                     if data == "[DONE]":
-                        break
+                        # Not `break`: the body is read to its end, so the connection goes back to the
+                        # pool (keep-alive) instead of being closed with the stream half read.
+                        continue
                     if time.monotonic() > deadline:
                         raise EngineError(f"upstream took over {self.config.request_timeout_s} s")
                     chunk = json.loads(data)

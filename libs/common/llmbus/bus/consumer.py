@@ -16,19 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
-from llmbus.bus.headers import REQUEST_ID, as_dict, trace_context
+from llmbus.bus.headers import REQUEST_ID, trace_context
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.settings import BusSettings
-from llmbus.telemetry import request_id_var
+from llmbus.telemetry import request_id_var, tracing_off
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")
@@ -208,24 +210,35 @@ class ConsumerLoop:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, tp: TopicPartition, record: ConsumerRecord, epoch: int) -> None:
-        started = time.perf_counter()
-        headers = as_dict(record.headers)
-        request_id_var.set(headers.get(REQUEST_ID))  # each task has its own context: logs carry it
+    def _record_context(self, record: ConsumerRecord, request_id: str | None) -> AbstractContextManager[object]:
+        """The trace context a record is handled in: its CONSUMER span, child of the producer's.
+
+        With tracing off no span is made (nothing would record it): the producer's context is
+        made current, so what the handler publishes still carries the record's trace id on.
+        """
+        parent = trace_context(record.headers)
+        if tracing_off():
+            return _attached(parent)
         span = tracer.start_span(
             f"{record.topic} process",
-            context=trace_context(record.headers),
+            context=parent,
             kind=trace.SpanKind.CONSUMER,
             attributes={
                 semconv.MESSAGING_SYSTEM: "kafka",
                 semconv.MESSAGING_DESTINATION: record.topic,
                 semconv.MESSAGING_PARTITION: str(record.partition),
                 semconv.MESSAGING_OFFSET: record.offset,
-                semconv.LLMBUS_REQUEST_ID: headers.get(REQUEST_ID, ""),
+                semconv.LLMBUS_REQUEST_ID: request_id or "",
             },
         )
+        return trace.use_span(span, end_on_exit=True)
+
+    async def _handle(self, tp: TopicPartition, record: ConsumerRecord, epoch: int) -> None:
+        started = time.perf_counter()
+        request_id = _header(record.headers, REQUEST_ID)
+        request_id_var.set(request_id)  # each task has its own context: logs carry it
         try:
-            with trace.use_span(span, end_on_exit=True):
+            with self._record_context(record, request_id):
                 await self._handler(record)
             outcome = "ok"
         except asyncio.CancelledError:
@@ -275,6 +288,25 @@ class ConsumerLoop:
             await self.commit()
         except Exception:
             log.warning("final commit failed; the uncommitted records will be redelivered", exc_info=True)
+
+
+@contextmanager
+def _attached(context: otel_context.Context) -> Iterator[None]:
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
+    for key, raw in headers or ():
+        if key == name and raw is not None:
+            try:
+                return raw.decode()
+            except UnicodeDecodeError:
+                return None
+    return None
 
 
 async def wait_assigned(consumer: AIOKafkaConsumer, timeout_s: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import AbstractContextManager, nullcontext
 
 from aiokafka import AIOKafkaProducer
 from opentelemetry import trace
@@ -15,6 +16,7 @@ from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
 from llmbus.settings import BusSettings
+from llmbus.telemetry import tracing_off
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")
@@ -39,6 +41,19 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
     )
 
 
+def _publish_span(topic: str) -> AbstractContextManager[trace.Span]:
+    """A PRODUCER span per message; the consumer's span is its child.
+
+    With tracing off, a message published inside a trace carries that trace's context as it
+    is (no span of its own: nothing would record it); outside any trace a new, unsampled one
+    is started, so every message still has a `traceparent` to be followed by.
+    """
+    current = trace.get_current_span()
+    if tracing_off() and current.get_span_context().is_valid:
+        return nullcontext(current)
+    return tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER)
+
+
 class PublishTimeout(RuntimeError):
     pass
 
@@ -61,8 +76,7 @@ class Publisher:
         request_id: str | None = None,
         tenant: str | None = None,
     ) -> None:
-        # A PRODUCER span per message (free when tracing is off); the consumer's span is its child.
-        with tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER) as span:
+        with _publish_span(topic) as span:
             if span.is_recording():
                 attributes = message_attributes(value)
                 attributes |= {semconv.MESSAGING_SYSTEM: "kafka", semconv.MESSAGING_DESTINATION: topic}
@@ -107,13 +121,12 @@ class Publisher:
         partition: int | None = None,
     ) -> None:
         try:
-            delivery = await asyncio.wait_for(
-                self._producer.send(
+            # One deadline for enqueue and ack (asyncio.timeout: no extra task per publish, unlike wait_for).
+            async with asyncio.timeout(self._timeout_s):
+                delivery = await self._producer.send(
                     topic, payload, key=key.encode() if key is not None else None, headers=headers, partition=partition
-                ),
-                self._timeout_s,
-            )
-            await asyncio.wait_for(delivery, self._timeout_s)
+                )
+                await delivery
         except TimeoutError as exc:
             raise PublishTimeout(f"no ack from Kafka for {topic} within {self._timeout_s}s") from exc
         PUBLISHED.labels(self._service, topic).inc()

@@ -8,6 +8,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import uvloop
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import start_http_server
@@ -91,7 +92,10 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
             loop.add_signal_handler(sig, stop.set)
         await main(settings, stop)
 
-    asyncio.run(_run())
+    # uvloop: the event loop's own cost (socket writes, polling, callbacks) is most of a service's
+    # CPU per message (bench/reports/pipeline.md); libuv's is a fraction of asyncio's pure-Python one.
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_run())
 
 
 async def run_until_stopped(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:

@@ -1,0 +1,212 @@
+"""Load for the pipeline benchmark: raw-JSON clients on llm.requests, a reply-topic reader, CPU windows.
+
+The clients are what an outside Kafka client does (README: raw JSON onto llm.requests, read
+the reply topic by request id): one producer, one group-less tail of the reply topic, a
+dispatcher that hands each request its chunks. Chunks are read with `json.loads`, not
+pydantic, so the client's own cost stays small next to the services'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+from aiokafka import AIOKafkaProducer
+
+from llmbus import topics as t
+from llmbus.client import TopicTail
+from llmbus.messages import InferenceRequest
+from llmbus.settings import BusSettings
+
+
+@dataclass
+class Pending:
+    sent_s: float
+    first_token_s: float | None = None
+    final_s: float | None = None
+    error: str | None = None
+    done: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass
+class Sample:
+    sent_s: float
+    first_token_ms: float | None
+    final_ms: float | None
+    error: str | None
+
+
+class PipelineClient:
+    """Sends requests and matches every final chunk to its request (counting any second one)."""
+
+    def __init__(self, settings: BusSettings) -> None:
+        self.settings = settings
+        self.topics = t.Topics(settings.topic_prefix)
+        self.pending: dict[str, Pending] = {}
+        self.finals: dict[str, int] = {}  # request id → final chunks seen (exactly one is right)
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True, linger_ms=0
+        )
+        self._tail = TopicTail(settings, self.topics.name(t.TOKENS))
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> PipelineClient:
+        await asyncio.wait_for(self._producer.start(), self.settings.admin_timeout_s)
+        await self._tail.start()
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        await self._tail.stop()
+        await asyncio.wait_for(self._producer.stop(), self.settings.stop_timeout_s)
+
+    async def _read(self) -> None:
+        while True:
+            async for record in self._tail.records(3600):
+                chunk = json.loads(record.value)  # type: ignore[attr-defined]
+                now = time.perf_counter()
+                rid = chunk["request_id"]
+                if chunk.get("final"):
+                    self.finals[rid] = self.finals.get(rid, 0) + 1
+                pending = self.pending.get(rid)
+                if pending is None:
+                    continue
+                if pending.first_token_s is None and chunk.get("delta"):
+                    pending.first_token_s = now
+                if chunk.get("final"):
+                    pending.final_s = now
+                    if chunk.get("error"):
+                        pending.error = chunk["error"].get("code", "error")
+                    if not pending.done.done():
+                        pending.done.set_result(None)
+
+    async def call(self, request: InferenceRequest, timeout_s: float) -> Sample:
+        pending = Pending(time.perf_counter())
+        self.pending[request.request_id] = pending
+        try:
+            delivery = await self._producer.send(
+                self.topics.name(t.REQUESTS), request.to_bytes(), key=request.request_id.encode()
+            )
+            await asyncio.wait_for(delivery, timeout_s)
+            await asyncio.wait_for(asyncio.shield(pending.done), timeout_s)
+        except TimeoutError:
+            pending.error = pending.error or "timeout"
+        finally:
+            self.pending.pop(request.request_id, None)
+
+        def ms(at: float | None) -> float | None:
+            return (at - pending.sent_s) * 1000 if at is not None else None
+
+        return Sample(pending.sent_s, ms(pending.first_token_s), ms(pending.final_s), pending.error)
+
+
+class CpuWindow:
+    """CPU seconds (user + system) of named processes between `start()` and `stop()`."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self._start: dict[str, float] = {}
+        self.started_s = 0.0
+        self.load_before = (0.0, 0.0, 0.0)
+
+    @staticmethod
+    def _cpu(proc: psutil.Process) -> float:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            return float("nan")
+        return times.user + times.system
+
+    def start(self) -> None:
+        self.load_before = os.getloadavg()
+        self.started_s = time.perf_counter()
+        self._start = {name: self._cpu(p) for name, p in self.procs.items()}
+
+    def stop(self) -> dict[str, object]:
+        elapsed_s = time.perf_counter() - self.started_s
+        cpu_s = {name: self._cpu(p) - self._start[name] for name, p in self.procs.items()}
+        return {"elapsed_s": elapsed_s, "cpu_s": cpu_s, "loadavg": [self.load_before, os.getloadavg()]}
+
+
+def broker_pid(bootstrap: str) -> int | None:
+    """The process listening on the bootstrap address's port (the local broker's JVM), if on this machine."""
+    port = int(bootstrap.rsplit(":", 1)[1])
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            return int(conn.pid)
+    return None
+
+
+async def idle(cpu: CpuWindow, window_s: float) -> dict[str, object]:
+    """CPU of the processes with no requests: the fixed cost (polls, heartbeats, timers)."""
+    cpu.start()
+    await asyncio.sleep(window_s)
+    return cpu.stop()
+
+
+MakeRequest = Callable[[int], InferenceRequest]
+
+
+async def closed_loop(
+    client: PipelineClient,
+    make_request: MakeRequest,
+    concurrency: int,
+    warmup_s: float,
+    window_s: float,
+    cpu: CpuWindow,
+    timeout_s: float = 30.0,
+) -> tuple[list[Sample], dict[str, object]]:
+    """`concurrency` clients, each sending its next request when the last one finished.
+
+    Requests answered inside the window count; CPU is read over the same window.
+    """
+    loop = asyncio.get_running_loop()
+    window_start = loop.time() + warmup_s
+    window_end = window_start + window_s
+    counter = iter(range(10**9))
+    samples: list[Sample] = []
+    cpu_result: dict[str, object] = {}
+
+    async def one_client() -> None:
+        while loop.time() < window_end:
+            sample = await client.call(make_request(next(counter)), timeout_s)
+            if window_start <= loop.time() <= window_end:  # answered inside the window
+                samples.append(sample)
+
+    async def measure() -> None:
+        await asyncio.sleep(max(0.0, window_start - loop.time()))
+        cpu.start()
+        await asyncio.sleep(max(0.0, window_end - loop.time()))
+        cpu_result.update(cpu.stop())
+
+    await asyncio.gather(measure(), *[one_client() for _ in range(concurrency)])
+    return samples, cpu_result
+
+
+async def open_loop(
+    client: PipelineClient,
+    make_request: MakeRequest,
+    rate_per_s: float,
+    window_s: float,
+    cpu: CpuWindow,
+    timeout_s: float = 30.0,
+) -> tuple[list[Sample], dict[str, object]]:
+    """Requests at a fixed rate whatever the answers do (a replayed trace), for `window_s`."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    total = int(rate_per_s * window_s)
+    calls: list[asyncio.Task[Sample]] = []
+    cpu.start()
+    for i in range(total):
+        await asyncio.sleep(max(0.0, started + i / rate_per_s - loop.time()))
+        calls.append(asyncio.create_task(client.call(make_request(i), timeout_s)))
+    samples = list(await asyncio.gather(*calls))
+    return samples, cpu.stop()

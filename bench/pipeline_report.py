@@ -1,0 +1,180 @@
+"""Rows and reports of the pipeline benchmark: percentiles, CPU per request, JSON + Markdown + PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from bench.pipeline_load import Sample
+
+CONTROL_PLANE = ("router", "scheduler", "worker", "broker")
+
+
+def _pct(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None}
+    return {"p50": round(float(np.percentile(values, 50)), 1), "p99": round(float(np.percentile(values, 99)), 1)}
+
+
+def summarise(
+    tree: str,
+    engine: str,
+    load: str,
+    samples: list[Sample],
+    window: dict[str, object],
+    direct: dict[str, list[float]] | None = None,
+    idle: dict[str, object] | None = None,
+) -> dict[str, object]:
+    if direct is not None:
+        first, final = _pct(direct["first_token_ms"]), _pct(direct["final_ms"])
+        return {
+            "tree": tree,
+            "engine": engine,
+            "load": load,
+            "requests": len(direct["final_ms"]),
+            "first_token_ms": first,
+            "final_ms": final,
+            "headline": f"first token p50 {first['p50']} ms",
+        }
+    if load == "idle":  # no requests: the fixed cost, in cores (CPU-seconds per second)
+        cpu_s_idle: dict[str, float] = window["cpu_s"]  # type: ignore[assignment]
+        elapsed_idle_s = float(window["elapsed_s"])  # type: ignore[arg-type]
+        return {
+            "tree": tree,
+            "engine": engine,
+            "load": load,
+            "cpu_utilisation": {n: round(c / elapsed_idle_s, 3) for n, c in cpu_s_idle.items() if not math.isnan(c)},
+            "loadavg": window.get("loadavg"),
+        }
+    ok = [s for s in samples if s.error is None]
+    errors: dict[str, int] = {}
+    for s in samples:
+        if s.error is not None:
+            errors[s.error] = errors.get(s.error, 0) + 1
+    elapsed_s = float(window.get("elapsed_s", 0.0)) or 1.0  # type: ignore[arg-type]
+    cpu_s: dict[str, float] = window.get("cpu_s", {})  # type: ignore[assignment]
+    n = max(1, len(ok))
+    cpu_ms_per_request = {name: round(1000 * s / n, 2) for name, s in cpu_s.items() if not math.isnan(s)}
+    control_ms = round(sum(cpu_ms_per_request.get(name, 0.0) for name in CONTROL_PLANE), 2)
+    # Above idle: the CPU the requests added to what the processes burn with none (polls,
+    # heartbeats) - what a busy deployment pays per request once the fixed cost is spread thin.
+    marginal_ms: dict[str, float] = {}
+    if idle is not None:
+        idle_s: dict[str, float] = idle["cpu_s"]  # type: ignore[assignment]
+        idle_elapsed_s = float(idle["elapsed_s"])  # type: ignore[arg-type]
+        for name, used_s in cpu_s.items():
+            fixed_s = idle_s.get(name, 0.0) / idle_elapsed_s * elapsed_s
+            if not math.isnan(used_s) and not math.isnan(fixed_s):
+                marginal_ms[name] = round(1000 * max(0.0, used_s - fixed_s) / n, 2)
+    control_marginal_ms = round(sum(marginal_ms.get(name, 0.0) for name in CONTROL_PLANE), 2)
+    first = _pct([s.first_token_ms for s in ok if s.first_token_ms is not None])
+    final = _pct([s.final_ms for s in ok if s.final_ms is not None])
+    rps = round(len(ok) / elapsed_s, 1)
+    return {
+        "tree": tree,
+        "engine": engine,
+        "load": load,
+        "requests": len(ok),
+        "errors": errors,
+        "requests_per_s": rps,
+        "first_token_ms": first,
+        "final_ms": final,
+        "cpu_ms_per_request": cpu_ms_per_request,
+        "control_plane_cpu_ms_per_request": control_ms,
+        "cpu_ms_per_request_above_idle": marginal_ms,
+        "control_plane_cpu_ms_per_request_above_idle": control_marginal_ms,
+        "cpu_utilisation": {name: round(s / elapsed_s, 2) for name, s in cpu_s.items() if not math.isnan(s)},
+        "loadavg": window.get("loadavg"),
+        "headline": f"{rps} req/s, first p50 {first['p50']} / final p99 {final['p99']} ms, "
+        f"control-plane CPU {control_ms} ms/request ({control_marginal_ms} above idle), errors {errors or 0}",
+    }
+
+
+def _markdown(rows: list[dict[str, object]], command: str) -> str:
+    out = [
+        "# Pipeline benchmark: router → scheduler → one worker on the real broker",
+        "",
+        f"Command: `{command}` (2-core machine shared with other work; local single-node Kafka, Redis).",
+        "",
+        "CPU is each process's user + system seconds over the measuring window divided by the requests",
+        "answered in it (the broker's JVM serves other clients too, so its share is an upper bound).",
+        "Latencies are from the client's send to the first content chunk / the final chunk.",
+        "",
+        "| tree | engine | load | req/s | first p50 / p99 ms | final p50 / p99 ms "
+        "| CPU ms/req router · sched · worker · broker = control plane | above idle "
+        "| upstream · client | load avg (1 min) | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("load") == "check":
+            continue
+        if r.get("load") == "idle":
+            cores: dict[str, float] = r["cpu_utilisation"]  # type: ignore[assignment]
+            idle_load = r.get("loadavg")
+            out.append(
+                f"| {r['tree']} | {r['engine']} | idle (CPU in cores, no requests) | | | | "
+                + " · ".join(str(cores.get(name, "-")) for name in CONTROL_PLANE)
+                + f" | | {cores.get('upstream', '-')} · {cores.get('client', '-')} "
+                + (f"| {idle_load[0][0]:.2f} → {idle_load[1][0]:.2f} | |" if idle_load else "| | |")  # type: ignore[index]
+            )
+            continue
+        first, final = r["first_token_ms"], r["final_ms"]  # type: ignore[index]
+        cpu: dict[str, float] = r.get("cpu_ms_per_request", {})  # type: ignore[assignment]
+        load = r.get("loadavg")
+        load_txt = f"{load[0][0]:.2f} → {load[1][0]:.2f}" if load else ""  # type: ignore[index]
+        cp = (
+            " · ".join(str(cpu.get(name, "-")) for name in CONTROL_PLANE)
+            + f" = **{r.get('control_plane_cpu_ms_per_request', '-')}**"
+            if cpu
+            else ""
+        )
+        out.append(
+            f"| {r['tree']} | {r['engine']} | {r['load']} | {r.get('requests_per_s', '')} "
+            f"| {first['p50']} / {first['p99']} | {final['p50']} / {final['p99']} | {cp} "  # type: ignore[index]
+            f"| {r.get('control_plane_cpu_ms_per_request_above_idle', '')} "
+            f"| {cpu.get('upstream', '-')} · {cpu.get('client', '-')} | {load_txt} | {r.get('errors', '') or 0} |"
+        )
+    checks = [r for r in rows if r.get("load") == "check"]
+    out += ["", "Exactly one final chunk per request (requests with more than one):", ""]
+    out += [f"- {r['tree']} / {r['engine']}: {r['double_finals']}" for r in checks]
+    return "\n".join(out) + "\n"
+
+
+def _plot(rows: list[dict[str, object]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = [r for r in rows if r.get("cpu_ms_per_request")]
+    if not measured:
+        return
+    labels = [f"{r['tree']}\n{r['engine']}\n{r['load']}" for r in measured]
+    fig, (ax_cpu, ax_rps) = plt.subplots(2, 1, figsize=(max(8, len(measured) * 1.1), 8))
+    bottom = np.zeros(len(measured))
+    for name in CONTROL_PLANE:
+        values = np.array([r["cpu_ms_per_request"].get(name, 0.0) for r in measured])  # type: ignore[union-attr]
+        ax_cpu.bar(labels, values, bottom=bottom, label=name)
+        bottom += values
+    ax_cpu.axhline(3.0, color="k", linestyle="--", linewidth=1, label="target 3 ms")
+    ax_cpu.set_ylabel("control-plane CPU ms / request")
+    ax_cpu.legend(fontsize=8)
+    ax_cpu.tick_params(axis="x", labelsize=7)
+    ax_rps.bar(labels, [r["requests_per_s"] for r in measured], color="tab:gray")  # type: ignore[misc]
+    ax_rps.set_ylabel("requests / s")
+    ax_rps.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(rows: list[dict[str, object]], out: Path, command: str, options: dict[str, object]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    options = {k: v for k, v in options.items() if k != "out"}
+    out.with_suffix(".json").write_text(json.dumps({"command": command, "options": options, "rows": rows}, indent=2))
+    out.with_suffix(".md").write_text(_markdown(rows, command))
+    _plot(rows, out.with_suffix(".png"))
+    print(_markdown(rows, command))
