@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
+from llmbus.bus.security import kafka_auth
 from llmbus.chunks import ChunkAssembler, TextUpdate
 from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
@@ -37,6 +38,7 @@ class TopicTail:
             isolation_level="read_committed",
             auto_offset_reset="latest",
             request_timeout_ms=settings.request_timeout_ms,
+            **kafka_auth(settings),
         )
 
     async def start(self) -> TopicTail:
