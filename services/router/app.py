@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from aiokafka.structs import ConsumerRecord
 
+from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
@@ -68,7 +69,9 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     state_loop = ConsumerLoop(
         state, _state_dispatch(handlers, topics), bus.dead_letter, settings, service=t.ROUTER, commit_offsets=False
     )
-    requests = make_consumer(settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router")
+    # With auth on, tenants write their own request topics: found by pattern (new ones within seconds).
+    discovery = {"metadata_max_age_ms": router_settings.request_topic_discovery_ms} if settings.auth_enabled else {}
+    requests = make_consumer(settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router", **discovery)
     request_loop = ConsumerLoop(
         requests,
         handlers.on_request,
@@ -88,7 +91,12 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         results.subscribe([topics.name(t.RESULTS)], listener=results_loop.rebalance_listener())
         consumers.append(results)
         loops.append(results_loop)
-    requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
+    if settings.auth_enabled:
+        requests.subscribe(
+            pattern=tenancy.request_topic_pattern(topics.prefix), listener=request_loop.rebalance_listener()
+        )
+    else:
+        requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
     consumers.append(requests)
     try:
         # All consumers join at once (group joins are the slow part of a start) ...

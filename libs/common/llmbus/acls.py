@@ -26,7 +26,7 @@ PatternType = Literal["literal", "prefixed"]
 Operation = Literal["read", "write", "describe", "create"]
 
 OPERATOR = "operator"
-TENANT_PRINCIPAL_PREFIX = "tenant-"
+TENANT_PRINCIPAL_PREFIX = tenancy.TENANT_PRINCIPAL_PREFIX
 GATEWAY_INSTANCE_PREFIX = tenancy.RESERVED_TENANT_PREFIXES[0]  # gateway reply topics: llm.replies.gw-*
 # Catalog roles that are people or their tools, not services: their rights go to `operator`.
 OPERATOR_ROLES = (t.CLIENT, t.ANALYTICS)

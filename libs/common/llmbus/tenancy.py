@@ -27,6 +27,7 @@ TENANT_REQUESTS_PREFIX = t.REQUESTS + "."
 # Gateway instances name their reply topics in the same namespace (llm.replies.<instance>);
 # a tenant may not take a name a gateway instance uses.
 RESERVED_TENANT_PREFIXES = ("gw-",)
+TENANT_PRINCIPAL_PREFIX = "tenant-"  # a tenant's Kafka principal (SCRAM user): tenant-<name>
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ def source_of(request_topic_base: str) -> Source:
     if problem := tenant_name_problem(tenant):
         raise Refused(problem)
     return Source(tenant)
+
+
+def request_topic_pattern(prefix: str) -> str:
+    """What the router subscribes to when auth is on: the gateway's shared topic and every tenant's."""
+    return rf"^{re.escape(prefix + t.REQUESTS)}(\.[A-Za-z0-9][A-Za-z0-9_-]{{0,63}})?$"
+
+
+def tenant_of_principal(username: str | None) -> str | None:
+    """The tenant a Kafka principal speaks for; None for services and operators."""
+    if username is None or not username.startswith(TENANT_PRINCIPAL_PREFIX):
+        return None
+    return username.removeprefix(TENANT_PRINCIPAL_PREFIX)
 
 
 def default_reply_topic(auth: bool, tenant: str) -> str:
