@@ -100,7 +100,8 @@ format_storage() {
   write_properties
   if [ -f "$DATA_DIR/meta.properties" ]; then return; fi
   local cluster_id scram=()
-  cluster_id=$(java_run kafka.tools.StorageTool random-uuid)
+  # A random Kafka Uuid (16 bytes, base64url) without starting a JVM for it.
+  cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
   if [ "$AUTH" = scram ]; then
     while IFS='=' read -r user pw; do
       [ -n "$user" ] && scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$pw]")
