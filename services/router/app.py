@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from aiokafka.structs import ConsumerRecord
+from pydantic import SecretStr
 
 from llmbus import tenancy
 from llmbus import topics as t
@@ -28,9 +29,9 @@ from services.router.state_follow import caught_up
 
 
 def build_core(
-    policy: RouterPolicy, redis_namespace: str, redis_url: str
+    policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
 ) -> tuple[RouterCore, BudgetBook, RedisResponseCache]:
-    client = redis_client(redis_url)
+    client = redis_client(redis_url, password=redis_password)
     budgets = BudgetBook()
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
@@ -54,7 +55,9 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         policy = with_default_model(policy, router_settings.default_model)
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
-    core, budgets, cache = build_core(policy, f"{settings.topic_prefix}router", settings.redis_url)
+    core, budgets, cache = build_core(
+        policy, f"{settings.topic_prefix}router", settings.redis_url, settings.redis_password
+    )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
     handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter)
 

@@ -51,7 +51,10 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
         log_level=logging.DEBUG,  # FastStream's per-message "Received/Processed" lines: debug only
     )
     store = ComparatorStore(
-        redis_client(settings.redis_url), f"{settings.topic_prefix}comparator", cfg.pair_ttl_s, cfg.done_ttl_s
+        redis_client(settings.redis_url, password=settings.redis_password),
+        f"{settings.topic_prefix}comparator",
+        cfg.pair_ttl_s,
+        cfg.done_ttl_s,
     )
     publisher = BrokerPublisher(broker, t.COMPARATOR, settings.send_timeout_s)
 

@@ -53,7 +53,8 @@ class BusSettings(BaseSettings):
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     metrics_port: int = 0  # 0: no /metrics endpoint
-    metrics_host: str = "0.0.0.0"  # bind address of /metrics (127.0.0.1: this machine only)
+    # Bind address of /metrics: this machine only by default; containers (compose, k8s) set 0.0.0.0.
+    metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
     log_json: bool = True
     # How long `final:<request id>` markers (and attempt fences) outlive a request: a Dispatch
