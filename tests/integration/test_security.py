@@ -37,8 +37,6 @@ from llmbus.messages import (
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import ServiceProc, fresh_settings, wait_workers_ready
 
-pytest_plugins = ["tests.fixtures.secured_kafka"]
-
 
 @pytest.fixture(scope="module")
 async def prefix(secured_kafka: SecuredKafka) -> str:
@@ -90,13 +88,17 @@ async def produce_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic:
     await asyncio.wait_for(producer.start(), 30)
     try:
         payload = value.to_bytes() if hasattr(value, "to_bytes") else bytes(value)  # type: ignore[call-overload]
-        await asyncio.wait_for(producer.send_and_wait(t.Topics(prefix).name(topic), payload, key=key.encode()), 20)
+        await asyncio.wait_for(
+            producer.send_and_wait(t.Topics(prefix).name(topic), payload, key=key.encode(), partition=0), 20
+        )
     finally:
         await stop_producer(producer, 10)
 
 
-async def read_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str) -> None:
-    """Fetch partition 0 of `topic` from the start as `user` (raises what the broker answers)."""
+async def read_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, seconds: float = 5) -> list[bytes]:
+    """Fetch partition 0 of `topic` from the start as `user`: the values it got; raises
+    TopicAuthorizationFailedError when the broker answered that `user` may not read it."""
+    name = t.Topics(prefix).name(topic)
     consumer = AIOKafkaConsumer(
         group_id=None,
         auto_offset_reset="earliest",
@@ -104,12 +106,18 @@ async def read_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: st
         **kafka_auth(secured_kafka.settings(user, prefix)),
     )
     await asyncio.wait_for(consumer.start(), 30)
+    values: list[bytes] = []
     try:
-        consumer.assign([TopicPartition(t.Topics(prefix).name(topic), 0)])
+        consumer.assign([TopicPartition(name, 0)])
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 15
-        while loop.time() < deadline:
-            await consumer.getmany(timeout_ms=500)
+        deadline = loop.time() + seconds
+        while loop.time() < deadline and not values:
+            # aiokafka keeps retrying a topic the broker refuses (and logs it) rather than raising it.
+            if name in consumer._client.cluster.unauthorized_topics:
+                raise TopicAuthorizationFailedError(name)
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                values += [r.value for r in records if r.value is not None]
+        return values
     finally:
         await asyncio.wait_for(consumer.stop(), 10)
 
@@ -157,8 +165,14 @@ async def test_a_tenant_cannot_write_internal_or_foreign_topics(
 async def test_a_tenant_cannot_read_another_tenants_replies_or_shared_streams(
     secured_kafka: SecuredKafka, prefix: str, topic: str
 ) -> None:
+    admin = secured_kafka.settings("admin", prefix)
+    await ensure_topics(admin, [(t.Topics(prefix).name(topic), t.REPLIES_SPEC)])
+    secret = TokenChunk(request_id="r", tenant="globex", seq=0, delta="globex's secret")
+    await produce_as(secured_kafka, "admin", prefix, topic, secret, key="r")
     with pytest.raises(TopicAuthorizationFailedError):
         await read_as(secured_kafka, "tenant-acme", prefix, topic)
+    if topic.startswith("llm.replies.globex"):  # the owner reads them: the refusal above is about who asks
+        assert await read_as(secured_kafka, "tenant-globex", prefix, topic) == [secret.to_bytes()]
 
 
 async def test_a_body_claiming_another_tenant_is_refused_with_a_clear_error(
