@@ -112,6 +112,11 @@ def all_acls(prefix: str, tenants: list[str]) -> list[Acl]:
     return acls
 
 
+def principals(tenants: list[str]) -> list[str]:
+    """Every SCRAM user a stack needs (deploy/kafka/kafka.sh creates the same list)."""
+    return ["admin", *t.ALL_SERVICES, OPERATOR, *[tenant_principal(tenant) for tenant in tenants]]
+
+
 def tenant_topics(tenant: str) -> list[tuple[str, t.TopicSpec]]:
     """The topics an operator creates for a tenant (names relative to the namespace)."""
     requests = t.BY_NAME[t.REQUESTS]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -49,3 +51,20 @@ def apply(
         wanted = [(topics.name(name), spec) for tenant in tenants for name, spec in a.tenant_topics(tenant)]
         created = asyncio.run(ensure_topics(settings, wanted))
         console.print(f"tenant topics: {len(created)} created, {len(wanted) - len(created)} already there")
+
+
+@app.command()
+def credentials(
+    directory: Path = typer.Argument(..., help="one file per principal (its password), plus `redis`"),
+    tenants: list[str] = TENANTS,
+) -> None:
+    """Generate the passwords a secured stack needs, where missing (compose's secrets-init step)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    made = 0
+    for name in [*a.principals(tenants), "redis"]:
+        path = directory / name
+        if not path.exists():
+            path.write_text(secrets.token_urlsafe(24))
+            path.chmod(0o644)  # read by the stack's own containers (other users) through the volume
+            made += 1
+    console.print(f"{made} credentials generated in {directory}")
