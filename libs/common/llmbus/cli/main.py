@@ -53,6 +53,7 @@ def up(
     ready = asyncio.run(_wait_ready(settings, workers, timeout_s=120))
     console.print(f"{ready} worker(s) ready")
     if demo:
+        stack.stack_auth.speak_as_tenant(stack.RUN_DIR)
         chat(
             "Explain in one sentence why Kafka suits LLM request routing.",
             model="sim-llama-8b",

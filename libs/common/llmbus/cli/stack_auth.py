@@ -71,3 +71,9 @@ def secure_broker(run_dir: Path) -> None:
         await ensure_topics(settings, wanted)
 
     asyncio.run(_apply())
+
+
+def speak_as_tenant(run_dir: Path) -> None:
+    """The demo's request comes from a tenant (its own request and reply topics), as a real client's would."""
+    if secured():
+        os.environ.update(principal_env(run_dir, acls.tenant_principal(tenants()[0])))
