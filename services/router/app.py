@@ -73,8 +73,10 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         state, _state_dispatch(handlers, topics), bus.dead_letter, settings, service=t.ROUTER, commit_offsets=False
     )
     # With auth on, tenants write their own request topics: found by pattern (new ones within seconds).
-    discovery = {"metadata_max_age_ms": router_settings.request_topic_discovery_ms} if settings.auth_enabled else {}
-    requests = make_consumer(settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router", **discovery)
+    discovery_ms = router_settings.request_topic_discovery_ms if settings.auth_enabled else 300_000  # aiokafka's
+    requests = make_consumer(
+        settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router", metadata_max_age_ms=discovery_ms
+    )
     request_loop = ConsumerLoop(
         requests,
         handlers.on_request,

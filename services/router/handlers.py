@@ -107,7 +107,11 @@ class RouterHandlers:
     async def _refuse(self, record: ConsumerRecord, request: InferenceRequest, refused: Refused) -> None:
         """DLQ (the audit trail of refusals) and a final error on the tenant's default reply topic."""
         await self.bus.send_dead_letter(record, ErrorCode.FORBIDDEN, refused.reason, request.request_id)
-        tenant = self._authenticated_tenant(record) or request.tenant
+        try:
+            source = tenancy.source_of(record.topic.removeprefix(self.bus.topics.prefix))
+        except Refused:  # not a request topic we know a tenant of: answer on llm.results only
+            source = None
+        tenant = (source.tenant if source else None) or request.tenant
         await publish_error(
             self.bus.publisher,
             self.bus.topics,
@@ -115,7 +119,7 @@ class RouterHandlers:
             tenant=tenant,
             error=ErrorInfo.of(ErrorCode.FORBIDDEN, refused.reason),
             produced_by=self.bus.service,
-            reply_topic=await self._fallback_reply_topic(tenant),
+            reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
         )
 
     def _authenticated_tenant(self, record: ConsumerRecord) -> str | None:

@@ -87,3 +87,11 @@ async def test_auth_mode_a_reply_into_a_foreign_namespace_is_refused() -> None:
     steal = InferenceRequest(request_id="r3", prompt="p", tenant="acme", reply_topic="llm.replies.globex")
     await handlers.on_request(record("x.llm.requests.acme", steal))
     assert {topic for topic, _ in bus.publisher.sent} == {"x.llm.replies.acme", "x.llm.results"}
+
+
+async def test_a_record_from_an_unknown_request_topic_is_answered_on_results_only() -> None:
+    bus = FakeBus(RecordingPublisher(), AUTH)
+    handlers = handlers_for(bus, {"x.llm.replies.globex"})
+    odd = InferenceRequest(request_id="r4", prompt="p", tenant="globex", reply_topic="llm.replies.globex")
+    await handlers.on_request(record("x.llm.requests.gw-odd", odd))
+    assert [topic for topic, _ in bus.publisher.sent] == ["x.llm.results"]
