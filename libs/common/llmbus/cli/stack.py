@@ -62,7 +62,7 @@ def start(proc: ServiceProcess) -> int:
     if (pid := pid_of(proc)) is not None:
         return pid
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1"} | proc.env | stack_auth.service_env(RUN_DIR, proc.name)
+    env = os.environ | {"PYTHONUNBUFFERED": "1"} | proc.env | stack_auth.service_env(RUN_DIR, proc.module)
     with proc.log_file.open("ab") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", proc.module],

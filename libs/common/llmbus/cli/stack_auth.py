@@ -17,14 +17,15 @@ from llmbus.bus.acl_admin import apply_acls
 from llmbus.bus.admin import ensure_topics
 from llmbus.settings import BusSettings
 
-# Process names of llmbus.cli.stack → the principal each runs as.
+# The module a stack process runs → the principal it connects as (workers the autoscaler starts too).
 _PRINCIPALS = {
-    "router": t.ROUTER,
-    "scheduler": t.SCHEDULER,
-    "cost": t.COST,
-    "comparator": t.COMPARATOR,
-    "gateway": t.GATEWAY,
-    "autoscaler": t.AUTOSCALER,
+    "services.router": t.ROUTER,
+    "services.scheduler": t.SCHEDULER,
+    "services.engine_worker": t.WORKER,
+    "services.cost_accounting": t.COST,
+    "services.shadow_comparator": t.COMPARATOR,
+    "services.gateway": t.GATEWAY,
+    "services.autoscaler": t.AUTOSCALER,
 }
 
 
@@ -37,7 +38,10 @@ def tenants() -> list[str]:
 
 
 def _credentials(run_dir: Path) -> dict[str, str]:
+    """kafka.sh's credentials file (user=password lines), or a directory of one file per user (compose)."""
     path = Path(os.environ.get("KAFKA_CREDENTIALS", run_dir / f"{os.environ.get('KAFKA_NAME', 'kafka')}.credentials"))
+    if path.is_dir():
+        return {file.name: file.read_text().strip() for file in path.iterdir() if file.is_file()}
     lines = path.read_text().splitlines()
     return dict(line.split("=", 1) for line in lines if "=" in line)
 
@@ -51,12 +55,11 @@ def principal_env(run_dir: Path, user: str, mechanism: str = "SCRAM-SHA-512") ->
     }
 
 
-def service_env(run_dir: Path, process_name: str) -> dict[str, str]:
+def service_env(run_dir: Path, module: str) -> dict[str, str]:
     """The environment a stack process needs on a secured broker; {} when the stack is not secured."""
     if not secured():
         return {}
-    user = t.WORKER if process_name.startswith("worker-") else _PRINCIPALS.get(process_name, acls.OPERATOR)
-    return principal_env(run_dir, user)
+    return principal_env(run_dir, _PRINCIPALS.get(module, acls.OPERATOR))
 
 
 def secure_broker(run_dir: Path) -> None:
