@@ -6,8 +6,17 @@ export LLMBUS_VENV := $(VENV)
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
+
+# `make up AUTH=1`: the stack on a secured broker (SASL/SCRAM, catalog ACLs, one principal per service);
+# its own data dir, so `make down` first when a dev broker runs. README "Security".
+AUTH ?= 0
+ifeq ($(AUTH),1)
+export KAFKA_AUTH := scram
+export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
+export LLMBUS_STACK_AUTH := 1
+endif
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
-        compose-check clean reliability soak test-long bench-autoscaler
+        compose-check clean reliability soak test-long bench-autoscaler test-security
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -30,6 +39,10 @@ down: ## stop the services (they drain), then Kafka and Redis
 
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
 	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long" $(PYTEST_ARGS)
+
+test-security: setup ## the security tests alone (they start a private SASL/SCRAM broker with ACLs)
+	@$(PY) -m pytest -q -p no:cacheprovider tests/integration/test_security.py tests/integration/test_redis_auth.py \
+	  tests/unit/test_tenancy.py tests/unit/test_acls.py tests/unit/test_router_authorise.py $(PYTEST_ARGS)
 
 test-unit: setup ## fast unit tests only (no broker)
 	@$(PY) -m pytest -q -p no:cacheprovider tests/unit $(PYTEST_ARGS)

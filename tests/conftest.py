@@ -14,7 +14,7 @@ from llmbus.settings import BusSettings
 from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
-pytest_plugins = ["tests.fixtures.vllm_engine"]
+pytest_plugins = ["tests.fixtures.vllm_engine", "tests.fixtures.secured_kafka"]  # the second: a SASL/ACL broker
 
 
 def _answers(host: str, port: int) -> bool:

@@ -4,6 +4,15 @@
 # Usage: deploy/kafka/kafka.sh start|stop|status|fetch|reset   (all idempotent)
 # A second, private broker (the reliability tests stop and restart one) takes its own port,
 # data dir and name: KAFKA_PORT=19092 KAFKA_DATA_DIR=/tmp/x KAFKA_NAME=kafka-19092 kafka.sh start
+#
+# Secured broker (README "Security"): KAFKA_AUTH=scram kafka.sh start
+#   clients: SASL_PLAINTEXT + SCRAM-SHA-512 on $PORT; controller listener: SASL PLAIN (admin only);
+#   StandardAuthorizer, super user `admin`, allow.everyone.if.no.acl.found=false (no ACL, no access).
+#   SCRAM users are created when the storage is formatted: admin, one per service, `operator`, and
+#   `tenant-<name>` for each of KAFKA_TENANTS. Their passwords are generated once into
+#   $RUN_DIR/$NAME.credentials (user=password lines, mode 600) unless that file already exists.
+#   kafka.sh add-user NAME [PASSWORD]: a user more on a running secured broker (a new tenant).
+#   ACLs come from the topic catalog: `llmbus acl apply` (after start).
 set -euo pipefail
 
 KAFKA_VERSION=${KAFKA_VERSION:-4.1.1}
@@ -20,6 +29,10 @@ PORT=${KAFKA_PORT:-9092}
 CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 PROPERTIES=$RUN_DIR/$NAME.server.properties
 READY_TIMEOUT_S=${KAFKA_READY_TIMEOUT_S:-90}
+AUTH=${KAFKA_AUTH:-none}  # none | scram
+CREDENTIALS=${KAFKA_CREDENTIALS:-$RUN_DIR/$NAME.credentials}
+SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway operator"
+TENANTS=${KAFKA_TENANTS:-acme globex}
 
 log() { echo "[kafka] $*" >&2; }
 
@@ -41,16 +54,82 @@ java_run() {
     -cp "$LIBS/*" "$@"
 }
 
-format_storage() {
-  mkdir -p "$RUN_DIR" "$DATA_DIR"
+password_of() { sed -n "s/^$1=//p" "$CREDENTIALS" | head -1; }
+
+make_credentials() {
+  [ -f "$CREDENTIALS" ] && return
+  mkdir -p "$(dirname "$CREDENTIALS")"
+  (umask 077; for user in admin $SERVICE_USERS $(for t in $TENANTS; do echo "tenant-$t"; done); do
+    echo "$user=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')"
+  done >"$CREDENTIALS")
+  log "generated SCRAM credentials in $CREDENTIALS"
+}
+
+write_properties() {
   sed -e "s#@DATA_DIR@#$DATA_DIR#" -e "s#@PORT@#$PORT#g" -e "s#@CONTROLLER_PORT@#$CONTROLLER_PORT#g" \
     "$HERE/server.properties" >"$PROPERTIES"
+  [ "$AUTH" = scram ] || return 0
+  local admin_pw
+  admin_pw=$(password_of admin)
+  sed -i -e '/^listeners=/d' -e '/^advertised.listeners=/d' -e '/^inter.broker.listener.name=/d' \
+    -e '/^listener.security.protocol.map=/d' "$PROPERTIES"
+  (umask 077; cat >>"$PROPERTIES" <<PROPS
+# KAFKA_AUTH=scram (kafka.sh): SASL/SCRAM for clients and the broker itself, ACLs enforced.
+listeners=SASL_PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$PORT
+inter.broker.listener.name=SASL_PLAINTEXT
+listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+sasl.enabled.mechanisms=SCRAM-SHA-512
+sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
+listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
+# SCRAM credentials live in the metadata log the controller serves, so the controller listener uses PLAIN.
+sasl.mechanism.controller.protocol=PLAIN
+listener.name.controller.sasl.enabled.mechanisms=PLAIN
+listener.name.controller.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="$admin_pw" user_admin="$admin_pw";
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:admin
+allow.everyone.if.no.acl.found=false
+PROPS
+  )
+  chmod 600 "$PROPERTIES"
+}
+
+format_storage() {
+  mkdir -p "$RUN_DIR" "$DATA_DIR"
+  [ "$AUTH" = scram ] && make_credentials
+  write_properties
   if [ -f "$DATA_DIR/meta.properties" ]; then return; fi
-  local cluster_id
-  cluster_id=$(java_run kafka.tools.StorageTool random-uuid)
-  log "formatting KRaft storage in $DATA_DIR (cluster $cluster_id)"
+  local cluster_id scram=()
+  # A random Kafka Uuid (16 bytes, base64url) without starting a JVM for it.
+  cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  if [ "$AUTH" = scram ]; then
+    while IFS='=' read -r user pw; do
+      [ -n "$user" ] && scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$pw]")
+    done <"$CREDENTIALS"
+  fi
+  log "formatting KRaft storage in $DATA_DIR (cluster $cluster_id, auth $AUTH)"
   java_run kafka.tools.StorageTool format --standalone -t "$cluster_id" \
-    -c "$PROPERTIES" >/dev/null
+    -c "$PROPERTIES" "${scram[@]}" >/dev/null
+}
+
+add_user() {
+  local user=${1:?usage: kafka.sh add-user NAME [PASSWORD]} pw=${2:-}
+  [ "$AUTH" = scram ] || { log "add-user needs KAFKA_AUTH=scram"; exit 2; }
+  [ -n "$pw" ] || pw=$(password_of "$user")
+  [ -n "$pw" ] || pw=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+  local admin_config=$RUN_DIR/$NAME.admin.properties
+  (umask 077; cat >"$admin_config" <<PROPS
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$(password_of admin)";
+PROPS
+  )
+  timeout 60 java -Xmx256m -cp "$LIBS/*" -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
+    -Dkafka.logs.file="$LOG_FILE" kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$PORT" \
+    --command-config "$admin_config" --alter --entity-type users --entity-name "$user" \
+    --add-config "SCRAM-SHA-512=[password=$pw]" >/dev/null
+  grep -q "^$user=" "$CREDENTIALS" || (umask 077; echo "$user=$pw" >>"$CREDENTIALS")
+  log "SCRAM user $user ready"
 }
 
 running_pid() {
@@ -101,6 +180,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) if running_pid >/dev/null; then echo "running (pid $(running_pid))"; else echo "stopped"; exit 1; fi ;;
-  reset) stop; rm -rf "$DATA_DIR"; log "data removed" ;;
-  *) echo "usage: $0 start|stop|status|fetch|reset" >&2; exit 2 ;;
+  reset) stop; rm -rf "$DATA_DIR"; if [ "$AUTH" = scram ]; then rm -f "$CREDENTIALS"; fi; log "data removed" ;;
+  add-user) shift; add_user "$@" ;;
+  *) echo "usage: $0 start|stop|status|fetch|reset|add-user NAME [PASSWORD]" >&2; exit 2 ;;
 esac

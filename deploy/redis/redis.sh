@@ -4,6 +4,7 @@
 # A second, private instance (the reliability tests stop and restart one) takes its own port and
 # run dir: REDIS_PORT=16379 REDIS_RUN_DIR=/tmp/x REDIS_APPENDONLY=yes redis.sh start
 # (appendonly: the data survives a stop/start, as a production Redis with AOF would).
+# Redis AUTH: REDIS_PASSWORD=... redis.sh start (requirepass; clients set LLMBUS_REDIS_PASSWORD).
 set -euo pipefail
 
 CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
@@ -11,6 +12,9 @@ RUN_DIR=${REDIS_RUN_DIR:-$CACHE/run}
 PORT=${REDIS_PORT:-6379}
 NAME=${REDIS_NAME:-redis}  # pid, log and data of this instance: $RUN_DIR/$NAME.*, $RUN_DIR/$NAME-data
 APPENDONLY=${REDIS_APPENDONLY:-no}
+PASSWORD=${REDIS_PASSWORD:-}
+# redis-cli reads the password from REDISCLI_AUTH: it stays out of the process list.
+if [ -n "$PASSWORD" ]; then export REDISCLI_AUTH=$PASSWORD; fi
 PID_FILE=$RUN_DIR/$NAME.pid
 
 log() { echo "[redis] $*" >&2; }
@@ -28,8 +32,13 @@ start() {
   if answering; then log "already answering on 127.0.0.1:$PORT"; return; fi
   install
   mkdir -p "$RUN_DIR/$NAME-data"
-  redis-server --bind 127.0.0.1 --port "$PORT" --daemonize yes --pidfile "$PID_FILE" \
-    --dir "$RUN_DIR/$NAME-data" --logfile "$RUN_DIR/$NAME.log" --save "" --appendonly "$APPENDONLY"
+  local options=(--bind 127.0.0.1 --port "$PORT" --daemonize yes --pidfile "$PID_FILE"
+    --dir "$RUN_DIR/$NAME-data" --logfile "$RUN_DIR/$NAME.log" --save "" --appendonly "$APPENDONLY")
+  if [ -n "$PASSWORD" ]; then  # config on stdin, not argv: the password stays out of `ps`
+    printf 'requirepass "%s"\n' "$PASSWORD" | redis-server - "${options[@]}"
+  else
+    redis-server "${options[@]}"
+  fi
   for _ in $(seq 1 50); do answering && { log "ready on 127.0.0.1:$PORT"; return; }; sleep 0.1; done
   log "not answering; see $RUN_DIR/$NAME.log"; exit 1
 }

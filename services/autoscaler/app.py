@@ -11,6 +11,7 @@ from faststream.kafka import KafkaBroker
 
 from llmbus import topics as t
 from llmbus.bus import headers as hdr
+from llmbus.bus.security import faststream_security
 from llmbus.messages import PoolStats, ScaleDecision, WorkerStatus
 from llmbus.settings import BusSettings
 from services.autoscaler.actuators import Actuator, NoActuator
@@ -52,6 +53,7 @@ def build_app(
     broker = KafkaBroker(
         settings.kafka_bootstrap,
         client_id="llmbus-autoscaler",
+        security=faststream_security(settings),
         acks="all",
         enable_idempotence=True,
         request_timeout_ms=settings.request_timeout_ms,

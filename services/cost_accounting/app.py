@@ -28,6 +28,7 @@ from llmbus.bus import headers as hdr
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
 from llmbus.bus.producer import PublishTimeout
+from llmbus.bus.security import faststream_security
 from llmbus.bus.tables import read_table
 from llmbus.messages import ErrorCode, Message, PriceBookUpdate, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
@@ -50,6 +51,7 @@ class CostService:
         self.broker = broker or KafkaBroker(
             settings.kafka_bootstrap,
             client_id=f"llmbus-{t.COST}",
+            security=faststream_security(settings),
             acks="all",
             enable_idempotence=True,
             request_timeout_ms=settings.request_timeout_ms,
@@ -65,7 +67,7 @@ class CostService:
             prefill_token_weight=cost.prefill_token_weight,
             decode_token_weight=cost.decode_token_weight,
         )
-        self.redis = redis_client(settings.redis_url)
+        self.redis = redis_client(settings.redis_url, password=settings.redis_password)
         self.store = CostStore(self.redis, settings.topic_prefix, cost.dedupe_ttl_s)
         self.handlers = CostHandlers(
             book,

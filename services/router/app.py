@@ -7,7 +7,9 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 from aiokafka.structs import ConsumerRecord
+from pydantic import SecretStr
 
+from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
@@ -27,9 +29,9 @@ from services.router.state_follow import caught_up
 
 
 def build_core(
-    policy: RouterPolicy, redis_namespace: str, redis_url: str
+    policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
 ) -> tuple[RouterCore, BudgetBook, RedisResponseCache]:
-    client = redis_client(redis_url)
+    client = redis_client(redis_url, password=redis_password)
     budgets = BudgetBook()
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
@@ -54,9 +56,11 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
-    core, budgets, cache = build_core(policy, f"{settings.topic_prefix}router", state_redis_url)
+    core, budgets, cache = build_core(
+        policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password
+    )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
-    markers = redis_client(settings.redis_url)
+    markers = redis_client(settings.redis_url, password=settings.redis_password)
     fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
     handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter, fence)
 
@@ -71,7 +75,11 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     state_loop = ConsumerLoop(
         state, _state_dispatch(handlers, topics), bus.dead_letter, settings, service=t.ROUTER, commit_offsets=False
     )
-    requests = make_consumer(settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router")
+    # With auth on, tenants write their own request topics: found by pattern (new ones within seconds).
+    discovery_ms = router_settings.request_topic_discovery_ms if settings.auth_enabled else 300_000  # aiokafka's
+    requests = make_consumer(
+        settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router", metadata_max_age_ms=discovery_ms
+    )
     request_loop = ConsumerLoop(
         requests,
         handlers.on_request,
@@ -91,7 +99,12 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         results.subscribe([topics.name(t.RESULTS)], listener=results_loop.rebalance_listener())
         consumers.append(results)
         loops.append(results_loop)
-    requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
+    if settings.auth_enabled:
+        requests.subscribe(
+            pattern=tenancy.request_topic_pattern(topics.prefix), listener=request_loop.rebalance_listener()
+        )
+    else:
+        requests.subscribe([topics.name(t.REQUESTS)], listener=request_loop.rebalance_listener())
     consumers.append(requests)
     try:
         # All consumers join at once (group joins are the slow part of a start) ...

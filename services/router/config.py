@@ -13,7 +13,9 @@ class RouterSettings(BaseSettings):
     # Dev override of the policy's default target (e.g. "sim-llama-8b" on a stack with only sim workers).
     default_model: str | None = None
     max_in_flight: int = 512
-    allowed_reply_topic_prefix: str = "llm."  # reply topics must live in the llm.* namespace
+    allowed_reply_topic_prefix: str = "llm."  # dev mode: reply topics must live in the llm.* namespace
+    # Auth on: how soon a new tenant's request topic (llm.requests.<tenant>) is picked up by pattern.
+    request_topic_discovery_ms: int = 5000
     # How long to read llm.models / llm.experiments / llm.budgets before routing the first request,
     # so experiments and budgets already in the log apply from the first request on.
     state_catch_up_s: float = 15.0

@@ -14,9 +14,11 @@ import logging
 
 from aiokafka.structs import ConsumerRecord
 
+from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
 from llmbus.fencing import RequestFence
+from llmbus.bus.topic_directory import TopicDirectory, TopicExistence
 from llmbus.messages import (
     BudgetStatus,
     ErrorCode,
@@ -28,10 +30,10 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_error, publish_result, reply_topic_of
+from llmbus.tenancy import Refused
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.config import RouterSettings
-from services.router.core.route import Rejected, check_reply_topic
 from services.router.latency_watch import LatencyReporter
 from services.router.policy.pipeline import RouteOutcome, RouterCore
 
@@ -49,6 +51,7 @@ class RouterHandlers:
         cache: RedisResponseCache | None = None,
         latency: LatencyReporter | None = None,
         fence: RequestFence | None = None,
+        directory: TopicExistence | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -58,6 +61,7 @@ class RouterHandlers:
         self.latency = latency
         self.fence = fence  # the final markers scheduler and workers share
         self.routed_topic = bus.topics.name(t.ROUTED)
+        self.directory = directory or TopicDirectory(bus.producer, bus.settings.admin_timeout_s)
 
     async def on_request(self, record: ConsumerRecord) -> None:
         received_at_ms = now_ms()
@@ -67,14 +71,13 @@ class RouterHandlers:
             request = decode(
                 record, InferenceRequest, max_bytes=self.bus.settings.max_request_bytes, required=("request_id",)
             )
-            check_reply_topic(request, self.settings.allowed_reply_topic_prefix)
         except BadMessage as bad:
             await self._reject_bad(record, bad)
             return
-        except Rejected as rejected:
-            await self._reject_bad(
-                record, BadMessage(rejected.code, rejected.reason, request.request_id, request.tenant)
-            )
+        try:
+            request = await self._authorise(record, request)
+        except Refused as refused:
+            await self._refuse(record, request, refused)
             return
         try:
             outcome = await self.core.route(request, received_at_ms)
@@ -97,6 +100,52 @@ class RouterHandlers:
             )
             raise
         await self._publish(request, outcome)
+
+    async def _authorise(self, record: ConsumerRecord, request: InferenceRequest) -> InferenceRequest:
+        """The request as the authenticated tenant's, with a reply topic it may use; else Refused."""
+        source = tenancy.source_of(record.topic.removeprefix(self.bus.topics.prefix))
+        tenant = tenancy.check_tenant(source, request.tenant)
+        exists = await self.directory.exists(self.bus.topics.name(request.reply_topic))
+        problem = tenancy.reply_topic_problem(
+            request.reply_topic,
+            source,
+            auth=self.bus.settings.auth_enabled,
+            exists=exists,
+            allowed_prefix=self.settings.allowed_reply_topic_prefix,
+        )
+        if problem:
+            raise Refused(problem)
+        return request if tenant == request.tenant else request.model_copy(update={"tenant": tenant})
+
+    async def _refuse(self, record: ConsumerRecord, request: InferenceRequest, refused: Refused) -> None:
+        """DLQ (the audit trail of refusals) and a final error on the tenant's default reply topic."""
+        await self.bus.send_dead_letter(record, ErrorCode.FORBIDDEN, refused.reason, request.request_id)
+        try:
+            source = tenancy.source_of(record.topic.removeprefix(self.bus.topics.prefix))
+        except Refused:  # not a request topic we know a tenant of: answer on llm.results only
+            source = None
+        tenant = (source.tenant if source else None) or request.tenant
+        await publish_error(
+            self.bus.publisher,
+            self.bus.topics,
+            request_id=request.request_id,
+            tenant=tenant,
+            error=ErrorInfo.of(ErrorCode.FORBIDDEN, refused.reason),
+            produced_by=self.bus.service,
+            reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
+        )
+
+    def _authenticated_tenant(self, record: ConsumerRecord) -> str | None:
+        try:
+            return tenancy.source_of(record.topic.removeprefix(self.bus.topics.prefix)).tenant
+        except Refused:
+            return None
+
+    async def _fallback_reply_topic(self, tenant: str) -> str | None:
+        """The tenant's default reply topic; None (result on llm.results only) if it does not exist,
+        so a refusal never waits on metadata of a missing topic."""
+        topic = self.bus.topics.name(tenancy.default_reply_topic(self.bus.settings.auth_enabled, tenant))
+        return topic if await self.directory.exists(topic) else None
 
     async def _publish(self, request: InferenceRequest, outcome: RouteOutcome) -> None:
         publisher = self.bus.publisher
@@ -178,13 +227,14 @@ class RouterHandlers:
             return  # nobody to answer: the DLQ entry is the only trace
         if not await self._claim_answer(bad.request_id):
             return  # a request of that id was answered already (or is in flight): one result per id
+        tenant = self._authenticated_tenant(record) or bad.tenant or "default"
         await publish_error(
             self.bus.publisher,
             self.bus.topics,
             request_id=bad.request_id,
-            tenant=bad.tenant or "default",
+            tenant=tenant,
             error=ErrorInfo.of(bad.code, bad.reason),
             produced_by=self.bus.service,
-            reply_topic=reply_topic_of(self.bus.topics, None),
+            reply_topic=await self._fallback_reply_topic(tenant),
         )
         await self._answered(bad.request_id)

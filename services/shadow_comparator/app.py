@@ -25,6 +25,7 @@ from faststream.middlewares import AckPolicy
 from prometheus_client import start_http_server
 
 from llmbus import topics as t
+from llmbus.bus.security import faststream_security
 from llmbus.messages import Comparison
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
@@ -42,6 +43,7 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
     broker = KafkaBroker(
         settings.kafka_bootstrap,
         client_id=f"llmbus-{t.COMPARATOR}",
+        security=faststream_security(settings),
         acks="all",
         enable_idempotence=True,
         request_timeout_ms=settings.request_timeout_ms,
@@ -49,7 +51,10 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
         log_level=logging.DEBUG,  # FastStream's per-message "Received/Processed" lines: debug only
     )
     store = ComparatorStore(
-        redis_client(settings.redis_url), f"{settings.topic_prefix}comparator", cfg.pair_ttl_s, cfg.done_ttl_s
+        redis_client(settings.redis_url, password=settings.redis_password),
+        f"{settings.topic_prefix}comparator",
+        cfg.pair_ttl_s,
+        cfg.done_ttl_s,
     )
     publisher = BrokerPublisher(broker, t.COMPARATOR, settings.send_timeout_s)
 

@@ -11,6 +11,11 @@ from services.router.handlers import RouterHandlers
 from tests.unit.test_worker_request_errors import FakeBus, RecordingPublisher
 
 
+class EveryTopicExists:
+    async def exists(self, topic: str) -> bool:
+        return True
+
+
 class UnreachableRedisCore:
     async def route(self, request: InferenceRequest, received_at_ms: int) -> object:
         raise ConnectionError("redis: connection refused")
@@ -18,7 +23,13 @@ class UnreachableRedisCore:
 
 async def test_a_failing_route_answers_the_client_then_goes_to_the_dlq() -> None:
     publisher = RecordingPublisher()
-    handlers = RouterHandlers(FakeBus(publisher), RouterSettings(), UnreachableRedisCore(), None)  # type: ignore[arg-type]
+    handlers = RouterHandlers(
+        FakeBus(publisher),  # type: ignore[arg-type]
+        RouterSettings(),
+        UnreachableRedisCore(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        directory=EveryTopicExists(),
+    )
     raw = InferenceRequest(request_id="r1", prompt="hi", max_tokens=4, reply_topic="llm.replies.acme").to_bytes()
     record = ConsumerRecord("x.llm.requests", 0, 0, 0, 0, b"r1", raw, None, 2, len(raw), [])
     with pytest.raises(ConnectionError):  # raised on: the ConsumerLoop writes the DLQ entry

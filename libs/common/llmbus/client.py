@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator, Callable
 
 from aiokafka import AIOKafkaConsumer
 
+from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
+from llmbus.bus.security import kafka_auth
 from llmbus.chunks import ChunkAssembler, TextUpdate
 from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
@@ -37,6 +39,7 @@ class TopicTail:
             isolation_level="read_committed",
             auto_offset_reset="latest",
             request_timeout_ms=settings.request_timeout_ms,
+            **kafka_auth(settings),
         )
 
     async def start(self) -> TopicTail:
@@ -106,11 +109,20 @@ class LlmbusClient:
         if self._bus is not None:
             await self._bus.stop()
 
+    def addressed(self, request: InferenceRequest) -> tuple[str, InferenceRequest]:
+        """(request topic, request): with auth on, a tenant writes its own topic and gets its own replies."""
+        tenant = tenancy.tenant_of_principal(self.settings.kafka_sasl_username) if self.settings.auth_enabled else None
+        if tenant is None:
+            return self.topics.name(t.REQUESTS), request
+        update = {"tenant": tenant} if request.tenant == "default" else {}
+        if request.reply_topic == t.TOKENS:
+            update["reply_topic"] = tenancy.tenant_reply_topic(tenant)
+        return self.topics.name(tenancy.request_topic(tenant)), request.model_copy(update=update)
+
     async def send(self, request: InferenceRequest) -> None:
         assert self._bus is not None
-        await self._bus.publisher.publish(
-            self.topics.name(t.REQUESTS), request, key=request.session_id or request.request_id
-        )
+        topic, request = self.addressed(request)
+        await self._bus.publisher.publish(topic, request, key=request.session_id or request.request_id)
 
     async def _reply_router(self, reply_topic: str) -> ReplyRouter:
         if reply_topic not in self._replies:
@@ -119,6 +131,7 @@ class LlmbusClient:
 
     async def stream(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TokenChunk]:
         """Send `request` and yield its chunks in arrival order until the final one."""
+        _, request = self.addressed(request)
         router = await self._reply_router(self.topics.name(request.reply_topic))
         key = request.request_id.encode()
         queue: asyncio.Queue[TokenChunk] = asyncio.Queue()

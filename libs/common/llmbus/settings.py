@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from typing import Literal
+
+from pydantic import SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 KIB = 1024
@@ -14,6 +16,14 @@ class BusSettings(BaseSettings):
     kafka_bootstrap: str = "127.0.0.1:9092"
     topic_prefix: str = ""
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_password: SecretStr | None = None  # Redis AUTH (requirepass); kept out of the URL and of logs
+    # Broker identity (README "Security"): SASL/SCRAM when a username is set. Auth on also turns on
+    # the tenant rules: tenants follow from the request topic, replies stay in the tenant's namespace.
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: str | None = None  # SASL_SSL: the CA that signed the broker's certificate
     # Every Kafka call is bounded: a send waits at most send_timeout_s for the broker's ack.
     send_timeout_s: float = 15.0
     stop_timeout_s: float = 10.0
@@ -46,7 +56,8 @@ class BusSettings(BaseSettings):
     session_timeout_ms: int = 10_000
     heartbeat_interval_ms: int = 1_000
     metrics_port: int = 0  # 0: no /metrics endpoint
-    metrics_host: str = "0.0.0.0"  # bind address of /metrics (127.0.0.1: this machine only)
+    # Bind address of /metrics: this machine only by default; containers (compose, k8s) set 0.0.0.0.
+    metrics_host: str = "127.0.0.1"
     log_level: str = "INFO"
     log_json: bool = True
     # How long `final:<request id>` markers (and attempt fences) outlive a request: a Dispatch
@@ -64,7 +75,14 @@ class BusSettings(BaseSettings):
             raise ValueError("need 1 <= min_insync_replicas <= replication_factor")
         if self.request_headroom_bytes >= self.max_message_bytes:
             raise ValueError("request_headroom_bytes must be below max_message_bytes")
+        if self.auth_enabled and not (self.kafka_sasl_username and self.kafka_sasl_password):
+            raise ValueError(f"{self.kafka_security_protocol} needs kafka_sasl_username and kafka_sasl_password")
         return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        """The broker authenticates this client: tenants follow from topics, not from message bodies."""
+        return self.kafka_security_protocol != "PLAINTEXT"
 
     @property
     def max_request_bytes(self) -> int:

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import redis.asyncio as redis
+from pydantic import SecretStr
 
 from llmbus.fencing import RequestFence
 from llmbus.settings import BusSettings
 
 
-def redis_client(url: str, max_connections: int = 64) -> redis.Redis:
+def redis_client(url: str, max_connections: int = 64, password: SecretStr | None = None) -> redis.Redis:
+    """A client of the Redis at `url`; `password` (Redis AUTH) is kept out of the URL, so out of logs."""
     # Bounded like every other network call: a dead Redis fails fast instead of hanging. The
     # blocking pool makes a burst of concurrent handlers wait for a connection (up to 5 s)
     # instead of failing with "Too many connections".
     pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=5, socket_timeout=5, socket_connect_timeout=5
+        url,
+        max_connections=max_connections,
+        timeout=5,
+        socket_timeout=5,
+        socket_connect_timeout=5,
+        **({"password": password.get_secret_value()} if password is not None else {}),
     )
     return redis.Redis(connection_pool=pool, decode_responses=False)
 

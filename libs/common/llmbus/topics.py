@@ -170,7 +170,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         retention_ms=DAY_MS,
         notes="per-pool queue wait, arrivals, in flight: the scaling signal",
     ),
-    TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (COMPARATOR, ANALYTICS), partitions=4),
+    TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (COST, COMPARATOR, ANALYTICS), partitions=4),  # cost: aggregates
     TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
     TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, (CLIENT,), (COST,), partitions=1, compacted=True),
     TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER, GATEWAY), (WORKER, SCHEDULER), partitions=1),

@@ -10,6 +10,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from llmbus import topics as t
 from llmbus.audit.check import AuditReport, Seen, audit, request_id_of
 from llmbus.bus.admin import open_admin
+from llmbus.bus.security import kafka_auth
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics
 
@@ -36,6 +37,7 @@ async def read_namespace(settings: BusSettings, timeout_s: float = 120.0) -> lis
         auto_offset_reset="earliest",
         request_timeout_ms=settings.request_timeout_ms,
         max_partition_fetch_bytes=8 * 1024 * 1024,
+        **kafka_auth(settings),
     )
     await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     seen: list[Seen] = []

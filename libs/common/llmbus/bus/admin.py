@@ -13,6 +13,7 @@ from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.protocol.api import Response
 from aiokafka.protocol.offset import OffsetRequest
 
+from llmbus.bus.security import kafka_auth
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics, TopicSpec
 
@@ -26,6 +27,7 @@ async def open_admin(settings: BusSettings) -> AsyncIterator[AIOKafkaAdminClient
         bootstrap_servers=settings.kafka_bootstrap,
         client_id="llmbus-admin",
         request_timeout_ms=int(settings.admin_timeout_s * 1000),
+        **kafka_auth(settings),
     )
     await asyncio.wait_for(admin.start(), settings.admin_timeout_s)
     try:

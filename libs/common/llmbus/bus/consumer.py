@@ -29,6 +29,7 @@ from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.headers import REQUEST_ID, trace_context
 from llmbus.bus.offsets import OffsetTracker
+from llmbus.bus.security import kafka_auth
 from llmbus.settings import BusSettings
 from llmbus.telemetry import request_id_var, tracing_off
 
@@ -75,6 +76,7 @@ def make_consumer(
         "request_timeout_ms": max(settings.request_timeout_ms, settings.session_timeout_ms + 5000),
         "isolation_level": "read_committed",
     }
+    options.update(kafka_auth(settings))
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)  # type: ignore[arg-type]
 

@@ -13,6 +13,7 @@ from prometheus_client import Counter
 from llmbus import semconv
 from llmbus.bus import headers as hdr
 from llmbus.bus.message_metrics import observe_published
+from llmbus.bus.security import kafka_auth
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
 from llmbus.settings import BusSettings
@@ -38,6 +39,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
         linger_ms=settings.linger_ms,
         max_batch_size=min(settings.max_batch_bytes, settings.max_message_bytes),
         max_request_size=settings.max_message_bytes,
+        **kafka_auth(settings),
     )
 
 

@@ -9,6 +9,7 @@ from typing import TypeVar
 from aiokafka import AIOKafkaConsumer
 
 from llmbus.bus.codec import BadMessage, decode
+from llmbus.bus.security import kafka_auth
 from llmbus.messages import Message
 from llmbus.settings import BusSettings
 
@@ -49,6 +50,7 @@ async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: fl
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         request_timeout_ms=settings.request_timeout_ms,
+        **kafka_auth(settings),
     )
     await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     log: list[tuple[str, M | None]] = []

@@ -10,8 +10,8 @@ from rich.console import Console
 from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
+from llmbus.cli import acl, keys, scaling, stack, trace
 from llmbus.cli import costs as cost_commands
-from llmbus.cli import keys, scaling, stack, trace
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
@@ -31,6 +31,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(router_app, name="router")
 app.add_typer(keys.app, name="keys")
+app.add_typer(acl.app, name="acl")
 app.command()(trace.trace)
 
 
@@ -52,6 +53,7 @@ def up(
     ready = asyncio.run(_wait_ready(settings, workers, timeout_s=120))
     console.print(f"{ready} worker(s) ready")
     if demo:
+        stack.stack_auth.speak_as_tenant(stack.RUN_DIR)
         chat(
             "Explain in one sentence why Kafka suits LLM request routing.",
             model="sim-llama-8b",

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmbus.cli import stack_auth
+
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
 RUN_DIR = CACHE / "run"
@@ -38,6 +40,8 @@ def run_script(script: str, action: str) -> None:
 def infra_up() -> None:
     run_script("deploy/kafka/kafka.sh", "start")
     run_script("deploy/redis/redis.sh", "start")
+    if stack_auth.secured():
+        stack_auth.secure_broker(RUN_DIR)
 
 
 def infra_down() -> None:
@@ -58,7 +62,7 @@ def start(proc: ServiceProcess) -> int:
     if (pid := pid_of(proc)) is not None:
         return pid
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1"} | proc.env
+    env = os.environ | {"PYTHONUNBUFFERED": "1"} | proc.env | stack_auth.service_env(RUN_DIR, proc.module)
     with proc.log_file.open("ab") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", proc.module],

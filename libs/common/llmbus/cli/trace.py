@@ -13,6 +13,7 @@ from llmbus import topics as t
 from llmbus.bus import BadMessage, decode
 from llmbus.bus.admin import open_admin
 from llmbus.bus.headers import REQUEST_ID, as_dict
+from llmbus.bus.security import kafka_auth
 from llmbus.bus.tables import read_table
 from llmbus.lineage import Lineage, render
 from llmbus.messages import Control, NodeProfile, WorkerStatus
@@ -45,6 +46,7 @@ async def read_lineage(settings: BusSettings, request_id: str, since_s: float, t
         group_id=None,
         enable_auto_commit=False,
         request_timeout_ms=settings.request_timeout_ms,
+        **kafka_auth(settings),
     )
     await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     lineage = Lineage(request_id)

@@ -27,6 +27,7 @@ class ErrorCode(StrEnum):
     CANCELLED = "cancelled"
     MAX_ATTEMPTS = "max_attempts"
     INTERNAL = "internal"
+    FORBIDDEN = "forbidden"  # the authenticated tenant may not do this (claim another tenant, reply elsewhere)
 
 
 RETRYABLE = frozenset(

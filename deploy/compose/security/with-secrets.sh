@@ -1,0 +1,8 @@
+#!/bin/sh
+# Entry point of the llmbus containers: the principal's password and the Redis password come from the
+# generated secrets volume into the environment of this process only (never into the compose file).
+set -eu
+LLMBUS_KAFKA_SASL_PASSWORD=$(cat "/secrets/${LLMBUS_KAFKA_SASL_USERNAME:?}")
+LLMBUS_REDIS_PASSWORD=$(cat /secrets/redis)
+export LLMBUS_KAFKA_SASL_PASSWORD LLMBUS_REDIS_PASSWORD
+exec "$@"

@@ -1,0 +1,82 @@
+"""`make up AUTH=1`: the local stack on a secured broker (deploy/kafka/kafka.sh KAFKA_AUTH=scram).
+
+Each service process connects as its own principal with the password kafka.sh generated;
+the `llmbus` CLI that brings the stack up speaks as the broker's super user (it creates the
+topics and applies the catalog's ACLs). Off (the default), nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from llmbus import acls
+from llmbus import topics as t
+from llmbus.bus.acl_admin import apply_acls
+from llmbus.bus.admin import ensure_topics
+from llmbus.settings import BusSettings
+
+# The module a stack process runs → the principal it connects as (workers the autoscaler starts too).
+_PRINCIPALS = {
+    "services.router": t.ROUTER,
+    "services.scheduler": t.SCHEDULER,
+    "services.engine_worker": t.WORKER,
+    "services.cost_accounting": t.COST,
+    "services.shadow_comparator": t.COMPARATOR,
+    "services.gateway": t.GATEWAY,
+    "services.autoscaler": t.AUTOSCALER,
+}
+
+
+def secured() -> bool:
+    return os.environ.get("LLMBUS_STACK_AUTH") == "1"
+
+
+def tenants() -> list[str]:
+    return os.environ.get("KAFKA_TENANTS", "acme globex").split()
+
+
+def _credentials(run_dir: Path) -> dict[str, str]:
+    """kafka.sh's credentials file (user=password lines), or a directory of one file per user (compose)."""
+    path = Path(os.environ.get("KAFKA_CREDENTIALS", run_dir / f"{os.environ.get('KAFKA_NAME', 'kafka')}.credentials"))
+    if path.is_dir():
+        return {file.name: file.read_text().strip() for file in path.iterdir() if file.is_file()}
+    lines = path.read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def principal_env(run_dir: Path, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+    return {
+        "LLMBUS_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "LLMBUS_KAFKA_SASL_MECHANISM": mechanism,
+        "LLMBUS_KAFKA_SASL_USERNAME": user,
+        "LLMBUS_KAFKA_SASL_PASSWORD": _credentials(run_dir)[user],
+    }
+
+
+def service_env(run_dir: Path, module: str) -> dict[str, str]:
+    """The environment a stack process needs on a secured broker; {} when the stack is not secured."""
+    if not secured():
+        return {}
+    return principal_env(run_dir, _PRINCIPALS.get(module, acls.OPERATOR))
+
+
+def secure_broker(run_dir: Path) -> None:
+    """As the super user: this process's own identity from here on, the ACLs, the tenants' topics."""
+    os.environ.update(principal_env(run_dir, "admin"))
+    settings = BusSettings()
+    topics = t.Topics(settings.topic_prefix)
+
+    async def _apply() -> None:
+        await apply_acls(settings, acls.all_acls(settings.topic_prefix, tenants()))
+        wanted = [(topics.name(n), spec) for tenant in tenants() for n, spec in acls.tenant_topics(tenant)]
+        await ensure_topics(settings, wanted)
+
+    asyncio.run(_apply())
+
+
+def speak_as_tenant(run_dir: Path) -> None:
+    """The demo's request comes from a tenant (its own request and reply topics), as a real client's would."""
+    if secured():
+        os.environ.update(principal_env(run_dir, acls.tenant_principal(tenants()[0])))

@@ -1,0 +1,224 @@
+"""Tenants cannot see or steer each other, on a secured broker (SASL/SCRAM + catalog ACLs).
+
+A private broker from deploy/kafka/kafka.sh (KAFKA_AUTH=scram), ACLs from `llmbus.acls`, and a
+router, scheduler and sim worker each connected as its own principal. Tenants `acme` and
+`globex` use nothing but a Kafka client and their own credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import TopicAuthorizationFailedError
+
+from llmbus import topics as t
+from llmbus.acls import all_acls, tenant_topics
+from llmbus.bus import decode, make_producer
+from llmbus.bus.acl_admin import apply_acls
+from llmbus.bus.admin import ensure_catalog, ensure_topics
+from llmbus.bus.producer import stop_producer
+from llmbus.bus.security import kafka_auth
+from llmbus.client import LlmbusClient, TopicTail
+from llmbus.messages import (
+    Control,
+    ControlAction,
+    ErrorCode,
+    InferenceRequest,
+    ModelSpec,
+    TokenChunk,
+    WorkerState,
+    WorkerStatus,
+)
+from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
+from tests.support import ServiceProc, fresh_settings, wait_workers_ready
+
+
+@pytest.fixture(scope="module")
+async def prefix(secured_kafka: SecuredKafka) -> str:
+    """A namespace on the secured broker with its catalog, the tenants' topics and the ACLs."""
+    prefix = fresh_settings().topic_prefix
+    admin = secured_kafka.settings("admin", prefix)
+    await apply_acls(admin, all_acls(prefix, list(TENANTS)))
+    await ensure_catalog(admin)
+    topics = t.Topics(prefix)
+    await ensure_topics(admin, [(topics.name(n), s) for tenant in TENANTS for n, s in tenant_topics(tenant)])
+    return prefix
+
+
+@pytest.fixture(scope="module")
+async def stack(
+    secured_kafka: SecuredKafka, prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[None]:
+    """Router, scheduler and one sim worker, each as its own principal."""
+    log_dir: Path = tmp_path_factory.mktemp("secured-stack")
+    procs = [
+        ServiceProc("services.router", secured_kafka.settings(t.ROUTER, prefix), secured_kafka.env(t.ROUTER), log_dir),
+        ServiceProc(
+            "services.scheduler", secured_kafka.settings(t.SCHEDULER, prefix), secured_kafka.env(t.SCHEDULER), log_dir
+        ),
+        ServiceProc(
+            "services.engine_worker",
+            secured_kafka.settings(t.WORKER, prefix),
+            secured_kafka.env(t.WORKER) | {"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "50"},
+            log_dir,
+        ),
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        await wait_workers_ready(secured_kafka.settings("operator", prefix), {"w1"}, timeout_s=120)
+        yield
+    except BaseException:
+        for proc in procs:
+            print(f"\n--- log of {proc.name} ---\n{proc.log_tail()}")
+        raise
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+async def produce_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, value: object, key: str) -> None:
+    settings = secured_kafka.settings(user, prefix)
+    producer = make_producer(settings, client_id=f"test-{user}")
+    await asyncio.wait_for(producer.start(), 30)
+    try:
+        payload = value.to_bytes() if hasattr(value, "to_bytes") else bytes(value)  # type: ignore[call-overload]
+        await asyncio.wait_for(
+            producer.send_and_wait(t.Topics(prefix).name(topic), payload, key=key.encode(), partition=0), 20
+        )
+    finally:
+        await stop_producer(producer, 10)
+
+
+async def read_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, seconds: float = 5) -> list[bytes]:
+    """Fetch partition 0 of `topic` from the start as `user`: the values it got; raises
+    TopicAuthorizationFailedError when the broker answered that `user` may not read it."""
+    name = t.Topics(prefix).name(topic)
+    consumer = AIOKafkaConsumer(
+        group_id=None,
+        auto_offset_reset="earliest",
+        bootstrap_servers=secured_kafka.bootstrap,
+        **kafka_auth(secured_kafka.settings(user, prefix)),
+    )
+    await asyncio.wait_for(consumer.start(), 30)
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(name, 0)])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while loop.time() < deadline and not values:
+            # aiokafka keeps retrying a topic the broker refuses (and logs it) rather than raising it.
+            if name in consumer._client.cluster.unauthorized_topics:
+                raise TopicAuthorizationFailedError(name)
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                values += [r.value for r in records if r.value is not None]
+        return values
+    finally:
+        await asyncio.wait_for(consumer.stop(), 10)
+
+
+async def replies_of(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, request_id: str) -> TopicTail:
+    tail = TopicTail(secured_kafka.settings(user, prefix), t.Topics(prefix).name(topic))
+    return await tail.start()
+
+
+async def final_chunk(tail: TopicTail, request_id: str, timeout_s: float = 60) -> TokenChunk:
+    async for record in tail.records(timeout_s):
+        if record.key == request_id.encode():  # type: ignore[attr-defined]
+            chunk = decode(record, TokenChunk)  # type: ignore[arg-type]
+            if chunk.final:
+                return chunk
+    raise TimeoutError(f"no final chunk for {request_id}")
+
+
+@pytest.mark.parametrize(
+    ("topic", "value"),
+    [
+        (t.RESULTS, InferenceRequest(prompt="junk")),
+        ("llm.requests.globex", InferenceRequest(prompt="p", tenant="globex")),  # speaking as another tenant
+        (t.REQUESTS, InferenceRequest(prompt="p", tenant="globex")),  # the gateway's topic
+        (t.CONTROL, Control(action=ControlAction.CANCEL, target_id="someone-elses-request")),
+        (t.MODELS, ModelSpec(name="evil", tier="strong")),
+        (
+            t.WORKERS,
+            WorkerStatus(
+                worker_id="w1", node_id="n", state=WorkerState.READY, engine="sim", dispatch_topic="llm.replies.acme"
+            ),
+        ),  # forged heartbeat
+        ("llm.dispatch.w1", InferenceRequest(prompt="p")),
+    ],
+    ids=["results", "foreign-requests", "shared-requests", "control", "models", "workers-heartbeat", "dispatch"],
+)
+async def test_a_tenant_cannot_write_internal_or_foreign_topics(
+    secured_kafka: SecuredKafka, prefix: str, topic: str, value: object
+) -> None:
+    with pytest.raises(TopicAuthorizationFailedError):
+        await produce_as(secured_kafka, "tenant-acme", prefix, topic, value, key="k")
+
+
+@pytest.mark.parametrize("topic", ["llm.replies.globex", "llm.replies.globex.laptop", t.TOKENS, t.RESULTS])
+async def test_a_tenant_cannot_read_another_tenants_replies_or_shared_streams(
+    secured_kafka: SecuredKafka, prefix: str, topic: str
+) -> None:
+    admin = secured_kafka.settings("admin", prefix)
+    await ensure_topics(admin, [(t.Topics(prefix).name(topic), t.REPLIES_SPEC)])
+    secret = TokenChunk(request_id="r", tenant="globex", seq=0, delta="globex's secret")
+    await produce_as(secured_kafka, "admin", prefix, topic, secret, key="r")
+    with pytest.raises(TopicAuthorizationFailedError):
+        await read_as(secured_kafka, "tenant-acme", prefix, topic)
+    if topic.startswith("llm.replies.globex"):  # the owner reads them: the refusal above is about who asks
+        assert await read_as(secured_kafka, "tenant-globex", prefix, topic) == [secret.to_bytes()]
+
+
+async def test_a_body_claiming_another_tenant_is_refused_with_a_clear_error(
+    secured_kafka: SecuredKafka, prefix: str, stack: None
+) -> None:
+    tail = await replies_of(secured_kafka, "tenant-acme", prefix, "llm.replies.acme", "")
+    try:
+        rid = uuid.uuid4().hex
+        claim = InferenceRequest(
+            request_id=rid, prompt="bill globex", tenant="globex", model="sim-llama-8b", reply_topic="llm.replies.acme"
+        )
+        await produce_as(secured_kafka, "tenant-acme", prefix, "llm.requests.acme", claim, key=rid)
+        chunk = await final_chunk(tail, rid)
+    finally:
+        await tail.stop()
+    assert chunk.error is not None and chunk.error.code == ErrorCode.FORBIDDEN
+    assert "claims tenant 'globex'" in chunk.error.message and chunk.tenant == "acme"
+
+
+@pytest.mark.parametrize("reply_topic", ["llm.replies.globex", t.RESULTS, t.WORKERS, "llm.replies.nobody"])
+async def test_a_reply_cannot_be_redirected_into_an_internal_or_foreign_topic(
+    secured_kafka: SecuredKafka, prefix: str, stack: None, reply_topic: str
+) -> None:
+    own = await replies_of(secured_kafka, "tenant-acme", prefix, "llm.replies.acme", "")
+    victim = await replies_of(secured_kafka, "operator", prefix, "llm.replies.globex", "")
+    try:
+        rid = uuid.uuid4().hex
+        steer = InferenceRequest(
+            request_id=rid, prompt="hi", tenant="acme", model="sim-llama-8b", max_tokens=8, reply_topic=reply_topic
+        )
+        await produce_as(secured_kafka, "tenant-acme", prefix, "llm.requests.acme", steer, key=rid)
+        chunk = await final_chunk(own, rid)
+        leaked = [r async for r in victim.records(1.0) if r.key == rid.encode()]  # type: ignore[attr-defined]
+    finally:
+        await own.stop()
+        await victim.stop()
+    assert chunk.error is not None and chunk.error.code == ErrorCode.FORBIDDEN, chunk
+    assert reply_topic in chunk.error.message
+    assert leaked == []
+
+
+async def test_valid_traffic_of_each_tenant_still_flows(secured_kafka: SecuredKafka, prefix: str, stack: None) -> None:
+    for tenant in TENANTS:
+        async with LlmbusClient(secured_kafka.settings(f"tenant-{tenant}", prefix)) as client:
+            request = InferenceRequest(prompt=f"hello from {tenant}", model="sim-llama-8b", max_tokens=8)
+            chunks = [c async for c in client.stream(request, timeout_s=60)]
+        final = chunks[-1]
+        assert final.final and final.error is None, final
+        assert final.tenant == tenant and final.usage is not None and final.usage.completion_tokens > 0

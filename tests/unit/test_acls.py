@@ -1,0 +1,46 @@
+"""ACLs generated from the catalog: tenants reach only their own topics, services only theirs."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmbus import acls as a
+from llmbus import topics as t
+
+
+def test_a_tenant_writes_only_its_requests_and_feedback_and_reads_only_its_replies() -> None:
+    mine = a.tenant_acls("p.", "acme")
+    writes = {(x.pattern, x.name) for x in mine if x.operation == "write"}
+    reads = {(x.pattern, x.name) for x in mine if x.operation == "read" and x.resource_type == "topic"}
+    assert writes == {("literal", "p.llm.requests.acme"), ("literal", "p.llm.feedback")}
+    assert reads == {("literal", "p.llm.replies.acme"), ("prefixed", "p.llm.replies.acme.")}
+    assert {x.principal for x in mine} == {"tenant-acme"}
+
+
+@pytest.mark.parametrize("bad", ["a.b", "gw-x", "", "x" * 65])
+def test_tenant_names_that_could_overlap_another_namespace_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        a.tenant_acls("", bad)
+
+
+def test_only_operators_and_the_catalogs_services_write_control_models_experiments() -> None:
+    acls = a.all_acls("", ["acme", "globex"])
+    for topic in (t.CONTROL, t.MODELS, t.EXPERIMENTS):
+        writers = {x.principal for x in acls if x.operation == "write" and x.name == topic}
+        spec = t.BY_NAME[topic]
+        assert a.OPERATOR in writers
+        assert writers - {a.OPERATOR} == set(spec.writers) - set(a.OPERATOR_ROLES)
+        assert not any(w.startswith(a.TENANT_PRINCIPAL_PREFIX) for w in writers)
+
+
+def test_only_the_gateway_writes_the_shared_request_topic_and_only_workers_write_heartbeats() -> None:
+    acls = a.service_acls("")
+    assert {x.principal for x in acls if x.operation == "write" and x.name == t.REQUESTS} == {t.GATEWAY}
+    assert {x.principal for x in acls if x.operation == "write" and x.name == t.WORKERS} == {t.WORKER}
+
+
+def test_every_catalog_topic_has_a_writer_and_a_reader() -> None:
+    acls = a.service_acls("")
+    for spec in t.CATALOG:
+        assert any(x.operation == "write" and x.name == spec.name for x in acls), spec.name
+        assert any(x.operation == "read" and x.name == spec.name for x in acls), spec.name
