@@ -329,6 +329,7 @@ class WorkerHandlers:
             variant=routed.variant,
             route_reason=routed.route_reason,
             trimmed_tokens=routed.trimmed_tokens,
+            max_tokens_requested=routed.max_tokens_requested,
             attempt=dispatch.attempt,
             produced_by=self.bus.service,
             completed_at_ms=now_ms(),

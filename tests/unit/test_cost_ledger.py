@@ -7,11 +7,23 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbus.messages import CostKind, InferenceResult, ResultStatus, Timings, Usage, WorkerState, WorkerStatus
+from llmbus.messages import (
+    CostKind,
+    CostRecord,
+    FinishReason,
+    InferenceResult,
+    ResultStatus,
+    Timings,
+    Usage,
+    WorkerState,
+    WorkerStatus,
+)
+from services.cost_accounting.core.aggregates import increments
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.money import cents
 from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
+from services.cost_accounting.core.savings import savings
 
 BOOK = load_pricebook()
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % MS_PER_HOUR  # an hour boundary
@@ -154,3 +166,32 @@ def test_two_requests_share_an_interval_by_work() -> None:
     assert idle + busy + ledger.workers["w3"].cold_paid_micro + sum(
         r.cost_micro_usd for r in records if r.kind == CostKind.COLD_START_WASTE
     ) == BOOK.pool_rate("sim").cost_micro(60_000)
+
+
+def test_output_cap_saving_is_an_upper_bound_only_when_the_cap_stopped_the_answer() -> None:
+    def hosted(finish: FinishReason, completion: int, requested: int | None) -> CostRecord:
+        r = InferenceResult(
+            request_id=f"cap-{finish}-{requested}",
+            tenant="acme",
+            status=ResultStatus.OK,
+            model="gpt-4.1-mini",
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=100, completion_tokens=completion),
+            max_tokens_requested=requested,
+        )
+        priced = price_result(r, BOOK)
+        assert isinstance(priced, CostRecord)
+        return priced
+
+    # capped 50,000 -> 1,024 and stopped there: 48,976 tokens at gpt-4.1-mini's $1.60 / 1M output
+    capped = hosted(FinishReason.LENGTH, 1024, 50_000)
+    assert capped.output_cap_saving_micro_usd == BOOK.hosted["gpt-4.1-mini"].cost_micro(0, 0, 48_976) == 78_362
+    assert hosted(FinishReason.STOP, 300, 50_000).output_cap_saving_micro_usd == 0  # the cap did not bind
+    assert hosted(FinishReason.LENGTH, 1024, None).output_cap_saving_micro_usd == 0  # the client's own limit
+    totals: dict[str, int] = defaultdict(int)
+    for key, field, n in increments(capped, "ns:"):
+        if ":agg:d" in key and key.endswith(":total") and field.startswith("all|"):  # the day's total
+            totals[field.removeprefix("all|")] += n
+    report = savings(dict(totals), BOOK)
+    assert report.output_caps_usd == 0.078362
+    assert report.actual_usd == capped.cost_usd  # the bound stays outside the billed amount

@@ -5,12 +5,17 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from services.cost_accounting.core.budgets import BudgetPolicy, Period, crossed, period_key, state_of
 from services.cost_accounting.core.money import cents, split, to_micro
 from services.cost_accounting.core.planner import PlanInputs, plan
-from services.cost_accounting.core.prices import HostedPrice, PriceBook, load_pricebook
+from services.cost_accounting.core.prices import HostedPrice, PriceBook, SelfHostedRate, load_pricebook
+
+_PRICES = st.decimals(min_value=0, max_value=200, places=6, allow_nan=False, allow_infinity=False)
+_TOKENS = st.integers(min_value=0, max_value=10_000_000)
 
 
 def test_rounding_is_half_even_to_the_micro_dollar() -> None:
@@ -23,6 +28,27 @@ def test_rounding_is_half_even_to_the_micro_dollar() -> None:
         {"default_model": "m", "hosted": {"m": {"input_per_1m": 0.1, "output_per_1m": 0.3}}}
     ).hosted["m"].input_per_1m == Decimal("0.1")
     assert cents(12_345) == Decimal("0.01") and cents(15_000) == Decimal("0.02") and cents(25_000) == Decimal("0.02")
+
+
+@given(_PRICES, st.none() | _PRICES, _PRICES, _TOKENS, _TOKENS, _TOKENS)
+def test_integer_pricing_equals_the_decimal_definition(
+    p_in: Decimal, p_cached: Decimal | None, p_out: Decimal, prompt: int, cached: int, completion: int
+) -> None:
+    """The hot path prices in integers; the definition is Decimal arithmetic rounded once, half to even."""
+    price = HostedPrice(input_per_1m=p_in, cached_input_per_1m=p_cached, output_per_1m=p_out)
+    cached = min(cached, prompt)
+    exact = (prompt - cached) * p_in + cached * (p_in if p_cached is None else p_cached) + completion * p_out
+    assert price.cost_micro(prompt, cached, completion) == to_micro(exact)
+
+
+@given(st.decimals(min_value="0.01", max_value=500, places=4), st.integers(min_value=0, max_value=10**10))
+def test_gpu_time_pricing_equals_the_decimal_definition(per_hour: Decimal, instance_ms: int) -> None:
+    rate = SelfHostedRate(
+        pool="p", gpu="g", capacity="spot", usd_per_instance_hour=per_hour, reference_per_1m_tokens=Decimal(0)
+    )
+    # µUSD = ms x USD/hour x 1e6 / 3.6e6, exact as a fraction before the one rounding
+    numerator, denominator = (instance_ms * per_hour * 10).as_integer_ratio()
+    assert rate.cost_micro(instance_ms) == to_micro(Decimal(numerator) / Decimal(denominator * 36))
 
 
 def test_cached_input_has_its_own_price() -> None:

@@ -81,6 +81,9 @@ async def test_max_tokens_capped_to_model_output_limit() -> None:
     out = await core().route(InferenceRequest(prompt="x", category="quick_edit", max_tokens=50_000))
     assert out.routed and out.routed.request.max_tokens == 1024
     assert out.routed.request.metadata["llmbus.max_tokens_requested"] == "50000"
+    assert out.routed.max_tokens_requested == 50_000  # travels to the result, for the output-cap saving
+    within = await core().route(InferenceRequest(prompt="x", category="quick_edit", max_tokens=100))
+    assert within.routed and within.routed.max_tokens_requested is None
 
 
 async def test_max_tokens_reject_when_configured() -> None:

@@ -15,7 +15,19 @@ from llmbus.messages import BookedTo, CostRecord
 PERIODS = {"hour": ("h", "%Y%m%d%H"), "day": ("d", "%Y%m%d"), "month": ("m", "%Y%m")}
 TTL_S = {"hour": 14 * 86400, "day": 400 * 86400, "month": 3 * 400 * 86400}
 DIMENSIONS = ("tenant", "model", "pool", "experiment", "kind", "total")
-METRICS = ("cost", "saving", "cold", "prompt", "completion", "cached", "trimmed", "requests", "baseline", "list")
+METRICS = (
+    "cost",
+    "saving",
+    "capped",
+    "cold",
+    "prompt",
+    "completion",
+    "cached",
+    "trimmed",
+    "requests",
+    "baseline",
+    "list",
+)
 
 
 def period_id(period: str, at_ms: int) -> str:
@@ -43,6 +55,7 @@ def increments(record: CostRecord, namespace: str) -> list[tuple[str, str, int]]
     metrics = {
         "cost": record.cost_micro_usd,
         "saving": record.saving_micro_usd,
+        "capped": record.output_cap_saving_micro_usd,
         "cold": record.cold_start_micro_usd,
         "prompt": record.prompt_tokens,
         "completion": record.completion_tokens,

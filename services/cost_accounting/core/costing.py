@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.messages import BookedTo, CostKind, CostRecord, InferenceResult, ResultStatus
+from llmbus.messages import BookedTo, CostKind, CostRecord, FinishReason, InferenceResult, ResultStatus
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook
 
@@ -38,11 +38,15 @@ def booking(result: InferenceResult) -> tuple[BookedTo, str | None]:
     return BookedTo.TENANT, result.experiment_id
 
 
-def base_record(result: InferenceResult, book: PriceBook, kind: CostKind, cost_micro: int) -> CostRecord:
+def base_record(
+    result: InferenceResult, book: PriceBook, kind: CostKind, cost_micro: int, **more: object
+) -> CostRecord:
+    """The record of one result; `more` sets further CostRecord fields (already valid values)."""
     booked_to, experiment_id = booking(result)
     usage = result.usage
     # A copy of a template with the fields set: every value is computed here from a validated
-    # result, and validating again was most of the per-result CPU.
+    # result, and validating again was most of the per-result CPU. All fields go in one update
+    # (setting attributes afterwards goes through pydantic's slower __setattr__).
     return _TEMPLATE.model_copy(
         update=dict(
             record_id=result.request_id,
@@ -66,19 +70,28 @@ def base_record(result: InferenceResult, book: PriceBook, kind: CostKind, cost_m
                 book.default_model, usage.prompt_tokens + result.trimmed_tokens, 0, usage.completion_tokens
             ),
             list_price_micro_usd=book.list_price_micro(result.model, usage.prompt_tokens, 0, usage.completion_tokens),
+            output_cap_saving_micro_usd=output_cap_saving(result, book),
             booked_at_ms=result.completed_at_ms,
+            **more,
         )
     )
+
+
+def output_cap_saving(result: InferenceResult, book: PriceBook) -> int:
+    """At most what the output cap avoided: only an answer that stopped at the cap could have gone on, and
+    at most to the client's max_tokens (the true length it would have had is unknowable)."""
+    requested = result.max_tokens_requested
+    if requested is None or result.finish_reason != FinishReason.LENGTH:
+        return 0
+    avoided = requested - result.usage.completion_tokens
+    return (book.list_price_micro(result.model, 0, 0, avoided) or 0) if avoided > 0 else 0
 
 
 def price_result(result: InferenceResult, book: PriceBook) -> CostRecord | ServedRequest:
     usage = result.usage
     if result.cached:
-        record = base_record(result, book, CostKind.CACHE, 0)
         saving = book.list_price_micro(result.model, usage.prompt_tokens, 0, usage.completion_tokens) or 0
-        record.saving_micro_usd = saving
-        record.cached_saving_usd = usd(saving)
-        return record
+        return base_record(result, book, CostKind.CACHE, 0, saving_micro_usd=saving, cached_saving_usd=usd(saving))
     if result.model in book.hosted:
         cost = book.hosted[result.model].cost_micro(
             usage.prompt_tokens, usage.cached_prompt_tokens, usage.completion_tokens

@@ -296,11 +296,17 @@ class GpuLedger:
         request_id = served.result.request_id
         running = life.running_micro.pop(request_id, 0)
         cold = self._cold_share(life)
-        record = base_record(served.result, self.book, CostKind.SELF_HOSTED, running + cold)
-        record.cold_start_micro_usd = cold
-        record.pool, record.gpu, record.capacity = life.pool, life.rate.gpu, life.rate.capacity.value
-        record.gpu_busy_ms = round(life.busy_ms.pop(request_id, 0.0), 3)
-        return record
+        return base_record(
+            served.result,
+            self.book,
+            CostKind.SELF_HOSTED,
+            running + cold,
+            cold_start_micro_usd=cold,
+            pool=life.pool,
+            gpu=life.rate.gpu,
+            capacity=life.rate.capacity.value,
+            gpu_busy_ms=round(life.busy_ms.pop(request_id, 0.0), 3),
+        )
 
     def _platform_record(self, life: WorkerLife, kind: CostKind, micro: int, record_id: str, at_ms: int) -> CostRecord:
         return CostRecord(

@@ -27,6 +27,25 @@ def to_micro(amount: Decimal) -> int:
     return int(amount.quantize(_ONE, rounding=ROUND_HALF_EVEN))
 
 
+def ratio(amount: Decimal) -> tuple[int, int]:
+    """A Decimal as an exact fraction (numerator, denominator > 0)."""
+    return amount.as_integer_ratio()
+
+
+def div_micro(numerator: int, denominator: int) -> int:
+    """numerator / denominator rounded to an integer, half to even, in integer arithmetic only.
+
+    The same rounding as `to_micro` on the exact Decimal quotient, without Decimal's cost: the
+    per-result prices are products of token counts and fractions, so they stay exact integers
+    until this one division.
+    """
+    quotient, remainder = divmod(numerator, denominator)
+    twice = 2 * remainder
+    if twice > denominator or (twice == denominator and quotient % 2 == 1):
+        quotient += 1
+    return quotient
+
+
 def usd(micro: int) -> float:
     """For display and the float fields of messages only; sums use the integers."""
     return micro / MICRO_PER_USD

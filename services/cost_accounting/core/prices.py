@@ -11,14 +11,16 @@ repr, so 0.45 is exactly Decimal("0.45")).
 from __future__ import annotations
 
 import fnmatch
+import math
 from decimal import Decimal
 from enum import StrEnum
+from functools import cached_property
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.cost_accounting.core.money import to_micro
+from services.cost_accounting.core.money import div_micro, ratio
 
 DEFAULT_PRICEBOOK_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "default.yaml"
 MS_PER_HOUR = 3_600_000
@@ -35,15 +37,24 @@ class HostedPrice(_Strict):
     cached_input_per_1m: Decimal | None = Field(default=None, ge=0, description="Defaults to the input price.")
     output_per_1m: Decimal = Field(ge=0)
 
+    @cached_property
+    def exact(self) -> tuple[int, int, int, int]:
+        """Input, cached-input and output price as numerators over one common denominator (exact).
+
+        A cached_property, not a private attribute: it is read once per result, and pydantic's
+        private-attribute lookup cost more than the pricing itself.
+        """
+        cached = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
+        fractions = [ratio(price) for price in (self.input_per_1m, cached, self.output_per_1m)]
+        den = math.lcm(*(d for _, d in fractions))
+        (n_in, d_in), (n_cached, d_cached), (n_out, d_out) = fractions
+        return n_in * (den // d_in), n_cached * (den // d_cached), n_out * (den // d_out), den
+
     def cost_micro(self, prompt_tokens: int, cached_prompt_tokens: int, completion_tokens: int) -> int:
         """A price per 1M tokens in USD is a price per token in µUSD: tokens x price, rounded once."""
         cached = min(cached_prompt_tokens, prompt_tokens)
-        cached_price = self.input_per_1m if self.cached_input_per_1m is None else self.cached_input_per_1m
-        return to_micro(
-            (prompt_tokens - cached) * self.input_per_1m
-            + cached * cached_price
-            + completion_tokens * self.output_per_1m
-        )
+        n_in, n_cached, n_out, den = self.exact
+        return div_micro((prompt_tokens - cached) * n_in + cached * n_cached + completion_tokens * n_out, den)
 
 
 class GpuPrice(_Strict):
@@ -82,8 +93,9 @@ class SelfHostedRate(BaseModel):
     reference_per_1m_tokens: Decimal
 
     def cost_micro(self, instance_ms: int) -> int:
-        """instance-ms x USD/hour ÷ 3.6e6 ms/hour x 1e6 µUSD/USD, rounded once."""
-        return to_micro(instance_ms * self.usd_per_instance_hour / Decimal("3.6"))
+        """instance-ms x USD/hour ÷ 3.6e6 ms/hour x 1e6 µUSD/USD = instance-ms x USD/hour x 10 / 36, rounded once."""
+        num, den = ratio(self.usd_per_instance_hour)
+        return div_micro(instance_ms * num * 10, den * 36)
 
 
 class PriceBook(_Strict):
@@ -94,7 +106,6 @@ class PriceBook(_Strict):
     hosted: dict[str, HostedPrice] = Field(default_factory=dict)
     gpus: dict[str, GpuPrice] = Field(default_factory=dict)
     pools: dict[str, Pool] = Field(default_factory=dict)
-    _pool_memo: dict[tuple[str, str | None], str | None] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> PriceBook:
@@ -127,13 +138,17 @@ class PriceBook(_Strict):
             reference_per_1m_tokens=pool.reference_per_1m_tokens,
         )
 
+    @cached_property
+    def pool_memo(self) -> dict[tuple[str, str | None], str | None]:
+        return {}
+
     def pool_of(self, model: str | None, worker_id: str | None) -> str | None:
         """The first pool that serves `model` on a worker matching its patterns (memoised: glob matching is slow)."""
         if model is None:
             return None
         key = (model, worker_id)
-        if key not in self._pool_memo:
-            self._pool_memo[key] = next(
+        if key not in self.pool_memo:
+            self.pool_memo[key] = next(
                 (
                     name
                     for name, pool in self.pools.items()
@@ -141,7 +156,7 @@ class PriceBook(_Strict):
                 ),
                 None,
             )
-        return self._pool_memo[key]
+        return self.pool_memo[key]
 
     def list_price_micro(
         self, model: str | None, prompt_tokens: int, cached: int, completion_tokens: int
@@ -154,7 +169,8 @@ class PriceBook(_Strict):
         pool = self.pool_of(model, None) or next((n for n, p in self.pools.items() if model in p.models), None)
         if pool is None:
             return None
-        return to_micro((prompt_tokens + completion_tokens) * self.pools[pool].reference_per_1m_tokens)
+        num, den = ratio(self.pools[pool].reference_per_1m_tokens)
+        return div_micro((prompt_tokens + completion_tokens) * num, den)
 
 
 def load_pricebook(path: str | Path | None = None) -> PriceBook:

@@ -10,8 +10,9 @@ For the requests booked to tenants (shadow copies and idle GPU time excluded):
                model's list price) on the tokens actually used (negative when it chose a dearer model)
   other      = baseline - actual - the three above: the provider's prompt-cache discount and the
                gap between a self-hosted model's reference price and its GPU-time cost.
-Output caps are not in the report: results do not carry the max_tokens the router lowered, so
-what a cap avoided cannot be measured from the records (only an upper bound could be guessed).
+Output caps are reported apart, as an upper bound (`output_caps_usd`): for the answers that stopped at
+the cap, the tokens between the cap and the client's max_tokens at the model's list output price. What
+the model would really have written there is unknowable, so it is not part of the sum above.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class Savings:
     caching_usd: float
     routing_usd: float
     other_usd: float
-    output_caps: str = "not measurable from results (the lowered max_tokens is not recorded)"
+    output_caps_usd: float = 0.0  # an upper bound, outside the decomposition of baseline - actual
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -46,4 +47,5 @@ def savings(totals: dict[str, int], book: PriceBook) -> Savings:
     # baseline without trimming, minus the list price of what was routed (cache hits included there)
     routing = baseline - trimming - totals.get("list", 0)
     other = baseline - actual - trimming - caching - routing
-    return Savings(usd(baseline), usd(actual), usd(trimming), usd(caching), usd(routing), usd(other))
+    capped = totals.get("capped", 0)
+    return Savings(usd(baseline), usd(actual), usd(trimming), usd(caching), usd(routing), usd(other), usd(capped))

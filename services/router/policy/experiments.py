@@ -92,6 +92,7 @@ def shadow_copy(routed: RoutedRequest, experiment: Experiment) -> RoutedRequest:
         shadow=True,
         prompt_tokens_est=routed.prompt_tokens_est,
         trimmed_tokens=routed.trimmed_tokens,
+        max_tokens_requested=routed.max_tokens_requested,
         received_at_ms=routed.received_at_ms,
         routed_at_ms=now_ms(),
     )

@@ -72,6 +72,7 @@ class _Fitted:
     request: InferenceRequest
     prompt_tokens: int
     trimmed_tokens: int
+    max_tokens_requested: int | None  # set when max_tokens was lowered to the output cap
 
 
 class RouterCore:
@@ -146,7 +147,8 @@ class RouterCore:
     def fit(self, request: InferenceRequest, model: str) -> _Fitted:
         """Step 6: cap max_tokens to the model's output limit, trim the conversation to its window."""
         entry = self.catalog.entry(model)
-        if request.max_tokens > entry.max_output_tokens:
+        capped_from = request.max_tokens if request.max_tokens > entry.max_output_tokens else None
+        if capped_from is not None:
             if self.policy.limits.over_output_cap == OverCap.REJECT:
                 raise Refused(
                     ErrorCode.MAX_TOKENS_TOO_LARGE,
@@ -168,7 +170,7 @@ class RouterCore:
             )
         if trimmed.trimmed_tokens:
             request = request.model_copy(update={"messages": trimmed.messages})
-        return _Fitted(request, trimmed.prompt_tokens, trimmed.trimmed_tokens)
+        return _Fitted(request, trimmed.prompt_tokens, trimmed.trimmed_tokens, capped_from)
 
     async def _route(self, request: InferenceRequest, received_at_ms: int) -> RouteOutcome:
         f = self.features(request)
@@ -212,6 +214,7 @@ class RouterCore:
             variant=variant,
             prompt_tokens_est=fitted.prompt_tokens,
             trimmed_tokens=fitted.trimmed_tokens,
+            max_tokens_requested=fitted.max_tokens_requested,
             received_at_ms=received_at_ms,
         )
         if self.cache is not None and self.policy.cache.enabled and cacheable(request):

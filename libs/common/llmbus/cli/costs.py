@@ -73,7 +73,7 @@ def costs(
             f"[bold]savings {label.replace('_', ' ')}[/bold] vs every request on the default model, untrimmed, "
             f"uncached: baseline ${s['baseline_usd']:.4f}, billed ${s['actual_usd']:.4f}; routing "
             f"${s['routing_usd']:.4f}, caching ${s['caching_usd']:.4f}, trimming ${s['trimming_usd']:.4f}, "
-            f"other ${s['other_usd']:.4f}; output caps: {s['output_caps']}"
+            f"other ${s['other_usd']:.4f}; output caps at most ${s['output_caps_usd']:.4f}"
         )
 
 

@@ -77,6 +77,9 @@ class RoutedRequest(Message):
     shadow: bool = False
     prompt_tokens_est: int = 0
     trimmed_tokens: int = 0
+    max_tokens_requested: int | None = Field(
+        default=None, ge=1, description="The client's max_tokens when the router lowered it to the model's output cap."
+    )
     received_at_ms: int = Field(default_factory=now_ms)
     routed_at_ms: int = Field(default_factory=now_ms)
 
@@ -172,6 +175,9 @@ class InferenceResult(Message):
     variant: str | None = None
     route_reason: str | None = None
     trimmed_tokens: int = Field(default=0, ge=0, description="Prompt tokens the router trimmed to fit the window.")
+    max_tokens_requested: int | None = Field(
+        default=None, ge=1, description="The client's max_tokens when the router lowered it to the model's output cap."
+    )
     attempt: int = 1
     produced_by: str = ""
     completed_at_ms: int = Field(default_factory=now_ms)

@@ -119,6 +119,11 @@ class CostRecord(Message):
     cost_micro_usd: int = 0
     cold_start_micro_usd: int = Field(default=0, description="Part of cost_micro_usd that amortises cold start.")
     saving_micro_usd: int = Field(default=0, description="Cache hits: what the model would have cost.")
+    output_cap_saving_micro_usd: int = Field(
+        default=0,
+        description="Upper bound of what the router's output cap avoided: the answer stopped at the cap, and the "
+        "tokens between it and the client's max_tokens at the model's list output price.",
+    )
     baseline_micro_usd: int | None = Field(
         default=None, description="Savings baseline: the untrimmed, uncached request on the default model."
     )
