@@ -17,8 +17,8 @@ from aiokafka.structs import ConsumerRecord
 from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
-from llmbus.fencing import RequestFence
 from llmbus.bus.topic_directory import TopicDirectory, TopicExistence
+from llmbus.fencing import RequestFence
 from llmbus.messages import (
     BudgetStatus,
     ErrorCode,

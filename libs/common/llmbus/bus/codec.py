@@ -70,12 +70,13 @@ def decode(
         except ValidationError:
             pass
         else:
-            if message.schema_version <= model.SCHEMA_VERSION:
+            fields_set = message.model_fields_set
+            if message.schema_version <= model.SCHEMA_VERSION and all(name in fields_set for name in required):
                 return message
-    return _decode_slowly(raw, model, max_bytes)
+    return _decode_slowly(raw, model, max_bytes, required)
 
 
-def _decode_slowly(raw: bytes, model: type[M], max_bytes: int | None) -> M:
+def _decode_slowly(raw: bytes, model: type[M], max_bytes: int | None, required: tuple[str, ...]) -> M:
     """The record parsed step by step, so that a bad one gets its precise reason and its ids."""
     try:
         data = json.loads(raw)
