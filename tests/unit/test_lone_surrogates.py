@@ -12,7 +12,7 @@ from llmbus.bus.dlq import dead_letter
 from llmbus.messages import DeadLetter, ErrorCode, InferenceResult
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
-from tests.unit.test_router_answers_once import CacheHitCore
+from tests.unit.test_router_answers_once import CacheHitCore, EveryTopicExists
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 
@@ -23,7 +23,14 @@ def raw_record(body: dict[str, object]) -> ConsumerRecord:
 
 def router() -> tuple[RouterHandlers, RecordingPublisher, list[DeadLetter]]:
     publisher = RecordingPublisher()
-    handlers = RouterHandlers(FakeBus(publisher), RouterSettings(), CacheHitCore(), None, fence=MemoryFence())  # type: ignore[arg-type]
+    handlers = RouterHandlers(
+        FakeBus(publisher),  # type: ignore[arg-type]
+        RouterSettings(),
+        CacheHitCore(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        fence=MemoryFence(),
+        directory=EveryTopicExists(),
+    )
     letters: list[DeadLetter] = []
 
     async def send_dead_letter(record: ConsumerRecord, code: str, reason: str, request_id: str | None) -> None:

@@ -23,6 +23,13 @@ from services.router.policy.pipeline import RouteOutcome
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 
+class EveryTopicExists:
+    """The router's topic directory on a bus where every reply topic exists."""
+
+    async def exists(self, topic: str) -> bool:
+        return True
+
+
 class CacheHitCore:
     async def route(self, request: InferenceRequest, received_at_ms: int) -> RouteOutcome:
         result = InferenceResult(
@@ -39,7 +46,14 @@ def request_record(request_id: str = "r1") -> ConsumerRecord:
 
 def router(fence: MemoryFence) -> tuple[RouterHandlers, RecordingPublisher]:
     publisher = RecordingPublisher()
-    handlers = RouterHandlers(FakeBus(publisher), RouterSettings(), CacheHitCore(), None, fence=fence)  # type: ignore[arg-type]
+    handlers = RouterHandlers(
+        FakeBus(publisher),  # type: ignore[arg-type]
+        RouterSettings(),
+        CacheHitCore(),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        fence=fence,
+        directory=EveryTopicExists(),
+    )
     return handlers, publisher
 
 
