@@ -5,9 +5,10 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator
 
+import pytest
 from rich.console import Console
 
-from llmbus.chunks import ChunkAssembler, TextUpdate
+from llmbus.chunks import ChunkAssembler, RetryDiverged, TextUpdate, unshown
 from llmbus.cli.chat_view import show_stream
 from llmbus.messages import ErrorCode, ErrorInfo, TokenChunk
 
@@ -61,3 +62,20 @@ async def test_the_cli_says_the_answer_restarts_and_returns_only_the_last_attemp
     shown = out.getvalue()
     assert "attempt 2: the answer restarts" in shown
     assert "ld?!" not in shown and shown.count("world") == 1
+
+
+def test_a_reader_that_cannot_erase_sees_each_character_once() -> None:
+    assembler = ChunkAssembler()
+    shown = ""
+    for c in RETRIED:
+        assembler.add(c)
+        shown += unshown(assembler.text, shown)
+        assert assembler.text.startswith(shown) or shown.startswith(assembler.text)
+    assert shown == "Hello world"
+    assert unshown("Hel", "Hello ") == ""  # a retry still catching up: held back
+    assert unshown("Hello world", "Hello ") == "world"  # past it: only the rest
+
+
+def test_a_retry_that_says_something_else_cannot_be_shown_to_a_reader_that_cannot_erase() -> None:
+    with pytest.raises(RetryDiverged):
+        unshown("No", "Yes")

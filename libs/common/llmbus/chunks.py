@@ -15,6 +15,8 @@ request again as attempt + 1 and the new attempt streams from `seq` 0. So:
   comes from the scheduler with the latest attempt and carries no text.
 
 `ChunkAssembler` is that rule in one pure object: feed it chunks, show what it returns.
+A reader that cannot erase (an HTTP stream that has already sent the text) shows the
+assembler's text through `unshown` instead: each character once.
 """
 
 from __future__ import annotations
@@ -74,3 +76,21 @@ class ChunkAssembler:
         if chunk.delta:
             self._parts.append(chunk.delta)
         return TextUpdate(chunk, chunk.delta, restarted)
+
+
+class RetryDiverged(RuntimeError):
+    """A retried attempt's text does not continue what a reader that cannot erase has already shown."""
+
+
+def unshown(text: str, shown: str) -> str:
+    """The part of the current attempt's `text` that a reader which cannot erase has not shown yet.
+
+    After a restart the new attempt's text is held back (empty) until it passes `shown`, and only
+    the rest goes out. When the new attempt says something else than what was shown (sampling
+    without a seed), the stream cannot be repaired: RetryDiverged rather than mixed text.
+    """
+    if shown.startswith(text):  # a retry still catching up with what was shown (or nothing new)
+        return ""
+    if not text.startswith(shown):
+        raise RetryDiverged(f"the new attempt's text differs from the {len(shown)} characters already shown")
+    return text[len(shown) :]
