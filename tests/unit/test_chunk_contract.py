@@ -39,6 +39,19 @@ def test_a_new_attempt_voids_earlier_text_and_stale_chunks_are_dropped() -> None
     assert assembler.done and assembler.add(chunk(3, "late", attempt=3)) is None  # nothing after the end
 
 
+def test_a_final_from_an_earlier_attempt_brings_its_text_back() -> None:
+    """Attempt 1 won the final marker in its lease window while attempt 2 had begun streaming:
+    the answer is attempt 1's (the result's text), so the reader switches back to it."""
+    assembler = ChunkAssembler()
+    assembler.add(chunk(0, "Hello "))
+    assembler.add(chunk(0, "Hi", attempt=2))
+    assert assembler.add(chunk(1, "world")) is None  # stale while attempt 2 is shown, but kept aside
+    update = assembler.add(chunk(2, final=True, attempt=1))
+    assert update is not None and update.restarted and update.final and update.delta == "Hello world"
+    assert assembler.text == "Hello world" and assembler.attempt == 1 and assembler.restarts == 2
+    assert unshown(assembler.text, "") == "Hello world"
+
+
 def test_a_final_error_of_the_scheduler_ends_the_stream() -> None:
     assembler = ChunkAssembler()
     assembler.add(chunk(0, "partial"))
