@@ -146,6 +146,20 @@ def test_cold_start_amortised_and_wasted() -> None:
     assert sum(by_kind.values()) == BOOK.pool_rate("sim").cost_micro(90_000)
 
 
+def test_result_after_the_life_closed_is_not_billed_twice() -> None:
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000, cold_start_requests=4)
+    reqs = [("a", T0 + 70_000, T0 + 61_000, 100, 100)]
+    records = run_life(ledger, "w4", T0, 60_000, 90_000, reqs)
+    assert ledger.workers["w4"].waste_booked
+    late = price_result(result("late", "w4", T0 + 75_000, T0 + 80_000, 100, 100), BOOK)
+    assert isinstance(late, ServedRequest)
+    records += ledger.add(late)
+    assert ledger.late_results == 1
+    # the cold start was already booked as the first request's share plus waste: the late one pays nothing
+    assert [r.cost_micro_usd for r in records if r.request_id == "late"] == [0]
+    assert sum(r.cost_micro_usd for r in records) == BOOK.pool_rate("sim").cost_micro(90_000)
+
+
 def test_two_requests_share_an_interval_by_work() -> None:
     ledger = GpuLedger(
         BOOK,
