@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from llmbus.messages import (
     CostRecord,
@@ -233,7 +234,7 @@ def _export_tree(ref: str, into: Path) -> Path:
     return into
 
 
-def side_by_side(baseline_ref: str, n: int, rounds: int, batch: int | None) -> dict[str, object]:
+def side_by_side(baseline_ref: str, n: int, rounds: int, batch: int | None) -> dict[str, Any]:
     """Old (baseline_ref) and current service code measured alternately, each round in fresh processes."""
     repo = Path(__file__).resolve().parent.parent
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "current": []}
@@ -251,19 +252,19 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _plot(report: dict[str, object], path: Path) -> None:
+def _plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = report["service"]["runs"]  # type: ignore[index]
+    runs = report["service"]["runs"]
     names = ["baseline", "current"]
     cpu = [_median([r["cpu_us_per_result"] for r in runs[name]]) for name in names]
     fig, ax = plt.subplots(figsize=(6, 3.2))
     bars = ax.barh(
         ["service, old code", "service, this code", "core path (no I/O)"], [*cpu, report["core"]["cpu_us_per_result"]]
-    )  # type: ignore[index]
+    )
     ax.bar_label(bars, fmt="%.0f µs")
     ax.axvline(50, color="red", linestyle="--", label="20,000 results/s on one core (50 µs)")
     ax.set_xlabel("CPU µs per result (median of rounds; this process only)")
@@ -293,7 +294,7 @@ def main() -> None:
     print(f"core path over {len(raw)} results ...", file=sys.stderr)
     core = bench_core(raw, t0, span_ms)
     print(json.dumps(core), file=sys.stderr)
-    service = None
+    service: dict[str, Any] | None = None
     if not args.no_service:
         if args.baseline:
             service = side_by_side(args.baseline, args.service_results, args.rounds, args.batch)
@@ -303,7 +304,7 @@ def main() -> None:
             }
     command = "python -m bench.cost_bench " + " ".join(sys.argv[1:])
     load1, load5, _ = os.getloadavg()
-    report = {
+    report: dict[str, Any] = {
         "command": command.strip(),
         "core": core,
         "service": service,
@@ -319,7 +320,7 @@ def main() -> None:
     print("\n".join(lines))
 
 
-def _markdown(report: dict) -> list[str]:  # type: ignore[type-arg]
+def _markdown(report: dict[str, Any]) -> list[str]:
     core, service = report["core"], report["service"]
     one_core = 1e6 / core["cpu_us_per_result"]
     lines = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import redis.asyncio as redis
+from redis.typing import EncodableT, FieldT
 
 from llmbus.messages import CostRecord, InferenceResult
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
@@ -79,7 +80,7 @@ class CostStore:
         """Self-hosted results wait for their intervals: held durably and marked seen together (MULTI)."""
         if not results:
             return
-        by_worker: dict[str, dict[str, str]] = {}
+        by_worker: dict[str, dict[FieldT, EncodableT]] = {}
         for r in results:
             by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_id] = r.model_dump_json()
         async with self.client.pipeline(transaction=True) as pipe:
@@ -91,10 +92,13 @@ class CostStore:
 
     async def release(self, records: list[CostRecord], cursors: dict[str, dict[str, int | bool]]) -> None:
         """After the ledger's records are published: drop them from pending, save the cursors."""
+        done: dict[str, list[str]] = {}
+        for r in records:
+            if r.worker_id and r.kind == "self_hosted":
+                done.setdefault(self._pending(r.worker_id), []).append(r.request_id)
         async with self.client.pipeline(transaction=True) as pipe:
-            for r in records:
-                if r.worker_id and r.kind == "self_hosted":
-                    pipe.hdel(self._pending(r.worker_id), r.request_id)
+            for key, request_ids in done.items():  # one HDEL per worker, not one per record
+                pipe.hdel(key, *request_ids)
             for worker_id, cursor in cursors.items():
                 pipe.hset(f"{self.ns}cost:cursor", worker_id, json.dumps(cursor))
             await pipe.execute()

@@ -23,6 +23,7 @@ from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import load_pricebook
+from services.cost_accounting.store import text_of
 from tests.support import ServiceProc, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -129,11 +130,11 @@ async def test_crash_mid_batch_bills_each_result_once(
             )
             if any(done.get(p, 0) < end for p, end in ends.items()):
                 return False
-            totals = read_totals({k.decode(): int(v) for k, v in (await redis.hgetall(day_total)).items()})
+            totals = read_totals({text_of(k): int(v) for k, v in (await redis.hgetall(day_total)).items()})
             return totals.get("all", {}).get("requests", 0) >= RESULTS
 
         await eventually(all_applied, timeout_s=120, interval_s=0.5)
-        totals = read_totals({k.decode(): int(v) for k, v in (await redis.hgetall(day_total)).items()})["all"]
+        totals = read_totals({text_of(k): int(v) for k, v in (await redis.hgetall(day_total)).items()})["all"]
         assert totals["requests"] == RESULTS
         assert totals["cost"] == expected_micro
         logged = await cost_log(bus_settings, costs_topic)
