@@ -18,7 +18,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
-from services.cost_accounting.core.aggregates import increments
+from services.cost_accounting.core.aggregates import batch_increments, increments
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.money import cents
@@ -209,3 +209,30 @@ def test_output_cap_saving_is_an_upper_bound_only_when_the_cap_stopped_the_answe
     report = savings(dict(totals), BOOK)
     assert report.output_caps_usd == 0.078362
     assert report.actual_usd == capped.cost_usd  # the bound stays outside the billed amount
+
+
+def test_batch_increments_are_the_sum_of_each_records() -> None:
+    """The store applies a batch's summed increments in one script: they must equal record by record."""
+    records: list[CostRecord] = []
+    for i in range(300):
+        fields: dict[str, object] = {
+            "request_id": f"b{i}",
+            "tenant": f"t{i % 5}",
+            "status": ResultStatus.OK,
+            "model": ["gpt-4.1", "gpt-4.1-mini"][i % 2],
+            "usage": Usage(prompt_tokens=50 + 7 * i, cached_prompt_tokens=i % 40, completion_tokens=3 * i + 1),
+            "completed_at_ms": T0 - 2 * MS_PER_HOUR + i * 40_000,  # across four hours
+            "cached": i % 9 == 0,
+            "shadow": i % 11 == 0,
+            "experiment_id": "exp" if i % 4 == 0 else None,
+            "variant": "cand" if i % 8 == 0 else None,
+            "trimmed_tokens": i % 13,
+        }
+        priced = price_result(InferenceResult.model_validate(fields), BOOK)
+        assert isinstance(priced, CostRecord)
+        records.append(priced)
+    expected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for record in records:
+        for key, field, by in increments(record, "ns."):
+            expected[key][field] += by
+    assert batch_increments(records, "ns.") == {k: dict(v) for k, v in expected.items()}
