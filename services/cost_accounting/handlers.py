@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka.structs import ConsumerRecord
@@ -117,18 +118,19 @@ class CostHandlers:
         costed: list[CostRecord] = []
         served: list[ServedRequest] = []
         fresh: set[str] = set()
+        outcomes: dict[str, int] = defaultdict(int)
         for result, was_seen in zip(results, seen, strict=True):
             if was_seen or result.request_id in fresh:
-                metrics.RESULTS.labels("duplicate").inc()
+                outcomes["duplicate"] += 1
                 continue
             fresh.add(result.request_id)
             priced = price_result(result, self.book)
             if isinstance(priced, ServedRequest):
                 served.append(priced)
-                metrics.RESULTS.labels("held").inc()
+                outcomes["held"] += 1
             else:
                 costed.append(priced)
-                metrics.RESULTS.labels(priced.kind.value).inc()
+                outcomes[priced.kind.value] += 1
         # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
         await self.store.hold([s.result for s in served])
         late = [record for s in served for record in self.ledger.add(s)]
@@ -136,6 +138,8 @@ class CostHandlers:
         await self.store.mark_seen([r.request_id for r in costed])
         if late:
             await self.store.release(late, {})
+        for outcome, n in outcomes.items():  # counted once billed (the bench reads this)
+            metrics.RESULTS.labels(outcome).inc(n)
 
     async def tick(self, now_ms: int, expiry_ms: int) -> int:
         """Close the ledger's final intervals; publish what they priced. Returns records published."""
@@ -163,17 +167,27 @@ class CostHandlers:
                 await self.dead_letter(record, exc)
         applied = await self.store.apply(records)
         tenants: dict[str, int] = {}
+        # Summed per label set first: a backlog batch has thousands of records and few label sets.
+        cost_micro: dict[tuple[str, str, str], int] = defaultdict(int)
+        saving_micro: dict[tuple[str, str], int] = defaultdict(int)
+        tokens: dict[tuple[str, str, str], int] = defaultdict(int)
         for record, new in zip(records, applied, strict=True):
             if not new:
                 continue
             who = record.tenant if record.booked_to == BookedTo.TENANT else f"_{record.booked_to.value}"
-            metrics.COST_USD.labels(who, record.model, record.kind.value).inc(usd(record.cost_micro_usd))
-            metrics.TOKENS.labels(who, record.model, "prompt").inc(record.prompt_tokens)
-            metrics.TOKENS.labels(who, record.model, "completion").inc(record.completion_tokens)
+            cost_micro[(who, record.model, record.kind.value)] += record.cost_micro_usd
+            tokens[(who, record.model, "prompt")] += record.prompt_tokens
+            tokens[(who, record.model, "completion")] += record.completion_tokens
             if record.saving_micro_usd:
-                metrics.SAVING_USD.labels(who, record.model).inc(usd(record.saving_micro_usd))
+                saving_micro[(who, record.model)] += record.saving_micro_usd
             if record.booked_to == BookedTo.TENANT and record.tenant in self.budgets.tenants:
                 tenants[record.tenant] = max(tenants.get(record.tenant, 0), record.booked_at_ms)
+        for labels, micro in cost_micro.items():
+            metrics.COST_USD.labels(*labels).inc(usd(micro))
+        for labels, n in tokens.items():
+            metrics.TOKENS.labels(*labels).inc(n)
+        for pair, micro in saving_micro.items():
+            metrics.SAVING_USD.labels(*pair).inc(usd(micro))
         await self._check_budgets(tenants)
 
     async def _check_budgets(self, latest_ms_by_tenant: dict[str, int]) -> None:

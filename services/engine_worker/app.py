@@ -15,7 +15,7 @@ from llmbus.bus.admin import ensure_topics
 from llmbus.bus.consumer import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.bus.tables import read_table
-from llmbus.messages import ModelSpec, WorkerState
+from llmbus.messages import ModelSpec, WorkerState, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
 from services.engine_worker.config import WorkerSettings
@@ -28,6 +28,9 @@ from services.engine_worker.node.publish import profile_and_publish
 
 log = logging.getLogger(__name__)
 PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready
+# The same instant on the wall clock: heartbeats say started_at_ms + cold_start_s = ready, so both must
+# count from here (from the Lifecycle's creation, seconds later under load, ready would lie in the future).
+PROCESS_STARTED_MS = now_ms()
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
@@ -51,6 +54,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         model_format=plan.model_format,
     )
     life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
+    life.started_at_ms = PROCESS_STARTED_MS
     life.profile = profile
     register_node_metrics(REGISTRY, lambda: life.profile)  # DCGM-named gauges on this process's /metrics
     background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]

@@ -18,7 +18,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
-from services.cost_accounting.core.aggregates import increments
+from services.cost_accounting.core.aggregates import batch_increments, increments
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.money import cents
@@ -146,6 +146,20 @@ def test_cold_start_amortised_and_wasted() -> None:
     assert sum(by_kind.values()) == BOOK.pool_rate("sim").cost_micro(90_000)
 
 
+def test_result_after_the_life_closed_is_not_billed_twice() -> None:
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000, cold_start_requests=4)
+    reqs = [("a", T0 + 70_000, T0 + 61_000, 100, 100)]
+    records = run_life(ledger, "w4", T0, 60_000, 90_000, reqs)
+    assert ledger.workers["w4"].waste_booked
+    late = price_result(result("late", "w4", T0 + 75_000, T0 + 80_000, 100, 100), BOOK)
+    assert isinstance(late, ServedRequest)
+    records += ledger.add(late)
+    assert ledger.late_results == 1
+    # the cold start was already booked as the first request's share plus waste: the late one pays nothing
+    assert [r.cost_micro_usd for r in records if r.request_id == "late"] == [0]
+    assert sum(r.cost_micro_usd for r in records) == BOOK.pool_rate("sim").cost_micro(90_000)
+
+
 def test_two_requests_share_an_interval_by_work() -> None:
     ledger = GpuLedger(
         BOOK,
@@ -195,3 +209,30 @@ def test_output_cap_saving_is_an_upper_bound_only_when_the_cap_stopped_the_answe
     report = savings(dict(totals), BOOK)
     assert report.output_caps_usd == 0.078362
     assert report.actual_usd == capped.cost_usd  # the bound stays outside the billed amount
+
+
+def test_batch_increments_are_the_sum_of_each_records() -> None:
+    """The store applies a batch's summed increments in one script: they must equal record by record."""
+    records: list[CostRecord] = []
+    for i in range(300):
+        fields: dict[str, object] = {
+            "request_id": f"b{i}",
+            "tenant": f"t{i % 5}",
+            "status": ResultStatus.OK,
+            "model": ["gpt-4.1", "gpt-4.1-mini"][i % 2],
+            "usage": Usage(prompt_tokens=50 + 7 * i, cached_prompt_tokens=i % 40, completion_tokens=3 * i + 1),
+            "completed_at_ms": T0 - 2 * MS_PER_HOUR + i * 40_000,  # across four hours
+            "cached": i % 9 == 0,
+            "shadow": i % 11 == 0,
+            "experiment_id": "exp" if i % 4 == 0 else None,
+            "variant": "cand" if i % 8 == 0 else None,
+            "trimmed_tokens": i % 13,
+        }
+        priced = price_result(InferenceResult.model_validate(fields), BOOK)
+        assert isinstance(priced, CostRecord)
+        records.append(priced)
+    expected: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for record in records:
+        for key, field, by in increments(record, "ns."):
+            expected[key][field] += by
+    assert batch_increments(records, "ns.") == {k: dict(v) for k, v in expected.items()}

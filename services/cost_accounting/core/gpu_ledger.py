@@ -26,7 +26,8 @@ When intervals close (finalisation): an interval [a, b) closes once the worker's
 everything up to its end closes and its cold-start waste is booked. A request's record is
 published when the interval holding its completion closes. A result that arrives for an
 interval already closed is a late result: it is priced at the cost of its cold-start share
-only and counted (`late_results`), because that GPU time was already booked.
+only and counted (`late_results`), because that GPU time was already booked (after the
+worker's life has closed, the cold start is booked too, so it is priced at 0).
 """
 
 from __future__ import annotations
@@ -285,7 +286,9 @@ class GpuLedger:
 
     def _cold_share(self, life: WorkerLife) -> int:
         k, n = life.cold_paid_requests, self.cold_start_requests
-        if k >= n or life.cold_micro_total <= 0:
+        # Once the waste is booked the whole cold start is accounted (paid + waste): a result of the
+        # dead worker arriving later pays none of it, or the worker's life would be billed twice.
+        if k >= n or life.cold_micro_total <= 0 or life.waste_booked:
             return 0
         share = life.cold_micro_total * (k + 1) // n - life.cold_micro_total * k // n
         life.cold_paid_requests += 1

@@ -92,10 +92,16 @@ class SelfHostedRate(BaseModel):
     usd_per_instance_hour: Decimal
     reference_per_1m_tokens: Decimal
 
+    @cached_property
+    def _per_ms(self) -> tuple[int, int]:
+        """µUSD per instance-ms as an exact fraction, worked out once (not per interval)."""
+        num, den = ratio(self.usd_per_instance_hour)
+        return num * 10, den * 36
+
     def cost_micro(self, instance_ms: int) -> int:
         """instance-ms x USD/hour ÷ 3.6e6 ms/hour x 1e6 µUSD/USD = instance-ms x USD/hour x 10 / 36, rounded once."""
-        num, den = ratio(self.usd_per_instance_hour)
-        return div_micro(instance_ms * num * 10, den * 36)
+        num, den = self._per_ms
+        return div_micro(instance_ms * num, den)
 
 
 class PriceBook(_Strict):
@@ -166,11 +172,19 @@ class PriceBook(_Strict):
             return None
         if model in self.hosted:
             return self.hosted[model].cost_micro(prompt_tokens, cached, completion_tokens)
-        pool = self.pool_of(model, None) or next((n for n, p in self.pools.items() if model in p.models), None)
-        if pool is None:
+        if model not in self.reference_memo:
+            pool = self.pool_of(model, None) or next((n for n, p in self.pools.items() if model in p.models), None)
+            self.reference_memo[model] = None if pool is None else ratio(self.pools[pool].reference_per_1m_tokens)
+        reference = self.reference_memo[model]
+        if reference is None:
             return None
-        num, den = ratio(self.pools[pool].reference_per_1m_tokens)
+        num, den = reference
         return div_micro((prompt_tokens + completion_tokens) * num, den)
+
+    @cached_property
+    def reference_memo(self) -> dict[str, tuple[int, int] | None]:
+        """Model -> its pool's reference price as an exact fraction (None: not priced), filled on use."""
+        return {}
 
 
 def load_pricebook(path: str | Path | None = None) -> PriceBook:

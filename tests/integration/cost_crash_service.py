@@ -1,0 +1,44 @@
+"""cost-accounting that stops dead at one point of its first batch, so a test can SIGKILL it there.
+
+`python -m tests.integration.cost_crash_service` with LLMBUS_TEST_CRASH_AT:
+  applied    after a batch of CostRecords is in the aggregates (markers + increments, one script),
+             before the consumer commits it: the batch comes again after the crash;
+  published  after a batch's CostRecords are on llm.costs, before their results are marked seen:
+             the results come again after the crash and are published a second time.
+It writes LLMBUS_TEST_CRASH_FLAG once it has stopped there. Not a test: a process for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from llmbus import topics as t
+from llmbus.bus import run_service
+from services.cost_accounting.app import main
+from services.cost_accounting.handlers import CostHandlers
+from services.cost_accounting.store import CostStore
+
+
+def stop_dead_after(cls: type, name: str, flag: Path) -> None:
+    real: Callable[..., Awaitable[Any]] = getattr(cls, name)
+
+    async def then_hang(self: object, *args: object, **kwargs: object) -> Any:
+        out = await real(self, *args, **kwargs)
+        await asyncio.to_thread(flag.write_text, name)
+        await asyncio.Event().wait()  # never returns: the test kills the process here
+        return out
+
+    setattr(cls, name, then_hang)
+
+
+if __name__ == "__main__":
+    flag = Path(os.environ["LLMBUS_TEST_CRASH_FLAG"])
+    if os.environ["LLMBUS_TEST_CRASH_AT"] == "applied":
+        stop_dead_after(CostStore, "apply", flag)
+    else:
+        stop_dead_after(CostHandlers, "_publish_costs", flag)
+    run_service(t.COST, main)

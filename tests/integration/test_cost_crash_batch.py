@@ -1,0 +1,148 @@
+"""A crash in the middle of a batch bills nothing twice (real broker, real Redis, a real SIGKILL).
+
+The service takes llm.results and llm.costs in batches and writes a whole batch to Redis at once
+(one script: every record's marker and the batch's summed increments). Killed right after that
+write and before Kafka heard the batch was done, it reads the same batch again when it comes back;
+killed after publishing a batch's CostRecords and before marking their results seen, it publishes
+them again. Either way every result must count exactly once in the aggregates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from llmbus import topics as t
+from llmbus.bus import Bus, decode
+from llmbus.bus.admin import open_admin
+from llmbus.messages import CostRecord, InferenceResult, ResultStatus, Usage, now_ms
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.cost_accounting.core.aggregates import agg_key, read_totals
+from services.cost_accounting.core.prices import load_pricebook
+from services.cost_accounting.store import text_of
+from tests.support import ServiceProc, eventually
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
+BOOK = load_pricebook()
+RESULTS = 1_200  # more than one batch (500 records)
+
+
+async def offsets(settings: BusSettings, topic: str, group: str | None) -> dict[int, int]:
+    """End offsets of `topic` (group None), or what `group` has committed on it."""
+    if group is not None:
+        async with open_admin(settings) as admin:
+            committed = await asyncio.wait_for(admin.list_consumer_group_offsets(group), 30)
+        return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), 30)
+    try:
+        parts = [TopicPartition(topic, p) for p in range(t.BY_NAME[t.COSTS].partitions)]
+        ends = await asyncio.wait_for(consumer.end_offsets(parts), 30)
+    finally:
+        await asyncio.wait_for(consumer.stop(), 30)
+    return {tp.partition: end for tp, end in ends.items()}
+
+
+async def cost_log(settings: BusSettings, topic: str) -> list[CostRecord]:
+    ends = await offsets(settings, topic, None)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await asyncio.wait_for(consumer.start(), 30)
+    out: list[CostRecord] = []
+    try:
+        consumer.assign([TopicPartition(topic, p) for p, end in ends.items() if end > 0])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while sum(ends.values()) > len(out) and loop.time() < deadline:
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                out.extend(decode(r, CostRecord) for r in records if r.offset < ends[r.partition])  # type: ignore[arg-type]
+    finally:
+        await asyncio.wait_for(consumer.stop(), 30)
+    return out
+
+
+@pytest.mark.parametrize("crash_at", ["applied", "published"])
+async def test_crash_mid_batch_bills_each_result_once(
+    bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path, crash_at: str
+) -> None:
+    topics = t.Topics(bus_settings.topic_prefix)
+    at_ms = now_ms()
+    backlog = [
+        InferenceResult(
+            request_id=f"crash-{i}",
+            tenant=f"tenant-{i % 7}",
+            status=ResultStatus.OK,
+            model="gpt-4.1" if i % 3 else "gpt-4.1-mini",
+            usage=Usage(prompt_tokens=100 + i, cached_prompt_tokens=i % 50, completion_tokens=10 + i % 90),
+            completed_at_ms=at_ms,
+        )
+        for i in range(RESULTS)
+    ]
+    expected_micro = sum(
+        BOOK.hosted[r.model or ""].cost_micro(
+            r.usage.prompt_tokens, r.usage.cached_prompt_tokens, r.usage.completion_tokens
+        )
+        for r in backlog
+    )
+    bus = await Bus.start(bus_settings, t.CLIENT)
+    redis = redis_client(bus_settings.redis_url)
+    try:
+        for r in backlog:
+            await bus.publisher.send(topics.name(t.RESULTS), r, key=r.request_id)
+        await asyncio.wait_for(bus.producer.flush(), 60)
+
+        flag = tmp_path / "stopped"
+        crashing = ServiceProc(
+            "tests.integration.cost_crash_service",
+            bus_settings,
+            name="cost-crashing",
+            log_dir=tmp_path,
+            env={"LLMBUS_TEST_CRASH_AT": crash_at, "LLMBUS_TEST_CRASH_FLAG": str(flag)},
+        ).start()
+        services.append(crashing)
+
+        async def stopped_there() -> bool:
+            return flag.exists()
+
+        await eventually(stopped_there, timeout_s=90, interval_s=0.2)
+        crashing.kill()  # SIGKILL mid-batch: no commit, no cleanup
+
+        aggregates = topics.group(t.COST, "aggregates")
+        costs_topic = topics.name(t.COSTS)
+        if crash_at == "applied":
+            # the scenario really happened: records are in the aggregates that Kafka was never told are done
+            applied = [k async for k in redis.scan_iter(match=f"{bus_settings.topic_prefix}cost:applied:*", count=1000)]
+            committed = sum((await offsets(bus_settings, costs_topic, aggregates)).values())
+            assert len(applied) > committed
+
+        services.append(ServiceProc("services.cost_accounting", bus_settings, log_dir=tmp_path).start())
+        day_total = agg_key(bus_settings.topic_prefix, "day", at_ms, "total")
+
+        async def all_applied() -> bool:
+            ends, done = (
+                await offsets(bus_settings, costs_topic, None),
+                await offsets(bus_settings, costs_topic, aggregates),
+            )
+            if any(done.get(p, 0) < end for p, end in ends.items()):
+                return False
+            totals = read_totals({text_of(k): int(v) for k, v in (await redis.hgetall(day_total)).items()})
+            return totals.get("all", {}).get("requests", 0) >= RESULTS
+
+        await eventually(all_applied, timeout_s=120, interval_s=0.5)
+        totals = read_totals({text_of(k): int(v) for k, v in (await redis.hgetall(day_total)).items()})["all"]
+        assert totals["requests"] == RESULTS
+        assert totals["cost"] == expected_micro
+        logged = await cost_log(bus_settings, costs_topic)
+        assert {c.record_id for c in logged} == {r.request_id for r in backlog}
+        if crash_at == "published":
+            assert len(logged) > RESULTS  # a batch was published twice, and still counted once
+    finally:
+        async for key in redis.scan_iter(match=f"{bus_settings.topic_prefix}*", count=1000):
+            await redis.delete(key)
+        await redis.aclose()
+        await bus.stop()
