@@ -17,6 +17,7 @@ from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
+from services.router.coalescing import RedisCoalescer
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
 from services.router.latency_watch import LatencyReporter
@@ -30,13 +31,18 @@ from services.router.state_follow import caught_up
 
 def build_core(
     policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
-) -> tuple[RouterCore, BudgetBook, RedisResponseCache]:
+) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None]:
     client = redis_client(redis_url, password=redis_password)
     budgets = BudgetBook()
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
     )
     watch = TierLatencyWatch(policy.latency) if policy.latency.enabled else None
+    coalescer = (
+        RedisCoalescer(client, redis_namespace, policy.coalesce.lead_ttl_s, policy.coalesce.max_wait_s)
+        if policy.coalesce.enabled and policy.cache.enabled
+        else None
+    )
     core = RouterCore(
         policy,
         build_scorer_with_fallback(policy.scorer.name, policy.scorer.params, policy.scorer.fallback),
@@ -44,8 +50,9 @@ def build_core(
         cache=cache,
         budgets=budgets,
         latency=watch,
+        coalescer=coalescer,
     )
-    return core, budgets, cache
+    return core, budgets, cache, coalescer
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
@@ -56,13 +63,13 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
-    core, budgets, cache = build_core(
+    core, budgets, cache, coalescer = build_core(
         policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password
     )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
     markers = redis_client(settings.redis_url, password=settings.redis_password)
     fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
-    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter, fence)
+    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter, fence, coalescer=coalescer)
 
     state = make_consumer(
         settings,
@@ -90,7 +97,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     )
     consumers = [state]
     loops = [state_loop]
-    if (router_settings.cache_fill and policy.cache.enabled) or reporter is not None:
+    # Leaders' results answer their coalesced followers: that needs llm.results too.
+    if (router_settings.cache_fill and policy.cache.enabled) or reporter is not None or coalescer is not None:
         # Earliest on a new group: a few stale results only miss their (expired) pending marks.
         results = make_consumer(settings, group_id=topics.group(t.ROUTER, "results"), client_id="llmbus-router-results")
         results_loop = ConsumerLoop(
@@ -113,6 +121,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         # ... but requests wait for the state: experiments and budgets already in the log apply to the first one.
         await caught_up(state, state_loop, router_settings.state_catch_up_s)
         tasks.append(asyncio.create_task(request_loop.run(stop)))
+        if handlers.coalesce is not None:
+            tasks.append(asyncio.create_task(handlers.coalesce.sweep(stop)))
         await run_until_stopped(tasks, stop)
     finally:
         for consumer in consumers:

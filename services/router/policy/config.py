@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmbus.messages import ErrorCode
+
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 
 
@@ -122,6 +124,33 @@ class LatencyPolicy(_Strict):
     prefer_fallback_while_missing: bool = False
 
 
+class CoalescePolicy(_Strict):
+    """`coalesce:` identical cacheable requests in flight share one generation (policy/coalesce.py).
+
+    Only for requests the exact cache may answer (same key: same tenant, model, input, parameters).
+    """
+
+    enabled: bool = True
+    lead_ttl_s: float = Field(
+        default=300.0, gt=0, description="How long a leader's generation is awaited by newcomers."
+    )
+    max_wait_s: float = Field(
+        default=330.0, gt=0, description="A follower whose leader gave no result by then generates on its own."
+    )
+    share_error_codes: list[ErrorCode] = Field(
+        default_factory=lambda: [ErrorCode.INVALID_REQUEST, ErrorCode.PROMPT_TOO_LONG, ErrorCode.MAX_TOKENS_TOO_LARGE],
+        description="A leader failing with one of these ends its followers with the same error (their input is the"
+        " same); any other failure (deadline, worker, cancel) sends each follower to its own generation.",
+    )
+    sweep_interval_s: float = Field(default=1.0, gt=0, description="How often overdue followers are looked for.")
+
+    @model_validator(mode="after")
+    def _waits_for_its_leader(self) -> CoalescePolicy:
+        if self.max_wait_s < self.lead_ttl_s:
+            raise ValueError("coalesce.max_wait_s must be >= lead_ttl_s: a follower must outwait a live leader")
+        return self
+
+
 class ScorerPolicy(_Strict):
     name: str = "heuristic"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -140,6 +169,7 @@ class RouterPolicy(_Strict):
     tenants: dict[str, TenantPolicy] = Field(default_factory=lambda: {"default": TenantPolicy()})
     cache: CachePolicy = Field(default_factory=CachePolicy)
     latency: LatencyPolicy = Field(default_factory=LatencyPolicy)
+    coalesce: CoalescePolicy = Field(default_factory=CoalescePolicy)
 
     @model_validator(mode="after")
     def _consistent(self) -> RouterPolicy:

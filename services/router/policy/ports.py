@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmbus.messages import BudgetState, FinishReason, Usage
+from llmbus.messages import BudgetState, FinishReason, RoutedRequest, Usage
 from services.router.policy.config import TenantPolicy
 
 
@@ -40,3 +40,9 @@ class ResponseCache(Protocol):
 
 class BudgetView(Protocol):
     def state_of(self, tenant: str) -> BudgetState: ...
+
+
+class Coalescer(Protocol):
+    async def join(self, key: str, routed: RoutedRequest) -> str | None:
+        """None: this request leads (generate it); else the id of the leader it now waits for."""
+        ...
