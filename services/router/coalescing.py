@@ -15,8 +15,8 @@ Keys, under llmbus:<namespace>:coalesce: —
 Joining and finishing are Lua scripts, so a follower either joins before its leader finishes
 (and is answered) or after (and finds no leader: it leads itself). A follower is answered once:
 the relay takes its claim first, and removes it from `waiting` only after publishing; a relay
-that dies in between leaves the claim to expire and the sweeper to route the follower (the
-final marker stops a second result if the first went out).
+that dies in between leaves the claim to expire and the sweeper to route the follower one lease
+later (the final marker stops a second result if the first went out).
 """
 
 from __future__ import annotations
@@ -63,6 +63,9 @@ end
 local followers = ARGV[2] .. 'followers:' .. ARGV[1]
 local members = redis.call('SMEMBERS', followers)
 redis.call('DEL', followers)
+for _, member in ipairs(members) do
+  redis.call('ZADD', ARGV[2] .. 'waiting', 'XX', ARGV[3], member)
+end
 return members
 """
 
@@ -117,8 +120,11 @@ class RedisCoalescer:
         return leader_id
 
     async def finish(self, leader_id: str) -> list[str]:
-        """The leader's result is in: its lead ends, and its followers' ids are handed over (once)."""
-        members = await self._finish(keys=[], args=[leader_id, self._prefix])
+        """The leader's result is in: its lead ends, and its followers' ids are handed over (once).
+
+        Their wait is cut to one claim lease: if this caller dies before answering them, the sweeper
+        routes them alone soon, not after the whole max_wait_s."""
+        members = await self._finish(keys=[], args=[leader_id, self._prefix, now_ms() + self._claim_lease_ms])
         return sorted(_text(m) for m in members)
 
     async def overdue(self, limit: int = 64) -> list[str]:

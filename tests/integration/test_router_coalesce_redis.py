@@ -59,6 +59,21 @@ async def test_one_leader_and_each_follower_handed_over_once(client: redis.Redis
     assert followers[0] not in await client.zrange(f"llmbus:{namespace}:coalesce:waiting", 0, -1)
 
 
+async def test_followers_handed_to_a_relay_that_dies_are_overdue_after_one_lease(
+    client: redis.Redis, namespace: str
+) -> None:
+    store = RedisCoalescer(client, namespace, lead_ttl_s=30, max_wait_s=60, claim_lease_s=0.3)
+    assert await store.join("acme:k", routed("lead")) is None
+    assert await store.join("acme:k", routed("f")) == "lead"
+    assert await store.finish("lead") == ["f"]
+    assert await store.claim("f") is not None  # ... and the relay dies here, before answering
+    assert await store.overdue() == []
+    await asyncio.sleep(0.45)
+    assert await store.overdue() == ["f"]  # not after max_wait_s (60 s): after the lease
+    again = await store.claim("f")  # the claim expired with the lease: the sweeper may take it
+    assert again is not None and again.request_id == "f"
+
+
 async def test_followers_of_a_silent_leader_become_overdue(client: redis.Redis, namespace: str) -> None:
     store = RedisCoalescer(client, namespace, lead_ttl_s=0.2, max_wait_s=0.3)
     assert await store.join("acme:k", routed("lead")) is None
