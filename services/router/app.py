@@ -19,6 +19,7 @@ from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.coalescing import RedisCoalescer
 from services.router.config import RouterSettings
+from services.router.embedders import build_embedder
 from services.router.handlers import RouterHandlers
 from services.router.latency_watch import LatencyReporter
 from services.router.limits import RedisRateLimiter
@@ -26,12 +27,13 @@ from services.router.policy.complexity import build_scorer_with_fallback
 from services.router.policy.config import RouterPolicy, load_policy, with_default_model
 from services.router.policy.latency import TierLatencyWatch
 from services.router.policy.pipeline import RouterCore
+from services.router.semantic_cache import RedisSemanticCache
 from services.router.state_follow import caught_up
 
 
 def build_core(
     policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
-) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None]:
+) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None, RedisSemanticCache | None]:
     client = redis_client(redis_url, password=redis_password)
     budgets = BudgetBook()
     cache = RedisResponseCache(
@@ -43,6 +45,18 @@ def build_core(
         if policy.coalesce.enabled and policy.cache.enabled
         else None
     )
+    semantic = (
+        RedisSemanticCache(
+            client,
+            redis_namespace,
+            build_embedder(policy.semantic_cache.embedder),
+            policy.semantic_cache,
+            cache,
+            policy.cache.pending_ttl_s,
+        )
+        if policy.semantic_cache.enabled and policy.cache.enabled
+        else None
+    )
     core = RouterCore(
         policy,
         build_scorer_with_fallback(policy.scorer.name, policy.scorer.params, policy.scorer.fallback),
@@ -51,8 +65,9 @@ def build_core(
         budgets=budgets,
         latency=watch,
         coalescer=coalescer,
+        semantic=semantic,
     )
-    return core, budgets, cache, coalescer
+    return core, budgets, cache, coalescer, semantic
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
@@ -63,13 +78,15 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
-    core, budgets, cache, coalescer = build_core(
+    core, budgets, cache, coalescer, semantic = build_core(
         policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password
     )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
     markers = redis_client(settings.redis_url, password=settings.redis_password)
     fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
-    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter, fence, coalescer=coalescer)
+    handlers = RouterHandlers(
+        bus, router_settings, core, budgets, cache, reporter, fence, coalescer=coalescer, semantic=semantic
+    )
 
     state = make_consumer(
         settings,

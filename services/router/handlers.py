@@ -38,6 +38,7 @@ from services.router.coalescing import RedisCoalescer
 from services.router.config import RouterSettings
 from services.router.latency_watch import LatencyReporter
 from services.router.policy.pipeline import RouteOutcome, RouterCore
+from services.router.semantic_cache import RedisSemanticCache
 
 log = logging.getLogger(__name__)
 ROUTER_ATTEMPT = 0  # the router's own answers, before any worker attempt (those count from 1)
@@ -55,6 +56,7 @@ class RouterHandlers:
         fence: RequestFence | None = None,
         directory: TopicExistence | None = None,
         coalescer: RedisCoalescer | None = None,
+        semantic: RedisSemanticCache | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -65,6 +67,7 @@ class RouterHandlers:
         self.fence = fence  # the final markers scheduler and workers share
         self.routed_topic = bus.topics.name(t.ROUTED)
         self.directory = directory or TopicDirectory(bus.producer, bus.settings.admin_timeout_s)
+        self.semantic = semantic
         self.coalesce = (
             CoalesceRelay(bus, coalescer, core.policy.coalesce, self._claim_answer, self._answered)
             if coalescer is not None
@@ -212,6 +215,8 @@ class RouterHandlers:
             self.latency.on_result(result)
         if self.cache is not None and self.settings.cache_fill:
             await self.cache.complete(result)  # first: a request arriving after the leader finished hits the cache
+            if self.semantic is not None:
+                await self.semantic.complete(result)  # after: it points at the exact entry just stored
         if self.coalesce is not None:
             try:
                 await self.coalesce.on_result(result)

@@ -151,6 +151,20 @@ class CoalescePolicy(_Strict):
         return self
 
 
+class SemanticCachePolicy(_Strict):
+    """`semantic_cache:` answers a cacheable request from a similar earlier one of the same tenant and model.
+
+    Off by default: see bench/reports/router_quality.md for the measured precision curve of the
+    packaged embedder; a threshold below the one that curve supports answers wrong questions.
+    """
+
+    enabled: bool = False
+    embedder: str = Field(default="wordllama", description="Registry name (services/router/embedders.py).")
+    threshold: float = Field(default=0.98, gt=0, le=1, description="Cosine similarity at or above which a hit counts.")
+    max_entries: int = Field(default=500, ge=1, description="Entries kept per tenant and model (oldest dropped).")
+    max_prompt_chars: int = Field(default=4000, ge=1, description="Longer prompts are not embedded (exact cache only).")
+
+
 class ScorerPolicy(_Strict):
     name: str = "heuristic"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -170,6 +184,7 @@ class RouterPolicy(_Strict):
     cache: CachePolicy = Field(default_factory=CachePolicy)
     latency: LatencyPolicy = Field(default_factory=LatencyPolicy)
     coalesce: CoalescePolicy = Field(default_factory=CoalescePolicy)
+    semantic_cache: SemanticCachePolicy = Field(default_factory=SemanticCachePolicy)
 
     @model_validator(mode="after")
     def _consistent(self) -> RouterPolicy:

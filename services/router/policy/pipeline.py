@@ -10,7 +10,8 @@ Order of the steps, and why:
  7. tenant rate limits (requests/s, tokens/min; tokens = prompt + max_tokens, like
     hosted providers count) — every request counts, cache hits too: the limit is on
     what the tenant asks, not on what it costs us;
- 8. exact cache — a hit ends the request here; a miss may join an identical request already
+ 8. exact cache — a hit ends the request here; then the semantic cache (off by default: a similar
+    enough earlier prompt of the same tenant and model); a miss may join an identical request already
     in flight (coalescing: it is answered from that one's generation, policy/coalesce.py);
  9. shadow copies of the routed request for matching shadow experiments.
 """
@@ -40,8 +41,17 @@ from services.router.policy.complexity import ComplexityScorer
 from services.router.policy.config import OverBudget, OverCap, RouterPolicy, UnknownModel
 from services.router.policy.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
 from services.router.policy.latency import TARGET_KEY, TIER_KEY, TierLatencyWatch, avoid_missing_tier
-from services.router.policy.ports import BudgetView, CachedAnswer, Coalescer, RateLimiter, ResponseCache
+from services.router.policy.ports import (
+    BudgetView,
+    CachedAnswer,
+    Coalescer,
+    RateLimiter,
+    ResponseCache,
+    SemanticCache,
+)
 from services.router.policy.rules import RouteDecision, RouteFeatures, decide_route
+from services.router.policy.semantic import SEMANTIC_HIT
+from services.router.policy.semantic import eligible as semantic_eligible
 from services.router.policy.trimming import trim_to_window
 
 PRODUCED_BY = "router"
@@ -89,6 +99,7 @@ class RouterCore:
         budgets: BudgetView | None = None,
         latency: TierLatencyWatch | None = None,
         coalescer: Coalescer | None = None,
+        semantic: SemanticCache | None = None,
     ) -> None:
         self.policy = policy
         self.scorer = scorer
@@ -99,6 +110,7 @@ class RouterCore:
         self.budgets = budgets
         self.latency = latency
         self.coalescer = coalescer
+        self.semantic = semantic
 
     def tier_of(self, model: str) -> str:
         return self.catalog.entry(model).tier if self.catalog.knows(model) else "unknown"
@@ -227,6 +239,12 @@ class RouterCore:
             if hit is not None:
                 return answered_from(routed, hit, f"cache_hit:{routed.route_reason}")
             await self.cache.remember_pending(request.request_id, key)
+            if self.semantic is not None and semantic_eligible(request, self.policy):
+                probe = await self.semantic.lookup(request, model)
+                if probe.answer is not None:
+                    reason = f"{SEMANTIC_HIT}:{probe.similarity:.3f}:{routed.route_reason}"
+                    return answered_from(routed, probe.answer, reason)
+                await self.semantic.remember_pending(request.request_id, key, request.tenant, model, probe.vector)
             if self.coalescer is not None and self.policy.coalesce.enabled:
                 leader_id = await self.coalescer.join(key, routed)
                 if leader_id is not None:
