@@ -8,6 +8,8 @@ precision / recall per tier. Latency: `LearnedScorer.score` and `HeuristicScorer
 call at a time in this one process (one core) over the corpus prompts (+ long documents), p50/p99.
 Token-cost saving of tiering + exact cache + request coalescing on the replayed Mooncake request
 mix, costed with cost-accounting's price book (bench/router_savings.py: how, and its assumptions).
+Semantic cache: precision and hit rate of the packaged embedder per threshold on hand-written
+paraphrase pairs (bench/semantic_cache_eval.py).
 Writes bench/reports/router_quality.{json,md,png}.
 """
 
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.router_savings import savings_report
+from bench.semantic_cache_eval import evaluate as semantic_eval
 from llmbus.messages import InferenceRequest
 from services.router.policy.config import load_policy
 from services.router.policy.heuristic import HeuristicScorer
@@ -92,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     print("replaying the request mix for token-cost savings ...", flush=True)
     savings = savings_report(test_rows, learned, load_policy())
+    print("semantic cache: scoring paraphrase pairs ...", flush=True)
+    semantic = semantic_eval()
     report = {
         "command": "python -m bench.router_quality_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model_version": learned.version,
@@ -99,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         "quality": quality,
         "latency_one_core": latency,
         "token_cost_saving": savings,
+        "semantic_cache": semantic,
         "host": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]},
         "notes": [
             "held-out = groups (template family / HumanEval bucket / hand prompt) never seen in training",
@@ -109,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     REPORTS.mkdir(exist_ok=True)
     (REPORTS / "router_quality.json").write_text(json.dumps(report, indent=2) + "\n")
     write_md(report, REPORTS / "router_quality.md")
-    write_png(test_rows, learned, savings, REPORTS / "router_quality.png")
+    write_png(test_rows, learned, savings, semantic, REPORTS / "router_quality.png")
     print(json.dumps(latency, indent=2))
 
 
@@ -144,7 +150,39 @@ def write_md(report: dict, path: Path) -> None:
         )
     lines += ["", *[f"- {n}" for n in report["notes"]], ""]
     lines += savings_md(report["token_cost_saving"])
+    lines += semantic_md(report["semantic_cache"])
     path.write_text("\n".join(lines))
+
+
+def semantic_md(s: dict) -> list[str]:
+    lines = [
+        "## Semantic cache: precision and hit rate on paraphrase pairs",
+        "",
+        f"Embedder `{s['embedder']}` (packaged weights, nothing downloaded); {s['pairs']} hand-written pairs",
+        "(services/router/data/paraphrase_pairs.jsonl: paraphrases, near misses, unrelated). A pair is a hit",
+        "when its cosine similarity is at or above the threshold; precision = hits that are paraphrases / hits,",
+        "hit rate = paraphrases hit / paraphrases. Similarity by kind (min / median / max): "
+        + "; ".join(f"{k} {v['min']} / {v['median']} / {v['max']}" for k, v in s["similarity_by_kind"].items())
+        + ".",
+        "",
+        "| threshold | hits | precision | hit rate |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in s["curve"][::2]:
+        lines.append(f"| {row['threshold']} | {row['hits']} | {row['precision']} | {row['hit_rate']} |")
+    rec = s["recommended"]
+    lines += [
+        "",
+        (
+            f"Lowest threshold with precision >= {s['min_precision']}: {rec['threshold']} (hit rate {rec['hit_rate']})."
+            if rec
+            else f"No threshold reaches precision {s['min_precision']}: near misses (2+3 vs 2+4, word-order swaps)"
+            " score as high as paraphrases with this static bag-of-tokens embedder, so the semantic cache ships"
+            " off (`semantic_cache.enabled: false`) and needs a contextual embedder before it may be turned on."
+        ),
+        "",
+    ]
+    return lines
 
 
 def savings_md(s: dict) -> list[str]:
@@ -185,7 +223,7 @@ def savings_md(s: dict) -> list[str]:
     return lines
 
 
-def write_png(test_rows: list[dict], learned: LearnedScorer, savings: dict, path: Path) -> None:
+def write_png(test_rows: list[dict], learned: LearnedScorer, savings: dict, semantic: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -193,7 +231,7 @@ def write_png(test_rows: list[dict], learned: LearnedScorer, savings: dict, path
     from sklearn.metrics import roc_curve
 
     labels = [int(r["label"] == "high") for r in test_rows]
-    fig, (ax, bars) = plt.subplots(1, 2, figsize=(10, 4.5))
+    fig, (ax, bars, sem) = plt.subplots(1, 3, figsize=(15, 4.5))
     for name, score in [("learned", model_score(learned.model)), ("heuristic", heuristic_score)]:
         fpr, tpr, _ = roc_curve(labels, [score(r) for r in test_rows])
         ax.plot(fpr, tpr, label=name)
@@ -212,6 +250,12 @@ def write_png(test_rows: list[dict], learned: LearnedScorer, savings: dict, path
     bars.bar(list(names.values()), [run["cost_usd"][k] for k in names])
     bars.set_ylabel("USD, list price")
     bars.set_title(f"Replayed mix ({savings['requests']} requests, TPOT 20 ms)")
+    thresholds = [r["threshold"] for r in semantic["curve"]]
+    sem.plot(thresholds, [r["precision"] if r["precision"] is not None else float("nan") for r in semantic["curve"]])
+    sem.plot(thresholds, [r["hit_rate"] for r in semantic["curve"]])
+    sem.legend(["precision", "hit rate"])
+    sem.set_xlabel("cosine similarity threshold")
+    sem.set_title(f"Semantic cache, {semantic['embedder']}, {semantic['pairs']} pairs")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -24,3 +24,13 @@ def test_duplicates_are_coalesced_while_generating_then_hit_the_cache_until_the_
     assert out["coalescing_saving_usd"] == round(one_usd, 2) == 0.4
     assert out["exact_cache_saving_usd"] == round(one_usd, 2)
     assert out["cost_usd"]["tiered_exact_coalesced"] <= out["cost_usd"]["tiered_exact"] <= out["cost_usd"]["tiered"]
+
+
+def test_semantic_curve_counts_hits_precision_and_hit_rate() -> None:
+    from bench.semantic_cache_eval import curve, recommended
+
+    rows = curve([0.9, 0.8, 0.95, 0.3], [True, True, False, False], [0.5, 0.85, 0.99])
+    assert rows[0] == {"threshold": 0.5, "hits": 3, "precision": 0.667, "hit_rate": 1.0}
+    assert rows[1] == {"threshold": 0.85, "hits": 2, "precision": 0.5, "hit_rate": 0.5}
+    assert rows[2] == {"threshold": 0.99, "hits": 0, "precision": None, "hit_rate": 0.0}
+    assert recommended(rows, 0.6) == rows[0] and recommended(rows, 0.9) is None

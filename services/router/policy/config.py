@@ -154,8 +154,8 @@ class CoalescePolicy(_Strict):
 class SemanticCachePolicy(_Strict):
     """`semantic_cache:` answers a cacheable request from a similar earlier one of the same tenant and model.
 
-    Off by default: see bench/reports/router_quality.md for the measured precision curve of the
-    packaged embedder; a threshold below the one that curve supports answers wrong questions.
+    Off by default: with the packaged embedder no threshold reaches a usable precision on the
+    paraphrase pairs (bench/reports/router_quality.md); a wrong hit answers another question.
     """
 
     enabled: bool = False
