@@ -106,7 +106,7 @@ class RedisCoalescer:
                     key,
                     self._lead_ttl_ms,
                     self._park_ttl_ms,
-                    now_ms() + self._max_wait_ms,
+                    self._wait_until_ms(routed),
                     routed.model_dump_json(),
                     self._prefix,
                 ],
@@ -118,6 +118,13 @@ class RedisCoalescer:
         leader_id = _text(leader) if leader else None
         COALESCE_JOINS.labels("follow" if leader_id else "lead").inc()
         return leader_id
+
+    def _wait_until_ms(self, routed: RoutedRequest) -> int:
+        """A follower waits max_wait_s, or until its own deadline: past it, routed alone, the scheduler
+        answers deadline_exceeded as it would have without coalescing."""
+        wait_until_ms = now_ms() + self._max_wait_ms
+        deadline_ms = routed.request.deadline_ms
+        return min(wait_until_ms, deadline_ms) if deadline_ms is not None else wait_until_ms
 
     async def finish(self, leader_id: str) -> list[str]:
         """The leader's result is in: its lead ends, and its followers' ids are handed over (once).

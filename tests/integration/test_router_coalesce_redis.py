@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from llmbus.messages import InferenceRequest, RoutedRequest
+from llmbus.messages import InferenceRequest, RoutedRequest, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.router.coalescing import RedisCoalescer
@@ -86,3 +86,14 @@ async def test_followers_of_a_silent_leader_become_overdue(client: redis.Redis, 
     await store.done("f")
     assert await store.overdue() == []
     assert await store.join("acme:k", routed("next")) is None  # the lead expired with its TTL
+
+
+async def test_a_follower_with_a_deadline_is_overdue_at_its_deadline(client: redis.Redis, namespace: str) -> None:
+    store = RedisCoalescer(client, namespace, lead_ttl_s=30, max_wait_s=60)
+    assert await store.join("acme:k", routed("lead")) is None
+    soon = routed("soon")
+    soon = soon.model_copy(update={"request": soon.request.model_copy(update={"deadline_ms": now_ms() + 200})})
+    assert await store.join("acme:k", soon) == "lead"
+    assert await store.join("acme:k", routed("patient")) == "lead"
+    await asyncio.sleep(0.3)
+    assert await store.overdue() == ["soon"]  # routed alone now: the scheduler ends it at its deadline
