@@ -7,11 +7,13 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 
-# `make up AUTH=1`: the stack on a secured broker (SASL/SCRAM, catalog ACLs, one principal per service);
+# `make up AUTH=1`: the stack on a secured broker (SASL/SCRAM, catalog ACLs, one principal per service,
+# a TLS listener on 9094 for clients outside);
 # its own data dir, so `make down` first when a dev broker runs. README "Security".
 AUTH ?= 0
 ifeq ($(AUTH),1)
 export KAFKA_AUTH := scram
+export KAFKA_TLS := 1
 export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.sched_replay import TRACE_BLOCK_TOKENS, ReplayConfig, load_trace, replay, reuse_ceiling
-from bench.traces import MOONCAKE_CONVERSATION
+from bench.traces import MOONCAKE_CONVERSATION, shown
 from services.engine_worker.engines.sim.profiles import DEFAULT_PROFILE, get_profile
 
 TRACE = MOONCAKE_CONVERSATION
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "discrete-event replay in virtual time: services.scheduler.policy.SchedulerCore (real pipelines "
             "from services/scheduler/pipelines/*.yaml) placing onto SimCore engines; no broker"
         ),
-        "trace": str(args.trace),
+        "trace": shown(args.trace),
         "requests": len(trace),
         "workers": args.workers,
         "profile": profile.name,

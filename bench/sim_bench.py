@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.sim_replay import AZURE_CONV_TRACE, ReplayResult, load_azure_trace, replay
+from bench.traces import shown
 from services.engine_worker.engines.sim.core import SimCore, SimRequest
 from services.engine_worker.engines.sim.profiles import SimProfile, get_profile
 
@@ -295,7 +296,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "profiles": {name: get_profile(name).__dict__ for name in ("llama-3.1-8b-h100", "llama-3.1-8b-a100")},
         "batch_sweep": sweep,
-        "trace": {"path": str(AZURE_CONV_TRACE), "window_s": TRACE_WINDOW_S, "requests": len(trace)},
+        "trace": {"path": shown(AZURE_CONV_TRACE), "window_s": TRACE_WINDOW_S, "requests": len(trace)},
         "trace_runs": {label: res.summary() for label, res in traces.items()},
         "speed": speed,
     }

@@ -13,6 +13,10 @@
 #   $RUN_DIR/$NAME.credentials (user=password lines, mode 600) unless that file already exists.
 #   kafka.sh add-user NAME [PASSWORD]: a user more on a running secured broker (a new tenant).
 #   ACLs come from the topic catalog: `llmbus acl apply` (after start).
+# TLS as well (KAFKA_AUTH=scram KAFKA_TLS=1): a SASL_SSL listener on $TLS_PORT (default PORT+2)
+#   with a certificate for 127.0.0.1/localhost signed by a local CA made once with openssl in
+#   $RUN_DIR/$NAME.tls/ (ca.crt is what clients trust: LLMBUS_KAFKA_SECURITY_PROTOCOL=SASL_SSL,
+#   LLMBUS_KAFKA_SSL_CAFILE=.../ca.crt). The SASL_PLAINTEXT listener stays for the broker itself.
 set -euo pipefail
 
 KAFKA_VERSION=${KAFKA_VERSION:-4.1.1}
@@ -33,6 +37,9 @@ AUTH=${KAFKA_AUTH:-none}  # none | scram
 CREDENTIALS=${KAFKA_CREDENTIALS:-$RUN_DIR/$NAME.credentials}
 SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway operator"
 TENANTS=${KAFKA_TENANTS:-acme globex}
+TLS=${KAFKA_TLS:-0}
+TLS_PORT=${KAFKA_TLS_PORT:-$((PORT + 2))}
+TLS_DIR=$RUN_DIR/$NAME.tls
 
 log() { echo "[kafka] $*" >&2; }
 
@@ -65,20 +72,43 @@ make_credentials() {
   log "generated SCRAM credentials in $CREDENTIALS"
 }
 
+make_tls() {
+  # A local CA and the broker's certificate (SAN 127.0.0.1, localhost), PKCS12 for the JVM.
+  [ -f "$TLS_DIR/broker.p12" ] && return
+  command -v openssl >/dev/null || { log "KAFKA_TLS=1 needs openssl"; exit 1; }
+  mkdir -p "$TLS_DIR"
+  (umask 077
+   local pw
+   pw=$(head -c 18 /dev/urandom | base64 | tr -d '/+=')
+   echo "$pw" >"$TLS_DIR/keystore.password"
+   openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=llmbus local CA" \
+     -keyout "$TLS_DIR/ca.key" -out "$TLS_DIR/ca.crt" 2>/dev/null
+   openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" \
+     -keyout "$TLS_DIR/broker.key" -out "$TLS_DIR/broker.csr" 2>/dev/null
+   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$TLS_DIR/broker.ext"
+   openssl x509 -req -in "$TLS_DIR/broker.csr" -CA "$TLS_DIR/ca.crt" -CAkey "$TLS_DIR/ca.key" \
+     -CAcreateserial -days 825 -extfile "$TLS_DIR/broker.ext" -out "$TLS_DIR/broker.crt" 2>/dev/null
+   openssl pkcs12 -export -in "$TLS_DIR/broker.crt" -inkey "$TLS_DIR/broker.key" -certfile "$TLS_DIR/ca.crt" \
+     -name broker -passout "pass:$pw" -out "$TLS_DIR/broker.p12")
+  chmod 644 "$TLS_DIR/ca.crt"
+  log "local CA and broker certificate in $TLS_DIR (clients trust ca.crt)"
+}
+
 write_properties() {
   sed -e "s#@DATA_DIR@#$DATA_DIR#" -e "s#@PORT@#$PORT#g" -e "s#@CONTROLLER_PORT@#$CONTROLLER_PORT#g" \
     "$HERE/server.properties" >"$PROPERTIES"
   [ "$AUTH" = scram ] || return 0
-  local admin_pw
+  local admin_pw tls_listener=""
   admin_pw=$(password_of admin)
+  [ "$TLS" = 1 ] && tls_listener=",SASL_SSL://127.0.0.1:$TLS_PORT"
   sed -i -e '/^listeners=/d' -e '/^advertised.listeners=/d' -e '/^inter.broker.listener.name=/d' \
     -e '/^listener.security.protocol.map=/d' "$PROPERTIES"
   (umask 077; cat >>"$PROPERTIES" <<PROPS
 # KAFKA_AUTH=scram (kafka.sh): SASL/SCRAM for clients and the broker itself, ACLs enforced.
-listeners=SASL_PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
-advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$PORT
+listeners=SASL_PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT$tls_listener
+advertised.listeners=SASL_PLAINTEXT://127.0.0.1:$PORT$tls_listener
 inter.broker.listener.name=SASL_PLAINTEXT
-listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
+listener.security.protocol.map=CONTROLLER:SASL_PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
 sasl.enabled.mechanisms=SCRAM-SHA-512
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="admin" password="$admin_pw";
@@ -91,12 +121,26 @@ super.users=User:admin
 allow.everyone.if.no.acl.found=false
 PROPS
   )
+  if [ "$TLS" = 1 ]; then
+    cat >>"$PROPERTIES" <<PROPS
+# KAFKA_TLS=1: the same SCRAM users over TLS (certificate from the local CA in $TLS_DIR).
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$TLS_DIR/broker.p12
+ssl.keystore.password=$(cat "$TLS_DIR/keystore.password")
+ssl.client.auth=none
+PROPS
+  fi
   chmod 600 "$PROPERTIES"
 }
 
 format_storage() {
   mkdir -p "$RUN_DIR" "$DATA_DIR"
   [ "$AUTH" = scram ] && make_credentials
+  if [ "$TLS" = 1 ]; then
+    [ "$AUTH" = scram ] || { log "KAFKA_TLS=1 needs KAFKA_AUTH=scram"; exit 2; }
+    make_tls
+  fi
   write_properties
   if [ -f "$DATA_DIR/meta.properties" ]; then return; fi
   local cluster_id scram=()
@@ -180,7 +224,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) if running_pid >/dev/null; then echo "running (pid $(running_pid))"; else echo "stopped"; exit 1; fi ;;
-  reset) stop; rm -rf "$DATA_DIR"; if [ "$AUTH" = scram ]; then rm -f "$CREDENTIALS"; fi; log "data removed" ;;
+  reset) stop; rm -rf "$DATA_DIR"; if [ "$AUTH" = scram ]; then rm -rf "$CREDENTIALS" "$TLS_DIR"; fi; log "data removed" ;;
   add-user) shift; add_user "$@" ;;
   *) echo "usage: $0 start|stop|status|fetch|reset|add-user NAME [PASSWORD]" >&2; exit 2 ;;
 esac

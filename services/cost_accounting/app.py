@@ -1,4 +1,4 @@
-"""Cost-accounting wiring: a FastStream Kafka broker with three typed subscribers, Redis, the ledger ticker.
+"""Cost-accounting wiring: a FastStream Kafka broker with typed subscribers, Redis, the ledger ticker.
 
 Why FastStream (and not the project's ConsumerLoop): this service is consume -> compute ->
 produce with no per-record concurrency to order, which is what FastStream's subscribers do;
@@ -30,7 +30,7 @@ from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
 from llmbus.bus.producer import PublishTimeout
 from llmbus.bus.security import faststream_security
 from llmbus.bus.tables import read_table
-from llmbus.messages import ErrorCode, Message, PriceBookUpdate, WorkerStatus, now_ms
+from llmbus.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.config import CostSettings
@@ -108,6 +108,13 @@ class CostService:
                 handlers.on_pricebook(update)
             except ValidationError as exc:  # the current book stays; the bad one is on record
                 await self.dlq(message.raw_message, BadMessage(ErrorCode.INVALID_REQUEST, f"price book: {exc}"))
+
+        # The autoscaler's decisions: scale events per pool, beside the cold starts they cost.
+        @self.broker.subscriber(
+            topics.name(t.SCALING), group_id=topics.group(t.COST, "scaling"), auto_offset_reset="earliest"
+        )
+        async def on_scaling(decision: ScaleDecision) -> None:
+            await handlers.on_scaling(decision)
 
         @self.broker.subscriber(topics.name(t.RESULTS), group_id=topics.group(t.COST, "results"), **batch)
         async def on_results(_: list[bytes], message: KafkaMessage) -> None:

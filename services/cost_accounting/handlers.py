@@ -25,11 +25,12 @@ from llmbus.messages import (
     InferenceResult,
     Message,
     PriceBookUpdate,
+    ScaleDecision,
     WorkerStatus,
 )
 from services.cost_accounting import metrics
 from services.cost_accounting.core import budgets as b
-from services.cost_accounting.core.aggregates import agg_key
+from services.cost_accounting.core.aggregates import agg_key, scaling_increments
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.money import usd
@@ -85,6 +86,11 @@ class CostHandlers:
 
     def on_worker(self, status: WorkerStatus) -> None:
         self.ledger.observe(status)
+
+    async def on_scaling(self, decision: ScaleDecision) -> None:
+        """Scale-ups and -downs per pool, once per decision (pool + decision time), beside its cold starts."""
+        if increments := scaling_increments(decision, self.topics.prefix):
+            await self.store.apply_once(f"scale:{decision.pool}:{decision.decided_at_ms}", increments)
 
     def on_pricebook(self, update: PriceBookUpdate) -> None:
         """A runtime price book: validated like the file (raises ValidationError), then used from now on."""

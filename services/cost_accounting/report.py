@@ -7,7 +7,7 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from services.cost_accounting.core.aggregates import agg_key, read_totals
+from services.cost_accounting.core.aggregates import SCALING_METRICS, agg_key, read_totals
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook
 from services.cost_accounting.core.savings import savings
@@ -24,7 +24,7 @@ def _row(m: dict[str, int]) -> dict[str, Any]:
         "completion_tokens": m.get("completion", 0),
         "cache_saving_usd": usd(m.get("saving", 0)),
         "cold_start_usd": usd(m.get("cold", 0)),
-    }
+    } | {metric: m.get(metric, 0) for metric in SCALING_METRICS}  # pools only: the autoscaler's moves
 
 
 async def cost_report(client: redis.Redis, namespace: str, book: PriceBook, at_ms: int) -> dict[str, Any]:

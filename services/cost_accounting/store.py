@@ -91,6 +91,13 @@ class CostStore:
                 await self._apply(keys=[f"{self.ns}cost:applied:{record.record_id}"], args=args, client=pipe)
             return [bool(n) for n in await pipe.execute()]
 
+    async def apply_once(self, marker: str, triples: list[tuple[str, str, int]]) -> bool:
+        """Increments not tied to a CostRecord (a scale decision), applied once per `marker`."""
+        args: list[str | int] = [self.ttl_s]
+        for key, field, by in triples:
+            args += [key, field, by, TTL_S[_period_of(key)]]
+        return bool(await self._apply(keys=[f"{self.ns}cost:applied:{marker}"], args=args))
+
     async def totals(self, key: str) -> dict[str, int]:
         return {text_of(k): int(v) for k, v in (await self.client.hgetall(key)).items()}
 

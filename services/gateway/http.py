@@ -20,12 +20,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmbus.apikeys import ApiKeyStore
 from llmbus.bus.span_attrs import message_attributes
+from llmbus.chunks import RetryDiverged
 from llmbus.messages import new_request_id
 from services.gateway import metrics
 from services.gateway.catalog import CatalogFollower, ModelCatalog
 from services.gateway.config import GatewaySettings
 from services.gateway.core import errors
-from services.gateway.core.attempts import RetryDiverged
 from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
 from services.gateway.core.translate import ResponseShape, finish_reason, to_request
 from services.gateway.relay import Exchange, Relay
@@ -109,12 +109,12 @@ def _sse(data: object) -> bytes:
 async def _sse_events(
     gw: Gateway, exchange: Exchange, shape: ResponseShape, include_usage: bool, started: float
 ) -> AsyncIterator[bytes]:
-    """The SSE body, from the first accepted chunk (already in the filter) to [DONE]."""
+    """The SSE body, from the first accepted chunk (already in the assembler) to [DONE]."""
     sent_first = False
     try:
         while True:
             try:
-                delta = exchange.filter.unseen()
+                delta = exchange.unseen()
             except RetryDiverged as exc:
                 yield _sse(errors.unavailable(f"retry could not continue the stream: {exc}").body())
                 break
@@ -123,7 +123,7 @@ async def _sse_events(
                     metrics.TTFT_SECONDS.labels(shape.kind).observe(time.perf_counter() - started)
                 yield _sse(shape.stream_chunk(delta, first=not sent_first, finish=None, include_usage=include_usage))
                 sent_first = True
-            final = exchange.filter.final
+            final = exchange.assembler.final
             if final is not None:
                 if final.error is not None:
                     yield _sse(errors.from_error_info(final.error).body())
@@ -204,7 +204,7 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
             await exchange.next_chunk(gw.settings.first_chunk_timeout_s)
         except TimeoutError:
             raise errors.ApiError(504, "No answer started within the time limit.", "timeout", "timeout") from None
-        final = exchange.filter.final
+        final = exchange.assembler.final
         if final is not None and final.error is not None:
             raise errors.from_error_info(final.error)  # failed before any text: a proper HTTP status
         shape = ResponseShape(kind, request_id, int(time.time()), exchange.model or body.model)
@@ -216,13 +216,13 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
         await _until_done_or_gone(gw, request, exchange)
-        final = exchange.filter.final
+        final = exchange.assembler.final
         assert final is not None
         if final.error is not None:
             raise errors.from_error_info(final.error)
         shape.model = exchange.model or shape.model
         metrics.TTFT_SECONDS.labels(kind).observe(time.perf_counter() - started)
-        return JSONResponse(shape.full(exchange.filter.text, finish_reason(final.finish_reason), final.usage))
+        return JSONResponse(shape.full(exchange.assembler.text, finish_reason(final.finish_reason), final.usage))
     finally:
         if not handed_over:
             exchange.close()

@@ -1,8 +1,9 @@
 """The gateway's side of the bus: send a request, follow this instance's reply topic, cancel.
 
 Replies come through llmbus.client's ReplyRouter (one group-less tail of the instance's
-reply topic, chunks handed to their request's queue); the AttemptFilter applies the chunk
-contract on retries.
+reply topic, chunks handed to their request's queue); llmbus.chunks applies the chunk
+contract on retries: the ChunkAssembler keeps the current attempt's text, and `unshown` hands
+the client each character once (a client of an HTTP stream cannot take text back).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from opentelemetry import trace
 from llmbus import semconv as sc
 from llmbus import topics as t
 from llmbus.bus import Bus
+from llmbus.chunks import ChunkAssembler, unshown
 from llmbus.client import ReplyRouter, TopicTail
 from llmbus.messages import Control, ControlAction, InferenceRequest, TokenChunk
-from services.gateway.core.attempts import AttemptFilter
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,8 @@ class Exchange:
         self.relay = relay
         self.request = request
         self.queue = queue
-        self.filter = AttemptFilter()
+        self.assembler = ChunkAssembler()
+        self.shown = ""  # what went out to the client so far
         self.model: str | None = None  # the model that answers (the router may have chosen it)
         self.closed = False
         self.span: trace.Span = trace.INVALID_SPAN  # the HTTP request's server span, ended on close
@@ -41,13 +43,19 @@ class Exchange:
         deadline = loop.time() + timeout_s
         while True:
             chunk = await asyncio.wait_for(self.queue.get(), max(deadline - loop.time(), 0))
-            if self.filter.accept(chunk):
+            if self.assembler.add(chunk) is not None:
                 self.model = chunk.model or self.model
                 return chunk
 
+    def unseen(self) -> str:
+        """The current attempt's text not shown yet, now marked shown; RetryDiverged if it cannot continue."""
+        delta = unshown(self.assembler.text, self.shown)
+        self.shown += delta
+        return delta
+
     @property
     def finished(self) -> bool:
-        return self.filter.final is not None
+        return self.assembler.done
 
     def close(self, reason: str = "client went away") -> None:
         """Stop listening; an unfinished request is cancelled through llm.control."""
@@ -60,9 +68,9 @@ class Exchange:
         self._end_span()
 
     def _end_span(self) -> None:
-        final = self.filter.final
+        final = self.assembler.final
         if self.span.is_recording():
-            attributes: dict[str, str | int | list[str]] = {sc.LLMBUS_ATTEMPT: self.filter.attempt}
+            attributes: dict[str, str | int | list[str]] = {sc.LLMBUS_ATTEMPT: self.assembler.attempt}
             if self.model:
                 attributes[sc.GEN_AI_RESPONSE_MODEL] = self.model
             if final is None:

@@ -122,7 +122,10 @@ class Load:
                 continue
             models = {c.model for c in chunks if c.model}
             assert len(models) <= 1, models
-            model = models.pop() if models else "error"
+            # A refusal (the default tenant's rate limit, hit when the sim runs fast) names the model
+            # asked for, but nobody answered: it counts as an error, not as the control's answer.
+            refused = any(c.error is not None for c in chunks)
+            model = models.pop() if models and not refused else "error"
             self.answered.append((request.request_id, model, any(c.shadow for c in chunks), sent_at_ms))
 
     def models_since(self, index: int) -> Counter[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import TopicAuthorizationFailedError
+from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from llmbus import topics as t
 from llmbus.acls import all_acls, tenant_topics
@@ -34,6 +34,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
+from llmbus.settings import BusSettings
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import ServiceProc, fresh_settings, wait_workers_ready
 
@@ -83,8 +84,12 @@ async def stack(
 
 
 async def produce_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, value: object, key: str) -> None:
-    settings = secured_kafka.settings(user, prefix)
-    producer = make_producer(settings, client_id=f"test-{user}")
+    await produce_as_with(secured_kafka.settings(user, prefix), topic, value, key)
+
+
+async def produce_as_with(settings: BusSettings, topic: str, value: object, key: str) -> None:
+    prefix = settings.topic_prefix
+    producer = make_producer(settings, client_id=f"test-{settings.kafka_sasl_username}")
     await asyncio.wait_for(producer.start(), 30)
     try:
         payload = value.to_bytes() if hasattr(value, "to_bytes") else bytes(value)  # type: ignore[call-overload]
@@ -222,3 +227,24 @@ async def test_valid_traffic_of_each_tenant_still_flows(secured_kafka: SecuredKa
         final = chunks[-1]
         assert final.final and final.error is None, final
         assert final.tenant == tenant and final.usage is not None and final.usage.completion_tokens > 0
+
+
+async def test_over_tls_a_tenant_is_served_and_a_broker_it_cannot_verify_is_refused(
+    secured_kafka: SecuredKafka, prefix: str, stack: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """KAFKA_TLS=1: the same SCRAM users and ACLs on a SASL_SSL listener whose certificate the local
+    CA signed. A client trusting that CA is served end to end; one that does not refuses to connect."""
+    over_tls = secured_kafka.settings("tenant-acme", prefix, tls_ca_file=secured_kafka.ca_file)
+    async with LlmbusClient(over_tls) as client:
+        request = InferenceRequest(prompt="hello over TLS", model="sim-llama-8b", max_tokens=8)
+        chunks = [c async for c in client.stream(request, timeout_s=60)]
+    assert chunks[-1].final and chunks[-1].error is None and chunks[-1].tenant == "acme", chunks[-1]
+    with pytest.raises(TopicAuthorizationFailedError):  # TLS changes the wire, not what a tenant may do
+        await produce_as_with(over_tls, t.RESULTS, InferenceRequest(prompt="junk"), key="k")
+
+    untrusting = over_tls.model_copy(update={"kafka_ssl_cafile": None})  # the system CAs only
+    producer = make_producer(untrusting, client_id="test-untrusting")
+    with pytest.raises(KafkaConnectionError):
+        await asyncio.wait_for(producer.start(), 30)
+    await stop_producer(producer, 10)
+    assert "CERTIFICATE_VERIFY_FAILED" in caplog.text  # aiokafka logs the reason, raises a generic error

@@ -29,7 +29,7 @@ async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_publi
             WorkerStatus(
                 worker_id="w1",
                 node_id="n",
-                state=WorkerState.READY,
+                state=WorkerState.STOPPED,  # gone: the pool is at zero; its measurements stay
                 engine="sim",
                 models=["sim-llama-8b"],
                 cold_start_s=4.5,

@@ -78,6 +78,18 @@ def test_threshold_zero_traffic_ten_minutes_goes_to_min_and_zero_wakes() -> None
     assert d.desired_replicas == 1 and "cold start" in d.reason
 
 
+def test_threshold_does_not_wake_a_pool_that_static_workers_serve() -> None:
+    """`make up`: two static workers serve the pool, the autoscaler has none of its own; a request
+    (the demo) must not start a third worker for ten minutes."""
+    policy = ThresholdPolicy(Bounds(0, 4))
+    d = policy.decide(sig(0, 40, arrivals=1, workers_ready=2), 0)
+    assert d.desired_replicas == 0, d.reason
+    d = policy.decide(sig(5, arrivals=1, queued=1, oldest_wait_ms=50, workers_warming=1), 0)
+    assert d.desired_replicas == 0, d.reason  # one is already coming up
+    d = policy.decide(sig(10, arrivals=1, queued=1, oldest_wait_ms=50), 0)
+    assert d.desired_replicas == 1 and "cold start" in d.reason
+
+
 def test_threshold_idle_timer_restarts_with_traffic_and_respects_min() -> None:
     policy = ThresholdPolicy(Bounds(2, 4))
     traffic = lambda t: sig(t, arrivals=1 if 300 <= t < 305 else 0)  # noqa: E731

@@ -5,9 +5,10 @@ from __future__ import annotations
 import io
 from collections.abc import AsyncIterator
 
+import pytest
 from rich.console import Console
 
-from llmbus.chunks import ChunkAssembler, TextUpdate
+from llmbus.chunks import ChunkAssembler, RetryDiverged, TextUpdate, unshown
 from llmbus.cli.chat_view import show_stream
 from llmbus.messages import ErrorCode, ErrorInfo, TokenChunk
 
@@ -38,6 +39,19 @@ def test_a_new_attempt_voids_earlier_text_and_stale_chunks_are_dropped() -> None
     assert assembler.done and assembler.add(chunk(3, "late", attempt=3)) is None  # nothing after the end
 
 
+def test_a_final_from_an_earlier_attempt_brings_its_text_back() -> None:
+    """Attempt 1 won the final marker in its lease window while attempt 2 had begun streaming:
+    the answer is attempt 1's (the result's text), so the reader switches back to it."""
+    assembler = ChunkAssembler()
+    assembler.add(chunk(0, "Hello "))
+    assembler.add(chunk(0, "Hi", attempt=2))
+    assert assembler.add(chunk(1, "world")) is None  # stale while attempt 2 is shown, but kept aside
+    update = assembler.add(chunk(2, final=True, attempt=1))
+    assert update is not None and update.restarted and update.final and update.delta == "Hello world"
+    assert assembler.text == "Hello world" and assembler.attempt == 1 and assembler.restarts == 2
+    assert unshown(assembler.text, "") == "Hello world"
+
+
 def test_a_final_error_of_the_scheduler_ends_the_stream() -> None:
     assembler = ChunkAssembler()
     assembler.add(chunk(0, "partial"))
@@ -61,3 +75,20 @@ async def test_the_cli_says_the_answer_restarts_and_returns_only_the_last_attemp
     shown = out.getvalue()
     assert "attempt 2: the answer restarts" in shown
     assert "ld?!" not in shown and shown.count("world") == 1
+
+
+def test_a_reader_that_cannot_erase_sees_each_character_once() -> None:
+    assembler = ChunkAssembler()
+    shown = ""
+    for c in RETRIED:
+        assembler.add(c)
+        shown += unshown(assembler.text, shown)
+        assert assembler.text.startswith(shown) or shown.startswith(assembler.text)
+    assert shown == "Hello world"
+    assert unshown("Hel", "Hello ") == ""  # a retry still catching up: held back
+    assert unshown("Hello world", "Hello ") == "world"  # past it: only the rest
+
+
+def test_a_retry_that_says_something_else_cannot_be_shown_to_a_reader_that_cannot_erase() -> None:
+    with pytest.raises(RetryDiverged):
+        unshown("No", "Yes")

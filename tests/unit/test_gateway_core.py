@@ -1,4 +1,4 @@
-"""The gateway's pure parts: OpenAI bodies to requests, response shapes, errors, the retry contract."""
+"""The gateway's pure parts: OpenAI bodies to requests, response shapes, errors (retries: test_gateway_retries.py)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,14 @@ from llmbus.messages import (
     ErrorInfo,
     FinishReason,
     ModelSpec,
-    TokenChunk,
     Usage,
     WorkerState,
     WorkerStatus,
 )
 from services.gateway.catalog import ModelCatalog
 from services.gateway.core import errors
-from services.gateway.core.attempts import AttemptFilter, RetryDiverged
 from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
 from services.gateway.core.translate import ResponseShape, to_request
-
-
-def chunk(seq: int, delta: str, attempt: int = 1, final: bool = False) -> TokenChunk:
-    return TokenChunk(request_id="r", tenant="t", seq=seq, delta=delta, attempt=attempt, final=final)
 
 
 def test_chat_body_becomes_a_request_of_the_keys_tenant() -> None:
@@ -117,30 +111,6 @@ def test_error_codes_map_to_openai_statuses_with_retry_after() -> None:
             "code": "model_not_found",
         }
     }
-
-
-def test_a_retry_that_repeats_the_shown_text_is_not_shown_twice() -> None:
-    f = AttemptFilter()
-    assert f.accept(chunk(0, "The quick "))
-    assert f.unseen() == "The quick "
-    assert f.accept(chunk(0, "The ", attempt=2))  # worker lost; the retry starts over
-    assert f.unseen() == ""
-    assert f.accept(chunk(1, "quick brown", attempt=2))
-    assert f.unseen() == "brown"
-    assert not f.accept(chunk(1, "quick ", attempt=1))  # a zombie of the first attempt
-    assert not f.accept(chunk(1, "quick brown", attempt=2))  # a repeat
-    assert f.accept(chunk(2, " fox", attempt=2, final=True))
-    assert f.unseen() == " fox" and f.final is not None and f.text == "The quick brown fox"
-    assert not f.accept(chunk(3, "more", attempt=3))  # nothing after the final one
-
-
-def test_a_retry_that_says_something_else_is_refused() -> None:
-    f = AttemptFilter()
-    f.accept(chunk(0, "Yes"))
-    f.unseen()
-    f.accept(chunk(0, "No", attempt=2))
-    with pytest.raises(RetryDiverged):
-        f.unseen()
 
 
 def test_catalog_lists_declared_and_served_models() -> None:

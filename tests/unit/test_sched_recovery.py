@@ -100,6 +100,21 @@ def test_queued_request_times_out_at_its_deadline() -> None:
     assert t.request.request_id == "r2"
 
 
+def test_a_model_nobody_serves_ends_unavailable_after_the_wait_and_a_late_request_past_its_deadline() -> None:
+    """No live worker of the model for the whole wait: model_unavailable with a retry-after (a worker
+    that starts is known within a heartbeat timeout), which the gateway answers as 503; a request
+    whose own deadline passed is late (504) either way."""
+    c = core(max_wait_ms=1000, heartbeat_timeout_ms=500)
+    c.tick(NOW_MS)  # the scheduler starts watching
+    c.on_heartbeat(hb("w1", models=["other"]), NOW_MS)
+    assert c.submit(req(request_id="r1", arrived_at_ms=NOW_MS), NOW_MS) == []  # no fallback: waits for a worker
+    assert c.submit(req(request_id="r2", arrived_at_ms=NOW_MS, deadline_ms=NOW_MS + 1000), NOW_MS) == []
+    assert c.tick(NOW_MS + 999) == []
+    ended = {a.request.request_id: a.error for a in c.tick(NOW_MS + 1000) if isinstance(a, FinalError)}
+    assert ended["r1"].code == ErrorCode.MODEL_UNAVAILABLE and ended["r1"].retry_after_ms == 500
+    assert ended["r2"].code == ErrorCode.DEADLINE_EXCEEDED
+
+
 def test_bounded_queue_answers_queue_full() -> None:
     c = core(max_queued_per_model=2)
     c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS)

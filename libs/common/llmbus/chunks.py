@@ -12,9 +12,15 @@ request again as attempt + 1 and the new attempt streams from `seq` 0. So:
 - the final chunk (`final: true`) ends the stream, whatever its attempt: only one attempt
   can publish it (the final marker is claimed with SET NX carrying the attempt), and the text
   of its attempt equals the InferenceResult's text. A final error (deadline, max attempts)
-  comes from the scheduler with the latest attempt and carries no text.
+  comes from the scheduler with the latest attempt and carries no text. When the final
+  comes from an attempt lower than the highest seen (the earlier attempt won the marker in
+  its lease window while the next one had started streaming), the answer is that earlier
+  attempt's text: the reader switches back to it (a restart), so the assembler keeps the text
+  of stale attempts aside instead of dropping it.
 
 `ChunkAssembler` is that rule in one pure object: feed it chunks, show what it returns.
+A reader that cannot erase (an HTTP stream that has already sent the text) shows the
+assembler's text through `unshown` instead: each character once.
 """
 
 from __future__ import annotations
@@ -39,16 +45,16 @@ class TextUpdate:
 
 @dataclass
 class ChunkAssembler:
-    attempt: int = 0  # highest attempt seen; 0 before the first chunk
+    attempt: int = 0  # the attempt whose text is shown: the highest seen, or the final's
     restarts: int = 0  # how often a new attempt voided earlier text
     final: TokenChunk | None = None
-    _parts: list[str] = field(default_factory=list)
-    _seen_seq: set[int] = field(default_factory=set)  # seqs taken in the current attempt
+    _parts: dict[int, list[str]] = field(default_factory=dict)  # attempt → its text so far
+    _seen: set[tuple[int, int]] = field(default_factory=set)  # (attempt, seq) taken
 
     @property
     def text(self) -> str:
         """The current attempt's text so far (after the final chunk: the result's text)."""
-        return "".join(self._parts)
+        return "".join(self._parts.get(self.attempt, ()))
 
     @property
     def done(self) -> bool:
@@ -56,21 +62,41 @@ class ChunkAssembler:
 
     def add(self, chunk: TokenChunk) -> TextUpdate | None:
         """Take one chunk; None when it must be ignored (stale attempt, duplicate, after the end)."""
-        if self.final is not None:
+        if self.final is not None or (chunk.attempt, chunk.seq) in self._seen:
             return None
-        restarted = False
-        if chunk.attempt > self.attempt:
-            restarted = self.attempt > 0 and bool(self._parts or self._seen_seq)
-            self.restarts += restarted
-            self.attempt = chunk.attempt
-            self._parts, self._seen_seq = [], set()
-        elif chunk.attempt < self.attempt and not chunk.final:
-            return None
-        if chunk.seq in self._seen_seq and chunk.attempt == self.attempt:
-            return None
-        self._seen_seq.add(chunk.seq)
+        self._seen.add((chunk.attempt, chunk.seq))
+        parts = self._parts.setdefault(chunk.attempt, [])
+        if chunk.delta:
+            parts.append(chunk.delta)
+        if chunk.attempt < self.attempt and not chunk.final:
+            return None  # stale: kept aside in case its attempt turns out to hold the final marker
+        switching = chunk.attempt != self.attempt and self.attempt > 0
+        restarted = switching and bool(self.text or self._seen_in(self.attempt))
+        self.restarts += restarted
+        self.attempt = chunk.attempt
         if chunk.final:
             self.final = chunk
-        if chunk.delta:
-            self._parts.append(chunk.delta)
-        return TextUpdate(chunk, chunk.delta, restarted)
+        # After a restart the whole text of the attempt now shown (a switch back to an earlier
+        # attempt brings its text along); otherwise just this chunk's.
+        return TextUpdate(chunk, self.text if restarted else chunk.delta, restarted)
+
+    def _seen_in(self, attempt: int) -> bool:
+        return any(a == attempt for a, _ in self._seen)
+
+
+class RetryDiverged(RuntimeError):
+    """A retried attempt's text does not continue what a reader that cannot erase has already shown."""
+
+
+def unshown(text: str, shown: str) -> str:
+    """The part of the current attempt's `text` that a reader which cannot erase has not shown yet.
+
+    After a restart the new attempt's text is held back (empty) until it passes `shown`, and only
+    the rest goes out. When the new attempt says something else than what was shown (sampling
+    without a seed), the stream cannot be repaired: RetryDiverged rather than mixed text.
+    """
+    if shown.startswith(text):  # a retry still catching up with what was shown (or nothing new)
+        return ""
+    if not text.startswith(shown):
+        raise RetryDiverged(f"the new attempt's text differs from the {len(shown)} characters already shown")
+    return text[len(shown) :]

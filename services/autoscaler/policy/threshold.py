@@ -5,6 +5,8 @@
   (or by `step_down` when it is > 0); the minimum may be 0;
 - after any change, nothing changes for `cooldown_s` (anti-flapping) — except waking a pool at
   zero: a request waiting on an empty pool starts one worker at once (it then waits a cold start).
+  A pool is empty when no worker serves it, not only none of the autoscaler's own: workers it
+  did not start (static ones) count in `current_replicas` nowhere, but they do serve.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ class ThresholdPolicy:
 
         if current_replicas < self.bounds.min_replicas:
             return change(self.bounds.min_replicas, "below the pool minimum")
-        if current_replicas == 0 and (signals.queued or signals.arrivals):
+        # "At zero": none of ours and no other live worker serving the pool (make up's static ones).
+        at_zero = current_replicas == 0 and signals.workers_ready + signals.workers_warming == 0
+        if at_zero and (signals.queued or signals.arrivals):
             return change(max(1, self.step_up), "request waiting on a pool at zero: cold start")
         cooling_s = self.cooldown_s - (now - self._changed_at_ms) / 1000 if self._changed_at_ms is not None else 0.0
         if high_s >= self.up_after_s:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from llmbus.messages import BookedTo, CostRecord
+from llmbus.messages import BookedTo, CostRecord, ScaleDecision
 
 PERIODS = {"hour": ("h", "%Y%m%d%H"), "day": ("d", "%Y%m%d"), "month": ("m", "%Y%m")}
 TTL_S = {"hour": 14 * 86400, "day": 400 * 86400, "month": 3 * 400 * 86400}
@@ -70,6 +70,26 @@ def increments(record: CostRecord, namespace: str) -> list[tuple[str, str, int]]
         for period in PERIODS:
             key = agg_key(namespace, period, record.booked_at_ms, dim)
             out.extend((key, f"{value}|{m}", n) for m, n in metrics.items() if n)
+    return out
+
+
+SCALING_METRICS = ("scale_ups", "scale_downs", "workers_added", "workers_removed")
+
+
+def scaling_increments(decision: ScaleDecision, namespace: str) -> list[tuple[str, str, int]]:
+    """A decision that changed a pool, counted on the pool's row beside the cold starts it paid
+    (`cold`, and the `cold_start_waste` kind): how often the autoscaler moved and by how much."""
+    delta = decision.desired_replicas - decision.current_replicas
+    metrics = {
+        "scale_ups": 1 if delta > 0 else 0,
+        "scale_downs": 1 if delta < 0 else 0,
+        "workers_added": max(delta, 0),
+        "workers_removed": max(-delta, 0),
+    }
+    out: list[tuple[str, str, int]] = []
+    for period in PERIODS:
+        key = agg_key(namespace, period, decision.decided_at_ms, "pool")
+        out.extend((key, f"{decision.pool}|{m}", n) for m, n in metrics.items() if n)
     return out
 
 

@@ -164,15 +164,7 @@ class SchedulerCore:
                     unavailable = ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {model!r}")
                     actions.append(self._final(request, unavailable))
             for request in queue.expire(now_ms):
-                actions.append(
-                    self._final(
-                        request,
-                        ErrorInfo.of(
-                            ErrorCode.DEADLINE_EXCEEDED,
-                            f"no worker took it before its deadline (attempt {request.attempt})",
-                        ),
-                    )
-                )
+                actions.append(self._final(request, self._expired_error(request, now_ms)))
         actions += self._release(now_ms)
         self.queues.prune()
         return actions
@@ -230,6 +222,21 @@ class SchedulerCore:
             return [self._final(request, ErrorInfo.of(ErrorCode.QUEUE_FULL, refused, retry_after_ms=1000))]
         self.stats.queued += 1
         return self._release(now_ms, models=[request.model])
+
+    def _expired_error(self, request: SchedRequest, now_ms: int) -> ErrorInfo:
+        """Why a queued request ends unplaced: its own deadline passed (late), or it waited the whole
+        max wait while no live worker served its model (unavailable now; retryable: a worker may come,
+        and is known within one heartbeat timeout of its start)."""
+        own_deadline_passed = request.deadline_ms is not None and now_ms >= request.deadline_ms
+        if not own_deadline_passed and self._nobody_serves(request.model, now_ms):
+            return ErrorInfo.of(
+                ErrorCode.MODEL_UNAVAILABLE,
+                f"no live worker serves {request.model!r}; waited {now_ms - request.arrived_at_ms} ms for one",
+                retry_after_ms=self.recovery.heartbeat_timeout_ms,
+            )
+        return ErrorInfo.of(
+            ErrorCode.DEADLINE_EXCEEDED, f"no worker took it before its deadline (attempt {request.attempt})"
+        )
 
     def _nobody_serves(self, model: str, now_ms: int) -> bool:
         """True once the fleet is known (a heartbeat timeout after start) and no live worker lists the model.

@@ -55,9 +55,11 @@ def costs(
             "completion tok",
             "cache saving $",
             "cold start $",
+            *(["scale up/down", "workers +/-"] if view == "pool" else []),
             title=f"{label.replace('_', ' ')} by {view}",
         )
         for name, row in section[view].items():
+            scaling = [f"{row['scale_ups']}/{row['scale_downs']}", f"+{row['workers_added']}/-{row['workers_removed']}"]
             table.add_row(
                 name,
                 f"{row['cost_usd']:.6f}",
@@ -66,6 +68,7 @@ def costs(
                 str(row["completion_tokens"]),
                 f"{row['cache_saving_usd']:.6f}",
                 f"{row['cold_start_usd']:.6f}",
+                *(scaling if view == "pool" else []),
             )
         console.print(table)
         s = section["savings"]

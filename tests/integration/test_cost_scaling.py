@@ -1,0 +1,68 @@
+"""Cost-accounting sees the autoscaler: scale decisions on llm.scaling counted per pool, once each.
+
+The handler runs in memory (FastStream TestKafkaBroker) against the real Redis, where the
+once-only marker and the aggregates live; `llmbus costs --view pool` reads the same report.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from faststream.kafka import TestKafkaBroker
+
+from llmbus import topics as t
+from llmbus.messages import ScaleDecision
+from llmbus.settings import BusSettings
+from services.cost_accounting.app import CostService
+from services.cost_accounting.config import CostSettings
+from services.cost_accounting.core.prices import load_pricebook
+from services.cost_accounting.report import cost_report
+
+NOW = 1_780_000_000_000
+
+pytestmark = [pytest.mark.redis]
+
+
+@pytest.fixture
+async def service(redis_up: None) -> AsyncIterator[tuple[CostService, TestKafkaBroker]]:
+    settings = BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False)
+    svc = CostService(settings, CostSettings(settle_s=0))
+    async with TestKafkaBroker(svc.broker) as broker:
+        yield svc, broker
+    async for key in svc.redis.scan_iter(match=f"{settings.topic_prefix}*"):
+        await svc.redis.delete(key)
+    await svc.redis.aclose()
+
+
+def decision(current: int, desired: int, at_ms: int, pool: str = "sim-llama-8b") -> ScaleDecision:
+    action = "up" if desired > current else "down" if desired < current else "hold"
+    return ScaleDecision(
+        pool=pool,
+        current_replicas=current,
+        desired_replicas=desired,
+        reason="test",
+        policy="threshold",
+        decided_at_ms=at_ms,
+        action=action,
+    )
+
+
+async def test_scale_events_counted_per_pool_once_each(service: tuple[CostService, TestKafkaBroker]) -> None:
+    svc, broker = service
+    topic = svc.topics.name(t.SCALING)
+    for d in [
+        decision(0, 1, NOW),
+        decision(1, 3, NOW + 60_000),
+        decision(3, 3, NOW + 90_000),
+        decision(3, 0, NOW + 900_000),
+    ]:
+        await broker.publish(d.to_bytes(), topic, key=d.pool.encode())
+    await broker.publish(decision(1, 3, NOW + 60_000).to_bytes(), topic, key=b"sim-llama-8b")  # redelivered
+
+    report = await cost_report(svc.redis, svc.topics.prefix, load_pricebook(None), NOW)
+    row = report["today"]["pool"]["sim-llama-8b"]
+    assert (row["scale_ups"], row["scale_downs"]) == (2, 1)  # the hold is not an event; the copy counts once
+    assert (row["workers_added"], row["workers_removed"]) == (3, 3)
+    assert report["this_month"]["pool"]["sim-llama-8b"]["scale_ups"] == 2
