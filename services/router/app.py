@@ -17,7 +17,9 @@ from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
+from services.router.coalescing import RedisCoalescer
 from services.router.config import RouterSettings
+from services.router.embedders import build_embedder
 from services.router.handlers import RouterHandlers
 from services.router.latency_watch import LatencyReporter
 from services.router.limits import RedisRateLimiter
@@ -25,18 +27,36 @@ from services.router.policy.complexity import build_scorer_with_fallback
 from services.router.policy.config import RouterPolicy, load_policy, with_default_model
 from services.router.policy.latency import TierLatencyWatch
 from services.router.policy.pipeline import RouterCore
+from services.router.semantic_cache import RedisSemanticCache
 from services.router.state_follow import caught_up
 
 
 def build_core(
     policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
-) -> tuple[RouterCore, BudgetBook, RedisResponseCache]:
+) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None, RedisSemanticCache | None]:
     client = redis_client(redis_url, password=redis_password)
     budgets = BudgetBook()
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
     )
     watch = TierLatencyWatch(policy.latency) if policy.latency.enabled else None
+    coalescer = (
+        RedisCoalescer(client, redis_namespace, policy.coalesce.lead_ttl_s, policy.coalesce.max_wait_s)
+        if policy.coalesce.enabled and policy.cache.enabled
+        else None
+    )
+    semantic = (
+        RedisSemanticCache(
+            client,
+            redis_namespace,
+            build_embedder(policy.semantic_cache.embedder),
+            policy.semantic_cache,
+            cache,
+            policy.cache.pending_ttl_s,
+        )
+        if policy.semantic_cache.enabled and policy.cache.enabled
+        else None
+    )
     core = RouterCore(
         policy,
         build_scorer_with_fallback(policy.scorer.name, policy.scorer.params, policy.scorer.fallback),
@@ -44,8 +64,10 @@ def build_core(
         cache=cache,
         budgets=budgets,
         latency=watch,
+        coalescer=coalescer,
+        semantic=semantic,
     )
-    return core, budgets, cache
+    return core, budgets, cache, coalescer, semantic
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
@@ -56,13 +78,15 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     bus = await Bus.start(settings, t.ROUTER)
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
-    core, budgets, cache = build_core(
+    core, budgets, cache, coalescer, semantic = build_core(
         policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password
     )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
     markers = redis_client(settings.redis_url, password=settings.redis_password)
     fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
-    handlers = RouterHandlers(bus, router_settings, core, budgets, cache, reporter, fence)
+    handlers = RouterHandlers(
+        bus, router_settings, core, budgets, cache, reporter, fence, coalescer=coalescer, semantic=semantic
+    )
 
     state = make_consumer(
         settings,
@@ -90,7 +114,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     )
     consumers = [state]
     loops = [state_loop]
-    if (router_settings.cache_fill and policy.cache.enabled) or reporter is not None:
+    # Leaders' results answer their coalesced followers: that needs llm.results too.
+    if (router_settings.cache_fill and policy.cache.enabled) or reporter is not None or coalescer is not None:
         # Earliest on a new group: a few stale results only miss their (expired) pending marks.
         results = make_consumer(settings, group_id=topics.group(t.ROUTER, "results"), client_id="llmbus-router-results")
         results_loop = ConsumerLoop(
@@ -113,6 +138,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         # ... but requests wait for the state: experiments and budgets already in the log apply to the first one.
         await caught_up(state, state_loop, router_settings.state_catch_up_s)
         tasks.append(asyncio.create_task(request_loop.run(stop)))
+        if handlers.coalesce is not None:
+            tasks.append(asyncio.create_task(handlers.coalesce.sweep(stop)))
         await run_until_stopped(tasks, stop)
     finally:
         for consumer in consumers:

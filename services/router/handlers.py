@@ -33,9 +33,12 @@ from llmbus.replies import publish_error, publish_result, reply_topic_of
 from llmbus.tenancy import Refused
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
+from services.router.coalesce_relay import CoalesceRelay
+from services.router.coalescing import RedisCoalescer
 from services.router.config import RouterSettings
 from services.router.latency_watch import LatencyReporter
 from services.router.policy.pipeline import RouteOutcome, RouterCore
+from services.router.semantic_cache import RedisSemanticCache
 
 log = logging.getLogger(__name__)
 ROUTER_ATTEMPT = 0  # the router's own answers, before any worker attempt (those count from 1)
@@ -52,6 +55,8 @@ class RouterHandlers:
         latency: LatencyReporter | None = None,
         fence: RequestFence | None = None,
         directory: TopicExistence | None = None,
+        coalescer: RedisCoalescer | None = None,
+        semantic: RedisSemanticCache | None = None,
     ) -> None:
         self.bus = bus
         self.settings = settings
@@ -62,6 +67,12 @@ class RouterHandlers:
         self.fence = fence  # the final markers scheduler and workers share
         self.routed_topic = bus.topics.name(t.ROUTED)
         self.directory = directory or TopicDirectory(bus.producer, bus.settings.admin_timeout_s)
+        self.semantic = semantic
+        self.coalesce = (
+            CoalesceRelay(bus, coalescer, core.policy.coalesce, self._claim_answer, self._answered)
+            if coalescer is not None
+            else None
+        )
 
     async def on_request(self, record: ConsumerRecord) -> None:
         received_at_ms = now_ms()
@@ -149,6 +160,9 @@ class RouterHandlers:
 
     async def _publish(self, request: InferenceRequest, outcome: RouteOutcome) -> None:
         publisher = self.bus.publisher
+        if outcome.parked_behind is not None:
+            log.debug("%s: coalesced behind %s", request.request_id, outcome.parked_behind)
+            return  # answered when the leader's result comes (CoalesceRelay), or routed alone after max_wait_s
         if outcome.result is not None:
             if not await self._claim_answer(request.request_id):
                 log.info(
@@ -200,7 +214,14 @@ class RouterHandlers:
         if self.latency is not None:
             self.latency.on_result(result)
         if self.cache is not None and self.settings.cache_fill:
-            await self.cache.complete(result)
+            await self.cache.complete(result)  # first: a request arriving after the leader finished hits the cache
+            if self.semantic is not None:
+                await self.semantic.complete(result)  # after: it points at the exact entry just stored
+        if self.coalesce is not None:
+            try:
+                await self.coalesce.on_result(result)
+            except Exception:  # Redis away: the followers are routed alone once their wait is over
+                log.warning("coalesced followers of %s not answered now", result.request_id, exc_info=True)
 
     async def on_model(self, record: ConsumerRecord) -> None:
         if record.value is None:  # tombstone: the model is gone

@@ -15,6 +15,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmbus.messages import ErrorCode
+
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 
 
@@ -122,6 +124,47 @@ class LatencyPolicy(_Strict):
     prefer_fallback_while_missing: bool = False
 
 
+class CoalescePolicy(_Strict):
+    """`coalesce:` identical cacheable requests in flight share one generation (policy/coalesce.py).
+
+    Only for requests the exact cache may answer (same key: same tenant, model, input, parameters).
+    """
+
+    enabled: bool = True
+    lead_ttl_s: float = Field(
+        default=300.0, gt=0, description="How long a leader's generation is awaited by newcomers."
+    )
+    max_wait_s: float = Field(
+        default=330.0, gt=0, description="A follower whose leader gave no result by then generates on its own."
+    )
+    share_error_codes: list[ErrorCode] = Field(
+        default_factory=lambda: [ErrorCode.INVALID_REQUEST, ErrorCode.PROMPT_TOO_LONG, ErrorCode.MAX_TOKENS_TOO_LARGE],
+        description="A leader failing with one of these ends its followers with the same error (their input is the"
+        " same); any other failure (deadline, worker, cancel) sends each follower to its own generation.",
+    )
+    sweep_interval_s: float = Field(default=1.0, gt=0, description="How often overdue followers are looked for.")
+
+    @model_validator(mode="after")
+    def _waits_for_its_leader(self) -> CoalescePolicy:
+        if self.max_wait_s < self.lead_ttl_s:
+            raise ValueError("coalesce.max_wait_s must be >= lead_ttl_s: a follower must outwait a live leader")
+        return self
+
+
+class SemanticCachePolicy(_Strict):
+    """`semantic_cache:` answers a cacheable request from a similar earlier one of the same tenant and model.
+
+    Off by default: with the packaged embedder no threshold reaches a usable precision on the
+    paraphrase pairs (bench/reports/router_quality.md); a wrong hit answers another question.
+    """
+
+    enabled: bool = False
+    embedder: str = Field(default="wordllama", description="Registry name (services/router/embedders.py).")
+    threshold: float = Field(default=0.98, gt=0, le=1, description="Cosine similarity at or above which a hit counts.")
+    max_entries: int = Field(default=500, ge=1, description="Entries kept per tenant and model (oldest dropped).")
+    max_prompt_chars: int = Field(default=4000, ge=1, description="Longer prompts are not embedded (exact cache only).")
+
+
 class ScorerPolicy(_Strict):
     name: str = "heuristic"
     params: dict[str, Any] = Field(default_factory=dict)
@@ -140,6 +183,8 @@ class RouterPolicy(_Strict):
     tenants: dict[str, TenantPolicy] = Field(default_factory=lambda: {"default": TenantPolicy()})
     cache: CachePolicy = Field(default_factory=CachePolicy)
     latency: LatencyPolicy = Field(default_factory=LatencyPolicy)
+    coalesce: CoalescePolicy = Field(default_factory=CoalescePolicy)
+    semantic_cache: SemanticCachePolicy = Field(default_factory=SemanticCachePolicy)
 
     @model_validator(mode="after")
     def _consistent(self) -> RouterPolicy:

@@ -10,7 +10,9 @@ Order of the steps, and why:
  7. tenant rate limits (requests/s, tokens/min; tokens = prompt + max_tokens, like
     hosted providers count) — every request counts, cache hits too: the limit is on
     what the tenant asks, not on what it costs us;
- 8. exact cache — a hit ends the request here;
+ 8. exact cache — a hit ends the request here; then the semantic cache (off by default: a similar
+    enough earlier prompt of the same tenant and model); a miss may join an identical request already
+    in flight (coalescing: it is answered from that one's generation, policy/coalesce.py);
  9. shadow copies of the routed request for matching shadow experiments.
 """
 
@@ -39,8 +41,17 @@ from services.router.policy.complexity import ComplexityScorer
 from services.router.policy.config import OverBudget, OverCap, RouterPolicy, UnknownModel
 from services.router.policy.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
 from services.router.policy.latency import TARGET_KEY, TIER_KEY, TierLatencyWatch, avoid_missing_tier
-from services.router.policy.ports import BudgetView, CachedAnswer, RateLimiter, ResponseCache
+from services.router.policy.ports import (
+    BudgetView,
+    CachedAnswer,
+    Coalescer,
+    RateLimiter,
+    ResponseCache,
+    SemanticCache,
+)
 from services.router.policy.rules import RouteDecision, RouteFeatures, decide_route
+from services.router.policy.semantic import SEMANTIC_HIT
+from services.router.policy.semantic import eligible as semantic_eligible
 from services.router.policy.trimming import trim_to_window
 
 PRODUCED_BY = "router"
@@ -54,6 +65,7 @@ class RouteOutcome:
     shadows: list[RoutedRequest] = field(default_factory=list)
     result: InferenceResult | None = None
     content_chunks: list[TokenChunk] = field(default_factory=list)  # a cache hit's text, before the final chunk
+    parked_behind: str | None = None  # coalesced: the leader whose generation answers this request; publish nothing
 
     @property
     def last_seq(self) -> int:
@@ -86,6 +98,8 @@ class RouterCore:
         cache: ResponseCache | None = None,
         budgets: BudgetView | None = None,
         latency: TierLatencyWatch | None = None,
+        coalescer: Coalescer | None = None,
+        semantic: SemanticCache | None = None,
     ) -> None:
         self.policy = policy
         self.scorer = scorer
@@ -95,6 +109,8 @@ class RouterCore:
         self.cache = cache
         self.budgets = budgets
         self.latency = latency
+        self.coalescer = coalescer
+        self.semantic = semantic
 
     def tier_of(self, model: str) -> str:
         return self.catalog.entry(model).tier if self.catalog.knows(model) else "unknown"
@@ -221,8 +237,18 @@ class RouterCore:
             key = cache_key(request, model)
             hit = await self.cache.lookup(key)
             if hit is not None:
-                return self._cache_hit(routed, hit)
+                return answered_from(routed, hit, f"cache_hit:{routed.route_reason}")
             await self.cache.remember_pending(request.request_id, key)
+            if self.semantic is not None and semantic_eligible(request, self.policy):
+                probe = await self.semantic.lookup(request, model)
+                if probe.answer is not None:
+                    reason = f"{SEMANTIC_HIT}:{probe.similarity:.3f}:{routed.route_reason}"
+                    return answered_from(routed, probe.answer, reason)
+                await self.semantic.remember_pending(request.request_id, key, request.tenant, model, probe.vector)
+            if self.coalescer is not None and self.policy.coalesce.enabled:
+                leader_id = await self.coalescer.join(key, routed)
+                if leader_id is not None:
+                    return RouteOutcome(parked_behind=leader_id)
         return RouteOutcome(routed=routed, shadows=self._shadows(routed))
 
     def _stamp_target(self, request: InferenceRequest, model: str) -> InferenceRequest:
@@ -247,34 +273,6 @@ class RouterCore:
             copies.append(shadow_copy(base, experiment))
         return copies
 
-    def _cache_hit(self, routed: RoutedRequest, hit: CachedAnswer) -> RouteOutcome:
-        request = routed.request
-        elapsed_ms = float(now_ms() - routed.received_at_ms)
-        chunk = TokenChunk(
-            request_id=request.request_id,
-            tenant=request.tenant,
-            seq=0,
-            delta=hit.text,
-            tokens=hit.usage.completion_tokens,
-            model=hit.model,
-        )
-        result = InferenceResult(
-            request_id=request.request_id,
-            tenant=request.tenant,
-            status=ResultStatus.OK,
-            model=hit.model,
-            text=hit.text,
-            finish_reason=hit.finish_reason,
-            usage=hit.usage,  # the tokens this hit saved: nothing was generated for them
-            timings=Timings(received_at_ms=routed.received_at_ms, ttft_ms=elapsed_ms, total_ms=elapsed_ms),
-            cached=True,
-            experiment_id=routed.experiment_id,
-            variant=routed.variant,
-            route_reason=f"cache_hit:{routed.route_reason}",
-            produced_by=PRODUCED_BY,
-        )
-        return RouteOutcome(result=result, content_chunks=[chunk])
-
     def _final_error(self, request: InferenceRequest, refused: Refused, received_at_ms: int) -> InferenceResult:
         return InferenceResult(
             request_id=request.request_id,
@@ -287,3 +285,36 @@ class RouterCore:
             route_reason=refused.reason,
             produced_by=PRODUCED_BY,
         )
+
+
+def answered_from(routed: RoutedRequest, hit: CachedAnswer, route_reason: str) -> RouteOutcome:
+    """The request answered with text generated for another one (cache hit, coalesced): one content
+    chunk, then the final one; billed as a cache hit (`cached`), never as a generation."""
+    request = routed.request
+    elapsed_ms = float(now_ms() - routed.received_at_ms)
+    chunk = TokenChunk(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        seq=0,
+        delta=hit.text,
+        tokens=hit.usage.completion_tokens,
+        model=hit.model,
+    )
+    result = InferenceResult(
+        request_id=request.request_id,
+        tenant=request.tenant,
+        status=ResultStatus.OK,
+        model=hit.model,
+        text=hit.text,
+        finish_reason=hit.finish_reason,
+        usage=hit.usage,  # the tokens this hit saved: nothing was generated for them
+        timings=Timings(received_at_ms=routed.received_at_ms, ttft_ms=elapsed_ms, total_ms=elapsed_ms),
+        cached=True,
+        experiment_id=routed.experiment_id,
+        variant=routed.variant,
+        route_reason=route_reason,
+        trimmed_tokens=routed.trimmed_tokens,
+        max_tokens_requested=routed.max_tokens_requested,
+        produced_by=PRODUCED_BY,
+    )
+    return RouteOutcome(result=result, content_chunks=[chunk])

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmbus.messages import BudgetState, FinishReason, Usage
+import numpy as np
+import numpy.typing as npt
+
+from llmbus.messages import BudgetState, FinishReason, InferenceRequest, RoutedRequest, Usage
 from services.router.policy.config import TenantPolicy
 
 
@@ -40,3 +43,24 @@ class ResponseCache(Protocol):
 
 class BudgetView(Protocol):
     def state_of(self, tenant: str) -> BudgetState: ...
+
+
+class Coalescer(Protocol):
+    async def join(self, key: str, routed: RoutedRequest) -> str | None:
+        """None: this request leads (generate it); else the id of the leader it now waits for."""
+        ...
+
+
+@dataclass(frozen=True)
+class SemanticProbe:
+    answer: CachedAnswer | None
+    similarity: float
+    vector: npt.NDArray[np.float32]  # the prompt's embedding, indexed later if this request is answered
+
+
+class SemanticCache(Protocol):
+    async def lookup(self, request: InferenceRequest, model: str) -> SemanticProbe: ...
+
+    async def remember_pending(
+        self, request_id: str, key: str, tenant: str, model: str, vector: npt.NDArray[np.float32]
+    ) -> None: ...

@@ -1,0 +1,99 @@
+"""Coalescing state on the real Redis: one leader per key, followers handed over once, overdue ones found."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as redis
+
+from llmbus.messages import InferenceRequest, RoutedRequest, now_ms
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.router.coalescing import RedisCoalescer
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[redis.Redis]:
+    c = redis_client(BusSettings().redis_url)
+    yield c
+    await c.aclose()
+
+
+@pytest.fixture
+async def namespace(client: redis.Redis) -> AsyncIterator[str]:
+    ns = f"test-coalesce-{uuid.uuid4().hex[:10]}"
+    yield ns
+    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
+    if keys:
+        await client.delete(*keys)
+
+
+def routed(request_id: str) -> RoutedRequest:
+    return RoutedRequest(request=InferenceRequest(request_id=request_id, prompt="q", temperature=0.0), model="m")
+
+
+async def test_one_leader_and_each_follower_handed_over_once(client: redis.Redis, namespace: str) -> None:
+    store = RedisCoalescer(client, namespace, lead_ttl_s=30, max_wait_s=60)
+    joined = await asyncio.gather(*[store.join("acme:k", routed(f"r{i}")) for i in range(8)])
+    leaders = [i for i, leader in enumerate(joined) if leader is None]
+    assert len(leaders) == 1  # the script is atomic: exactly one of eight concurrent joins leads
+    leader_id = f"r{leaders[0]}"
+    assert {leader for leader in joined if leader} == {leader_id}
+    assert await store.join("acme:k", routed("r1" if leader_id != "r1" else "r2")) == leader_id  # redelivery: same
+    assert await store.join("acme:other", routed("x")) is None  # another key, another leader
+
+    followers = await store.finish(leader_id)
+    assert sorted(followers) == sorted(f"r{i}" for i in range(8) if f"r{i}" != leader_id)
+    assert await store.finish(leader_id) == []  # handed over once
+    assert await store.join("acme:k", routed("late")) is None  # after the leader finished, a newcomer leads
+
+    first = await store.claim(followers[0])
+    assert first is not None and first.request_id == followers[0]
+    assert await store.claim(followers[0]) is None  # claimed: nobody else answers it
+    await store.done(followers[0])
+    assert followers[0] not in await client.zrange(f"llmbus:{namespace}:coalesce:waiting", 0, -1)
+
+
+async def test_followers_handed_to_a_relay_that_dies_are_overdue_after_one_lease(
+    client: redis.Redis, namespace: str
+) -> None:
+    store = RedisCoalescer(client, namespace, lead_ttl_s=30, max_wait_s=60, claim_lease_s=0.3)
+    assert await store.join("acme:k", routed("lead")) is None
+    assert await store.join("acme:k", routed("f")) == "lead"
+    assert await store.finish("lead") == ["f"]
+    assert await store.claim("f") is not None  # ... and the relay dies here, before answering
+    assert await store.overdue() == []
+    await asyncio.sleep(0.45)
+    assert await store.overdue() == ["f"]  # not after max_wait_s (60 s): after the lease
+    again = await store.claim("f")  # the claim expired with the lease: the sweeper may take it
+    assert again is not None and again.request_id == "f"
+
+
+async def test_followers_of_a_silent_leader_become_overdue(client: redis.Redis, namespace: str) -> None:
+    store = RedisCoalescer(client, namespace, lead_ttl_s=0.2, max_wait_s=0.3)
+    assert await store.join("acme:k", routed("lead")) is None
+    assert await store.join("acme:k", routed("f")) == "lead"
+    assert await store.overdue() == []
+    await asyncio.sleep(0.4)
+    assert await store.overdue() == ["f"]
+    parked = await store.claim("f")
+    assert parked is not None and parked.request_id == "f"
+    await store.done("f")
+    assert await store.overdue() == []
+    assert await store.join("acme:k", routed("next")) is None  # the lead expired with its TTL
+
+
+async def test_a_follower_with_a_deadline_is_overdue_at_its_deadline(client: redis.Redis, namespace: str) -> None:
+    store = RedisCoalescer(client, namespace, lead_ttl_s=30, max_wait_s=60)
+    assert await store.join("acme:k", routed("lead")) is None
+    soon = routed("soon")
+    soon = soon.model_copy(update={"request": soon.request.model_copy(update={"deadline_ms": now_ms() + 200})})
+    assert await store.join("acme:k", soon) == "lead"
+    assert await store.join("acme:k", routed("patient")) == "lead"
+    await asyncio.sleep(0.3)
+    assert await store.overdue() == ["soon"]  # routed alone now: the scheduler ends it at its deadline
