@@ -371,7 +371,7 @@ def write_markdown(path: Path, report: dict, png_name: str) -> None:
         "",
         f"- Replays are in virtual time through the real scheduler core (pipeline `bench/autoscaler_pipeline.yaml`: "
         f"the batch limit and least-loaded placement); the whole benchmark took {report['bench_wall_s']} s of wall "
-        f"time with {s['processes']} replays side by side (load average {report['load_average_1m']} at the end).",
+        f"time with --processes {s['processes']} (load average {report['load_average_1m']} at the end).",
         "",
         f"- predictive on this day: {p['scale_events']} scale events, {p['workers_started']} worker starts, "
         f"{p['cold_start_gpu_hours']:.2f} GPU-hours in cold starts ({p['cold_start_gpu_hours'] / p['gpu_hours']:.1%} "
