@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -167,10 +168,107 @@ def test_predictive_starts_one_cold_start_ahead_and_scales_down_late() -> None:
     assert replicas == 0
 
 
-def test_predictive_reacts_when_queue_wait_exceeds_target() -> None:
-    policy = PredictivePolicy(Bounds(1, 4), slots_per_worker=64)
-    d = policy.decide(sig(0, 900, arrivals=1, completed=1, service_ms_mean=1000), 1)
-    assert d.desired_replicas == 2 and "despite the forecast" in d.reason
+def test_predictive_adds_a_worker_only_on_a_sustained_queue_wait() -> None:
+    policy = PredictivePolicy(Bounds(1, 4), slots_per_worker=64)  # wait_up_after_s 30
+    waiting = lambda t: sig(t, 900, arrivals=1, completed=1, service_ms_mean=1000)  # noqa: E731
+    # one window above target is noise (the old rule added a worker on it, then one every 5 s)
+    assert policy.decide(waiting(0), 1).desired_replicas == 1
+    _, changes = run(policy, 1, STEP_S, 60, waiting)
+    assert changes[0] == (30, 1, 2)
+    # a wait that falls back under target restarts the timer
+    policy = PredictivePolicy(Bounds(1, 4), slots_per_worker=64)  # wait_up_after_s 30
+    dip = lambda t: sig(t, 100 if t == 20 else 900, arrivals=1, completed=1, service_ms_mean=1000)  # noqa: E731
+    _, changes = run(policy, 1, 0, 60, dip)
+    assert changes == [(55, 1, 2)]
+
+
+def test_predictive_adds_no_worker_for_queue_wait_while_one_is_warming() -> None:
+    policy = PredictivePolicy(Bounds(1, 8), slots_per_worker=64, wait_up_after_s=10)
+    # the worker added at 10 s warms for a minute: the wait it will absorb adds nobody more
+    warming_until_s = 70.0
+    replicas = 1
+    ups = []
+    for t in range(0, 120, STEP_S):
+        warming = int(replicas > 1 and t < warming_until_s)
+        d = policy.decide(sig(t, 900, arrivals=1, completed=1, service_ms_mean=1000, workers_warming=warming), replicas)
+        if d.desired_replicas > replicas:
+            ups.append((t, d.desired_replicas))
+        replicas = d.desired_replicas
+    # old rule: +1 in every window (2, 3, 4, ... 8 within 40 s); now one, and the next only once the wait
+    # has lasted `wait_up_after_s` with nothing warming
+    assert ups[0] == (10, 2) and ups[1][0] >= warming_until_s + 10
+    assert all(b - a >= 15 for (a, _), (b, _) in itertools.pairwise(ups))
+
+
+def test_predictive_sizes_work_in_flight_at_full_slots() -> None:
+    """3 requests in flight on one 4-slot worker is not a reason for a second (it was, at the 0.7 cap:
+    the rule behind most of the old policy's flapping)."""
+    policy = PredictivePolicy(Bounds(1, 4), slots_per_worker=4, max_utilisation=0.7)
+    quiet = dict(arrivals=1, completed=1, service_ms_mean=4000)
+    assert policy.decide(sig(0, 10, in_flight=3, **quiet), 1).desired_replicas == 1
+    assert policy.decide(sig(5, 10, in_flight=6, **quiet), 1).desired_replicas == 2
+    strict = PredictivePolicy(Bounds(1, 4), slots_per_worker=4, max_utilisation=0.7, in_flight_utilisation=0.7)
+    assert strict.decide(sig(0, 10, in_flight=3, **quiet), 1).desired_replicas == 2
+
+
+def test_predictive_sizes_a_backlog_only_when_it_outlives_a_window() -> None:
+    policy = PredictivePolicy(Bounds(1, 8), slots_per_worker=4, max_utilisation=0.7)
+    full = dict(arrivals=1, completed=1, service_ms_mean=4000, in_flight=4)
+    # one full worker and 8 waiting for one window: noise (the old rule: 2 workers for 4 in flight)
+    assert policy.decide(sig(0, 10, queued=8, **full), 1).desired_replicas == 1
+    d = policy.decide(sig(5, 10, queued=8, **full), 1)  # still waiting: 4 + 8 need three 4-slot workers
+    assert d.desired_replicas == 3 and "waiting for two windows" in d.reason
+    assert policy.decide(sig(10, 10, queued=0, **full), 3).desired_replicas == 3  # held, not dropped
+
+
+def steady(rate_per_s: float) -> object:
+    """Arrivals at a steady rate, 1 s of service each, nothing waiting."""
+    return lambda t: sig(t, 10, arrivals=int(rate_per_s * STEP_S), completed=1, service_ms_mean=1000, cold_start_s=60)
+
+
+def test_predictive_hysteresis_band_holds_a_size_the_lower_band_still_needs() -> None:
+    # 20/s x 1 s on 16-slot workers: 2 workers at the 0.8 cap, 3 at the 0.55 band
+    assert replicas_for(20, 1, 16, 0.3, 0.8, 10) == 2 and replicas_for(20, 1, 16, 0.3, 0.55, 10) == 3
+    policy = PredictivePolicy(Bounds(1, 10), slots_per_worker=16, max_utilisation=0.8)  # down_utilisation 0.55
+    replicas, changes = run(policy, 3, 0, 3600, steady(20))
+    assert replicas == 3 and changes == []  # the old policy went to 2 after 120 s
+    # well below the band (8/s: 1 worker at 0.55) it does go down, after the hold, to the band's size
+    replicas, changes = run(policy, 3, 3600, 7200, steady(8))
+    assert replicas == 1 and changes[0][0] >= 3600 + 300
+
+
+def test_predictive_scale_down_hold_is_counted_in_cold_starts() -> None:
+    """The default hold is 5 cold starts (down_hold_cold_starts) where that is longer than down_after_s."""
+    for cold_start_s, hold_s in ((60, 300), (200, 1000)):
+        policy = PredictivePolicy(Bounds(1, 10), slots_per_worker=16, default_cold_start_s=cold_start_s)
+        busy = lambda t: sig(t, 10, arrivals=100, completed=1, service_ms_mean=1000)  # noqa: E731
+        replicas, _ = run(policy, 3, 0, 600, busy)
+        _, changes = run(policy, replicas, 600, 3000, lambda t: sig(t, 10, arrivals=10))
+        assert changes, cold_start_s
+        first_down_after_s = changes[0][0] - 600
+        assert hold_s <= first_down_after_s < hold_s + 120, (cold_start_s, changes)  # old: 120 s
+
+
+def test_predictive_scales_down_to_the_largest_size_of_the_hold() -> None:
+    """The scale-down goes to the largest size the band asked for over the hold, not the last window's."""
+    policy = PredictivePolicy(Bounds(1, 10), slots_per_worker=16, default_cold_start_s=60)
+    in_flight = lambda t: 40 if 3000 <= t < 3005 else 0  # noqa: E731
+    make = lambda t: sig(t, 10, arrivals=5, completed=1, service_ms_mean=1000, in_flight=in_flight(t))  # noqa: E731
+    _, changes = run(policy, 5, 2900, 3400, make)
+    # 40 in flight needs 3 workers at full slots: at 3000 s the pool may only go down to 3
+    assert changes == [(3200, 5, 3)]  # the hold began at 2900 s; the old policy went 5 → 1 at 3020 s
+
+
+def test_predictive_band_must_sit_under_the_cap() -> None:
+    with pytest.raises(ValueError, match="down_utilisation"):
+        PredictivePolicy(Bounds(1, 4), max_utilisation=0.6, down_utilisation=0.7)
+    with pytest.raises(ValueError, match="in_flight_utilisation"):
+        PredictivePolicy(Bounds(1, 4), in_flight_utilisation=1.5)
+    spec = {
+        "type": "predictive",
+        "params": {"down_utilisation": 0.5, "down_hold_cold_starts": 3, "wait_up_after_s": 20},
+    }
+    assert PoolsFile.model_validate({"pools": {"p": {"policy": spec}}}).pools["p"].build_policy().name == "predictive"
 
 
 def test_pools_file_is_strict() -> None:

@@ -38,10 +38,10 @@ def test_policies_follow_a_step_and_serve_everything() -> None:
     for res in (res_p, res_t, res_s):
         assert res.unserved == 0 and len(res.ttft_ms) == len(arrivals)
     peak_p = max(n for _, n, _, _ in res_p.timeline)
-    assert peak_p >= 3  # 2/s x ~2.5 s of service needs several 4-slot workers
+    assert peak_p >= 2  # 2/s x ~2.3 s of service needs more than one 4-slot worker
     assert res_p.timeline[-1][1] == 1  # back to the minimum once the load is gone
     assert res_p.scale_events >= 2 and res_p.cold_start_gpu_hours > 0
     # one static worker drowns; scaling keeps most first tokens within 2 s
     within = lambda res: sum(1 for x in res.ttft_ms if x <= 2000) / len(arrivals)  # noqa: E731
-    assert within(res_s) < 0.5 < within(res_p)
+    assert within(res_s) < 0.5 < 0.99 < within(res_p)
     assert within(res_t) > within(res_s)
