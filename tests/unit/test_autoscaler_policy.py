@@ -91,6 +91,15 @@ def test_threshold_does_not_wake_a_pool_that_static_workers_serve() -> None:
     assert d.desired_replicas == 1 and "cold start" in d.reason
 
 
+def test_predictive_does_not_wake_a_pool_that_static_workers_serve() -> None:
+    policy = PredictivePolicy(Bounds(0, 4))
+    d = policy.decide(sig(0, 40, arrivals=1, workers_ready=2), 0)
+    assert d.desired_replicas == 0, d.reason
+    # the static workers are gone: the same traffic now needs one of the pool's own
+    d = policy.decide(sig(5, arrivals=1, queued=1, oldest_wait_ms=50), 0)
+    assert d.desired_replicas == 1, d.reason
+
+
 def test_threshold_idle_timer_restarts_with_traffic_and_respects_min() -> None:
     policy = ThresholdPolicy(Bounds(2, 4))
     traffic = lambda t: sig(t, arrivals=1 if 300 <= t < 305 else 0)  # noqa: E731

@@ -137,6 +137,10 @@ class PredictivePolicy:
         present, backlog = self._present(signals, slots)
         need = max(forecast_need, present)
         down_need = max(need, self._size(rate, service_s, slots, self.down_utilisation))
+        # Live workers of the pool that are not this policy's (make up's static ones) already serve
+        # part of the need: the pool is sized on top of them.
+        others = max(0, signals.workers_ready + signals.workers_warming - current_replicas)
+        need, down_need = max(0, need - others), max(0, down_need - others)
         reason = f"forecast peak {peak:.3f}/s within {horizon_s:.0f}s x {service_s:.2f}s service → {need} workers"
         if present > forecast_need:
             reason = f"{signals.in_flight} in flight + {backlog} waiting for two windows → {need} workers"
@@ -150,7 +154,7 @@ class PredictivePolicy:
         if not signals.idle or self._busy_at_ms is None:
             self._busy_at_ms = now
         idle_s = (now - self._busy_at_ms) / 1000
-        if need == 0 and (signals.queued or signals.arrivals):
+        if need == 0 and not others and (signals.queued or signals.arrivals):
             need = down_need = 1
             reason = "request waiting on a pool at zero: cold start"
         if need == 0 and idle_s < self.idle_after_s:
