@@ -61,7 +61,7 @@ class RouterHandlers:
         self.latency = latency
         self.fence = fence  # the final markers scheduler and workers share
         self.routed_topic = bus.topics.name(t.ROUTED)
-        self.directory = directory or TopicDirectory(bus.producer, bus.settings.admin_timeout_s)
+        self.directory = directory or TopicDirectory(lambda: bus.producer, bus.settings.admin_timeout_s)
 
     async def on_request(self, record: ConsumerRecord) -> None:
         received_at_ms = now_ms()
