@@ -26,9 +26,6 @@ class WorkerSettings(BaseSettings):
     chunk_max_tokens: int = 16  # ... or when this many tokens are waiting
     superseded_check_s: float = 1.0  # while generating, how often to ask whether a later attempt took over
     drain_grace_s: float = 20.0  # SIGTERM: finish in-flight work this long, then hand it back
-    # A result, its chunks and the attempt's outcome are retried this long (a broker restart is
-    # ridden out, the claim on the result kept alive meanwhile) before the worker gives up on them.
-    result_retry_s: float = 300.0
 
     # sim engine
     sim_profile: str = "llama-3.1-8b-h100"

@@ -209,7 +209,7 @@ class WorkerHandlers:
         if (chunk := batcher.flush()) is not None:
             chunks.append(chunk)
             deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
-        await chunks_delivered(self.bus.publisher, deliveries, chunks, reply_topic, self.settings.result_retry_s)
+        await chunks_delivered(self.bus.publisher, deliveries, chunks, reply_topic, self.bus.settings.publish_retry_s)
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
         await self._publish_final(dispatch, result, reply_topic, batcher.last_seq, OutcomeStatus.COMPLETED)
 
@@ -229,7 +229,7 @@ class WorkerHandlers:
                     result,
                     reply_topic,
                     last_seq,
-                    retry_for_s=self.settings.result_retry_s,
+                    retry_for_s=self.bus.settings.publish_retry_s,
                 )
         except PublishTimeout as exc:
             # Retried through a broker outage and still unacknowledged: it may yet be written, so
@@ -390,5 +390,5 @@ class WorkerHandlers:
             outcome,
             key=dispatch.request_id,
             tenant=dispatch.routed.request.tenant,
-            retry_for_s=self.settings.result_retry_s,
+            retry_for_s=self.bus.settings.publish_retry_s,
         )

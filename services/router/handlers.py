@@ -157,7 +157,12 @@ class RouterHandlers:
                 return
             reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
             await publish_result(
-                publisher, self.bus.topics, outcome.result, reply_topic, content_chunks=outcome.content_chunks
+                publisher,
+                self.bus.topics,
+                outcome.result,
+                reply_topic,
+                content_chunks=outcome.content_chunks,
+                retry_for_s=self.bus.settings.publish_retry_s,
             )
             await self._answered(request.request_id)
             return
@@ -171,6 +176,8 @@ class RouterHandlers:
                     key=routed.model,
                     request_id=routed.request_id,
                     tenant=routed.request.tenant,
+                    # Through a broker restart: failing here would leave the request to the DLQ, unanswered.
+                    retry_for_s=self.bus.settings.publish_retry_s,
                 )
                 for routed in [outcome.routed, *outcome.shadows]
             ]

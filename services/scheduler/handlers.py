@@ -247,8 +247,14 @@ class SchedulerHandlers:
         dispatch = Dispatch(
             routed=routed, worker_id=worker_id, attempt=attempt, prefix_block_hashes=prefix_block_hashes
         )
+        # Through a broker restart: a failed send would turn into the request's final error.
         await self.bus.publisher.publish(
-            topic, dispatch, key=routed.request_id, request_id=routed.request_id, tenant=routed.request.tenant
+            topic,
+            dispatch,
+            key=routed.request_id,
+            request_id=routed.request_id,
+            tenant=routed.request.tenant,
+            retry_for_s=self.bus.settings.publish_retry_s,
         )
 
     async def _fail(self, action: FinalError) -> None:

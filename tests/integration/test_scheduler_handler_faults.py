@@ -61,6 +61,7 @@ class FakeBus:
     topics: Topics = field(default_factory=lambda: Topics(PREFIX))
     service: str = "scheduler"
     dead_letters: list[ConsumerRecord] = field(default_factory=list)
+    settings: BusSettings = field(default_factory=BusSettings)
 
     async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
         self.dead_letters.append(record)
