@@ -97,6 +97,7 @@ class RouterHandlers:
                 ),
                 produced_by=self.bus.service,
                 reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
+                attempt=ROUTER_ATTEMPT,
             )
             raise
         await self._publish(request, outcome)
@@ -132,6 +133,7 @@ class RouterHandlers:
             tenant=tenant,
             error=ErrorInfo.of(ErrorCode.FORBIDDEN, refused.reason),
             produced_by=self.bus.service,
+            attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
         )
 
@@ -156,12 +158,14 @@ class RouterHandlers:
                 )
                 return
             reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
+            # The answer carries the attempt it claimed the final marker with, chunks included.
+            mine = {"attempt": ROUTER_ATTEMPT}
             await publish_result(
                 publisher,
                 self.bus.topics,
-                outcome.result,
+                outcome.result.model_copy(update=mine),
                 reply_topic,
-                content_chunks=outcome.content_chunks,
+                content_chunks=[chunk.model_copy(update=mine) for chunk in outcome.content_chunks],
                 retry_for_s=self.bus.settings.publish_retry_s,
             )
             await self._answered(request.request_id)
@@ -242,6 +246,7 @@ class RouterHandlers:
             tenant=tenant,
             error=ErrorInfo.of(bad.code, bad.reason),
             produced_by=self.bus.service,
+            attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant),
         )
         await self._answered(bad.request_id)

@@ -12,7 +12,10 @@ request again as attempt + 1 and the new attempt streams from `seq` 0. So:
 - the final chunk (`final: true`) ends the stream, whatever its attempt: only one attempt
   can publish it (the final marker is claimed with SET NX carrying the attempt), and the text
   of its attempt equals the InferenceResult's text. A final error (deadline, max attempts)
-  comes from the scheduler with the latest attempt and carries no text.
+  comes from the scheduler with the latest attempt and carries no text. The router's own
+  answers (cache hit, refusal) carry attempt 0, the attempt they claimed the marker with;
+- a chunk may arrive twice (a send retried through a broker restart): same (attempt, seq),
+  same content; the copy is dropped.
 
 `ChunkAssembler` is that rule in one pure object: feed it chunks, show what it returns.
 """
