@@ -114,6 +114,7 @@ class Publisher:
             log.warning("producer's sequence refused by the broker (%r): starting a new producer", exc)
             self._producer = await self._renew()
             PRODUCER_RENEWALS.labels(self._service).inc()
+            log.warning("new producer started; the old one is stopped in the background")
         # What the old one still holds is sent or fails by itself; its callers resend what failed.
         task = asyncio.create_task(stop_producer(broken, self._timeout_s))
         self._retired.add(task)
