@@ -100,7 +100,35 @@ class RouterHandlers:
                 attempt=ROUTER_ATTEMPT,
             )
             raise
-        await self._publish(request, outcome)
+        try:
+            await self._publish(request, outcome)
+        except Exception as exc:
+            if outcome.routed is not None:
+                await self._answer_unrouted(request, exc)
+            raise  # and the record goes to the DLQ with the reason
+
+    async def _answer_unrouted(self, request: InferenceRequest, exc: Exception) -> None:
+        """The routed request did not go out (the broker stayed away past publish_retry_s, or refused
+        it): the client gets its final error. The answer is claimed first, so if the routed record is
+        written after all, the worker attempt that runs it publishes no second result."""
+        if not await self._claim_answer(request.request_id):
+            return
+        await publish_error(
+            self.bus.publisher,
+            self.bus.topics,
+            request_id=request.request_id,
+            tenant=request.tenant,
+            error=ErrorInfo(
+                code=ErrorCode.INTERNAL,
+                message=f"could not route the request: {type(exc).__name__}: {exc}"[:2000],
+                retryable=True,
+                retry_after_ms=1000,
+            ),
+            produced_by=self.bus.service,
+            reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
+            attempt=ROUTER_ATTEMPT,
+        )
+        await self._answered(request.request_id)
 
     async def _authorise(self, record: ConsumerRecord, request: InferenceRequest) -> InferenceRequest:
         """The request as the authenticated tenant's, with a reply topic it may use; else Refused."""

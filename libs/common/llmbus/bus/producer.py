@@ -9,7 +9,13 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber, UnknownProducerId
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    UnknownProducerId,
+)
 from opentelemetry import trace
 from prometheus_client import Counter
 
@@ -40,10 +46,15 @@ class PublishTimeout(RuntimeError):
     pass
 
 
+class DeliveryAbandoned(RuntimeError):
+    """The producer holding the record was replaced and stopped before it resolved the record's delivery."""
+
+
 def worth_resending(exc: BaseException) -> bool:
     """The broker was away or slow, or refused the producer's sequence: the same record may go again.
     Not so a record refused for what it is (too large, not authorised): it would fail again."""
-    if isinstance(exc, (PublishTimeout, TimeoutError, KafkaTimeoutError, *BROKEN_SEQUENCE)):
+    resendable = (PublishTimeout, DeliveryAbandoned, TimeoutError, KafkaTimeoutError, ProducerClosed)
+    if isinstance(exc, (*resendable, *BROKEN_SEQUENCE)):
         return True
     return isinstance(exc, KafkaError) and bool(exc.retriable)
 
@@ -99,6 +110,7 @@ class Publisher:
         self._renew = renew
         self._renewing = asyncio.Lock()
         self._retired: set[asyncio.Task[None]] = set()
+        self._stopping: dict[AIOKafkaProducer, asyncio.Task[None]] = {}  # replaced producer → its stop
 
     @property
     def producer(self) -> AIOKafkaProducer:
@@ -112,13 +124,24 @@ class Publisher:
             if self._producer is not broken:
                 return  # another send replaced it already
             log.warning("producer's sequence refused by the broker (%r): starting a new producer", exc)
-            self._producer = await self._renew()
+            try:
+                self._producer = await self._renew()
+            except Exception:  # the broker is away again: the next refused send tries once more
+                log.warning("could not start a new producer; keeping the old one for now", exc_info=True)
+                return
             PRODUCER_RENEWALS.labels(self._service).inc()
             log.warning("new producer started; the old one is stopped in the background")
-        # What the old one still holds is sent or fails by itself; its callers resend what failed.
+        # What the old one still holds is sent or fails by itself; its callers resend what failed,
+        # and what it never resolved (stopped before) is sent again by whoever waits for it.
         task = asyncio.create_task(stop_producer(broken, self._timeout_s))
+        self._stopping[broken] = task
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
+
+    def _abandoned(self, producer: AIOKafkaProducer) -> bool:
+        """`producer` was replaced and has stopped: a delivery it left pending will never resolve."""
+        stopping = self._stopping.get(producer)
+        return producer is not self._producer and stopping is not None and stopping.done()
 
     async def publish(
         self,
@@ -177,10 +200,12 @@ class Publisher:
                     if done:
                         delivery.result()
                         break
+                    if self._abandoned(producer):
+                        raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
                     log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
                 PUBLISHED.labels(self._service, topic).inc()
                 return
-            except (KafkaError, TimeoutError) as exc:
+            except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
                 # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
                 if not worth_resending(exc):
                     raise
