@@ -144,8 +144,12 @@ format_storage() {
   write_properties
   if [ -f "$DATA_DIR/meta.properties" ]; then return; fi
   local cluster_id scram=()
-  # A random Kafka Uuid (16 bytes, base64url) without starting a JVM for it.
-  cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  # A random Kafka Uuid (16 bytes, base64url) without starting a JVM for it; not one starting with
+  # "-" (1 in 64), which the storage tool's argument parser takes for an option.
+  cluster_id=-
+  while [[ $cluster_id == -* ]]; do
+    cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  done
   if [ "$AUTH" = scram ]; then
     while IFS='=' read -r user pw; do
       [ -n "$user" ] && scram+=(--add-scram "SCRAM-SHA-512=[name=$user,password=$pw]")

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
-from llmbus.bus import Bus, decode
+from llmbus.bus import Bus, PublishTimeout, decode
 from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
-from llmbus.fencing import RequestFence
+from llmbus.fencing import RequestFence, claim_kept
 from llmbus.messages import (
     Control,
     ControlAction,
@@ -32,6 +32,7 @@ from llmbus.messages import (
     OutcomeStatus,
     ResultStatus,
     Timings,
+    TokenChunk,
     Usage,
     now_ms,
 )
@@ -45,7 +46,7 @@ from services.engine_worker.engines.base import (
     EngineRequest,
     UpstreamBusy,
 )
-from services.engine_worker.streaming import ChunkBatcher
+from services.engine_worker.streaming import ChunkBatcher, chunks_delivered
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class WorkerHandlers:
         # Chunks are sent without waiting for each ack (one key: their order holds); all are
         # acknowledged before the final chunk and the result go out.
         deliveries: list[asyncio.Future[object]] = []
+        chunks: list[TokenChunk] = []
         superseded = False
         next_check_s = time.monotonic() + self.settings.superseded_check_s
         try:
@@ -188,6 +190,7 @@ class WorkerHandlers:
                     first_token_ms = time.time() * 1000
                 text.append(out.delta)
                 if (chunk := batcher.add(out.delta, out.new_tokens)) is not None:
+                    chunks.append(chunk)
                     deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
                 if not superseded and time.monotonic() >= next_check_s:
                     next_check_s = time.monotonic() + self.settings.superseded_check_s
@@ -204,8 +207,9 @@ class WorkerHandlers:
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker drained before it finished"))
             return
         if (chunk := batcher.flush()) is not None:
+            chunks.append(chunk)
             deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
-        await self.bus.publisher.delivered(deliveries)
+        await chunks_delivered(self.bus.publisher, deliveries, chunks, reply_topic, self.bus.settings.publish_retry_s)
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
         await self._publish_final(dispatch, result, reply_topic, batcher.last_seq, OutcomeStatus.COMPLETED)
 
@@ -217,7 +221,20 @@ class WorkerHandlers:
             log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
-        await publish_result(self.bus.publisher, self.bus.topics, result, reply_topic, last_seq)
+        try:
+            async with claim_kept(self.fence, dispatch.request_id, dispatch.attempt):
+                await publish_result(
+                    self.bus.publisher,
+                    self.bus.topics,
+                    result,
+                    reply_topic,
+                    last_seq,
+                    retry_for_s=self.bus.settings.publish_retry_s,
+                )
+        except PublishTimeout as exc:
+            # Retried through a broker outage and still unacknowledged: it may yet be written, so
+            # neither a retry elsewhere nor an error result may follow (either would be a second one).
+            raise ResultOut(dispatch.dedupe_key) from exc
         try:
             await asyncio.gather(
                 self._mark_published(dispatch),
@@ -366,6 +383,12 @@ class WorkerHandlers:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
         )
+        # Retried through a broker restart (a copy is harmless: the scheduler acts on an attempt once);
+        # failing fast would turn a hand-back into the request's final error.
         await self.bus.publisher.publish(
-            self.bus.topics.name(t.OUTCOMES), outcome, key=dispatch.request_id, tenant=dispatch.routed.request.tenant
+            self.bus.topics.name(t.OUTCOMES),
+            outcome,
+            key=dispatch.request_id,
+            tenant=dispatch.routed.request.tenant,
+            retry_for_s=self.bus.settings.publish_retry_s,
         )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
+from llmbus.bus.producer import Publisher, worth_resending
 from llmbus.messages import TokenChunk
+
+log = logging.getLogger(__name__)
 
 
 class ChunkBatcher:
@@ -67,3 +72,23 @@ class ChunkBatcher:
     @property
     def last_seq(self) -> int:
         return self.next_seq - 1
+
+
+async def chunks_delivered(
+    publisher: Publisher,
+    deliveries: list[asyncio.Future[object]],
+    chunks: list[TokenChunk],
+    reply_topic: str,
+    retry_for_s: float,
+) -> None:
+    """Every chunk acknowledged before the result goes out. If the broker lost or refused some (a
+    broker restart), all are sent again, in order: a reader drops the copies by (attempt, seq), so
+    it still takes every seq once and in order."""
+    try:
+        await publisher.delivered(deliveries)
+    except Exception as exc:
+        if not chunks or not worth_resending(exc):
+            raise
+        log.warning("chunks of %s not all acknowledged (%r): sending them again", chunks[0].request_id, exc)
+        for chunk in chunks:
+            await publisher.publish(reply_topic, chunk, key=chunk.request_id, retry_for_s=retry_for_s)

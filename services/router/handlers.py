@@ -66,7 +66,7 @@ class RouterHandlers:
         self.latency = latency
         self.fence = fence  # the final markers scheduler and workers share
         self.routed_topic = bus.topics.name(t.ROUTED)
-        self.directory = directory or TopicDirectory(bus.producer, bus.settings.admin_timeout_s)
+        self.directory = directory or TopicDirectory(lambda: bus.producer, bus.settings.admin_timeout_s)
         self.semantic = semantic
         self.coalesce = (
             CoalesceRelay(bus, coalescer, core.policy.coalesce, self._claim_answer, self._answered)
@@ -108,9 +108,38 @@ class RouterHandlers:
                 ),
                 produced_by=self.bus.service,
                 reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
+                attempt=ROUTER_ATTEMPT,
             )
             raise
-        await self._publish(request, outcome)
+        try:
+            await self._publish(request, outcome)
+        except Exception as exc:
+            if outcome.routed is not None:
+                await self._answer_unrouted(request, exc)
+            raise  # and the record goes to the DLQ with the reason
+
+    async def _answer_unrouted(self, request: InferenceRequest, exc: Exception) -> None:
+        """The routed request did not go out (the broker stayed away past publish_retry_s, or refused
+        it): the client gets its final error. The answer is claimed first, so if the routed record is
+        written after all, the worker attempt that runs it publishes no second result."""
+        if not await self._claim_answer(request.request_id):
+            return
+        await publish_error(
+            self.bus.publisher,
+            self.bus.topics,
+            request_id=request.request_id,
+            tenant=request.tenant,
+            error=ErrorInfo(
+                code=ErrorCode.INTERNAL,
+                message=f"could not route the request: {type(exc).__name__}: {exc}"[:2000],
+                retryable=True,
+                retry_after_ms=1000,
+            ),
+            produced_by=self.bus.service,
+            reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
+            attempt=ROUTER_ATTEMPT,
+        )
+        await self._answered(request.request_id)
 
     async def _authorise(self, record: ConsumerRecord, request: InferenceRequest) -> InferenceRequest:
         """The request as the authenticated tenant's, with a reply topic it may use; else Refused."""
@@ -143,6 +172,7 @@ class RouterHandlers:
             tenant=tenant,
             error=ErrorInfo.of(ErrorCode.FORBIDDEN, refused.reason),
             produced_by=self.bus.service,
+            attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
         )
 
@@ -170,8 +200,15 @@ class RouterHandlers:
                 )
                 return
             reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
+            # The answer carries the attempt it claimed the final marker with, chunks included.
+            mine = {"attempt": ROUTER_ATTEMPT}
             await publish_result(
-                publisher, self.bus.topics, outcome.result, reply_topic, content_chunks=outcome.content_chunks
+                publisher,
+                self.bus.topics,
+                outcome.result.model_copy(update=mine),
+                reply_topic,
+                content_chunks=[chunk.model_copy(update=mine) for chunk in outcome.content_chunks],
+                retry_for_s=self.bus.settings.publish_retry_s,
             )
             await self._answered(request.request_id)
             return
@@ -185,6 +222,8 @@ class RouterHandlers:
                     key=routed.model,
                     request_id=routed.request_id,
                     tenant=routed.request.tenant,
+                    # Through a broker restart: failing here would leave the request to the DLQ, unanswered.
+                    retry_for_s=self.bus.settings.publish_retry_s,
                 )
                 for routed in [outcome.routed, *outcome.shadows]
             ]
@@ -256,6 +295,7 @@ class RouterHandlers:
             tenant=tenant,
             error=ErrorInfo.of(bad.code, bad.reason),
             produced_by=self.bus.service,
+            attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant),
         )
         await self._answered(bad.request_id)

@@ -64,6 +64,7 @@ class SchedulerHandlers:
         self._spans: dict[str, trace.Span] = {}  # request id → the span of its llm.routed record, until answered
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
+        self._later: set[asyncio.Task[None]] = set()  # final errors waiting for a pending claim's lease
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
         self.pool_stats = PoolStatsRecorder(settings.instance_id)  # the autoscaler's signals
 
@@ -247,8 +248,14 @@ class SchedulerHandlers:
         dispatch = Dispatch(
             routed=routed, worker_id=worker_id, attempt=attempt, prefix_block_hashes=prefix_block_hashes
         )
+        # Through a broker restart: a failed send would turn into the request's final error.
         await self.bus.publisher.publish(
-            topic, dispatch, key=routed.request_id, request_id=routed.request_id, tenant=routed.request.tenant
+            topic,
+            dispatch,
+            key=routed.request_id,
+            request_id=routed.request_id,
+            tenant=routed.request.tenant,
+            retry_for_s=self.bus.settings.publish_retry_s,
         )
 
     async def _fail(self, action: FinalError) -> None:
@@ -274,6 +281,12 @@ class SchedulerHandlers:
             )
             return
         if not await self._claim_for_error(request.request_id):
+            if await self._result_pending(request.request_id):
+                # An attempt claimed the result and has not marked it out: it is publishing (its claim
+                # renewed meanwhile) or died doing so. Ask again once its lease can have run out, or
+                # the request would end with no answer at all.
+                self._fail_later(action)
+                return
             log.info("%s: its result is out already; no %s error", request.request_id, action.error.code.value)
             return
         log.info("final error for %s: %s", request.request_id, action.error.code.value)
@@ -289,6 +302,29 @@ class SchedulerHandlers:
             shadow=routed.shadow,
             attempt=request.attempt,
         )
+
+    async def _result_pending(self, request_id: str) -> bool:
+        try:
+            holder = await self.fence.holder(request_id)
+        except Exception:  # Redis away: the claim attempt above said what it could
+            log.warning("final marker of %s unreadable", request_id, exc_info=True)
+            return False
+        return holder is not None and holder.startswith("pending:")
+
+    def _fail_later(self, action: FinalError) -> None:
+        async def again() -> None:
+            await asyncio.sleep(self.fence.claim_lease_ms / 1000)
+            async with self._lock:
+                await self._fail(action)
+
+        log.info(
+            "%s: an attempt holds a pending claim; its %s error waits",
+            action.request.request_id,
+            action.error.code.value,
+        )
+        task = asyncio.create_task(again())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
     async def _claim_for_error(self, request_id: str) -> bool:
         try:

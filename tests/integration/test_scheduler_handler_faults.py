@@ -16,6 +16,7 @@ from aiokafka.structs import ConsumerRecord
 from llmbus.messages import (
     Dispatch,
     ErrorCode,
+    ErrorInfo,
     InferenceRequest,
     InferenceResult,
     ResultStatus,
@@ -31,6 +32,8 @@ from llmbus.topics import Topics
 from services.scheduler.app import build_core
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
+from services.scheduler.policy.core import FinalError
+from services.scheduler.policy.types import SchedRequest
 from services.scheduler.store import PlacementStore
 
 pytestmark = pytest.mark.redis
@@ -61,6 +64,7 @@ class FakeBus:
     topics: Topics = field(default_factory=lambda: Topics(PREFIX))
     service: str = "scheduler"
     dead_letters: list[ConsumerRecord] = field(default_factory=list)
+    settings: BusSettings = field(default_factory=BusSettings)
 
     async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
         self.dead_letters.append(record)
@@ -185,3 +189,36 @@ async def test_revoked_partitions_are_handed_over_and_the_old_owner_never_answer
     assert not [r for r in publisher(old).of(InferenceResult) if r.request_id == "r3"]
     assert await client.get(new.store.key("r3", 1)) is not None
     other.cancel()
+
+
+async def test_a_final_error_waits_for_a_pending_claim_instead_of_leaving_the_request_unanswered(
+    client: redis.Redis, namespace: str
+) -> None:
+    """An attempt claimed the result and then died before publishing it: when the scheduler gives
+    up on the request (max attempts, deadline) it must answer once that claim's lease is over,
+    not take the claim for a published result."""
+    handlers = make_handlers(client, namespace)
+    handlers.fence.claim_lease_ms = 300
+    assert await handlers.fence.claim_final("r5", 1)  # the attempt's claim, never published
+    request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record("r5").value), now_ms(), 16, 0)
+    async with handlers._lock:
+        await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
+    assert not publisher(handlers).of(InferenceResult)  # the attempt may still publish within its lease
+    await asyncio.sleep(0.8)
+    [result] = publisher(handlers).of(InferenceResult)
+    assert result.error is not None and result.error.code == ErrorCode.MAX_ATTEMPTS
+    assert await handlers.fence.holder("r5") == "done:scheduler"
+
+
+async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanwhile(
+    client: redis.Redis, namespace: str
+) -> None:
+    handlers = make_handlers(client, namespace)
+    handlers.fence.claim_lease_ms = 300
+    assert await handlers.fence.claim_final("r6", 1)
+    request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record("r6").value), now_ms(), 16, 0)
+    async with handlers._lock:
+        await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
+    await handlers.fence.final_published("r6", 1)  # the attempt's result went out after all
+    await asyncio.sleep(0.8)
+    assert not publisher(handlers).of(InferenceResult)

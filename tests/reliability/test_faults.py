@@ -29,13 +29,9 @@ pytestmark = [
 ]
 
 
-# A private broker is a JVM started twice: give it room on two busy cores. It stays out of
-# `make test` (marked `reliability`) until its open defect is fixed: a result whose publish timed
-# out during the outage may still be written, and the request is then answered again.
+# A private broker is a JVM started twice: give it room on two busy cores.
 PARAMS = [
-    pytest.param(name, marks=[pytest.mark.timeout(600), pytest.mark.reliability])
-    if name == "broker_restart" and not LONG_RUN
-    else name
+    pytest.param(name, marks=[pytest.mark.timeout(600)]) if name == "broker_restart" and not LONG_RUN else name
     for name in SCENARIOS
 ]
 

@@ -52,6 +52,29 @@ def test_a_final_from_an_earlier_attempt_brings_its_text_back() -> None:
     assert unshown(assembler.text, "") == "Hello world"
 
 
+def test_the_routers_attempt_0_answer_after_a_workers_attempt_1_chunks_wins() -> None:
+    """A redelivered request: a worker's attempt-1 chunks reach the reply topic, then the router's
+    cache-hit answer (attempt 0), which holds the final marker. Its text is the answer, not a mix."""
+    assembler = ChunkAssembler()
+    assembler.add(chunk(0, "generated ", attempt=1))
+    assert assembler.add(chunk(0, "cached answer", attempt=0)) is None  # kept aside
+    update = assembler.add(chunk(1, final=True, attempt=0))
+    assert update is not None and update.restarted and update.delta == "cached answer"
+    assert assembler.text == "cached answer" and assembler.attempt == 0
+    # the other order: the router's text shown first, then a worker's attempt 1 restarts the text
+    # (never appended to it), and the router's final brings its answer back
+    other = ChunkAssembler()
+    other.add(chunk(0, "cached answer", attempt=0))
+    update = other.add(chunk(0, "generated ", attempt=1))
+    assert update is not None and update.restarted and other.text == "generated "
+    update = other.add(chunk(1, final=True, attempt=0))
+    assert update is not None and update.restarted and other.text == "cached answer"
+    # the router's answer alone: attempt 0 from the start, no restart
+    alone = ChunkAssembler()
+    updates = [alone.add(chunk(0, "cached answer", attempt=0)), alone.add(chunk(1, final=True, attempt=0))]
+    assert [u.restarted for u in updates if u is not None] == [False, False] and alone.text == "cached answer"
+
+
 def test_a_final_error_of_the_scheduler_ends_the_stream() -> None:
     assembler = ChunkAssembler()
     assembler.add(chunk(0, "partial"))

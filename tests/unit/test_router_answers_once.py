@@ -114,3 +114,25 @@ async def test_the_result_goes_first_then_the_chunks_with_the_final_one_after_th
     assert topics == ["x.llm.results", "x.llm.replies", "x.llm.replies"]
     final = publisher.sent[-1][1]
     assert isinstance(final, TokenChunk) and final.final and final.seq == 1
+
+
+async def test_the_routers_answer_carries_the_attempt_it_claimed_the_final_marker_with() -> None:
+    fence = MemoryFence()
+    handlers, publisher = router(fence)
+    await handlers.on_request(request_record())
+    assert fence.final["r1"] == "done:0"  # the router's claim: attempt 0, below every worker attempt
+    [result] = publisher.of(InferenceResult)
+    chunks = publisher.of(TokenChunk)
+    assert [c.final for c in chunks] == [False, True]  # the cached text, then the final chunk
+    assert {result.attempt, *(c.attempt for c in chunks)} == {0}
+
+
+async def test_the_routers_error_answers_carry_its_attempt_too() -> None:
+    handlers, publisher = router(MemoryFence())
+    raw = b'{"request_id": "r8", "prompt": 5}'
+    record = ConsumerRecord("x.llm.requests", 0, 0, 0, 0, b"r8", raw, None, 2, len(raw), [])
+    handlers.bus.send_dead_letter = _no_dead_letter  # type: ignore[attr-defined]
+    await handlers.on_request(record)
+    [result] = publisher.of(InferenceResult)
+    assert result.status == ResultStatus.ERROR
+    assert {result.attempt, *(c.attempt for c in publisher.of(TokenChunk))} == {0}

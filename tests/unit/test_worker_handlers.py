@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from aiokafka.structs import ConsumerRecord
 
 from llmbus.messages import Dispatch, DispatchOutcome, ErrorCode, InferenceRequest, OutcomeStatus, RoutedRequest
+from llmbus.settings import BusSettings
 from llmbus.topics import Topics
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.sim.engine import SimConfig, SimEngine
@@ -26,6 +27,7 @@ class FakeBus:
     publisher: RecordingPublisher
     topics: Topics = field(default_factory=lambda: Topics("x."))
     service: str = "engine-worker"
+    settings: BusSettings = field(default_factory=BusSettings)
 
 
 class BrokenRedis:

@@ -12,11 +12,15 @@ request again as attempt + 1 and the new attempt streams from `seq` 0. So:
 - the final chunk (`final: true`) ends the stream, whatever its attempt: only one attempt
   can publish it (the final marker is claimed with SET NX carrying the attempt), and the text
   of its attempt equals the InferenceResult's text. A final error (deadline, max attempts)
-  comes from the scheduler with the latest attempt and carries no text. When the final
-  comes from an attempt lower than the highest seen (the earlier attempt won the marker in
-  its lease window while the next one had started streaming), the answer is that earlier
-  attempt's text: the reader switches back to it (a restart), so the assembler keeps the text
-  of stale attempts aside instead of dropping it.
+  comes from the scheduler with the latest attempt and carries no text. The router's own
+  answers (cache hit, refusal) carry attempt 0, the attempt they claimed the marker with.
+  When the final comes from an attempt lower than the highest seen (the earlier attempt won
+  the marker in its lease window while the next one had started streaming; or the router's
+  attempt-0 answer after a worker's attempt-1 chunks), the answer is that earlier attempt's
+  text: the reader switches back to it (a restart), so the assembler keeps the text of stale
+  attempts aside instead of dropping it;
+- a chunk may arrive twice (a send retried through a broker restart): same (attempt, seq),
+  same content; the copy is dropped.
 
 `ChunkAssembler` is that rule in one pure object: feed it chunks, show what it returns.
 A reader that cannot erase (an HTTP stream that has already sent the text) shows the
@@ -46,6 +50,7 @@ class TextUpdate:
 @dataclass
 class ChunkAssembler:
     attempt: int = 0  # the attempt whose text is shown: the highest seen, or the final's
+    started: bool = False  # a chunk was shown (attempt 0 is a real attempt: the router's answers)
     restarts: int = 0  # how often a new attempt voided earlier text
     final: TokenChunk | None = None
     _parts: dict[int, list[str]] = field(default_factory=dict)  # attempt → its text so far
@@ -70,10 +75,10 @@ class ChunkAssembler:
             parts.append(chunk.delta)
         if chunk.attempt < self.attempt and not chunk.final:
             return None  # stale: kept aside in case its attempt turns out to hold the final marker
-        switching = chunk.attempt != self.attempt and self.attempt > 0
+        switching = chunk.attempt != self.attempt and self.started
         restarted = switching and bool(self.text or self._seen_in(self.attempt))
         self.restarts += restarted
-        self.attempt = chunk.attempt
+        self.attempt, self.started = chunk.attempt, True
         if chunk.final:
             self.final = chunk
         # After a restart the whole text of the attempt now shown (a switch back to an earlier

@@ -19,9 +19,16 @@ while its (very late) publish is still under way.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from enum import IntEnum
+from typing import Protocol
 
 import redis.asyncio as redis
+
+log = logging.getLogger(__name__)
 
 # KEYS: final, fence. ARGV: attempt, lease_ms. 1: claimed (publish now), 0: not yours.
 _CLAIM = """
@@ -118,3 +125,36 @@ class RequestFence:
         """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""
         value = await self._client.get(self._keys(request_id)[0])
         return value.decode() if isinstance(value, bytes) else value
+
+
+class Claimant(Protocol):
+    claim_lease_ms: int
+
+    async def claim_final(self, request_id: str, attempt: int) -> bool: ...
+
+
+@contextlib.asynccontextmanager
+async def claim_kept(fence: Claimant, request_id: str, attempt: int) -> AsyncIterator[None]:
+    """The pending claim renewed (every third of its lease) while the body publishes the result.
+
+    A publish that rides out a broker restart outlives the lease; an expired claim would let the
+    scheduler place another attempt, whose result would be the second one.
+    """
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(fence.claim_lease_ms / 3000)
+            try:
+                if not await fence.claim_final(request_id, attempt):
+                    log.error("%s:%d: the claim was lost while its result was being published", request_id, attempt)
+                    return
+            except Exception:  # Redis away too: try again while the lease lasts
+                log.warning("%s:%d: could not renew the claim", request_id, attempt, exc_info=True)
+
+    renewing = asyncio.create_task(renew())
+    try:
+        yield
+    finally:
+        renewing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await renewing

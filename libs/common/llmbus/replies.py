@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 REPLY_FAILURES = Counter(
     "llmbus_reply_chunk_failures_total", "Final chunks that could not be written to a reply topic (the result was)"
 )
+# How long a final answer is retried (a broker restart included) before its publisher gives up.
+# Its request's final marker is taken: giving up early could only mean no answer at all.
+RESULT_RETRY_S = 300.0
 
 
 async def publish_result(
@@ -36,15 +39,20 @@ async def publish_result(
     reply_topic: str | None,
     last_seq: int = -1,
     content_chunks: Sequence[TokenChunk] = (),
+    retry_for_s: float = RESULT_RETRY_S,
 ) -> None:
     """Publish the result, then `content_chunks` and the final chunk (seq after theirs) on the reply topic.
 
     The result goes first and alone decides success: it is the record every reader relies on,
-    and once it is out the request is answered (its final marker is taken). A reply topic that
-    refuses the chunks (gone, full, too slow) is logged, never raised: raising would send the
-    request round again and give it a second result.
+    and once it is out the request is answered (its final marker is taken). Each record is
+    retried for `retry_for_s` (a broker restart is ridden out): a late ack is waited for, a
+    failed send is sent again unchanged, so the answer is never replaced by another one. A
+    PublishTimeout after that means the result may or may not be out: the caller must not
+    answer the request differently. A reply topic that refuses the chunks (gone, full, too
+    slow) is logged, never raised: raising would send the request round again and give it a
+    second result.
     """
-    await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id)
+    await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id, retry_for_s=retry_for_s)
     if not reply_topic:
         return
     seq = content_chunks[-1].seq if content_chunks else last_seq
@@ -63,7 +71,12 @@ async def publish_result(
     try:
         for chunk in [*content_chunks, final]:
             await publisher.publish(
-                reply_topic, chunk, key=result.request_id, request_id=result.request_id, tenant=result.tenant
+                reply_topic,
+                chunk,
+                key=result.request_id,
+                request_id=result.request_id,
+                tenant=result.tenant,
+                retry_for_s=retry_for_s,
             )
     except Exception:
         REPLY_FAILURES.inc()

@@ -26,6 +26,9 @@ class BusSettings(BaseSettings):
     kafka_ssl_cafile: str | None = None  # SASL_SSL: the CA that signed the broker's certificate
     # Every Kafka call is bounded: a send waits at most send_timeout_s for the broker's ack.
     send_timeout_s: float = 15.0
+    # What must not be lost (results, routed requests, dispatches, outcomes) is retried this long,
+    # a broker restart included: a late ack is waited for, a failed send sent again unchanged.
+    publish_retry_s: float = 300.0
     stop_timeout_s: float = 10.0
     commit_timeout_s: float = 10.0  # one commit, retries of retriable errors included
     admin_timeout_s: float = 30.0

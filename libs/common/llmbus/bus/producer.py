@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager, nullcontext
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    UnknownProducerId,
+)
 from opentelemetry import trace
 from prometheus_client import Counter
 
@@ -23,6 +32,31 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")
 
 PUBLISHED = Counter("llmbus_messages_published_total", "Messages published", ["service", "topic"])
+PRODUCER_RENEWALS = Counter(
+    "llmbus_producer_renewals_total", "Producers replaced after the broker refused their sequence", ["service"]
+)
+# The broker refuses every later record of the partition: aiokafka (0.14) counts a batch that
+# expires unsent (no leader during a broker outage) into its idempotence sequence, so the next
+# ones arrive with a gap. Only a new producer (new producer id, sequences from 0) writes there again.
+BROKEN_SEQUENCE = (OutOfOrderSequenceNumber, UnknownProducerId)
+RETRY_PAUSE_S = 0.5
+
+
+class PublishTimeout(RuntimeError):
+    pass
+
+
+class DeliveryAbandoned(RuntimeError):
+    """The producer holding the record was replaced and stopped before it resolved the record's delivery."""
+
+
+def worth_resending(exc: BaseException) -> bool:
+    """The broker was away or slow, or refused the producer's sequence: the same record may go again.
+    Not so a record refused for what it is (too large, not authorised): it would fail again."""
+    resendable = (PublishTimeout, DeliveryAbandoned, TimeoutError, KafkaTimeoutError, ProducerClosed)
+    if isinstance(exc, (*resendable, *BROKEN_SEQUENCE)):
+        return True
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
 
 
 def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
@@ -56,17 +90,58 @@ def _publish_span(topic: str) -> AbstractContextManager[trace.Span]:
     return tracer.start_as_current_span(f"{topic} publish", kind=trace.SpanKind.PRODUCER)
 
 
-class PublishTimeout(RuntimeError):
-    pass
+ProducerFactory = Callable[[], Awaitable[AIOKafkaProducer]]
 
 
 class Publisher:
-    """Publishes llmbus messages; each call returns once the broker acknowledged it."""
+    """Publishes llmbus messages; each call returns once the broker acknowledged it.
 
-    def __init__(self, producer: AIOKafkaProducer, service: str, send_timeout_s: float) -> None:
+    With `renew` (a factory of started producers), a producer whose idempotence sequence the
+    broker refuses is replaced by a new one, so a broker outage cannot leave a partition
+    unwritable for the rest of the process's life.
+    """
+
+    def __init__(
+        self, producer: AIOKafkaProducer, service: str, send_timeout_s: float, renew: ProducerFactory | None = None
+    ) -> None:
         self._producer = producer
         self._service = service
         self._timeout_s = send_timeout_s
+        self._renew = renew
+        self._renewing = asyncio.Lock()
+        self._retired: set[asyncio.Task[None]] = set()
+        self._stopping: dict[AIOKafkaProducer, asyncio.Task[None]] = {}  # replaced producer → its stop
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        return self._producer
+
+    async def _replace_broken(self, broken: AIOKafkaProducer, exc: BaseException) -> None:
+        """A new producer in place of `broken` (once, however many sends saw it fail)."""
+        if self._renew is None or not isinstance(exc, BROKEN_SEQUENCE):
+            return
+        async with self._renewing:
+            if self._producer is not broken:
+                return  # another send replaced it already
+            log.warning("producer's sequence refused by the broker (%r): starting a new producer", exc)
+            try:
+                self._producer = await self._renew()
+            except Exception:  # the broker is away again: the next refused send tries once more
+                log.warning("could not start a new producer; keeping the old one for now", exc_info=True)
+                return
+            PRODUCER_RENEWALS.labels(self._service).inc()
+            log.warning("new producer started; the old one is stopped in the background")
+        # What the old one still holds is sent or fails by itself; its callers resend what failed,
+        # and what it never resolved (stopped before) is sent again by whoever waits for it.
+        task = asyncio.create_task(stop_producer(broken, self._timeout_s))
+        self._stopping[broken] = task
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+
+    def _abandoned(self, producer: AIOKafkaProducer) -> bool:
+        """`producer` was replaced and has stopped: a delivery it left pending will never resolve."""
+        stopping = self._stopping.get(producer)
+        return producer is not self._producer and stopping is not None and stopping.done()
 
     async def publish(
         self,
@@ -77,15 +152,68 @@ class Publisher:
         partition: int | None = None,
         request_id: str | None = None,
         tenant: str | None = None,
+        retry_for_s: float = 0.0,
     ) -> None:
+        """Publish `value`; with `retry_for_s`, until it is acknowledged or that time is spent.
+
+        Retrying never writes a second, different record: a send whose ack is late is waited for
+        (the record is still in the producer and will be written), and only a send that failed is
+        sent again, with the same bytes (readers drop such a copy by its key fields).
+        """
         with _publish_span(topic) as span:
             if span.is_recording():
                 attributes = message_attributes(value)
                 attributes |= {semconv.MESSAGING_SYSTEM: "kafka", semconv.MESSAGING_DESTINATION: topic}
                 span.set_attributes(attributes)
             headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
-            await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
+            payload = value.to_bytes()
+            if retry_for_s > 0:
+                await self._publish_until_acked(topic, payload, key, headers, partition, retry_for_s)
+            else:
+                await self.publish_raw(topic, payload, key=key, headers=headers, partition=partition)
         observe_published(self._service, value)
+
+    async def _publish_until_acked(
+        self,
+        topic: str,
+        payload: bytes,
+        key: str | None,
+        headers: hdr.KafkaHeaders,
+        partition: int | None,
+        retry_for_s: float,
+    ) -> None:
+        deadline_s = time.monotonic() + retry_for_s
+        encoded_key = key.encode() if key is not None else None
+        while True:
+            producer = self._producer
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    delivery = await producer.send(
+                        topic, payload, key=encoded_key, headers=headers, partition=partition
+                    )
+                # Never cancelled: a late ack still comes, and resending now could write the record twice.
+                while True:
+                    left_s = deadline_s - time.monotonic()
+                    if left_s <= 0:
+                        raise PublishTimeout(f"no ack from Kafka for {topic} within {retry_for_s:.0f}s")
+                    done, _ = await asyncio.wait({delivery}, timeout=min(self._timeout_s, left_s))
+                    if done:
+                        delivery.result()
+                        break
+                    if self._abandoned(producer):
+                        raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
+                    log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
+                PUBLISHED.labels(self._service, topic).inc()
+                return
+            except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
+                # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
+                if not worth_resending(exc):
+                    raise
+                await self._replace_broken(producer, exc)
+                if time.monotonic() + RETRY_PAUSE_S >= deadline_s:
+                    raise PublishTimeout(f"{topic}: {type(exc).__name__} until the retry time ran out") from exc
+                log.warning("publish to %s failed (%r); sending it again", topic, exc)
+                await asyncio.sleep(RETRY_PAUSE_S)
 
     async def send(
         self, topic: str, value: Message, *, key: str | None, request_id: str | None = None, tenant: str | None = None
@@ -97,11 +225,21 @@ class Publisher:
         """
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         encoded_key = key.encode() if key is not None else None
+        producer = self._producer
         delivery = await asyncio.wait_for(
-            self._producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers), self._timeout_s
+            producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers), self._timeout_s
         )
+        delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
         PUBLISHED.labels(self._service, topic).inc()
         return delivery
+
+    def _check_delivery(self, producer: AIOKafkaProducer, delivery: asyncio.Future[object]) -> None:
+        """A send whose ack is awaited elsewhere may still show that its producer needs replacing."""
+        if delivery.cancelled() or not isinstance(exc := delivery.exception(), BROKEN_SEQUENCE):
+            return
+        task = asyncio.create_task(self._replace_broken(producer, exc))
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
 
     async def delivered(self, deliveries: list[asyncio.Future[object]]) -> None:
         """Wait (bounded) until every future from `send` is acknowledged; raises the first failure."""
@@ -122,15 +260,19 @@ class Publisher:
         headers: hdr.KafkaHeaders,
         partition: int | None = None,
     ) -> None:
+        producer = self._producer
         try:
             # One deadline for enqueue and ack (asyncio.timeout: no extra task per publish, unlike wait_for).
             async with asyncio.timeout(self._timeout_s):
-                delivery = await self._producer.send(
+                delivery = await producer.send(
                     topic, payload, key=key.encode() if key is not None else None, headers=headers, partition=partition
                 )
                 await delivery
         except TimeoutError as exc:
             raise PublishTimeout(f"no ack from Kafka for {topic} within {self._timeout_s}s") from exc
+        except KafkaError as exc:
+            await self._replace_broken(producer, exc)  # the caller's retry then goes out on a working one
+            raise
         PUBLISHED.labels(self._service, topic).inc()
 
 

@@ -31,20 +31,23 @@ class Bus:
     settings: BusSettings
     service: str
     topics: Topics
-    producer: AIOKafkaProducer
     publisher: Publisher
 
     @classmethod
     async def start(cls, settings: BusSettings, service: str, client_suffix: str = "") -> Bus:
-        producer = make_producer(settings, client_id=f"llmbus-{service}{client_suffix}")
-        await asyncio.wait_for(producer.start(), settings.admin_timeout_s)
-        return cls(
-            settings,
-            service,
-            Topics(settings.topic_prefix),
-            producer,
-            Publisher(producer, service, settings.send_timeout_s),
-        )
+        async def new_producer() -> AIOKafkaProducer:
+            producer = make_producer(settings, client_id=f"llmbus-{service}{client_suffix}")
+            await asyncio.wait_for(producer.start(), settings.admin_timeout_s)
+            return producer
+
+        # The publisher starts a new producer when the broker refuses the old one's sequence.
+        publisher = Publisher(await new_producer(), service, settings.send_timeout_s, renew=new_producer)
+        return cls(settings, service, Topics(settings.topic_prefix), publisher)
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        """The producer in use now (the publisher may have replaced the first one)."""
+        return self.publisher.producer
 
     async def stop(self) -> None:
         await stop_producer(self.producer, self.settings.stop_timeout_s)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from aiokafka import AIOKafkaProducer
@@ -19,8 +20,8 @@ class TopicExistence(Protocol):
 
 
 class TopicDirectory:
-    def __init__(self, producer: AIOKafkaProducer, timeout_s: float, min_refresh_s: float = 1.0) -> None:
-        self._producer = producer
+    def __init__(self, producer: Callable[[], AIOKafkaProducer], timeout_s: float, min_refresh_s: float = 1.0) -> None:
+        self._producer = producer  # the one in use now: a publisher may replace its producer
         self._timeout_s = timeout_s
         self._min_refresh_s = min_refresh_s
         self._known: set[str] = set()
@@ -36,6 +37,6 @@ class TopicDirectory:
         return topic in self._known
 
     async def _refresh(self) -> None:
-        cluster = await asyncio.wait_for(self._producer.client.fetch_all_metadata(), self._timeout_s)
+        cluster = await asyncio.wait_for(self._producer().client.fetch_all_metadata(), self._timeout_s)
         self._known = set(cluster.topics())
         self._refreshed_at = time.monotonic()
