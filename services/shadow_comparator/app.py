@@ -4,7 +4,8 @@ Subscribers (at-least-once: a record's offset is committed after its handler ret
 a failing handler's record is delivered again — NACK_ON_ERROR):
   llm.results      group llmbus.shadow-comparator          joins pairs, counts A/B variants
   llm.costs        group llmbus.shadow-comparator.costs    cost per A/B request
-  llm.feedback     group llmbus.shadow-comparator.feedback feedback per A/B request
+  llm.feedback     group llmbus.shadow-comparator.feedback feedback per A/B request (auth on: by
+                   pattern, llm.feedback and every llm.feedback.<tenant>; the tenant is the topic's)
   llm.experiments  no group, from the start                 the experiments' current state
 Timers: the sweeper (expired pairs) and the decision loop (verdicts, ramps, rollbacks), the latter
 in one instance at a time (a Redis lease), so several comparators never ramp the same step twice.
@@ -24,6 +25,7 @@ from faststream.kafka import KafkaBroker
 from faststream.middlewares import AckPolicy
 from prometheus_client import start_http_server
 
+from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus.security import faststream_security
 from llmbus.messages import Comparison
@@ -49,6 +51,8 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
         request_timeout_ms=settings.request_timeout_ms,
         graceful_timeout=settings.stop_timeout_s,
         log_level=logging.DEBUG,  # FastStream's per-message "Received/Processed" lines: debug only
+        # A new tenant's feedback topic joins the pattern subscription at the next metadata refresh.
+        metadata_max_age_ms=cfg.feedback_topic_discovery_ms if settings.auth_enabled else 300_000,  # aiokafka's
     )
     store = ComparatorStore(
         redis_client(settings.redis_url, password=settings.redis_password),
@@ -66,10 +70,16 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
     comparator = Comparator(store, ExperimentView(), publish_comparison, max_text_chars=cfg.max_text_chars)
     handlers = ComparatorHandlers(comparator, publisher, topics)
 
-    def at_least_once(topic: str, group: str, handler: Callable[..., Awaitable[None]]) -> None:
-        broker.subscriber(topic, group_id=group, auto_offset_reset="earliest", ack_policy=AckPolicy.NACK_ON_ERROR)(
-            handler
-        )
+    def at_least_once(
+        topic: str | None, group: str, handler: Callable[..., Awaitable[None]], pattern: str | None = None
+    ) -> None:
+        broker.subscriber(
+            *([topic] if topic else []),
+            pattern=pattern,
+            group_id=group,
+            auto_offset_reset="earliest",
+            ack_policy=AckPolicy.NACK_ON_ERROR,
+        )(handler)
 
     # No group: every instance reads the whole compacted topic from the start and commits nothing.
     broker.subscriber(topics.name(t.EXPERIMENTS), auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL)(
@@ -77,7 +87,11 @@ def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, K
     )
     at_least_once(topics.name(t.RESULTS), topics.group(t.COMPARATOR), handlers.on_result)
     at_least_once(topics.name(t.COSTS), topics.group(t.COMPARATOR, "costs"), handlers.on_cost)
-    at_least_once(topics.name(t.FEEDBACK), topics.group(t.COMPARATOR, "feedback"), handlers.on_feedback)
+    feedback_group = topics.group(t.COMPARATOR, "feedback")
+    if settings.auth_enabled:  # tenants write their own topics: the tenant of a record is its topic's
+        at_least_once(None, feedback_group, handlers.on_feedback, pattern=tenancy.feedback_topic_pattern(topics.prefix))
+    else:
+        at_least_once(topics.name(t.FEEDBACK), feedback_group, handlers.on_feedback)
 
     app = FastStream(broker)
     timers: list[asyncio.Task[None]] = []

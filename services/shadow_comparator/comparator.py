@@ -3,7 +3,9 @@
 - results: a shadow result or a primary the shadow experiments may have mirrored is offered
   to the join; each completed pair becomes a Comparison and counts once in its experiment's
   pair aggregates. An A/B result counts once in its variant's aggregates and is linked to its
-  (experiment, step, variant) so costs and feedback arriving later join it by request id.
+  (experiment, step, variant) and its tenant, so costs and feedback arriving later join it by
+  request id; feedback counts only when it comes from that tenant (a tenant that learns
+  another's request id cannot pre-empt its feedback: the foreign one takes no once-only mark).
 - sweep: pairs past their TTL are removed and counted (missing primary, unshadowed primary).
 - decide: one verdict per lifecycle experiment from its current step's aggregates.
 """
@@ -35,7 +37,7 @@ from services.shadow_comparator.core.aggregates import (
 )
 from services.shadow_comparator.core.compare import compare
 from services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
-from services.shadow_comparator.core.join import pair_ref
+from services.shadow_comparator.core.join import feedback_belongs, pair_ref
 from services.shadow_comparator.store import ComparatorStore
 
 log = logging.getLogger(__name__)
@@ -124,21 +126,36 @@ class Comparator:
         step = self.experiments.step_of(result.experiment_id)
         agg = self.store.agg_key(result.experiment_id, step, result.variant)
         if await self.store.apply_once("result", result.request_id, agg, variant_increments(result)):
-            await self.store.remember_request(result.request_id, result.experiment_id, step, result.variant)
+            await self.store.remember_request(
+                result.request_id, result.experiment_id, step, result.variant, result.tenant
+            )
 
     async def on_cost(self, cost: CostRecord) -> None:
         await self._join_late("cost", cost.request_id, cost_increments(cost.cost_usd))
 
     async def on_feedback(self, feedback: Feedback) -> None:
-        await self._join_late("feedback", feedback.request_id, feedback_increments(feedback.score))
+        """`feedback.tenant` is the authenticated one (the handler took it from the topic when auth is on)."""
+        await self._join_late("feedback", feedback.request_id, feedback_increments(feedback.score), feedback.tenant)
 
-    async def _join_late(self, kind: str, request_id: str, increments: dict[str, float]) -> None:
+    async def on_feedback_refused(self, reason: str) -> None:
+        log.warning("feedback refused: %s", reason)
+        await self.store.count(feedback_refused=1)
+
+    async def _join_late(
+        self, kind: str, request_id: str, increments: dict[str, float], from_tenant: str | None = None
+    ) -> None:
         link = await self.store.request_variant(request_id)
         if link is None:
             await self.store.count(**{f"{kind}_unjoined": 1})  # not an A/B request, or its result is gone
             return
-        experiment_id, step, variant = link
-        if await self.store.apply_once(kind, request_id, self.store.agg_key(experiment_id, step, variant), increments):
+        if from_tenant is not None and not feedback_belongs(link.tenant, from_tenant):
+            log.warning(
+                "%s on %s from tenant %r: the request is %r's; not counted", kind, request_id, from_tenant, link.tenant
+            )
+            await self.store.count(**{f"{kind}_foreign": 1})
+            return
+        agg = self.store.agg_key(link.experiment_id, link.step, link.variant)
+        if await self.store.apply_once(kind, request_id, agg, increments):
             await self.store.count(**{f"{kind}_joined": 1})
 
     async def sweep(self, now: int | None = None) -> dict[str, int]:

@@ -13,4 +13,5 @@ class ComparatorSettings(BaseSettings):
     max_text_chars: int = 16_000  # a stored side's text is cut here (Redis memory stays bounded)
     sweep_interval_s: float = 5.0
     decide_interval_s: float = 10.0  # the decision loop's tick (every tick is a look: tests are sequential)
+    feedback_topic_discovery_ms: int = 5000  # auth on: how soon a new tenant's feedback topic is read
     decide: bool = True  # False: compare and aggregate only, never write llm.experiments

@@ -15,12 +15,14 @@ from aiokafka.structs import ConsumerRecord
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
 
+from llmbus import tenancy
 from llmbus import topics as t
 from llmbus.bus import BadMessage, decode
 from llmbus.bus import headers as hdr
 from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
 from llmbus.messages import (
     CostRecord,
+    ErrorCode,
     Experiment,
     ExperimentDecision,
     Feedback,
@@ -59,12 +61,15 @@ class ComparatorHandlers:
         try:
             return decode(record, model)
         except BadMessage as bad:
-            letter = dead_letter(record, bad.code, bad.reason, self.publisher.service, bad.request_id)
-            key = record.key.decode(errors="replace") if record.key is not None else None
-            log.warning("dead letter from %s@%d: %s", record.topic, record.offset, bad.reason)
-            await self.publisher.publish(self.topics.name(t.DLQ), letter, key=key, request_id=bad.request_id)
-            DEAD_LETTERS.labels(self.publisher.service, bad.code).inc()
+            await self._dead_letter(record, bad.code, bad.reason, bad.request_id)
             return None
+
+    async def _dead_letter(self, record: ConsumerRecord, code: str, reason: str, request_id: str | None) -> None:
+        letter = dead_letter(record, code, reason, self.publisher.service, request_id)
+        key = record.key.decode(errors="replace") if record.key is not None else None
+        log.warning("dead letter from %s@%d: %s", record.topic, record.offset, reason)
+        await self.publisher.publish(self.topics.name(t.DLQ), letter, key=key, request_id=request_id)
+        DEAD_LETTERS.labels(self.publisher.service, code).inc()
 
     async def on_result(self, msg: KafkaMessage) -> None:
         if (result := await self._decode(msg.raw_message, InferenceResult)) is not None:
@@ -75,8 +80,19 @@ class ComparatorHandlers:
             await self.comparator.on_cost(cost)
 
     async def on_feedback(self, msg: KafkaMessage) -> None:
-        if (feedback := await self._decode(msg.raw_message, Feedback)) is not None:
-            await self.comparator.on_feedback(feedback)
+        """The feedback's tenant is its topic's (`llm.feedback.<tenant>`); a body claiming another is
+        dead-lettered. On the shared `llm.feedback` (dev mode; the gateway's alone when auth is on) the body says."""
+        record: ConsumerRecord = msg.raw_message
+        if (feedback := await self._decode(record, Feedback)) is None:
+            return
+        try:
+            source = tenancy.feedback_source_of(record.topic.removeprefix(self.topics.prefix))
+            tenant = tenancy.check_tenant(source, feedback.tenant, what="feedback")
+        except tenancy.Refused as refused:
+            await self._dead_letter(record, ErrorCode.FORBIDDEN, refused.reason, feedback.request_id)
+            await self.comparator.on_feedback_refused(refused.reason)
+            return
+        await self.comparator.on_feedback(feedback.model_copy(update={"tenant": tenant}))
 
     async def on_experiment(self, msg: KafkaMessage) -> None:
         record: ConsumerRecord = msg.raw_message

@@ -7,7 +7,8 @@ Keys (all under `llmbus:<namespace>:`):
   gone:<primary id>        the pair was swept: a partner arriving now is `late`; TTL `done_ttl_s`
   done:<kind>:<id>         an effect (a pair, a result, a cost, a feedback) was counted; TTL `done_ttl_s`
   agg:<exp>:<step>:<var>   mergeable aggregate hash (core/aggregates.py)
-  req:<request id>         "<exp>|<step>|<variant>" of an A/B result, to join costs and feedback
+  req:<request id>         "<exp>|<step>|<variant>|<tenant>" of an A/B result, to join costs and feedback
+                           (feedback counts only from the result's own tenant)
   stats                    join counters (pairs, duplicate, late, missing_primary, ...)
 
 Every once-only effect is one Lua script: `SET done NX` and the HINCRBYFLOATs happen
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import redis.asyncio as redis
 
@@ -50,6 +52,15 @@ return 1
 
 
 Arg = bytes | str | int | float
+
+
+class RequestLink(NamedTuple):
+    """Where an A/B result was counted, and whose request it was."""
+
+    experiment_id: str
+    step: int
+    variant: str
+    tenant: str | None  # None: a link stored before tenants were kept (its feedback counts nowhere)
 
 
 def _str(raw: object) -> str:
@@ -107,15 +118,16 @@ class ComparatorStore:
         raw = await self._r.hgetall(self.agg_key(experiment_id, step, variant))
         return {_str(k): float(v) for k, v in raw.items()}
 
-    async def remember_request(self, request_id: str, experiment_id: str, step: int, variant: str) -> None:
-        await self._r.set(self.key("req", request_id), f"{experiment_id}|{step}|{variant}", ex=self.done_ttl_s)
+    async def remember_request(self, request_id: str, experiment_id: str, step: int, variant: str, tenant: str) -> None:
+        link = f"{experiment_id}|{step}|{variant}|{tenant}"
+        await self._r.set(self.key("req", request_id), link, ex=self.done_ttl_s)
 
-    async def request_variant(self, request_id: str) -> tuple[str, int, str] | None:
+    async def request_variant(self, request_id: str) -> RequestLink | None:
         raw = await self._r.get(self.key("req", request_id))
         if raw is None:
             return None
-        exp, step, variant = _str(raw).split("|", 2)
-        return exp, int(step), variant
+        exp, step, variant, *tenant = _str(raw).split("|", 3)
+        return RequestLink(exp, int(step), variant, tenant[0] if tenant else None)
 
     async def count(self, **counters: int) -> None:
         pipe = self._r.pipeline(transaction=False)

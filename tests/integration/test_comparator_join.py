@@ -154,14 +154,31 @@ async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: red
         cost = CostRecord(request_id=f"r{i}", tenant="t", model="m", cost_usd=0.01 * (1 + i % 2))
         await h.comparator.on_cost(cost)
         await h.comparator.on_cost(cost)
-        await h.comparator.on_feedback(Feedback(request_id=f"r{i}", score=0.0 if i % 2 else 1.0))
-    await h.comparator.on_feedback(Feedback(request_id="never-seen", score=1.0))
+        await h.comparator.on_feedback(Feedback(request_id=f"r{i}", tenant="t", score=0.0 if i % 2 else 1.0))
+    await h.comparator.on_feedback(Feedback(request_id="never-seen", tenant="t", score=1.0))
     cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
     ctrl = VariantStats.from_fields(await h.store.read_agg("exp", 2, "control"))
     assert cand.n == 5 and ctrl.n == 5
     assert cand.cost_per_request_usd == pytest.approx(0.02) and ctrl.cost_per_request_usd == pytest.approx(0.01)
     assert cand.negative_feedback_rate == 1.0 and ctrl.negative_feedback_rate == 0.0
     assert (await h.store.stats())["feedback_unjoined"] == 1
+
+
+async def test_feedback_from_another_tenant_is_not_counted_and_does_not_preempt_the_owners(
+    client: redis.Redis, namespace: str
+) -> None:
+    view = ExperimentView()
+    view.apply(to_step(create("exp", "ctrl", "cand"), 2))
+    h = Harness(client, namespace, view)
+    await h.comparator.on_result(
+        res("r", experiment_id="exp", variant="candidate").model_copy(update={"tenant": "globex"})
+    )
+    await h.comparator.on_feedback(Feedback(request_id="r", tenant="acme", score=0.0))  # first, but not globex's
+    await h.comparator.on_feedback(Feedback(request_id="r", tenant="globex", score=1.0))
+    cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
+    assert cand.feedback_n == 1 and cand.negative_feedback_rate == 0.0
+    stats = await h.store.stats()
+    assert stats["feedback_foreign"] == 1 and stats["feedback_joined"] == 1
 
 
 async def test_decide_reads_the_current_steps_aggregates(client: redis.Redis, namespace: str) -> None:

@@ -12,7 +12,7 @@ def test_a_tenant_writes_only_its_requests_and_feedback_and_reads_only_its_repli
     mine = a.tenant_acls("p.", "acme")
     writes = {(x.pattern, x.name) for x in mine if x.operation == "write"}
     reads = {(x.pattern, x.name) for x in mine if x.operation == "read" and x.resource_type == "topic"}
-    assert writes == {("literal", "p.llm.requests.acme"), ("literal", "p.llm.feedback")}
+    assert writes == {("literal", "p.llm.requests.acme"), ("literal", "p.llm.feedback.acme")}
     assert reads == {("literal", "p.llm.replies.acme"), ("prefixed", "p.llm.replies.acme.")}
     assert {x.principal for x in mine} == {"tenant-acme"}
 
@@ -44,3 +44,25 @@ def test_every_catalog_topic_has_a_writer_and_a_reader() -> None:
     for spec in t.CATALOG:
         assert any(x.operation == "write" and x.name == spec.name for x in acls), spec.name
         assert any(x.operation == "read" and x.name == spec.name for x in acls), spec.name
+
+
+def test_only_the_gateway_writes_the_shared_feedback_topic_and_the_comparator_reads_every_tenants() -> None:
+    acls = a.all_acls("p.", ["acme", "globex"])
+    assert {x.principal for x in acls if x.operation == "write" and x.name == "p.llm.feedback"} == {t.GATEWAY}
+    assert {x.principal for x in acls if x.operation == "write" and x.name == "p.llm.feedback.globex"} == {
+        "tenant-globex"
+    }
+    assert a.Acl(t.COMPARATOR, "topic", "prefixed", "p.llm.feedback.", "read") in acls
+    assert not any(
+        x.principal.startswith(a.TENANT_PRINCIPAL_PREFIX) and x.pattern == "prefixed" and x.operation == "write"
+        for x in acls
+    )
+
+
+def test_a_tenants_topics_include_its_feedback_topic() -> None:
+    assert [name for name, _ in a.tenant_topics("acme")] == [
+        "llm.requests.acme",
+        "llm.replies.acme",
+        "llm.feedback.acme",
+    ]
+    assert t.Topics("p.").spec_of("p.llm.feedback.acme") is t.FEEDBACK_TENANT_SPEC

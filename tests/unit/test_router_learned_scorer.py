@@ -92,7 +92,7 @@ def test_join_keeps_only_ok_same_tenant_non_shadow_samples() -> None:
     fb = {rid: Feedback(request_id=rid, tenant="acme", score=0.1) for rid in rs}
     fb["good"] = Feedback(request_id="good", tenant="acme", score=0.9)
     fb["mid"] = Feedback(request_id="mid", tenant="acme", score=0.5)
-    rows = join_samples(rs, res, fb, policy)
+    rows = join_samples(rs, res, fb.values(), policy)
     assert {(r["id"], r["label"], r["tier"]) for r in rows} == {("good", "low", "small"), ("bad", "high", "small")}
     assert all(r["source"] == "feedback" and r["prompt"].startswith("prompt ") for r in rows)
     json.dumps(rows)  # rows are plain JSON, like the corpus

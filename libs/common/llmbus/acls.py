@@ -7,7 +7,8 @@ Principals (SCRAM users created by deploy/kafka/kafka.sh): one per service (its 
 role name: `router`, `engine-worker`, ...), `operator` (people and CLIs: the catalog's
 `client` writes to llm.control, llm.models, llm.experiments, llm.pricebook, and every read),
 and `tenant-<name>` per tenant, which may only:
-  - write its own request topic `llm.requests.<tenant>` and `llm.feedback`;
+  - write its own request topic `llm.requests.<tenant>` and feedback topic `llm.feedback.<tenant>`
+    (the shared `llm.requests` and `llm.feedback` only the gateway writes, which knows the API key);
   - read its own replies `llm.replies.<tenant>` and `llm.replies.<tenant>.<suffix>`.
 `admin` is the broker's super user and needs no ACL. With no ACL the broker refuses
 (allow.everyone.if.no.acl.found=false), so everything not listed here is denied.
@@ -30,6 +31,8 @@ TENANT_PRINCIPAL_PREFIX = tenancy.TENANT_PRINCIPAL_PREFIX
 GATEWAY_INSTANCE_PREFIX = tenancy.RESERVED_TENANT_PREFIXES[0]  # gateway reply topics: llm.replies.gw-*
 # Catalog roles that are people or their tools, not services: their rights go to `operator`.
 OPERATOR_ROLES = (t.CLIENT, t.ANALYTICS)
+# Shared topics a tenant writes through its own copy (<name>.<tenant>) when auth is on.
+TENANT_WRITTEN = (t.REQUESTS, t.FEEDBACK)
 
 
 @dataclass(frozen=True, order=True)
@@ -63,8 +66,8 @@ def service_acls(prefix: str) -> list[Acl]:
     """Services and operators, from the catalog (plus the per-instance topics and consumer groups)."""
     acls: set[Acl] = set()
     for spec in t.CATALOG:
-        # Tenants write their own request topics; the shared one only the gateway (which knows the API key).
-        writers = (t.GATEWAY,) if spec.name == t.REQUESTS else spec.writers
+        # Tenants write their own request and feedback topics; the shared ones only the gateway (it knows the key).
+        writers = (t.GATEWAY,) if spec.name in TENANT_WRITTEN else spec.writers
         acls.update(_topic_acls(prefix, "literal", spec.name, writers, spec.readers))
     acls.update(_topic_acls(prefix, "prefixed", t.DISPATCH_PREFIX, t.DISPATCH_SPEC.writers, t.DISPATCH_SPEC.readers))
     # Every reply topic (a tenant's or a gateway instance's) receives chunks from the services that end requests.
@@ -76,6 +79,8 @@ def service_acls(prefix: str) -> list[Acl]:
         Acl(t.WORKER, "topic", "prefixed", prefix + t.DISPATCH_PREFIX, "create"),  # each worker creates its own
         Acl(t.ROUTER, "topic", "prefixed", prefix + tenancy.TENANT_REQUESTS_PREFIX, "read"),
     }
+    feedback = t.FEEDBACK_TENANT_SPEC
+    acls.update(_topic_acls(prefix, "prefixed", tenancy.TENANT_FEEDBACK_PREFIX, (), feedback.readers))
     for service in t.ALL_SERVICES:  # consumer groups live in the namespace: <prefix>llmbus.<service>[.<suffix>]
         acls.add(Acl(service, "group", "prefixed", f"{prefix}llmbus.{service}", "read"))
     # Operators see every topic of the namespace (trace, audit, fleet status) and create the catalog.
@@ -96,7 +101,7 @@ def tenant_acls(prefix: str, tenant: str) -> list[Acl]:
     return sorted(
         {
             Acl(principal, "topic", "literal", prefix + tenancy.request_topic(tenant), "write"),
-            Acl(principal, "topic", "literal", prefix + t.FEEDBACK, "write"),
+            Acl(principal, "topic", "literal", prefix + tenancy.feedback_topic(tenant), "write"),
             Acl(principal, "topic", "literal", replies, "read"),
             # The dot keeps `llm.replies.acme` from covering `llm.replies.acmex` (tenant names have no dots).
             Acl(principal, "topic", "prefixed", replies + ".", "read"),
@@ -119,5 +124,8 @@ def principals(tenants: list[str]) -> list[str]:
 
 def tenant_topics(tenant: str) -> list[tuple[str, t.TopicSpec]]:
     """The topics an operator creates for a tenant (names relative to the namespace)."""
-    requests = t.BY_NAME[t.REQUESTS]
-    return [(tenancy.request_topic(tenant), requests), (tenancy.tenant_reply_topic(tenant), t.REPLIES_SPEC)]
+    return [
+        (tenancy.request_topic(tenant), t.BY_NAME[t.REQUESTS]),
+        (tenancy.tenant_reply_topic(tenant), t.REPLIES_SPEC),
+        (tenancy.feedback_topic(tenant), t.FEEDBACK_TENANT_SPEC),
+    ]

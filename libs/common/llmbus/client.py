@@ -20,7 +20,7 @@ from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.security import kafka_auth
 from llmbus.chunks import ChunkAssembler, TextUpdate
-from llmbus.messages import InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
+from llmbus.messages import Feedback, InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
 
 
@@ -109,9 +109,13 @@ class LlmbusClient:
         if self._bus is not None:
             await self._bus.stop()
 
+    def _tenant(self) -> str | None:
+        """The tenant this client is authenticated as; None in dev mode and for services and operators."""
+        return tenancy.tenant_of_principal(self.settings.kafka_sasl_username) if self.settings.auth_enabled else None
+
     def addressed(self, request: InferenceRequest) -> tuple[str, InferenceRequest]:
         """(request topic, request): with auth on, a tenant writes its own topic and gets its own replies."""
-        tenant = tenancy.tenant_of_principal(self.settings.kafka_sasl_username) if self.settings.auth_enabled else None
+        tenant = self._tenant()
         if tenant is None:
             return self.topics.name(t.REQUESTS), request
         update = {"tenant": tenant} if request.tenant == "default" else {}
@@ -123,6 +127,20 @@ class LlmbusClient:
         assert self._bus is not None
         topic, request = self.addressed(request)
         await self._bus.publisher.publish(topic, request, key=request.session_id or request.request_id)
+
+    def feedback_addressed(self, feedback: Feedback) -> tuple[str, Feedback]:
+        """(feedback topic, feedback): with auth on, a tenant writes its own `llm.feedback.<tenant>`."""
+        tenant = self._tenant()
+        if tenant is None:
+            return self.topics.name(t.FEEDBACK), feedback
+        update = {"tenant": tenant} if feedback.tenant == "default" else {}
+        return self.topics.name(tenancy.feedback_topic(tenant)), feedback.model_copy(update=update)
+
+    async def send_feedback(self, feedback: Feedback) -> None:
+        """The user's score of an answer; it counts only on a request of the same tenant."""
+        assert self._bus is not None
+        topic, feedback = self.feedback_addressed(feedback)
+        await self._bus.publisher.publish(topic, feedback, key=feedback.request_id, request_id=feedback.request_id)
 
     async def _reply_router(self, reply_topic: str) -> ReplyRouter:
         if reply_topic not in self._replies:

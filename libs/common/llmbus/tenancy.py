@@ -1,10 +1,10 @@
 """Who a request belongs to and where its answer may go: pure policy, no broker imports.
 
 With auth on (SASL), Kafka does not stamp the writer's identity on a record, so identity
-follows from where a record may be written: `llm.requests.<tenant>` only that tenant may
-write (ACLs, llmbus.acls), and the shared `llm.requests` only the gateway, which knows the
-API key. A tenant's replies live in its own namespace, `llm.replies.<tenant>[.<suffix>]`,
-which only it may read.
+follows from where a record may be written: `llm.requests.<tenant>` and `llm.feedback.<tenant>`
+only that tenant may write (ACLs, llmbus.acls), and the shared `llm.requests` and `llm.feedback`
+only the gateway, which knows the API key. A tenant's replies live in its own namespace,
+`llm.replies.<tenant>[.<suffix>]`, which only it may read.
 
 Without auth (dev), the shared `llm.tokens` and any existing client reply topic in the
 allowed prefix are accepted, but never an internal topic of the catalog: chunks written
@@ -24,6 +24,7 @@ from llmbus import topics as t
 # `llm.replies.<tenant>.` of one tenant never covers another tenant's topics.
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 TENANT_REQUESTS_PREFIX = t.REQUESTS + "."
+TENANT_FEEDBACK_PREFIX = t.FEEDBACK + "."
 # Gateway instances name their reply topics in the same namespace (llm.replies.<instance>);
 # a tenant may not take a name a gateway instance uses.
 RESERVED_TENANT_PREFIXES = ("gw-",)
@@ -62,21 +63,44 @@ def request_topic(tenant: str) -> str:
     return TENANT_REQUESTS_PREFIX + tenant
 
 
-def source_of(request_topic_base: str) -> Source:
-    """The source of a record read from `request_topic_base` (the topic name without the namespace)."""
-    if request_topic_base == t.REQUESTS:
+def feedback_topic(tenant: str) -> str:
+    """A tenant's own feedback topic (relative to the namespace)."""
+    return TENANT_FEEDBACK_PREFIX + tenant
+
+
+def _source_in(topic_base: str, shared: str, what: str) -> Source:
+    if topic_base == shared:
         return Source(None)
-    if not request_topic_base.startswith(TENANT_REQUESTS_PREFIX):
-        raise Refused(f"{request_topic_base!r} is not a request topic")
-    tenant = request_topic_base.removeprefix(TENANT_REQUESTS_PREFIX)
+    if not topic_base.startswith(shared + "."):
+        raise Refused(f"{topic_base!r} is not a {what} topic")
+    tenant = topic_base.removeprefix(shared + ".")
     if problem := tenant_name_problem(tenant):
         raise Refused(problem)
     return Source(tenant)
 
 
+def source_of(request_topic_base: str) -> Source:
+    """The source of a record read from `request_topic_base` (the topic name without the namespace)."""
+    return _source_in(request_topic_base, t.REQUESTS, "request")
+
+
+def feedback_source_of(feedback_topic_base: str) -> Source:
+    """The source of a feedback record read from `feedback_topic_base` (without the namespace)."""
+    return _source_in(feedback_topic_base, t.FEEDBACK, "feedback")
+
+
+def _tenant_topic_pattern(prefix: str, shared: str) -> str:
+    return rf"^{re.escape(prefix + shared)}(\.[A-Za-z0-9][A-Za-z0-9_-]{{0,63}})?$"
+
+
 def request_topic_pattern(prefix: str) -> str:
     """What the router subscribes to when auth is on: the gateway's shared topic and every tenant's."""
-    return rf"^{re.escape(prefix + t.REQUESTS)}(\.[A-Za-z0-9][A-Za-z0-9_-]{{0,63}})?$"
+    return _tenant_topic_pattern(prefix, t.REQUESTS)
+
+
+def feedback_topic_pattern(prefix: str) -> str:
+    """What feedback readers subscribe to when auth is on: the gateway's shared topic and every tenant's."""
+    return _tenant_topic_pattern(prefix, t.FEEDBACK)
 
 
 def tenant_of_principal(username: str | None) -> str | None:
@@ -95,20 +119,22 @@ def tenant_reply_topic(tenant: str) -> str:
     return t.REPLIES_PREFIX + tenant
 
 
-def check_tenant(source: Source, claimed_tenant: str) -> str:
-    """The tenant a request is served as: the authenticated one; a body claiming another is refused."""
+def check_tenant(source: Source, claimed_tenant: str, what: str = "request") -> str:
+    """The tenant a record is taken as: the authenticated one; a body claiming another is refused.
+
+    `what` names the kind of topic in the refusal ("request", "feedback")."""
     if source.tenant is None:
         return claimed_tenant
     if claimed_tenant != source.tenant:
         raise Refused(
-            f"request claims tenant {claimed_tenant!r} but was written to the request topic of {source.tenant!r}"
+            f"{what} claims tenant {claimed_tenant!r} but was written to the {what} topic of {source.tenant!r}"
         )
     return source.tenant
 
 
 def is_internal(topic: str) -> bool:
     """A topic of the catalog that is not a client's reply topic, or one named per worker / tenant."""
-    if topic.startswith((t.DISPATCH_PREFIX, TENANT_REQUESTS_PREFIX)):
+    if topic.startswith((t.DISPATCH_PREFIX, TENANT_REQUESTS_PREFIX, TENANT_FEEDBACK_PREFIX)):
         return True
     return topic in t.BY_NAME and topic != t.TOKENS
 

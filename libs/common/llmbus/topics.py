@@ -147,7 +147,15 @@ CATALOG: tuple[TopicSpec, ...] = (
         partitions=1,
         compacted=True,
     ),
-    TopicSpec(FEEDBACK, "request id", m.Feedback, (CLIENT,), (COMPARATOR,), partitions=4),
+    TopicSpec(
+        FEEDBACK,
+        "request id",
+        m.Feedback,
+        (CLIENT, GATEWAY),
+        (COMPARATOR,),
+        partitions=4,
+        notes="dev mode: every client; auth on: the gateway's alone (tenants write llm.feedback.<tenant>)",
+    ),
     TopicSpec(COMPARISONS, "experiment id", m.Comparison, (COMPARATOR,), (ANALYTICS,), partitions=1),
     TopicSpec(
         DECISIONS,
@@ -208,8 +216,18 @@ REPLIES_SPEC = TopicSpec(
     notes="reply topic of one gateway instance: the chunks of the requests it sent",
 )
 
-# Topics named per instance (a worker's dispatch topic, a gateway's reply topic).
-PATTERN_SPECS = (DISPATCH_SPEC, REPLIES_SPEC)
+FEEDBACK_TENANT_SPEC = TopicSpec(
+    FEEDBACK + ".<tenant>",
+    "request id",
+    m.Feedback,
+    (CLIENT,),
+    (COMPARATOR,),
+    partitions=1,
+    notes="auth on: one tenant's feedback, written by that tenant only; its tenant is the topic's",
+)
+
+# Topics named per instance or tenant (a worker's dispatch topic, a gateway's reply topic, a tenant's feedback).
+PATTERN_SPECS = (DISPATCH_SPEC, REPLIES_SPEC, FEEDBACK_TENANT_SPEC)
 
 BY_NAME = {spec.name: spec for spec in CATALOG}
 
@@ -239,6 +257,8 @@ class Topics:
             return DISPATCH_SPEC
         if base.startswith(REPLIES_PREFIX):
             return REPLIES_SPEC
+        if base.startswith(FEEDBACK + "."):
+            return FEEDBACK_TENANT_SPEC
         return BY_NAME[base]
 
     def all_specs(self) -> list[tuple[str, TopicSpec]]:

@@ -1,5 +1,6 @@
-"""Which pair a result belongs to (pure): the router derives a shadow's request id from its primary's.
+"""Which pair a result belongs to, and whose feedback joins it (pure).
 
+The router derives a shadow's request id from its primary's.
 A shadow copy's id is `<primary id>.shadow.<experiment id>` (router/policy/experiments.py);
 ids that would pass 128 characters are hashed there and cannot be joined (counted as
 `unjoinable`).
@@ -32,3 +33,11 @@ def pair_ref(result: InferenceResult) -> PairRef | None:
     if not mark or not primary_id or not experiment_id:
         return None
     return PairRef(primary_id, experiment_id, True)
+
+
+def feedback_belongs(result_tenant: str | None, feedback_tenant: str) -> bool:
+    """Feedback counts only from the tenant whose request it was (the result's tenant).
+
+    A link stored without a tenant (by a comparator before tenants were kept) takes none:
+    who asked is unknown, so nobody's word on it can be trusted."""
+    return result_tenant is not None and result_tenant == feedback_tenant

@@ -143,6 +143,13 @@ async def _grow_partitions(admin: AIOKafkaAdminClient, present: list[tuple[str, 
         log.info("grew partitions of %s", sorted(grow))
 
 
+async def topics_matching(settings: BusSettings, pattern: re.Pattern[str]) -> list[str]:
+    """The names of the topics that exist now and match (as this principal may see them)."""
+    async with open_admin(settings) as admin:
+        names = await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s)
+    return sorted(n for n in names if pattern.match(n))
+
+
 async def delete_topics_matching(settings: BusSettings, pattern: re.Pattern[str]) -> list[str]:
     """Delete every topic whose name matches (test namespaces, for one); returns the names."""
     async with open_admin(settings) as admin:

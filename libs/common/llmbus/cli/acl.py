@@ -37,7 +37,7 @@ def print_acls(tenants: list[str] = TENANTS) -> None:
 @app.command()
 def apply(
     tenants: list[str] = TENANTS,
-    create_topics: bool = typer.Option(True, help="also create each tenant's request and reply topics"),
+    create_topics: bool = typer.Option(True, help="also create each tenant's request, reply and feedback topics"),
 ) -> None:
     """Apply the ACLs (as the broker's super user: LLMBUS_KAFKA_SASL_USERNAME=admin ...)."""
     acls = _acls(tenants)

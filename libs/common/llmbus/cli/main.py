@@ -15,6 +15,7 @@ from llmbus.cli import costs as cost_commands
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
+from llmbus.cli.feedback import feedback as feedback_command
 from llmbus.cli.fleet_view import fleet_table
 from llmbus.cli.router_cmds import router_app
 from llmbus.client import LlmbusClient, ready_workers
@@ -33,6 +34,7 @@ app.add_typer(router_app, name="router")
 app.add_typer(keys.app, name="keys")
 app.add_typer(acl.app, name="acl")
 app.command()(trace.trace)
+app.command("feedback")(feedback_command)
 
 
 @app.command()
