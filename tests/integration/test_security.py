@@ -27,16 +27,23 @@ from llmbus.client import LlmbusClient, TopicTail
 from llmbus.messages import (
     Control,
     ControlAction,
+    DeadLetter,
     ErrorCode,
+    Feedback,
     InferenceRequest,
+    InferenceResult,
     ModelSpec,
+    ResultStatus,
     TokenChunk,
     WorkerState,
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from services.router.training.feedback import read_feedback
+from services.shadow_comparator.store import ComparatorStore
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
-from tests.support import ServiceProc, fresh_settings, wait_workers_ready
+from tests.support import ServiceProc, eventually, fresh_settings, wait_workers_ready
 
 
 @pytest.fixture(scope="module")
@@ -248,3 +255,84 @@ async def test_over_tls_a_tenant_is_served_and_a_broker_it_cannot_verify_is_refu
         await asyncio.wait_for(producer.start(), 30)
     await stop_producer(producer, 10)
     assert "CERTIFICATE_VERIFY_FAILED" in caplog.text  # aiokafka logs the reason, raises a generic error
+
+
+async def test_a_tenant_writes_its_own_feedback_topic_only(secured_kafka: SecuredKafka, prefix: str) -> None:
+    mine = Feedback(request_id="r", tenant="acme", score=1.0)
+    await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", mine, key="r")
+    for topic in ("llm.feedback.globex", t.FEEDBACK):  # another tenant's; the shared one is the gateway's
+        with pytest.raises(TopicAuthorizationFailedError):
+            await produce_as(
+                secured_kafka, "tenant-acme", prefix, topic, mine.model_copy(update={"tenant": "globex"}), "r"
+            )
+
+
+@pytest.fixture(scope="module")
+async def comparator(
+    secured_kafka: SecuredKafka, prefix: str, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ComparatorStore]:
+    """The shadow-comparator as its own principal; its Redis store, to read what it counted."""
+    settings = secured_kafka.settings(t.COMPARATOR, prefix)
+    proc = ServiceProc(
+        "services.shadow_comparator",
+        settings,
+        secured_kafka.env(t.COMPARATOR) | {"LLMBUS_COMPARATOR_DECIDE": "false"},
+        tmp_path_factory.mktemp("secured-comparator"),
+    ).start()
+    store = ComparatorStore(redis_client(settings.redis_url, password=settings.redis_password), f"{prefix}comparator")
+    try:
+        yield store
+    except BaseException:
+        print(f"\n--- log of {proc.name} ---\n{proc.log_tail()}")
+        raise
+    finally:
+        proc.kill()
+        await store.drop()
+        await store.close()
+
+
+async def test_feedback_counts_only_from_the_requests_own_tenant(
+    secured_kafka: SecuredKafka, prefix: str, comparator: ComparatorStore
+) -> None:
+    """acme learned globex's request id: its feedback (first, on its own topic) is not counted, one
+    claiming to be globex's is dead-lettered, and globex's own feedback counts."""
+    rid = uuid.uuid4().hex
+    result = InferenceResult(
+        request_id=rid, tenant="globex", status=ResultStatus.OK, model="m", experiment_id="exp", variant="candidate"
+    )
+    await produce_as(secured_kafka, t.WORKER, prefix, t.RESULTS, result, key=rid)
+    await eventually(lambda: comparator.request_variant(rid), timeout_s=60)
+    foreign = Feedback(request_id=rid, tenant="acme", score=0.0)
+    await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", foreign, rid)
+    claim = Feedback(request_id=rid, tenant="globex", score=0.0)
+    await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", claim, rid)
+    own = Feedback(request_id=rid, tenant="globex", score=1.0)
+    await produce_as(secured_kafka, "tenant-globex", prefix, "llm.feedback.globex", own, rid)
+
+    async def settled() -> bool:
+        stats = await comparator.stats()
+        return all(stats.get(k, 0) >= 1 for k in ("feedback_joined", "feedback_foreign", "feedback_refused"))
+
+    await eventually(settled, timeout_s=30)
+    agg = await comparator.read_agg("exp", 0, "candidate")
+    assert (agg.get("fb_n"), agg.get("fb_neg", 0.0)) == (1.0, 0.0), agg  # globex's score alone
+    stats = await comparator.stats()
+    assert (stats["feedback_joined"], stats["feedback_foreign"], stats["feedback_refused"]) == (1, 1, 1)
+    letters = [DeadLetter.model_validate_json(v) for v in await read_as(secured_kafka, "operator", prefix, t.DLQ)]
+    [refused] = [d for d in letters if d.request_id == rid]
+    assert refused.error_code == ErrorCode.FORBIDDEN and refused.source_topic == f"{prefix}llm.feedback.acme"
+    assert "feedback claims tenant 'globex'" in refused.error
+
+
+async def test_the_retrain_reader_takes_each_feedbacks_tenant_from_its_topic(
+    secured_kafka: SecuredKafka, prefix: str
+) -> None:
+    rid = uuid.uuid4().hex
+    foreign = Feedback(request_id=rid, tenant="acme", score=0.0)
+    await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", foreign, rid)
+    claim = Feedback(request_id=rid, tenant="globex", score=0.0)
+    await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", claim, rid)
+    own = Feedback(request_id=rid, tenant="globex", score=1.0)
+    await produce_as(secured_kafka, "tenant-globex", prefix, "llm.feedback.globex", own, rid)
+    read = await read_feedback(secured_kafka.settings("operator", prefix), timeout_s=20)
+    assert sorted((f.tenant, f.score) for f in read if f.request_id == rid) == [("acme", 0.0), ("globex", 1.0)]
