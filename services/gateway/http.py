@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llmbus import topics as t
 from llmbus.apikeys import ApiKeyStore
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.chunks import RetryDiverged
@@ -26,6 +27,7 @@ from services.gateway import metrics
 from services.gateway.catalog import CatalogFollower, ModelCatalog
 from services.gateway.config import GatewaySettings
 from services.gateway.core import errors
+from services.gateway.core.feedback import FeedbackBody
 from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
 from services.gateway.core.translate import ResponseShape, finish_reason, to_request
 from services.gateway.relay import Exchange, Relay
@@ -229,6 +231,24 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
             metrics.IN_FLIGHT.dec()
 
 
+async def give_feedback(gw: Gateway, request: Request) -> JSONResponse:
+    """Onto the shared llm.feedback (the gateway's alone when auth is on) as the API key's tenant."""
+    tenant = await gw.tenant_of(request)
+    try:
+        body = FeedbackBody.model_validate(await read_json(request, gw.settings.max_body_bytes))
+    except ValidationError as exc:
+        raise _validation_error(exc) from exc
+    bus = gw.relay.bus
+    try:
+        await bus.publisher.publish(
+            bus.topics.name(t.FEEDBACK), body.as_tenants(tenant), key=body.request_id, request_id=body.request_id
+        )
+    except Exception as exc:
+        log.exception("could not publish feedback on %s", body.request_id)
+        raise errors.unavailable("The feedback could not be handed to the bus.") from exc
+    return JSONResponse({"object": "feedback", "request_id": body.request_id, "tenant": tenant}, status_code=202)
+
+
 class RequestIdMiddleware:
     """Gives every HTTP request an id (the llmbus request id) and returns it in `x-request-id`.
 
@@ -306,6 +326,12 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         response = await complete(gw, request, "completion")
+        metrics.HTTP_REQUESTS.labels(request.url.path, str(response.status_code)).inc()
+        return response
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> Response:
+        response = await give_feedback(gw, request)
         metrics.HTTP_REQUESTS.labels(request.url.path, str(response.status_code)).inc()
         return response
 

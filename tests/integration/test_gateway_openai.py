@@ -22,8 +22,9 @@ from llmbus import topics as t
 from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
+from llmbus.bus.tables import read_log
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import Control, ControlAction, Dispatch, ErrorCode, ModelSpec, ResultStatus
+from llmbus.messages import Control, ControlAction, Dispatch, ErrorCode, Feedback, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
@@ -414,6 +415,19 @@ async def test_one_connected_trace_across_every_service(stack: Stack) -> None:
     for key in ("llmbus.node_id", "llmbus.model.version", "llmbus.preemptions", "llmbus.cached_prefix_tokens"):
         assert key in result, key
     assert "llmbus.queue_time_ms" in result and "gen_ai.server.time_to_first_token" in result
+
+
+async def test_feedback_is_the_api_keys_tenants(stack: Stack) -> None:
+    url, auth = f"{stack.base_url}/v1/feedback", {"authorization": f"Bearer {stack.key}"}
+    async with httpx.AsyncClient(timeout=10) as http:
+        given = await http.post(url, json={"request_id": "r-fb", "score": 0.9}, headers=auth)
+        claim = await http.post(url, json={"request_id": "r-fb", "score": 0.1, "tenant": "globex"}, headers=auth)
+        anonymous = await http.post(url, json={"request_id": "r-fb", "score": 0.1})
+    assert given.status_code == 202 and given.json()["tenant"] == "acme", given.text
+    assert claim.status_code == 400 and "tenant" in claim.text
+    assert anonymous.status_code == 401
+    logged = await read_log(stack.settings, t.Topics(stack.settings.topic_prefix).name(t.FEEDBACK), Feedback, 10)
+    assert [(f.request_id, f.tenant, f.score) for _, f in logged] == [("r-fb", "acme", 0.9)]
 
 
 async def test_catalog_names_every_topic_the_services_really_use(stack: Stack) -> None:
