@@ -306,8 +306,8 @@ async def test_feedback_counts_only_from_the_requests_own_tenant(
     await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", foreign, rid)
     claim = Feedback(request_id=rid, tenant="globex", score=0.0)
     await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", claim, rid)
-    own = Feedback(request_id=rid, tenant="globex", score=1.0)
-    await produce_as(secured_kafka, "tenant-globex", prefix, "llm.feedback.globex", own, rid)
+    async with LlmbusClient(secured_kafka.settings("tenant-globex", prefix)) as client:  # to llm.feedback.globex
+        await client.send_feedback(Feedback(request_id=rid, score=1.0))
 
     async def settled() -> bool:
         stats = await comparator.stats()
