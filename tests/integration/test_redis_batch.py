@@ -82,4 +82,18 @@ async def test_an_unknown_script_is_loaded_and_only_its_calls_are_sent_again(cli
         bump([f"{prefix}script"], []),
     )
     assert replies == [True, 1, 2], "the SET NX ran once (not sent again), each script call once"
-    assert batch.round_trips == [3, 2]
+    assert batch.round_trips == [1, 2, 2], "the first call alone at once; the refused two sent again after the load"
+
+
+async def test_a_refused_script_in_a_batch_does_not_resend_the_others(client: redis.Redis, prefix: str) -> None:
+    batch = CountingBatcher(client)
+    bump = batch.script(f"-- {uuid.uuid4().hex}\nreturn redis.call('INCR', KEYS[1])")
+    first = asyncio.ensure_future(batch.call(lambda p: p.get(f"{prefix}nothing")))
+    await asyncio.sleep(0)  # the first call is at Redis: the next two share a round trip
+    replies = await asyncio.gather(
+        first,
+        batch.call(lambda p: p.incr(f"{prefix}plain")),
+        bump([f"{prefix}script"], []),
+    )
+    assert replies == [None, 1, 1], "INCR ran once although its batch was sent again for the script"
+    assert batch.round_trips == [1, 2, 1]

@@ -4,9 +4,9 @@ Under load the services issue many small, independent Redis commands at once (a 
 superseded checks, final claims and final marks of its concurrent attempts; a scheduler's
 releases of finished placements). Each one alone is a socket write and a read, and the
 profiles (bench/reports/pipeline_profile.md) show those syscalls as a large share of a
-service's CPU. Here a call queues its one command and awaits its own reply; while one
-pipeline is at Redis new calls queue, and the next pipeline takes them all. There is no
-timer, so a lone call is never delayed (the pattern of services/router/limits.py).
+service's CPU. Here a call with nothing else at Redis is sent at once, by its caller; while
+a round trip is under way new calls queue, and the next pipeline takes them all. There is
+no timer, so a lone call is never delayed (the pattern of services/router/limits.py).
 
 Nothing about a command changes: each keeps its own reply or error, scripts stay atomic
 on their own, and the pipeline is not a transaction (no caller waits for another's
@@ -33,6 +33,7 @@ class RedisBatcher:
         self._client = client
         self._max_batch = max_batch
         self._queue: list[_Call] = []
+        self._busy_in: asyncio.AbstractEventLoop | None = None  # the loop whose round trip is under way
         self._flusher: asyncio.Task[None] | None = None
         self._sources: dict[str, str] = {}  # script sha → its source, to load it after a NOSCRIPT
 
@@ -51,22 +52,34 @@ class RedisBatcher:
         return await self._call(queue, None)
 
     async def _call(self, queue: Queue, sha: str | None) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((queue, sha, future))
         loop = asyncio.get_running_loop()
-        if self._flusher is None or self._flusher.done() or self._flusher.get_loop() is not loop:
-            self._flusher = loop.create_task(self._flush())
-        return await future
+        future: asyncio.Future[Any] = loop.create_future()
+        if self._busy_in is loop:  # a round trip is under way: join the next one
+            self._queue.append((queue, sha, future))
+            return await future
+        # Nothing at Redis: this call goes at once, in the caller's own task (no hop through a task).
+        self._busy_in = loop
+        try:
+            await self._send([(queue, sha, future)])
+        finally:
+            self._busy_in = None
+            if self._queue:  # calls that came meanwhile: one pipeline, sent by a task of its own
+                self._busy_in = loop
+                self._flusher = loop.create_task(self._flush())
+        return future.result()
 
     async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-            try:
-                await self._send(batch)
-            except Exception as exc:  # noqa: BLE001 - the round trip failed: every waiting caller gets it
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+                try:
+                    await self._send(batch)
+                except Exception as exc:  # noqa: BLE001 - the round trip failed: every waiting caller gets it
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+        finally:
+            self._busy_in = None
 
     async def _send(self, batch: list[_Call]) -> None:
         replies = await self._execute(batch)
