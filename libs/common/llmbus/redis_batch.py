@@ -37,12 +37,12 @@ class RedisBatcher:
         self._flusher: asyncio.Task[None] | None = None
         self._sources: dict[str, str] = {}  # script sha → its source, to load it after a NOSCRIPT
 
-    def script(self, source: str) -> Callable[[Sequence[str], Sequence[object]], Any]:
+    def script(self, source: str) -> Callable[[Sequence[str], Sequence[str | int | float]], Any]:
         """A Lua script run through the batch: `await run(keys, args)`."""
         sha = self._client.register_script(source).sha
         self._sources[sha] = source
 
-        async def run(keys: Sequence[str], args: Sequence[object]) -> Any:
+        async def run(keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
             return await self._call(lambda pipe: pipe.evalsha(sha, len(keys), *keys, *args), sha)
 
         return run
