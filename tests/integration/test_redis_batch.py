@@ -44,6 +44,10 @@ class CountingBatcher(RedisBatcher):
         self.round_trips.append(len(batch))
         return await super()._execute(batch)
 
+    async def _alone(self, queue: Any, sha: str | None) -> Any:
+        self.round_trips.append(1)
+        return await super()._alone(queue, sha)
+
 
 async def test_concurrent_calls_share_round_trips_and_keep_their_replies(client: redis.Redis, prefix: str) -> None:
     batch = CountingBatcher(client)
@@ -83,6 +87,12 @@ async def test_an_unknown_script_is_loaded_and_only_its_calls_are_sent_again(cli
     )
     assert replies == [True, 1, 2], "the SET NX ran once (not sent again), each script call once"
     assert batch.round_trips == [1, 2, 2], "the first call alone at once; the refused two sent again after the load"
+
+
+async def test_a_lone_script_unknown_to_redis_is_loaded_and_run_once(client: redis.Redis, prefix: str) -> None:
+    bump = RedisBatcher(client).script(f"-- {uuid.uuid4().hex}\nreturn redis.call('INCR', KEYS[1])")
+    assert await bump([f"{prefix}lone"], []) == 1
+    assert await bump([f"{prefix}lone"], []) == 2
 
 
 async def test_a_refused_script_in_a_batch_does_not_resend_the_others(client: redis.Redis, prefix: str) -> None:

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
-Queue = Callable[[Pipeline], object]  # queues exactly one command on the pipeline
+# Puts exactly one command on a pipeline (or, given the client, returns that command's awaitable).
+Queue = Callable[[Any], Any]
 _Call = tuple[Queue, str | None, "asyncio.Future[Any]"]
 
 
@@ -53,20 +53,29 @@ class RedisBatcher:
 
     async def _call(self, queue: Queue, sha: str | None) -> Any:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
         if self._busy_in is loop:  # a round trip is under way: join the next one
+            future: asyncio.Future[Any] = loop.create_future()
             self._queue.append((queue, sha, future))
             return await future
         # Nothing at Redis: this call goes at once, in the caller's own task (no hop through a task).
         self._busy_in = loop
         try:
-            await self._send([(queue, sha, future)])
+            return await self._alone(queue, sha)
         finally:
             self._busy_in = None
             if self._queue:  # calls that came meanwhile: one pipeline, sent by a task of its own
                 self._busy_in = loop
                 self._flusher = loop.create_task(self._flush())
-        return future.result()
+
+    async def _alone(self, queue: Queue, sha: str | None) -> Any:
+        """One command on the client itself: no pipeline to build for a single command."""
+        try:
+            return await queue(self._client)
+        except NoScriptError:
+            if sha is None:
+                raise
+            await self._client.script_load(self._sources[sha])
+            return await queue(self._client)
 
     async def _flush(self) -> None:
         try:
