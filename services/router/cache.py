@@ -16,6 +16,7 @@ import redis.asyncio as redis
 from prometheus_client import Counter
 
 from llmbus.messages import FinishReason, InferenceResult, ResultStatus, Usage
+from llmbus.redis_batch import RedisBatcher
 from services.router.policy.ports import CachedAnswer
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ class RedisResponseCache:
         max_text_bytes: int = 256_000,
     ) -> None:
         self._client = client
+        self._batch = RedisBatcher(client)  # lookups and fills of concurrent requests share round trips
         self._namespace = namespace
         self._ttl_s = ttl_s
         self._pending_ttl_s = pending_ttl_s
@@ -49,7 +51,8 @@ class RedisResponseCache:
 
     async def lookup(self, key: str) -> CachedAnswer | None:
         try:
-            raw = await self._client.get(self._entry_key(key))
+            entry = self._entry_key(key)
+            raw = await self._batch.call(lambda pipe: pipe.get(entry))
         except (redis.RedisError, OSError):
             CACHE_ERRORS.inc()  # a cache outage is a miss, never a failed request
             log.warning("cache lookup failed", exc_info=True)
@@ -67,7 +70,8 @@ class RedisResponseCache:
 
     async def remember_pending(self, request_id: str, key: str) -> None:
         try:
-            await self._client.set(self._pending_key(request_id), key, ex=self._pending_ttl_s)
+            pending = self._pending_key(request_id)
+            await self._batch.call(lambda pipe: pipe.set(pending, key, ex=self._pending_ttl_s))
         except (redis.RedisError, OSError):
             CACHE_ERRORS.inc()  # only costs a future hit
             log.warning("cache pending mark failed", exc_info=True)
@@ -76,7 +80,8 @@ class RedisResponseCache:
         """Store a finished answer if its request was cacheable; True when stored."""
         if result.status != ResultStatus.OK or result.cached or result.shadow:
             return False
-        key_raw = await self._client.getdel(self._pending_key(result.request_id))
+        pending = self._pending_key(result.request_id)
+        key_raw = await self._batch.call(lambda pipe: pipe.getdel(pending))
         if key_raw is None:
             return False
         key = key_raw.decode() if isinstance(key_raw, bytes) else str(key_raw)
@@ -90,5 +95,6 @@ class RedisResponseCache:
             "model": result.model or "",
             "finish_reason": result.finish_reason.value if result.finish_reason else None,
         }
-        await self._client.set(self._entry_key(key), json.dumps(entry), ex=self._ttl_s)
+        target, value = self._entry_key(key), json.dumps(entry)
+        await self._batch.call(lambda pipe: pipe.set(target, value, ex=self._ttl_s))
         return True

@@ -27,6 +27,7 @@ import redis.asyncio as redis
 from prometheus_client import Counter
 
 from llmbus.messages import RoutedRequest, now_ms
+from llmbus.redis_batch import RedisBatcher
 
 log = logging.getLogger(__name__)
 COALESCE_JOINS = Counter("llmbus_router_coalesce_joins_total", "Cacheable misses by coalescing role", ["role"])
@@ -89,8 +90,10 @@ class RedisCoalescer:
         self._max_wait_ms = int(max_wait_s * 1000)
         self._park_ttl_ms = self._max_wait_ms + 600_000  # outlives the wait: the sweeper still finds it
         self._claim_lease_ms = int(claim_lease_s * 1000)
-        self._join = client.register_script(_JOIN)
-        self._finish = client.register_script(_FINISH)
+        # Joins and finishes of concurrent requests share Redis round trips (llmbus.redis_batch).
+        batch = RedisBatcher(client)
+        self._join = batch.script(_JOIN)
+        self._finish = batch.script(_FINISH)
 
     @property
     def _waiting(self) -> str:
@@ -100,8 +103,8 @@ class RedisCoalescer:
         """None: lead (route it). Else the leader's id: the request is parked behind it."""
         try:
             leader = await self._join(
-                keys=[f"{self._prefix}lead:{key}", self._waiting],
-                args=[
+                [f"{self._prefix}lead:{key}", self._waiting],
+                [
                     routed.request_id,
                     key,
                     self._lead_ttl_ms,
@@ -131,7 +134,7 @@ class RedisCoalescer:
 
         Their wait is cut to one claim lease: if this caller dies before answering them, the sweeper
         routes them alone soon, not after the whole max_wait_s."""
-        members = await self._finish(keys=[], args=[leader_id, self._prefix, now_ms() + self._claim_lease_ms])
+        members = await self._finish([], [leader_id, self._prefix, now_ms() + self._claim_lease_ms])
         return sorted(_text(m) for m in members)
 
     async def overdue(self, limit: int = 64) -> list[str]:

@@ -43,7 +43,7 @@ from llmbus.messages import (
 from llmbus.replies import publish_error, reply_topic_of
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.types import SchedRequest
+from services.scheduler.policy.types import Placement, SchedRequest
 from services.scheduler.pool_stats import PoolStatsRecorder
 from services.scheduler.store import PlacementStore
 
@@ -64,7 +64,8 @@ class SchedulerHandlers:
         self._spans: dict[str, trace.Span] = {}  # request id → the span of its llm.routed record, until answered
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
-        self._later: set[asyncio.Task[None]] = set()  # final errors waiting for a pending claim's lease
+        self._delivering: set[str] = set()  # request ids whose Dispatch awaits its ack (`_deliver`)
+        self._later: set[asyncio.Task[None]] = set()  # final errors waiting for a lease; acks being confirmed
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
         self.pool_stats = PoolStatsRecorder(settings.instance_id)  # the autoscaler's signals
 
@@ -118,8 +119,8 @@ class SchedulerHandlers:
         try:
             async with self._lock:
                 await self._publish(self.core.submit(request, now_ms()))
-            if not self.core.queues.holds(request.model, rid):
-                self._resolve(rid)  # placed, answered, or already placed before a restart
+            if not self.core.queues.holds(request.model, rid) and rid not in self._delivering:
+                self._resolve(rid)  # answered, or already placed before a restart (a Dispatch on its way resolves it)
             await answered  # cancelled by a hand-over: the record stays uncommitted for the new owner
         finally:
             self._source.pop(rid, None)
@@ -178,16 +179,30 @@ class SchedulerHandlers:
                 log.exception("timer actions failed")
 
     # -- publishing ---------------------------------------------------------------------------
+    # Decisions are made one event at a time under the lock: the core's calls, the Redis claims and
+    # final errors. A Dispatch is handed to a task of its own (`_deliver`) that waits for the broker's
+    # ack outside the lock, so the next events are decided while a Dispatch is on its way and several
+    # ride one produce request. What that leaves open, and why it is safe:
+    # - a Dispatch that fails after all is rolled back under the lock later; meanwhile other events saw
+    #   its placement counted on its worker (less free capacity: conservative), and its claim in Redis
+    #   stood, so no other instance placed the attempt;
+    # - a Dispatch reported failed but written (ack lost) runs on its worker as before: the final
+    #   marker lets one of the worker's result and the rollback's error out, never both;
+    # - the order of Dispatch records is not relied on: attempts of one request are fenced by number;
+    # - the llm.routed record of a request is resolved (and so may be committed) only after its
+    #   Dispatch's ack or its rollback, as before, so a crash in between still redelivers it.
     async def _publish(self, actions: list[Action]) -> None:
-        """Publish every action; one that fails does not stop the others (the first error is raised after)."""
+        """Act on every action (call under the lock); one that fails does not stop the others (the first
+        error is raised after). A placement's Dispatch is left on its way (`_deliver`)."""
         failed: list[Exception] = []
         for action in actions:
             span = self._spans.get(action.request.request_id, trace.get_current_span())
+            on_its_way = False
             try:
                 with trace.use_span(span, end_on_exit=False):
                     if isinstance(action, PlaceAction):
                         try:
-                            await self._dispatch(action)
+                            on_its_way = await self._dispatch(action)
                         except Exception as exc:  # rolled back: the request gets its final error instead
                             log.exception("could not place %s", action.placement.key)
                             await self._fail(FinalError(action.request, _internal(exc)))
@@ -196,35 +211,71 @@ class SchedulerHandlers:
             except Exception as exc:  # noqa: BLE001 - collected, raised once the other actions are out
                 failed.append(exc)
             finally:
-                self._resolve(action.request.request_id)
+                if not on_its_way:  # else resolved by `_deliver` once acknowledged or rolled back
+                    self._resolve(action.request.request_id)
         if failed:
             raise failed[0]
 
-    async def _dispatch(self, action: PlaceAction) -> None:
+    async def _deliver(self, action: PlaceAction, routed: RoutedRequest) -> None:
+        """The Dispatch sent and acknowledged, outside the lock; if it fails, rolled back under it."""
+        placement = action.placement
+        try:
+            await self._deliver_or_roll_back(action, routed)
+        finally:
+            self._delivering.discard(placement.request_id)
+
+    async def _deliver_or_roll_back(self, action: PlaceAction, routed: RoutedRequest) -> None:
+        placement = action.placement
+        try:
+            await self._send(placement.worker_id, routed, placement.attempt, action.request.prefix_block_hashes)
+        except Exception as exc:
+            log.exception("could not place %s", placement.key)
+            try:
+                async with self._lock:
+                    await self._roll_back(placement)
+                    await self._fail(FinalError(action.request, _internal(exc)))
+            except Exception as fail_exc:  # noqa: BLE001 - its record's handler raises it (DLQ, answer)
+                self._resolve(placement.request_id, fail_exc)
+                return
+        else:
+            self.pool_stats.on_placed(placement, routed.routed_at_ms, now_ms())
+            # Debug, not info: one line per request is a write per request (the result records where it ran).
+            log.debug("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
+        self._resolve(placement.request_id)
+
+    async def _roll_back(self, placement: Placement) -> None:
+        """No phantom placement stays counted, and the request id is not "held" any more."""
+        self.core.forget(placement.request_id, placement.attempt)
+        with contextlib.suppress(Exception):
+            await self.store.release_own(placement.request_id, placement.attempt)
+
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def _dispatch(self, action: PlaceAction) -> bool:
+        """Claim the placement and start its Dispatch (`_deliver`); False when nothing is sent."""
         placement = action.placement
         request = placement.request
         if request.routed is None:
             self.core.forget(placement.request_id, placement.attempt)
-            return
+            return False
         try:
             if placement.attempt > 1 and not await self._supersede(action):
-                return
+                return False
             if not await self.store.claim(placement):
                 # Another instance placed this attempt first: count nothing here.
                 self.core.forget(placement.request_id, placement.attempt)
-                return
+                return False
             if placement.attempt > 1:
                 await self.store.release_own(placement.request_id, placement.attempt - 1)
-            await self._send(placement.worker_id, request.routed, placement.attempt, request.prefix_block_hashes)
-            self.pool_stats.on_placed(placement, request.routed.routed_at_ms, now_ms())
         except Exception:
-            # Roll back: no phantom placement stays counted, and the request id is not "held" any more.
-            self.core.forget(placement.request_id, placement.attempt)
-            with contextlib.suppress(Exception):
-                await self.store.release_own(placement.request_id, placement.attempt)
+            await self._roll_back(placement)
             raise
-        # Debug, not info: one line per request is a write per request (the result records where it ran).
-        log.debug("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
+        # Started under the lock, so records reach the producer in the order decided.
+        self._delivering.add(placement.request_id)
+        self._keep(asyncio.create_task(self._deliver(action, request.routed)))
+        return True
 
     async def _supersede(self, action: PlaceAction) -> bool:
         """Fence off the earlier attempts before sending this one; False when it must not go out now."""
@@ -333,11 +384,14 @@ class SchedulerHandlers:
             log.warning("final marker of %s unreachable; publishing its error anyway", request_id, exc_info=True)
             return True
 
-    def _resolve(self, request_id: str) -> None:
+    def _resolve(self, request_id: str, error: Exception | None = None) -> None:
         self._spans.pop(request_id, None)
         future = self._answered.pop(request_id, None)
         if future is not None and not future.done():
-            future.set_result(None)
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
 
 
 def _internal(exc: BaseException) -> ErrorInfo:

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as redis
 
 from llmbus.messages import RoutedRequest
+from llmbus.redis_batch import RedisBatcher
 from services.scheduler.policy.types import Placement, SchedRequest
 
 # KEYS: the placement. ARGV: this instance. 1: deleted; 0: absent or another instance's.
@@ -85,7 +86,9 @@ class PlacementStore:
         self.instance_id = instance_id
         self.ttl_s = ttl_s
         self.scan_batch = scan_batch
-        self._release_own = client.register_script(_RELEASE_OWN)
+        # Claims and releases share round trips (every outcome of a fetched batch releases one).
+        self._batch = RedisBatcher(client)
+        self._release_own = self._batch.script(_RELEASE_OWN)
 
     def key(self, request_id: str, attempt: int) -> str:
         return f"{self._prefix}{request_id}:{attempt}"
@@ -93,15 +96,17 @@ class PlacementStore:
     async def claim(self, placement: Placement) -> bool:
         """Record the placement unless this attempt was already placed (by anyone); True if ours."""
         key = self.key(placement.request_id, placement.attempt)
-        return bool(await self._client.set(key, encode(placement, self.instance_id), nx=True, ex=self.ttl_s))
+        value = encode(placement, self.instance_id)
+        return bool(await self._batch.call(lambda pipe: pipe.set(key, value, nx=True, ex=self.ttl_s)))
 
     async def release(self, request_id: str, attempt: int) -> None:
         """The attempt is over (its outcome arrived): whoever placed it, the claim goes."""
-        await self._client.delete(self.key(request_id, attempt))
+        key = self.key(request_id, attempt)
+        await self._batch.call(lambda pipe: pipe.delete(key))
 
     async def release_own(self, request_id: str, attempt: int) -> bool:
         """Delete the claim only if this instance holds it; True if it did."""
-        return bool(await self._release_own(keys=[self.key(request_id, attempt)], args=[self.instance_id]))
+        return bool(await self._release_own([self.key(request_id, attempt)], [self.instance_id]))
 
     async def raw_values(self) -> AsyncIterator[bytes | str]:
         """Every stored placement, read in SCAN batches (bounded replies)."""

@@ -222,3 +222,28 @@ async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanw
     await handlers.fence.final_published("r6", 1)  # the attempt's result went out after all
     await asyncio.sleep(0.8)
     assert not publisher(handlers).of(InferenceResult)
+
+
+async def test_the_next_request_is_placed_while_a_dispatch_awaits_its_ack(client: redis.Redis, namespace: str) -> None:
+    """The lock covers decisions and claims, not the broker's ack: a slow ack does not hold up the
+    next placement, and the request's record is resolved (committable) only once its ack is in."""
+    handlers = make_handlers(client, namespace)
+    await add_worker(handlers)
+    ack = asyncio.Event()
+    real_publish = publisher(handlers).publish
+
+    async def slow_first_dispatch(topic: str, value: object, **kw: object) -> None:
+        if isinstance(value, Dispatch) and value.request_id == "slow":
+            await ack.wait()
+        await real_publish(topic, value, **kw)
+
+    publisher(handlers).publish = slow_first_dispatch  # type: ignore[method-assign]
+    slow = asyncio.create_task(handlers.on_routed(routed_record("slow")))
+    await asyncio.sleep(0.1)
+    await asyncio.wait_for(handlers.on_routed(routed_record("fast", partition=1)), 5)
+    assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["fast"]
+    assert not slow.done(), "its record stays open until its Dispatch is acknowledged"
+    ack.set()
+    await asyncio.wait_for(slow, 5)
+    assert sorted(d.request_id for d in publisher(handlers).of(Dispatch)) == ["fast", "slow"]
+    assert not publisher(handlers).of(InferenceResult)

@@ -28,6 +28,8 @@ from typing import Protocol
 
 import redis.asyncio as redis
 
+from llmbus.redis_batch import RedisBatcher
+
 log = logging.getLogger(__name__)
 
 # KEYS: final, fence. ARGV: attempt, lease_ms. 1: claimed (publish now), 0: not yours.
@@ -86,10 +88,13 @@ class RequestFence:
         self._namespace = namespace
         self.final_ttl_s = final_ttl_s
         self.claim_lease_ms = int(claim_lease_s * 1000)
-        self._claim = client.register_script(_CLAIM)
-        self._supersede = client.register_script(_SUPERSEDE)
-        self._claim_for_error = client.register_script(_CLAIM_FOR_ERROR)
-        self._restart = client.register_script(_RESTART)
+        # Every call goes through one batcher: the concurrent attempts of a worker (or requests of
+        # a scheduler) share Redis round trips instead of making one each.
+        self._batch = RedisBatcher(client)
+        self._claim = self._batch.script(_CLAIM)
+        self._supersede = self._batch.script(_SUPERSEDE)
+        self._claim_for_error = self._batch.script(_CLAIM_FOR_ERROR)
+        self._restart = self._batch.script(_RESTART)
 
     def _keys(self, request_id: str) -> list[str]:
         base = f"llmbus:{self._namespace}"
@@ -97,33 +102,36 @@ class RequestFence:
 
     async def superseded(self, request_id: str, attempt: int) -> bool:
         """True when this attempt may no longer run: a later one was placed, or another owns the result."""
-        final, fence = await self._client.mget(self._keys(request_id))
+        keys = self._keys(request_id)
+        final, fence = await self._batch.call(lambda pipe: pipe.mget(keys))
         if fence is not None and int(fence) > attempt:
             return True
         return final is not None and final != f"pending:{attempt}".encode()
 
     async def claim_final(self, request_id: str, attempt: int) -> bool:
         """Take the right to publish the final result (call just before publishing it)."""
-        return bool(await self._claim(keys=self._keys(request_id), args=[attempt, self.claim_lease_ms]))
+        return bool(await self._claim(self._keys(request_id), [attempt, self.claim_lease_ms]))
 
     async def final_published(self, request_id: str, attempt: int) -> None:
-        await self._client.set(self._keys(request_id)[0], f"done:{attempt}", ex=self.final_ttl_s)
+        final = self._keys(request_id)[0]
+        await self._batch.call(lambda pipe: pipe.set(final, f"done:{attempt}", ex=self.final_ttl_s))
 
     async def supersede(self, request_id: str, attempt: int) -> Superseded:
         """Before sending `attempt` (> 1): fence off the earlier ones, unless one owns the result."""
-        return Superseded(int(await self._supersede(keys=self._keys(request_id), args=[attempt, self.final_ttl_s])))
+        return Superseded(int(await self._supersede(self._keys(request_id), [attempt, self.final_ttl_s])))
 
     async def claim_for_error(self, request_id: str) -> bool:
         """The scheduler's final error: True if it is the result (no attempt claimed one first)."""
-        return bool(await self._claim_for_error(keys=self._keys(request_id), args=[self.final_ttl_s, _EVERY_ATTEMPT]))
+        return bool(await self._claim_for_error(self._keys(request_id), [self.final_ttl_s, _EVERY_ATTEMPT]))
 
     async def restart(self, request_id: str) -> bool:
         """A fallback to another model starts its attempts at 1 again; False: the result is taken."""
-        return bool(await self._restart(keys=self._keys(request_id)))
+        return bool(await self._restart(self._keys(request_id), []))
 
     async def holder(self, request_id: str) -> str | None:
         """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""
-        value = await self._client.get(self._keys(request_id)[0])
+        final = self._keys(request_id)[0]
+        value = await self._batch.call(lambda pipe: pipe.get(final))
         return value.decode() if isinstance(value, bytes) else value
 
 

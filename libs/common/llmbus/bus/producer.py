@@ -226,9 +226,8 @@ class Publisher:
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         encoded_key = key.encode() if key is not None else None
         producer = self._producer
-        delivery = await asyncio.wait_for(
-            producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers), self._timeout_s
-        )
+        async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
+            delivery = await producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers)
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
         PUBLISHED.labels(self._service, topic).inc()
         return delivery
@@ -245,7 +244,8 @@ class Publisher:
         """Wait (bounded) until every future from `send` is acknowledged; raises the first failure."""
         if deliveries:
             try:
-                await asyncio.wait_for(asyncio.gather(*deliveries), self._timeout_s)
+                async with asyncio.timeout(self._timeout_s):
+                    await asyncio.gather(*deliveries)
             except TimeoutError as exc:
                 raise PublishTimeout(
                     f"no ack from Kafka for {len(deliveries)} records within {self._timeout_s}s"
