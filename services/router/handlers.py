@@ -95,21 +95,7 @@ class RouterHandlers:
         except Exception as exc:
             # Limits, budgets or cache unreachable (Redis): the client gets its final error now, and
             # the record goes to the DLQ with the reason (raised on to the ConsumerLoop).
-            await publish_error(
-                self.bus.publisher,
-                self.bus.topics,
-                request_id=request.request_id,
-                tenant=request.tenant,
-                error=ErrorInfo(
-                    code=ErrorCode.INTERNAL,
-                    message=f"could not route the request: {type(exc).__name__}: {exc}"[:2000],
-                    retryable=True,
-                    retry_after_ms=1000,
-                ),
-                produced_by=self.bus.service,
-                reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
-                attempt=ROUTER_ATTEMPT,
-            )
+            await self._answer_unrouted(request, exc)
             raise
         try:
             await self._publish(request, outcome)
@@ -119,9 +105,10 @@ class RouterHandlers:
             raise  # and the record goes to the DLQ with the reason
 
     async def _answer_unrouted(self, request: InferenceRequest, exc: Exception) -> None:
-        """The routed request did not go out (the broker stayed away past publish_retry_s, or refused
-        it): the client gets its final error. The answer is claimed first, so if the routed record is
-        written after all, the worker attempt that runs it publishes no second result."""
+        """The request could not be routed (limits, budgets or cache unreachable) or its routed record
+        did not go out (the broker stayed away past publish_retry_s, or refused it): the client gets its
+        final error. The answer is claimed first, so if the routed record is written after all (or the
+        request comes again), the attempt that runs it publishes no second result."""
         if not await self._claim_answer(request.request_id):
             return
         await publish_error(

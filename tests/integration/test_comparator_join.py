@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
 import pytest
 import redis.asyncio as redis
 
@@ -20,20 +17,11 @@ from llmbus.messages import (
     Usage,
     now_ms,
 )
-from llmbus.settings import BusSettings
-from llmbus.state import redis_client
 from services.shadow_comparator.comparator import Comparator, ExperimentView
 from services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
 from services.shadow_comparator.store import ComparatorStore
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client(redis_up: None) -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    yield c
-    await c.aclose()
 
 
 class Harness:
@@ -44,15 +32,6 @@ class Harness:
 
     async def publish(self, comparison: Comparison) -> None:
         self.published.append(comparison)
-
-
-@pytest.fixture
-async def namespace(client: redis.Redis) -> AsyncIterator[str]:
-    ns = f"test-comparator-{uuid.uuid4().hex[:10]}"
-    yield ns
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
-    if keys:
-        await client.delete(*keys)
 
 
 def shadow_view() -> ExperimentView:

@@ -10,17 +10,9 @@ import redis.asyncio as redis
 
 from llmbus.fencing import RequestFence, Superseded
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state import dispatch_markers
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    await c.ping()
-    yield c
-    await c.aclose()
 
 
 @pytest.fixture

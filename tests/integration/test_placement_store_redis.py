@@ -3,36 +3,15 @@
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
 
 from llmbus.messages import InferenceRequest, RoutedRequest
-from llmbus.settings import BusSettings
-from llmbus.state import redis_client
 from services.scheduler.policy.types import Placement, SchedRequest
 from services.scheduler.store import PlacementStore
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    await c.ping()
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-async def namespace(client: redis.Redis) -> AsyncIterator[str]:
-    ns = f"test-placements-{uuid.uuid4().hex[:10]}"
-    yield ns
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
-    if keys:
-        await client.delete(*keys)
 
 
 def placement(request_id: str, attempt: int = 1, worker: str = "w1") -> Placement:

@@ -12,18 +12,8 @@ import redis.asyncio as redis
 from redis.exceptions import ResponseError
 
 from llmbus.redis_batch import RedisBatcher
-from llmbus.settings import BusSettings
-from llmbus.state import redis_client
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    await c.ping()
-    yield c
-    await c.aclose()
 
 
 @pytest.fixture

@@ -3,34 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
 
 from llmbus.messages import InferenceRequest, RoutedRequest, now_ms
-from llmbus.settings import BusSettings
-from llmbus.state import redis_client
 from services.router.coalescing import RedisCoalescer
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-async def namespace(client: redis.Redis) -> AsyncIterator[str]:
-    ns = f"test-coalesce-{uuid.uuid4().hex[:10]}"
-    yield ns
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
-    if keys:
-        await client.delete(*keys)
 
 
 def routed(request_id: str) -> RoutedRequest:

@@ -9,8 +9,6 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.messages import ErrorCode, ErrorInfo, InferenceRequest, InferenceResult, ResultStatus, Usage
-from llmbus.settings import BusSettings
-from llmbus.state import redis_client
 from services.router.cache import RedisResponseCache
 from services.router.policy.cache_key import cache_key
 from services.router.policy.complexity import build_scorer
@@ -18,13 +16,6 @@ from services.router.policy.config import load_policy
 from services.router.policy.pipeline import RouterCore
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    yield c
-    await c.aclose()
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
@@ -15,18 +13,6 @@ from services.router.limits import RedisRateLimiter
 from services.router.policy.config import TenantPolicy
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-def namespace() -> str:
-    return f"test-router-{uuid.uuid4().hex[:10]}"
 
 
 async def _cleanup(client: redis.Redis, namespace: str) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -11,8 +10,6 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, Usage
-from llmbus.settings import BusSettings
-from llmbus.state import redis_client
 from services.router.cache import RedisResponseCache
 from services.router.policy.cache_key import cache_key
 from services.router.policy.config import SemanticCachePolicy
@@ -37,22 +34,6 @@ class TableEmbedder:
             tail = np.random.default_rng(len(text)).normal(size=16) * 0.05  # small difference
             rows.append(base + tail)
         return normalised(np.array(rows, dtype=np.float32))
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-async def namespace(client: redis.Redis) -> AsyncIterator[str]:
-    ns = f"test-semantic-{uuid.uuid4().hex[:10]}"
-    yield ns
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
-    if keys:
-        await client.delete(*keys)
 
 
 def caches(client: redis.Redis, namespace: str, **policy: object) -> tuple[RedisResponseCache, RedisSemanticCache]:

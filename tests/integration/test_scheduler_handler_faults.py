@@ -27,7 +27,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state import dispatch_markers
 from llmbus.topics import Topics
 from services.scheduler.app import build_core
 from services.scheduler.config import SchedulerSettings
@@ -68,14 +68,6 @@ class FakeBus:
 
     async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
         self.dead_letters.append(record)
-
-
-@pytest.fixture
-async def client() -> AsyncIterator[redis.Redis]:
-    c = redis_client(BusSettings().redis_url)
-    await c.ping()
-    yield c
-    await c.aclose()
 
 
 @pytest.fixture

@@ -137,25 +137,10 @@ def batch_increments(records: list[CostRecord], namespace: str) -> dict[str, dic
             if key is None:
                 key = keys[(hour_ms, period, dim)] = agg_key(namespace, period, hour_ms, dim)
             fields = out[key]
-            for metric, n in zip(METRICS_ORDER, sums, strict=True):
+            for metric, n in zip(METRICS, sums, strict=True):
                 if n:
                     fields[f"{value}|{metric}"] += n
     return {key: dict(fields) for key, fields in out.items() if fields}
-
-
-METRICS_ORDER = (
-    "cost",
-    "saving",
-    "capped",
-    "cold",
-    "prompt",
-    "completion",
-    "cached",
-    "trimmed",
-    "requests",
-    "baseline",
-    "list",
-)
 
 
 def read_totals(flat: dict[str, int]) -> dict[str, dict[str, int]]:
