@@ -168,7 +168,11 @@ async def test_router_rules_variants_shadows_limits_and_budgets(
             await bus.publisher.publish(topics.name(t.REQUESTS), request, key=request.request_id)
         errors: list[InferenceResult] = await read_for(results_tail, InferenceResult, lambda rs: len(rs) >= 2, 30)
         by_code = {r.request_id: r for r in errors}
-        limited = by_code[f"{run}-tiny-2"]
+        # The burst allows two of tiny's three: which one is refused depends on the order the router
+        # handles them in, and records of different partitions are handled concurrently.
+        tiny = {f"{run}-tiny-{i}" for i in range(3)}
+        [limited_id] = [rid for rid in by_code if rid in tiny]
+        limited = by_code[limited_id]
         assert limited.status == ResultStatus.ERROR and limited.error is not None
         assert limited.error.code == ErrorCode.RATE_LIMITED and limited.error.retry_after_ms is not None
         assert limited.error.retry_after_ms > 0
@@ -176,10 +180,10 @@ async def test_router_rules_variants_shadows_limits_and_budgets(
         assert over.error is not None and over.error.code == ErrorCode.OVER_BUDGET
         chunks: list[TokenChunk] = await read_for(tokens_tail, TokenChunk, lambda cs: len(cs) >= 2, 30)
         finals = {c.request_id: c for c in chunks if c.final}
-        assert finals[f"{run}-tiny-2"].error is not None and finals[f"{run}-strict"].error is not None
+        assert finals[limited_id].error is not None and finals[f"{run}-strict"].error is not None
         # The two requests within the burst were routed, not refused.
         more: list[RoutedRequest] = await read_for(routed_tail, RoutedRequest, lambda rs: len(rs) >= 2, 10)
-        assert {r.request_id for r in more} == {f"{run}-tiny-0", f"{run}-tiny-1"}
+        assert {r.request_id for r in more} == tiny - {limited_id}
     finally:
         for tail in (routed_tail, results_tail, tokens_tail):
             await tail.stop()
