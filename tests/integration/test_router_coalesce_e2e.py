@@ -170,8 +170,11 @@ async def test_followers_of_a_failed_leader_are_routed_alone_and_answered_once(
         assert result.error is not None and result.error.code == ErrorCode.DEADLINE_EXCEEDED
     assert sorted(r.request_id for r in routed) == sorted(ids)  # the leader, then each follower alone
     [leader] = [r for r in routed if not r.route_reason.startswith("coalesce_fallback:")]
+    # Leader and followers share one deadline: a follower goes alone either on the leader's failure
+    # or, when its own wait (the same deadline) runs out first on a loaded machine, by the sweeper.
+    fallbacks = ("coalesce_fallback:leader_failed:deadline_exceeded:", "coalesce_fallback:timeout:")
     for follower in routed:
         if follower is not leader:
-            assert follower.route_reason.startswith("coalesce_fallback:leader_failed:deadline_exceeded:")
+            assert follower.route_reason.startswith(fallbacks), follower.route_reason
     assert {c.request_id for c in chunks if c.final} == ids  # each client's stream ends
     assert await waiting_followers(bus_settings) == 0
