@@ -7,11 +7,11 @@ from typing import Any
 
 import redis.asyncio as redis
 
+from llmbus.state import text_of
 from services.cost_accounting.core.aggregates import SCALING_METRICS, agg_key, read_totals
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook
 from services.cost_accounting.core.savings import savings
-from services.cost_accounting.store import text_of
 
 VIEWS = ("tenant", "model", "experiment", "pool", "kind", "total")
 

@@ -9,6 +9,7 @@ import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
 from llmbus.messages import CostRecord, InferenceResult
+from llmbus.state import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
 
 # A cost record is applied once: its marker and its increments in one atomic step.
@@ -172,10 +173,6 @@ class CostStore:
     async def first_alert(self, tenant: str, period_key: str, threshold: int) -> bool:
         key = f"{self.ns}cost:alert:{tenant}:{period_key}:{threshold}"
         return bool(await self.client.set(key, "1", nx=True, ex=400 * 86400))
-
-
-def text_of(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def _period_of(key: str) -> str:

@@ -28,6 +28,7 @@ from prometheus_client import Counter
 
 from llmbus.messages import RoutedRequest, now_ms
 from llmbus.redis_batch import RedisBatcher
+from llmbus.state import text_of
 
 log = logging.getLogger(__name__)
 COALESCE_JOINS = Counter("llmbus_router_coalesce_joins_total", "Cacheable misses by coalescing role", ["role"])
@@ -69,10 +70,6 @@ for _, member in ipairs(members) do
 end
 return members
 """
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 class RedisCoalescer:
@@ -118,7 +115,7 @@ class RedisCoalescer:
             COALESCE_ERRORS.inc()  # coalescing is a saving, never a reason to fail a request
             log.warning("coalescing join failed; %s routed alone", routed.request_id, exc_info=True)
             return None
-        leader_id = _text(leader) if leader else None
+        leader_id = text_of(leader) if leader else None
         COALESCE_JOINS.labels("follow" if leader_id else "lead").inc()
         return leader_id
 
@@ -135,12 +132,12 @@ class RedisCoalescer:
         Their wait is cut to one claim lease: if this caller dies before answering them, the sweeper
         routes them alone soon, not after the whole max_wait_s."""
         members = await self._finish([], [leader_id, self._prefix, now_ms() + self._claim_lease_ms])
-        return sorted(_text(m) for m in members)
+        return sorted(text_of(m) for m in members)
 
     async def overdue(self, limit: int = 64) -> list[str]:
         """Followers past their wait (their leader's result never came)."""
         members = await self._client.zrangebyscore(self._waiting, "-inf", now_ms(), start=0, num=limit)
-        return [_text(m) for m in members if isinstance(m, bytes | str)]
+        return [text_of(m) for m in members if isinstance(m, bytes | str)]
 
     async def claim(self, follower_id: str) -> RoutedRequest | None:
         """The parked follower, if this caller may answer it now; None if answered or being answered."""

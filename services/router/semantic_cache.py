@@ -18,6 +18,7 @@ import redis.asyncio as redis
 from prometheus_client import Counter
 
 from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus
+from llmbus.state import text_of
 from services.router.cache import RedisResponseCache
 from services.router.policy.config import SemanticCachePolicy
 from services.router.policy.ports import SemanticProbe
@@ -25,10 +26,6 @@ from services.router.policy.semantic import Embedder, Vector, nearest, semantic_
 
 log = logging.getLogger(__name__)
 SEMANTIC_LOOKUPS = Counter("llmbus_router_semantic_cache_lookups_total", "Semantic cache lookups", ["outcome"])
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 class RedisSemanticCache:
@@ -65,7 +62,7 @@ class RedisSemanticCache:
             log.warning("semantic cache lookup failed; a miss", exc_info=True)
             SEMANTIC_LOOKUPS.labels("error").inc()
             return SemanticProbe(None, 0.0, vector)
-        keys = [_text(k) for k in entries]
+        keys = [text_of(k) for k in entries]
         found = None
         if keys:
             rows = [v if isinstance(v, bytes) else v.encode() for v in entries.values()]
@@ -103,8 +100,8 @@ class RedisSemanticCache:
         pending, _ = await pipe.execute()
         if not pending:
             return False
-        fields = {_text(k): v for k, v in pending.items()}
-        tenant, model, key = _text(fields["tenant"]), _text(fields["model"]), _text(fields["key"])
+        fields = {text_of(k): v for k, v in pending.items()}
+        tenant, model, key = text_of(fields["tenant"]), text_of(fields["model"]), text_of(fields["key"])
         if tenant != result.tenant or not key.startswith(f"{tenant}:"):
             return False  # never index an answer under another tenant
         if await self._answers.lookup(key) is None:
@@ -116,7 +113,7 @@ class RedisSemanticCache:
         *_, size = await pipe.execute()
         if size > self._policy.max_entries:
             oldest = await self._client.zpopmin(self._order(tenant, model), size - self._policy.max_entries)
-            dropped = [_text(entry[0]) for entry in oldest if isinstance(entry, tuple | list)]
+            dropped = [text_of(entry[0]) for entry in oldest if isinstance(entry, tuple | list)]
             if dropped:
                 await self._client.hdel(self._index(tenant, model), *dropped)  # type: ignore[misc]
         return True

@@ -20,10 +20,9 @@ from llmbus.bus import Bus, decode
 from llmbus.bus.admin import open_admin
 from llmbus.messages import CostRecord, InferenceResult, ResultStatus, Usage, now_ms
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state import redis_client, text_of
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import load_pricebook
-from services.cost_accounting.store import text_of
 from tests.support import ServiceProc, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -9,6 +9,11 @@ from llmbus.fencing import RequestFence
 from llmbus.settings import BusSettings
 
 
+def text_of(raw: bytes | str) -> str:
+    """A Redis reply as text (clients without decode_responses return bytes)."""
+    return raw.decode() if isinstance(raw, bytes) else raw
+
+
 def redis_client(url: str, max_connections: int = 64, password: SecretStr | None = None) -> redis.Redis:
     """A client of the Redis at `url`; `password` (Redis AUTH) is kept out of the URL, so out of logs."""
     # Bounded like every other network call: a dead Redis fails fast instead of hanging. The
