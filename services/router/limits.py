@@ -6,22 +6,22 @@ Doing both in one script means a request refused for tokens never eats a request
 and several router replicas share one exact view. The clock is Redis's own (TIME), so
 clock skew between router hosts cannot mint tokens.
 
-Calls are batched: while one pipeline of scripts is at Redis, new calls queue, and the
-next pipeline takes them all. There is no timer, so a lone request is never delayed; under
-load one round trip serves many requests (measured: ~450 µs per call alone vs ~140 µs
+Calls are batched (llmbus.redis_batch): while one round trip is at Redis, new calls queue,
+and the next pipeline takes them all. There is no timer, so a lone request is never delayed;
+under load one round trip serves many requests (measured: ~450 µs per call alone vs ~140 µs
 per call in pipelines of 100 on the 2-core dev box). Each script stays atomic on its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 
 import redis.asyncio as redis
 from prometheus_client import Counter
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
+from llmbus.redis_batch import RedisBatcher
 from services.router.policy.config import TenantPolicy
 from services.router.policy.ports import RateDecision
 
@@ -60,56 +60,11 @@ log = logging.getLogger(__name__)
 LIMITER_ERRORS = Counter("llmbus_router_ratelimit_errors_total", "Rate-limit checks that failed open (Redis error)")
 
 
-_Call = tuple[list[str], list[float | int], "asyncio.Future[list[int]]"]
-
-
 class RedisRateLimiter:
     def __init__(self, client: redis.Redis, namespace: str, max_batch: int = 256) -> None:
-        self._client = client
         self._namespace = namespace
-        self._script = client.register_script(_TAKE_LUA)
-        self._max_batch = max_batch
-        self._queue: list[_Call] = []
-        self._flusher: asyncio.Task[None] | None = None
-
-    async def _run_script(self, keys: list[str], args: list[float | int]) -> list[int]:
-        future: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
-        self._queue.append((keys, args, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        return await future
-
-    async def _flush(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
-            try:
-                replies = await self._pipeline(batch)
-            except Exception as exc:  # noqa: BLE001 - every waiting caller gets the error
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
-                continue
-            for (_, _, future), reply in zip(batch, replies, strict=True):
-                if future.done():
-                    continue
-                if isinstance(reply, Exception):
-                    future.set_exception(reply)
-                else:
-                    future.set_result(reply)  # type: ignore[arg-type]  # the script returns {int, int, int}
-
-    async def _pipeline(self, batch: list[_Call]) -> list[object]:
-        replies = await self._evalsha_all(batch)
-        if any(isinstance(r, NoScriptError) for r in replies):
-            # Redis restarted or its script cache was flushed: load once and run the batch again.
-            await self._client.script_load(_TAKE_LUA)
-            replies = await self._evalsha_all(batch)
-        return replies
-
-    async def _evalsha_all(self, batch: list[_Call]) -> list[object]:
-        pipe = self._client.pipeline(transaction=False)
-        for keys, args, _ in batch:
-            pipe.evalsha(self._script.sha, len(keys), *keys, *args)
-        return await pipe.execute(raise_on_error=False)
+        # Concurrent requests' checks share pipeline round trips (llmbus.redis_batch).
+        self._run_script = RedisBatcher(client, max_batch).script(_TAKE_LUA)
 
     def keys(self, tenant: str) -> list[str]:
         # The {tenant} hash tag keeps both buckets in one Redis Cluster slot, as a script needs.
