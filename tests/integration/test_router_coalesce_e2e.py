@@ -63,6 +63,10 @@ def results_of_all(ids: set[str]) -> Callable[[list[InferenceResult]], bool]:
     return lambda results: {r.request_id for r in results} == ids
 
 
+def routed_all(ids: set[str]) -> Callable[[list[RoutedRequest]], bool]:
+    return lambda routed: {r.request_id for r in routed} == ids
+
+
 def never(_: list[Message]) -> bool:
     return False
 
@@ -158,7 +162,9 @@ async def test_followers_of_a_failed_leader_are_routed_alone_and_answered_once(
         results = await read_until(results_tail, InferenceResult, ids, results_of_all(ids), timeout_s=60)
         results += await read_until(results_tail, InferenceResult, ids, never, timeout_s=1.5)
         chunks = await read_until(tokens_tail, TokenChunk, ids, finals_of_all(ids), timeout_s=10)
-        routed = await read_until(routed_tail, RoutedRequest, ids, never, timeout_s=0.5)
+        # Every id's routed record (a loaded broker may hand them over late), then any second copy.
+        routed = await read_until(routed_tail, RoutedRequest, ids, routed_all(ids), timeout_s=15)
+        routed += await read_until(routed_tail, RoutedRequest, ids, never, timeout_s=0.5)
     finally:
         for tail in tails:
             await tail.stop()
