@@ -179,13 +179,20 @@ class SchedulerHandlers:
                 log.exception("timer actions failed")
 
     # -- publishing ---------------------------------------------------------------------------
-    # Decisions are made one event at a time under the lock: the core's calls, the Redis claims and
-    # final errors. A Dispatch is handed to a task of its own (`_deliver`) that waits for the broker's
-    # ack outside the lock, so the next events are decided while a Dispatch is on its way and several
-    # ride one produce request. What that leaves open, and why it is safe:
-    # - a Dispatch that fails after all is rolled back under the lock later; meanwhile other events saw
-    #   its placement counted on its worker (less free capacity: conservative), and its claim in Redis
-    #   stood, so no other instance placed the attempt;
+    # Decisions are made one event at a time under the lock: the core's calls, the fencing of later
+    # attempts and final errors. A first attempt's placement is handed to a task of its own
+    # (`_deliver`) that claims it in Redis and sends its Dispatch outside the lock, so the next events
+    # are decided meanwhile: the claims of placements decided close together share one Redis round
+    # trip (RedisBatcher) and their Dispatches one produce request. What that leaves open, and why it
+    # is safe:
+    # - until its claim and Dispatch are through, a placement is counted on its worker (less free
+    #   capacity: conservative); a claim another instance won, a claim that failed or a Dispatch that
+    #   failed is rolled back under the lock later (a lost claim is forgotten, nothing is answered: the
+    #   winner places it);
+    # - no other instance can place the attempt meanwhile without one of the two claims failing, and
+    #   the llm.routed record stays uncommitted until then, so a crash redelivers it;
+    # - a later attempt (the worker declared dead) fences this one off before it is sent; should this
+    #   one's Dispatch still go out after that, its worker finds it superseded and runs nothing;
     # - a Dispatch reported failed but written (ack lost) runs on its worker as before: the final
     #   marker lets one of the worker's result and the rollback's error out, never both;
     # - the order of Dispatch records is not relied on: attempts of one request are fenced by number;
@@ -216,17 +223,23 @@ class SchedulerHandlers:
         if failed:
             raise failed[0]
 
-    async def _deliver(self, action: PlaceAction, routed: RoutedRequest) -> None:
-        """The Dispatch sent and acknowledged, outside the lock; if it fails, rolled back under it."""
+    async def _deliver(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
+        """The placement claimed (when `claim`), its Dispatch sent and acknowledged, outside the lock;
+        if either fails, rolled back under it."""
         placement = action.placement
         try:
-            await self._deliver_or_roll_back(action, routed)
+            await self._deliver_or_roll_back(action, routed, claim)
         finally:
             self._delivering.discard(placement.request_id)
 
-    async def _deliver_or_roll_back(self, action: PlaceAction, routed: RoutedRequest) -> None:
+    async def _deliver_or_roll_back(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
         placement = action.placement
         try:
+            if claim and not await self.store.claim(placement):
+                async with self._lock:  # another instance placed this attempt first: count nothing here
+                    self.core.forget(placement.request_id, placement.attempt)
+                self._resolve(placement.request_id)
+                return
             await self._send(placement.worker_id, routed, placement.attempt, action.request.prefix_block_hashes)
         except Exception as exc:
             log.exception("could not place %s", placement.key)
@@ -254,27 +267,30 @@ class SchedulerHandlers:
         task.add_done_callback(self._later.discard)
 
     async def _dispatch(self, action: PlaceAction) -> bool:
-        """Claim the placement and start its Dispatch (`_deliver`); False when nothing is sent."""
+        """Start the placement's claim and Dispatch (`_deliver`); False when nothing is sent.
+
+        A later attempt is fenced and claimed here, under the lock (it must fence off the earlier
+        ones before anything else is decided about the request); a first attempt is claimed by its
+        `_deliver` task, outside it."""
         placement = action.placement
         request = placement.request
         if request.routed is None:
             self.core.forget(placement.request_id, placement.attempt)
             return False
-        try:
-            if placement.attempt > 1 and not await self._supersede(action):
-                return False
-            if not await self.store.claim(placement):
-                # Another instance placed this attempt first: count nothing here.
-                self.core.forget(placement.request_id, placement.attempt)
-                return False
-            if placement.attempt > 1:
+        if placement.attempt > 1:
+            try:
+                if not await self._supersede(action):
+                    return False
+                if not await self.store.claim(placement):
+                    # Another instance placed this attempt first: count nothing here.
+                    self.core.forget(placement.request_id, placement.attempt)
+                    return False
                 await self.store.release_own(placement.request_id, placement.attempt - 1)
-        except Exception:
-            await self._roll_back(placement)
-            raise
-        # Started under the lock, so records reach the producer in the order decided.
+            except Exception:
+                await self._roll_back(placement)
+                raise
         self._delivering.add(placement.request_id)
-        self._keep(asyncio.create_task(self._deliver(action, request.routed)))
+        self._keep(asyncio.create_task(self._deliver(action, request.routed, claim=placement.attempt == 1)))
         return True
 
     async def _supersede(self, action: PlaceAction) -> bool:

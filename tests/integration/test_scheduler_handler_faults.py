@@ -239,3 +239,47 @@ async def test_the_next_request_is_placed_while_a_dispatch_awaits_its_ack(client
     await asyncio.wait_for(slow, 5)
     assert sorted(d.request_id for d in publisher(handlers).of(Dispatch)) == ["fast", "slow"]
     assert not publisher(handlers).of(InferenceResult)
+
+
+async def test_the_next_request_is_placed_while_a_first_attempts_claim_is_at_redis(
+    client: redis.Redis, namespace: str
+) -> None:
+    """A first attempt is claimed outside the lock: a slow claim does not hold up the next placement
+    (placements decided close together share a Redis round trip), and its record stays open until
+    its claim and Dispatch are through."""
+    handlers = make_handlers(client, namespace)
+    await add_worker(handlers)
+    claimed = asyncio.Event()
+    real_claim = handlers.store.claim
+
+    async def slow_first_claim(placement):  # type: ignore[no-untyped-def]
+        if placement.request_id == "slow":
+            await claimed.wait()
+        return await real_claim(placement)
+
+    handlers.store.claim = slow_first_claim  # type: ignore[method-assign]
+    slow = asyncio.create_task(handlers.on_routed(routed_record("slow")))
+    await asyncio.sleep(0.1)
+    await asyncio.wait_for(handlers.on_routed(routed_record("fast", partition=1)), 5)
+    assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["fast"]
+    assert handlers.core.fleet.placement_of("slow") is not None, "counted on its worker while it is claimed"
+    assert not slow.done(), "its record stays open until its claim and Dispatch are through"
+    claimed.set()
+    await asyncio.wait_for(slow, 5)
+    assert sorted(d.request_id for d in publisher(handlers).of(Dispatch)) == ["fast", "slow"]
+    assert await client.get(handlers.store.key("slow", 1)) is not None
+
+
+async def test_a_first_attempt_another_instance_claimed_is_forgotten_without_an_answer(
+    client: redis.Redis, namespace: str
+) -> None:
+    """The claim lost to another instance (a rebalance delivered the record to both): this one sends
+    nothing, answers nothing, counts nothing, and its record is done."""
+    handlers = make_handlers(client, namespace)
+    await add_worker(handlers)
+    await client.set(handlers.store.key("r1", 1), '{"instance": "s2"}')
+    await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
+    assert not publisher(handlers).of(Dispatch) and not publisher(handlers).of(InferenceResult)
+    assert handlers.core.fleet.placement_of("r1") is None
+    assert handlers.core.fleet.workers["w1"].inflight_count == 0
+    assert "s2" in str(await client.get(handlers.store.key("r1", 1))), "the winner's claim is left alone"
