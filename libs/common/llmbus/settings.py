@@ -53,6 +53,10 @@ class BusSettings(BaseSettings):
     replication_factor: int = 1
     min_insync_replicas: int = 1
     poll_timeout_ms: int = 200
+    # Under load (the last poll brought more than one record) a consumer waits this long before its
+    # next poll, so the next fetch brings what arrived meanwhile in one response: fewer fetch round
+    # trips and wake-ups per record. A lone record is never held back (0: off).
+    fetch_linger_ms: float = 0.0
     max_poll_records: int = 500
     commit_interval_s: float = 0.2
     watchdog_s: float = 60.0
@@ -67,6 +71,7 @@ class BusSettings(BaseSettings):
     # redelivered later than this could run again. Keep it above llm.dispatch's retention of
     # unconsumed records in practice (a worker down longer than this replays its backlog).
     final_marker_ttl_s: int = 24 * 3600
+    cpu_profile: str | None = None  # a file: the process's CPU-time profile is written there at exit (llmbus.profiling)
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
     # Tracing is on when spans go somewhere (OTLP endpoint, console or trace_file); off, it costs nothing.
     trace_sample_ratio: float = 1.0  # share of new traces kept; a sampled parent's children always are

@@ -17,6 +17,7 @@ from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import send_to_dlq
 from llmbus.bus.producer import Publisher, make_producer, stop_producer
 from llmbus.messages import ErrorCode
+from llmbus.profiling import cpu_profiled
 from llmbus.settings import BusSettings
 from llmbus.telemetry import setup_logging, setup_tracing
 from llmbus.topics import Topics
@@ -97,7 +98,7 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
 
     # uvloop: the event loop's own cost (socket writes, polling, callbacks) is most of a service's
     # CPU per message (bench/reports/pipeline.md); libuv's is a fraction of asyncio's pure-Python one.
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with cpu_profiled(settings.cpu_profile), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_run())
 
 
