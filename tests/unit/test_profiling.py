@@ -13,15 +13,15 @@ def _spin(n: int) -> int:
 
 
 def test_the_profile_names_where_cpu_went(tmp_path: Path) -> None:
-    path = tmp_path / "svc.pstat"
-    with cpu_profiled(str(path)):
+    with cpu_profiled(str(tmp_path / "out"), "svc"):
         _spin(200_000)
+    [path] = (tmp_path / "out").glob("svc-*.pstat")
     stats = pstats.Stats(str(path))
     spent = {name: entry[3] for (_, _, name), entry in stats.stats.items()}  # type: ignore[attr-defined]
     assert spent.get("_spin", 0) > 0
 
 
 def test_no_path_no_profile(tmp_path: Path) -> None:
-    with cpu_profiled(None):
+    with cpu_profiled(None, "svc"):
         _spin(1000)
     assert not list(tmp_path.iterdir())

@@ -71,7 +71,7 @@ class BusSettings(BaseSettings):
     # redelivered later than this could run again. Keep it above llm.dispatch's retention of
     # unconsumed records in practice (a worker down longer than this replays its backlog).
     final_marker_ttl_s: int = 24 * 3600
-    cpu_profile: str | None = None  # a file: the process's CPU-time profile is written there at exit (llmbus.profiling)
+    cpu_profile: str | None = None  # a directory: the process's CPU-time profile is written there at exit
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
     # Tracing is on when spans go somewhere (OTLP endpoint, console or trace_file); off, it costs nothing.
     trace_sample_ratio: float = 1.0  # share of new traces kept; a sampled parent's children always are

@@ -98,7 +98,7 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
 
     # uvloop: the event loop's own cost (socket writes, polling, callbacks) is most of a service's
     # CPU per message (bench/reports/pipeline.md); libuv's is a fraction of asyncio's pure-Python one.
-    with cpu_profiled(settings.cpu_profile), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+    with cpu_profiled(settings.cpu_profile, service), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_run())
 
 
