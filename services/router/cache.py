@@ -20,6 +20,14 @@ from llmbus.redis_batch import RedisBatcher
 from services.router.policy.ports import CachedAnswer
 
 log = logging.getLogger(__name__)
+# KEYS: the entry, the request's pending mark. ARGV: the cache key, the mark's TTL. The entry, or
+# nil after marking the request pending (a miss and its mark in one round trip).
+_LOOKUP_OR_MARK = """
+local entry = redis.call('GET', KEYS[1])
+if entry then return entry end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return false
+"""
 CACHE_ERRORS = Counter("llmbus_router_cache_errors_total", "Cache calls that failed (Redis error); treated as misses")
 CACHE_LOOKUPS = Counter("llmbus_router_cache_lookups_total", "Exact cache lookups", ["outcome"])
 
@@ -35,6 +43,7 @@ class RedisResponseCache:
     ) -> None:
         self._client = client
         self._batch = RedisBatcher(client)  # lookups and fills of concurrent requests share round trips
+        self._lookup_or_mark = self._batch.script(_LOOKUP_OR_MARK)
         self._namespace = namespace
         self._ttl_s = ttl_s
         self._pending_ttl_s = pending_ttl_s
@@ -49,12 +58,17 @@ class RedisResponseCache:
     def _pending_key(self, request_id: str) -> str:
         return f"llmbus:{self._namespace}:cache-pending:{request_id}"
 
-    async def lookup(self, key: str) -> CachedAnswer | None:
+    async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
+        """The answer cached under `key`; on a miss, `pending_id` (if given) is remembered as pending
+        for `key` in the same round trip, so its result fills the entry."""
         try:
             entry = self._entry_key(key)
-            raw = await self._batch.call(lambda pipe: pipe.get(entry))
+            if pending_id is None:
+                raw = await self._batch.call(lambda pipe: pipe.get(entry))
+            else:
+                raw = await self._lookup_or_mark([entry, self._pending_key(pending_id)], [key, self._pending_ttl_s])
         except (redis.RedisError, OSError):
-            CACHE_ERRORS.inc()  # a cache outage is a miss, never a failed request
+            CACHE_ERRORS.inc()  # a cache outage is a miss (and costs only a future hit), never a failed request
             log.warning("cache lookup failed", exc_info=True)
             return None
         CACHE_LOOKUPS.labels("hit" if raw is not None else "miss").inc()
@@ -67,14 +81,6 @@ class RedisResponseCache:
             model=data["model"],
             finish_reason=FinishReason(data["finish_reason"]) if data.get("finish_reason") else None,
         )
-
-    async def remember_pending(self, request_id: str, key: str) -> None:
-        try:
-            pending = self._pending_key(request_id)
-            await self._batch.call(lambda pipe: pipe.set(pending, key, ex=self._pending_ttl_s))
-        except (redis.RedisError, OSError):
-            CACHE_ERRORS.inc()  # only costs a future hit
-            log.warning("cache pending mark failed", exc_info=True)
 
     async def complete(self, result: InferenceResult) -> bool:
         """Store a finished answer if its request was cacheable; True when stored."""

@@ -58,7 +58,7 @@ async def test_failed_shadow_and_foreign_results_are_not_stored(cache: RedisResp
     request = InferenceRequest(prompt="q", temperature=0.0, tenant="acme")
     key = cache_key(request, "m")
     for rid in ("e", "s", "x"):
-        await cache.remember_pending(rid, key)
+        assert await cache.lookup(key, pending_id=rid) is None
     failed = InferenceResult(
         request_id="e", tenant="acme", status=ResultStatus.ERROR, error=ErrorInfo.of(ErrorCode.ENGINE_FAILED, "boom")
     )
@@ -72,9 +72,20 @@ async def test_failed_shadow_and_foreign_results_are_not_stored(cache: RedisResp
 async def test_entries_expire(client: redis.Redis, cache: RedisResponseCache) -> None:
     request = InferenceRequest(prompt="q", temperature=0.0, tenant="acme")
     key = cache_key(request, "m")
-    await cache.remember_pending("r", key)
+    assert await cache.lookup(key, pending_id="r") is None
     assert await cache.complete(ok_result("r", "acme"))
     ttl_s = await client.ttl(f"llmbus:{cache._namespace}:cache:{key}")
     assert 0 < ttl_s <= 60
     answer = await cache.lookup(key)
     assert answer is not None and answer.text == "4" and answer.model == "m"
+
+
+async def test_a_lookup_marks_only_a_miss_pending(client: redis.Redis, cache: RedisResponseCache) -> None:
+    """Lookup and pending mark are one round trip: a miss is marked (its result fills the entry), a hit is not."""
+    key = cache_key(InferenceRequest(prompt="q", temperature=0.0, tenant="acme"), "m")
+    assert await cache.lookup(key, pending_id="first") is None
+    assert await client.ttl(f"llmbus:{cache._namespace}:cache-pending:first") > 0
+    assert await cache.complete(ok_result("first", "acme"))
+    hit = await cache.lookup(key, pending_id="second")
+    assert hit is not None and hit.text == "4"
+    assert await client.exists(f"llmbus:{cache._namespace}:cache-pending:second") == 0

@@ -53,7 +53,7 @@ async def answer(exact: RedisResponseCache, semantic: RedisSemanticCache, reques
     key = cache_key(request, MODEL)
     probe = await semantic.lookup(request, MODEL)
     assert probe.answer is None
-    await exact.remember_pending(request.request_id, key)
+    assert await exact.lookup(key, pending_id=request.request_id) is None
     await semantic.remember_pending(request.request_id, key, request.tenant, MODEL, probe.vector)
     result = InferenceResult(
         request_id=request.request_id,

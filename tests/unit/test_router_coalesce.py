@@ -28,11 +28,8 @@ from services.router.policy.ports import CachedAnswer
 
 
 class MemoryCache:
-    async def lookup(self, key: str) -> CachedAnswer | None:
+    async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
         return None
-
-    async def remember_pending(self, request_id: str, key: str) -> None:
-        pass
 
 
 class MemoryCoalescer:

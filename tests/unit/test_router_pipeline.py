@@ -39,11 +39,11 @@ class FakeCache:
     entries: dict[str, CachedAnswer] = field(default_factory=dict)
     pending: dict[str, str] = field(default_factory=dict)
 
-    async def lookup(self, key: str) -> CachedAnswer | None:
-        return self.entries.get(key)
-
-    async def remember_pending(self, request_id: str, key: str) -> None:
-        self.pending[request_id] = key
+    async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
+        hit = self.entries.get(key)
+        if hit is None and pending_id is not None:
+            self.pending[pending_id] = key
+        return hit
 
 
 @dataclass

@@ -21,11 +21,8 @@ def policy_with(**semantic: object) -> RouterPolicy:
 
 
 class NoExactCache:
-    async def lookup(self, key: str) -> CachedAnswer | None:
+    async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
         return None
-
-    async def remember_pending(self, request_id: str, key: str) -> None:
-        pass
 
 
 class FakeSemantic:

@@ -235,10 +235,9 @@ class RouterCore:
         )
         if self.cache is not None and self.policy.cache.enabled and cacheable(request):
             key = cache_key(request, model)
-            hit = await self.cache.lookup(key)
+            hit = await self.cache.lookup(key, pending_id=request.request_id)
             if hit is not None:
                 return answered_from(routed, hit, f"cache_hit:{routed.route_reason}")
-            await self.cache.remember_pending(request.request_id, key)
             if self.semantic is not None and semantic_eligible(request, self.policy):
                 probe = await self.semantic.lookup(request, model)
                 if probe.answer is not None:

@@ -36,9 +36,10 @@ class RateLimiter(Protocol):
 
 
 class ResponseCache(Protocol):
-    async def lookup(self, key: str) -> CachedAnswer | None: ...
-
-    async def remember_pending(self, request_id: str, key: str) -> None: ...
+    async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
+        """The answer cached under `key`; on a miss, `pending_id` is remembered as pending for `key`
+        (its result fills the entry)."""
+        ...
 
 
 class BudgetView(Protocol):
