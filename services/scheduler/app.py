@@ -22,6 +22,7 @@ from services.scheduler.pool_stats import publish_pool_stats
 from services.scheduler.store import PlacementStore
 
 log = logging.getLogger(__name__)
+OUTCOMES_IN_FLIGHT = 256
 
 
 def build_core(sched: SchedulerSettings) -> SchedulerCore:
@@ -104,9 +105,17 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
             service=t.SCHEDULER,
             max_in_flight=sched.max_in_flight,
         ),
+        # Outcomes are handled concurrently: their claims' releases share Redis round trips, and the
+        # core sees them one at a time under the handlers' lock in any order (it holds one placement
+        # per request and ignores an outcome of any other attempt; a release is of that attempt's key).
         ConsumerLoop(
-            outcomes, handlers.on_outcome, bus.dead_letter, settings, service=t.SCHEDULER, max_in_flight=1
-        ),  # in order: an attempt's release before the next one's
+            outcomes,
+            handlers.on_outcome,
+            bus.dead_letter,
+            settings,
+            service=t.SCHEDULER,
+            max_in_flight=OUTCOMES_IN_FLIGHT,
+        ),
     ]
     routed.subscribe([topics.name(t.ROUTED)], listener=HandOverListener(loops[1].rebalance_listener(), handlers))
     outcomes.subscribe([topics.name(t.OUTCOMES)], listener=loops[2].rebalance_listener())
