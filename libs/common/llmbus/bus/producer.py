@@ -25,6 +25,7 @@ from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
+from llmbus.metric_children import children_of
 from llmbus.settings import BusSettings
 from llmbus.telemetry import tracing_off
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")
 
 PUBLISHED = Counter("llmbus_messages_published_total", "Messages published", ["service", "topic"])
+_published = children_of(PUBLISHED)
 PRODUCER_RENEWALS = Counter(
     "llmbus_producer_renewals_total", "Producers replaced after the broker refused their sequence", ["service"]
 )
@@ -203,7 +205,7 @@ class Publisher:
                     if self._abandoned(producer):
                         raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
                     log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
-                PUBLISHED.labels(self._service, topic).inc()
+                _published(self._service, topic).inc()
                 return
             except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
                 # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
@@ -229,7 +231,7 @@ class Publisher:
         async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
             delivery = await producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers)
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
-        PUBLISHED.labels(self._service, topic).inc()
+        _published(self._service, topic).inc()
         return delivery
 
     def _check_delivery(self, producer: AIOKafkaProducer, delivery: asyncio.Future[object]) -> None:
@@ -273,7 +275,7 @@ class Publisher:
         except KafkaError as exc:
             await self._replace_broken(producer, exc)  # the caller's retry then goes out on a working one
             raise
-        PUBLISHED.labels(self._service, topic).inc()
+        _published(self._service, topic).inc()
 
 
 async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
