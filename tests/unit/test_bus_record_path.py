@@ -7,7 +7,6 @@ import asyncio
 import pytest
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

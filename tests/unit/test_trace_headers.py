@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from opentelemetry import baggage, trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
 from opentelemetry.propagators.textmap import DefaultGetter, DefaultSetter, TextMapPropagator
 from opentelemetry.trace.span import TraceState
 
