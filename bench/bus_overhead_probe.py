@@ -4,7 +4,7 @@
 
 Imports `llmbus` from whatever PYTHONPATH gives (the bench runs it once against the tree under
 test and once against the baseline commit), so it calls only what both have: `headers.outgoing`,
-`headers.trace_context`, `ConsumerLoop._handle`, `Publisher.send`, `Publisher.publish`.
+`headers.trace_context`, `codec.decode`, `ConsumerLoop._handle`, `Publisher.send`, `Publisher.publish`.
 Prints one JSON object: {case: [µs per call of each repeat]}. No broker: the producer is a fake
 whose send returns an already acknowledged future, the handler does nothing.
 """
@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from llmbus.bus import headers as hdr
+from llmbus.bus.codec import decode
 from llmbus.bus.consumer import ConsumerLoop
 from llmbus.bus.producer import Publisher
 from llmbus.messages import InferenceResult, TokenChunk
@@ -162,6 +163,7 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
     )
     tp = TopicPartition("llm.routed", 0)
     offsets = iter(range(10**9))
+    encoded = ConsumerRecord(TOPIC, 0, 0, 0, 0, None, message.to_bytes(), None, 0, 0, headers)
 
     async def handle_one() -> None:
         offset = next(offsets)
@@ -172,6 +174,7 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
     return {
         "headers.outgoing": in_context(lambda: hdr.outgoing(message, SERVICE), context),
         "headers.trace_context": in_context(lambda: hdr.trace_context(headers), otel_context.Context()),
+        "codec.decode (TokenChunk)": in_context(lambda: decode(encoded, TokenChunk), otel_context.Context()),
         "ConsumerLoop._handle": in_loop(handle_one, otel_context.Context()),
         "Publisher.send (TokenChunk)": in_loop(lambda: publisher.send(TOPIC, message, key="k"), context),
         "Publisher.publish (InferenceResult)": in_loop(
