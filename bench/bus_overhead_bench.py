@@ -100,7 +100,7 @@ def markdown(report: dict[str, object]) -> str:
         f"Command: `{report['command']}`",
         "",
         f"Baseline: `{report['baseline']}` (its `libs/common`) against this tree; each side in its own process, "
-        f"sides alternating, {report['rounds']} rounds × {report['repeats']} repeats × {report['calls']} calls. "
+        f"sides alternating, {report['rounds']} rounds x {report['repeats']} repeats x {report['calls']} calls. "
         "µs of CPU (process time) per call: the lowest repeat, the median in brackets. "
         f"Python {report['python']}, uvloop, load average at the start {report['load_average']}.",
         "",
