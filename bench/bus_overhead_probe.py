@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -28,7 +29,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from llmbus.bus import headers as hdr
 from llmbus.bus.codec import decode
 from llmbus.bus.consumer import ConsumerLoop
-from llmbus.bus.producer import Publisher
+from llmbus.bus.producer import Publisher, make_producer
 from llmbus.messages import InferenceResult, TokenChunk
 from llmbus.settings import BusSettings
 from llmbus.telemetry import setup_tracing
@@ -141,6 +142,17 @@ def in_context(step: Callable[[], object], context: otel_context.Context) -> Cal
     return many
 
 
+def producer_partitioner() -> Callable[[bytes | None, list[int], list[int]], int]:
+    """The partitioner of the producer services get from make_producer (aiokafka keeps it as `_partitioner`)."""
+
+    async def made() -> Callable[[bytes | None, list[int], list[int]], int]:
+        producer = make_producer(BusSettings(), "bench")  # never started: nothing is connected
+        await producer.stop()
+        return producer._partitioner  # type: ignore[no-any-return]
+
+    return asyncio.run(made())
+
+
 def cases(mode: str) -> dict[str, Callable[[int], None]]:
     context = producer_context(mode)
     headers = record_headers(mode)
@@ -171,7 +183,19 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
         consumer_loop._tracker.started(tp, offset)  # what ConsumerLoop._start does before the task
         await consumer_loop._handle(tp, record, 0)
 
+    partitioner = producer_partitioner()
+    keys = [f"{i:032x}".encode() for i in range(8)]  # a worker's requests in flight, several records each
+    partitions = list(range(6))
+
+    new_keys = (f"{i:032x}".encode() for i in itertools.count(10**6))
+
+    def partition_seen_keys() -> None:
+        for key in keys:
+            partitioner(key, partitions, partitions)
+
     return {
+        "partitioner, a key seen before": lambda calls: in_context(partition_seen_keys, context)(calls // len(keys)),
+        "partitioner, a new key": in_context(lambda: partitioner(next(new_keys), partitions, partitions), context),
         "headers.outgoing": in_context(lambda: hdr.outgoing(message, SERVICE), context),
         "headers.trace_context": in_context(lambda: hdr.trace_context(headers), otel_context.Context()),
         "codec.decode (TokenChunk)": in_context(lambda: decode(encoded, TokenChunk), otel_context.Context()),

@@ -22,6 +22,7 @@ from prometheus_client import Counter
 from llmbus import semconv
 from llmbus.bus import headers as hdr
 from llmbus.bus.message_metrics import observe_published
+from llmbus.bus.partitioner import partition_for
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
@@ -66,6 +67,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
     # an acknowledged record is on min.insync.replicas brokers (the topics' setting).
     # A record over max_message_bytes fails at send (MessageSizeTooLargeError), before the broker:
     # the topics accept exactly what producers may send (llmbus.bus.admin.topic_config).
+    # partition_for: the default partitioner's partitions, each key hashed once (llmbus.bus.partitioner).
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         client_id=client_id,
@@ -75,6 +77,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
         linger_ms=settings.linger_ms,
         max_batch_size=min(settings.max_batch_bytes, settings.max_message_bytes),
         max_request_size=settings.max_message_bytes,
+        partitioner=partition_for,
         **kafka_auth(settings),
     )
 
