@@ -193,6 +193,10 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
         for key in keys:
             partitioner(key, partitions, partitions)
 
+    async def bounded_nothing() -> None:
+        async with asyncio.timeout(5.0):
+            pass
+
     return {
         "partitioner, a key seen before": lambda calls: in_context(partition_seen_keys, context)(calls // len(keys)),
         "partitioner, a new key": in_context(lambda: partitioner(next(new_keys), partitions, partitions), context),
@@ -201,6 +205,7 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
         "codec.decode (TokenChunk)": in_context(lambda: decode(encoded, TokenChunk), otel_context.Context()),
         "ConsumerLoop._handle": in_loop(handle_one, otel_context.Context()),
         "Publisher.send (TokenChunk)": in_loop(lambda: publisher.send(TOPIC, message, key="k"), context),
+        "asyncio.timeout, for scale (one per send and publish)": in_loop(bounded_nothing, context),
         "Publisher.publish (InferenceResult)": in_loop(
             lambda: publisher.publish("llm.results", final, key="k"), context
         ),
