@@ -38,6 +38,11 @@ def log(msg: str) -> None:
     print(f"[bus_overhead_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+def have_commit(commit: str) -> bool:
+    found = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT, capture_output=True)
+    return found.returncode == 0
+
+
 def baseline_libs(commit: str, into: Path) -> Path:
     """The baseline commit's `libs/common`, unpacked from git (no worktree, nothing checked out)."""
     archive = subprocess.run(
@@ -134,6 +139,9 @@ def main() -> None:
     command = "python -m bench.bus_overhead_bench" + (
         f" --baseline {args.baseline} --calls {args.calls} --repeats {args.repeats} --rounds {args.rounds}"
     )
+    if not have_commit(args.baseline):  # a shallow clone: nothing to compare with, the report is left as it is
+        log(f"baseline {args.baseline} is not in this clone: nothing measured (fetch it, or pass --baseline)")
+        return
     load_average = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="bus-overhead-") as tmp:
         sides = {"before": baseline_libs(args.baseline, Path(tmp)), "after": ROOT / "libs" / "common"}
