@@ -153,6 +153,30 @@ def producer_partitioner() -> Callable[[bytes | None, list[int], list[int]], int
     return asyncio.run(made())
 
 
+def sends_through_aiokafka(context: otel_context.Context, message: TokenChunk) -> Callable[[int], None]:
+    """Publisher.send over make_producer's own producer, never started: the topic's partitions are
+    given in place of fetched metadata and nothing is flushed, so each send is the bus library's
+    work plus aiokafka's enqueue (partitioner, serialisation, batch append) and nothing else."""
+    keys = [f"{i:032x}" for i in range(8)]  # a worker's requests in flight, several chunks each
+    partitions = {0, 1, 2, 3, 4, 5}
+    sent = itertools.count()
+    publishers: list[Publisher] = []
+
+    async def known_metadata(topic: str) -> set[int]:
+        return partitions
+
+    def publisher() -> Publisher:
+        if not publishers:  # made on the loop that runs the sends (aiokafka binds to it)
+            producer = make_producer(BusSettings(max_batch_bytes=2**30, max_message_bytes=2**30), "bench")
+            producer.client._wait_on_metadata = known_metadata
+            producer.client.cluster.partitions_for_topic = lambda topic: partitions
+            producer.client.cluster.available_partitions_for_topic = lambda topic: partitions
+            publishers.append(Publisher(producer, SERVICE, send_timeout_s=5.0))
+        return publishers[0]
+
+    return in_loop(lambda: publisher().send(TOPIC, message, key=keys[next(sent) % len(keys)]), context)
+
+
 def cases(mode: str) -> dict[str, Callable[[int], None]]:
     context = producer_context(mode)
     headers = record_headers(mode)
@@ -205,6 +229,7 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
         "codec.decode (TokenChunk)": in_context(lambda: decode(encoded, TokenChunk), otel_context.Context()),
         "ConsumerLoop._handle": in_loop(handle_one, otel_context.Context()),
         "Publisher.send (TokenChunk)": in_loop(lambda: publisher.send(TOPIC, message, key="k"), context),
+        "Publisher.send (TokenChunk) through aiokafka's producer": sends_through_aiokafka(context, message),
         "asyncio.timeout, for scale (one per send and publish)": in_loop(bounded_nothing, context),
         "Publisher.publish (InferenceResult)": in_loop(
             lambda: publisher.publish("llm.results", final, key="k"), context
