@@ -70,8 +70,7 @@ def decode(
         except ValidationError:
             pass
         else:
-            fields_set = message.model_fields_set
-            if message.schema_version <= model.SCHEMA_VERSION and all(name in fields_set for name in required):
+            if message.schema_version <= model.SCHEMA_VERSION and message.model_fields_set.issuperset(required):
                 return message
     return _decode_slowly(raw, model, max_bytes, required)
 

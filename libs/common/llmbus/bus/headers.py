@@ -2,35 +2,55 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from opentelemetry import context as otel_context
-from opentelemetry.propagate import extract, inject
 
+from llmbus.bus.trace_headers import TRACEPARENT, TRACESTATE, incoming_trace_context, outgoing_trace_headers
 from llmbus.messages import Message
 
 SCHEMA = "llmbus-schema"
 REQUEST_ID = "llmbus-request-id"
 TENANT = "llmbus-tenant"
 PRODUCER = "llmbus-producer"
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
+
+__all__ = [
+    "PRODUCER",
+    "REQUEST_ID",
+    "SCHEMA",
+    "TENANT",
+    "TRACEPARENT",
+    "TRACESTATE",
+    "KafkaHeaders",
+    "as_dict",
+    "outgoing",
+    "trace_context",
+]
 
 KafkaHeaders = list[tuple[str, bytes]]
 
 
+@functools.cache
+def _schema_header(message_type: type[Message]) -> tuple[str, bytes]:
+    return (SCHEMA, message_type.schema_name().encode())
+
+
+@functools.cache
+def _producer_header(service: str) -> tuple[str, bytes]:
+    return (PRODUCER, service.encode())
+
+
 def outgoing(value: Message, service: str, request_id: str | None = None, tenant: str | None = None) -> KafkaHeaders:
     """Headers for a message published now, carrying the current span as `traceparent`."""
-    carrier: dict[str, str] = {}
-    inject(carrier)
-    headers: KafkaHeaders = [(SCHEMA, value.schema_name().encode()), (PRODUCER, service.encode())]
+    headers: KafkaHeaders = [_schema_header(type(value)), _producer_header(service)]
     request_id = request_id or getattr(value, "request_id", None)
     tenant = tenant or getattr(value, "tenant", None)
     if request_id:
         headers.append((REQUEST_ID, str(request_id).encode()))
     if tenant:
         headers.append((TENANT, str(tenant).encode()))
-    headers.extend((k, v.encode()) for k, v in carrier.items())
+    headers.extend(outgoing_trace_headers())
     return headers
 
 
@@ -46,5 +66,10 @@ def as_dict(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
 
 def trace_context(headers: Iterable[tuple[str, bytes]] | None) -> otel_context.Context:
     """The OpenTelemetry context of the producer of a record (an empty one when absent)."""
-    carrier = {k: v for k, v in as_dict(list(headers or ())).items() if k in (TRACEPARENT, TRACESTATE)}
-    return extract(carrier)
+    traceparent = tracestate = None
+    for key, raw in headers or ():  # the last of a repeated header wins, as it always did
+        if key == TRACEPARENT:
+            traceparent = raw
+        elif key == TRACESTATE:
+            tracestate = raw
+    return incoming_trace_context(traceparent, tracestate)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 from llmbus.messages import Dispatch, InferenceResult, Message, RoutedRequest
+from llmbus.metric_children import children_of
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
@@ -51,6 +52,18 @@ ROUTED = Counter(
 )
 DISPATCHES = Counter("llmbus_dispatches_total", "Dispatches by worker; attempt > 1 is a retry", ["worker", "retry"])
 
+# Touched for every message published: each child is looked up once (llmbus.metric_children).
+_results = children_of(RESULTS)
+_ttft_seconds = children_of(TTFT_SECONDS)
+_e2e_seconds = children_of(E2E_SECONDS)
+_queue_seconds = children_of(QUEUE_SECONDS)
+_generation_tokens = children_of(GENERATION_TOKENS)
+_prompt_tokens = children_of(PROMPT_TOKENS)
+_cached_prompt_tokens = children_of(CACHED_PROMPT_TOKENS)
+_preemptions = children_of(PREEMPTIONS)
+_routed = children_of(ROUTED)
+_dispatches = children_of(DISPATCHES)
+
 
 def _rule(route_reason: str | None) -> str:
     reason = route_reason or "unknown"
@@ -62,15 +75,15 @@ def observe_published(service: str, value: Message) -> None:
         case InferenceResult():
             _result(service, value)
         case RoutedRequest():
-            ROUTED.labels(value.model, _rule(value.route_reason), value.variant or "", str(value.shadow).lower()).inc()
+            _routed(value.model, _rule(value.route_reason), value.variant or "", str(value.shadow).lower()).inc()
         case Dispatch():
             # Queue wait per pool is the scheduler's own histogram (services/scheduler/pool_stats.py).
-            DISPATCHES.labels(value.worker_id, str(value.attempt > 1).lower()).inc()
+            _dispatches(value.worker_id, str(value.attempt > 1).lower()).inc()
 
 
 def _result(service: str, r: InferenceResult) -> None:
     model = r.model or "unknown"
-    RESULTS.labels(
+    _results(
         service,
         model,
         str(r.status),
@@ -79,12 +92,12 @@ def _result(service: str, r: InferenceResult) -> None:
         str(r.shadow).lower(),
     ).inc()
     if r.timings.ttft_ms is not None:
-        TTFT_SECONDS.labels(model).observe(r.timings.ttft_ms / 1000)
+        _ttft_seconds(model).observe(r.timings.ttft_ms / 1000)
     if r.timings.total_ms is not None:
-        E2E_SECONDS.labels(model).observe(r.timings.total_ms / 1000)
+        _e2e_seconds(model).observe(r.timings.total_ms / 1000)
     if r.timings.queued_ms is not None:
-        QUEUE_SECONDS.labels(model).observe(max(0.0, r.timings.queued_ms) / 1000)
-    GENERATION_TOKENS.labels(model).inc(r.usage.completion_tokens)
-    PROMPT_TOKENS.labels(model).inc(r.usage.prompt_tokens)
-    CACHED_PROMPT_TOKENS.labels(model).inc(r.usage.cached_prompt_tokens)
-    PREEMPTIONS.labels(model).inc(r.preemptions)
+        _queue_seconds(model).observe(max(0.0, r.timings.queued_ms) / 1000)
+    _generation_tokens(model).inc(r.usage.completion_tokens)
+    _prompt_tokens(model).inc(r.usage.prompt_tokens)
+    _cached_prompt_tokens(model).inc(r.usage.cached_prompt_tokens)
+    _preemptions(model).inc(r.preemptions)

@@ -22,9 +22,11 @@ from prometheus_client import Counter
 from llmbus import semconv
 from llmbus.bus import headers as hdr
 from llmbus.bus.message_metrics import observe_published
+from llmbus.bus.partitioner import partition_for
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import Message
+from llmbus.metric_children import children_of
 from llmbus.settings import BusSettings
 from llmbus.telemetry import tracing_off
 
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")
 
 PUBLISHED = Counter("llmbus_messages_published_total", "Messages published", ["service", "topic"])
+_published = children_of(PUBLISHED)
 PRODUCER_RENEWALS = Counter(
     "llmbus_producer_renewals_total", "Producers replaced after the broker refused their sequence", ["service"]
 )
@@ -64,6 +67,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
     # an acknowledged record is on min.insync.replicas brokers (the topics' setting).
     # A record over max_message_bytes fails at send (MessageSizeTooLargeError), before the broker:
     # the topics accept exactly what producers may send (llmbus.bus.admin.topic_config).
+    # partition_for: the default partitioner's partitions, each key hashed once (llmbus.bus.partitioner).
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         client_id=client_id,
@@ -73,6 +77,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
         linger_ms=settings.linger_ms,
         max_batch_size=min(settings.max_batch_bytes, settings.max_message_bytes),
         max_request_size=settings.max_message_bytes,
+        partitioner=partition_for,
         **kafka_auth(settings),
     )
 
@@ -203,7 +208,7 @@ class Publisher:
                     if self._abandoned(producer):
                         raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
                     log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
-                PUBLISHED.labels(self._service, topic).inc()
+                _published(self._service, topic).inc()
                 return
             except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
                 # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
@@ -229,7 +234,7 @@ class Publisher:
         async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
             delivery = await producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers)
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
-        PUBLISHED.labels(self._service, topic).inc()
+        _published(self._service, topic).inc()
         return delivery
 
     def _check_delivery(self, producer: AIOKafkaProducer, delivery: asyncio.Future[object]) -> None:
@@ -273,7 +278,7 @@ class Publisher:
         except KafkaError as exc:
             await self._replace_broken(producer, exc)  # the caller's retry then goes out on a working one
             raise
-        PUBLISHED.labels(self._service, topic).inc()
+        _published(self._service, topic).inc()
 
 
 async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
