@@ -1,0 +1,137 @@
+"""Control-plane queued time of a replay window, from the services' own records, read after it ends.
+
+Queued = received → engine start: the worker's `InferenceResult.timings.queued_ms`, measured
+against the router's `received_at_ms` (one machine, one clock). Each request's Dispatch (on
+the worker's dispatch topic) splits it by hop: router (received → routed), scheduler
+(routed → the Dispatch made, after the placement's claim), worker (Dispatch made → engine
+start: the record's trip to the worker, the fence check, admission).
+
+Time the engines had no room is not recorded per request anywhere: when no worker reports
+room, the scheduler holds the request in its queue, and that wait is inside the scheduler hop;
+a worker refusing admission hands it back (attempt > 1), counted apart. So the figure here is
+the whole received → engine start, room waits included: an upper bound of the control plane's.
+
+The topics are tailed group-less from just before the window and read only after it, so the
+measurement adds no work to the services nor to the client while the window runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+
+from llmbus import topics as t
+from llmbus.client import TopicTail
+from llmbus.settings import BusSettings
+
+QUEUED_P99_TARGET_MS = 100.0
+QUEUED_AT_RATE_PER_S = 100.0
+HOPS = ("queued", "router", "scheduler", "worker")
+
+
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
+    """Nearest-rank percentiles (the value at rank ceil(q/100·n)), rounded to 0.1; None without values."""
+    ordered = sorted(values)
+    out: dict[str, float | None] = {}
+    for q in qs:
+        if not ordered:
+            out[f"p{q}"] = None
+            continue
+        rank = max(1, -(-q * len(ordered) // 100))
+        out[f"p{q}"] = round(float(ordered[rank - 1]), 1)
+    return out
+
+
+class WindowRecords:
+    """Group-less tails of llm.results and one worker's dispatch topic, started before a window."""
+
+    def __init__(self, settings: BusSettings, worker_id: str) -> None:
+        topics = t.Topics(settings.topic_prefix)
+        self.results = TopicTail(settings, topics.name(t.RESULTS))
+        self.dispatches = TopicTail(settings, topics.dispatch(worker_id))
+
+    async def start(self) -> WindowRecords:
+        await self.results.start()
+        await self.dispatches.start()
+        return self
+
+    async def stop(self) -> None:
+        for tail in (self.results, self.dispatches):
+            with contextlib.suppress(Exception):
+                await tail.stop()
+
+    async def read(
+        self, request_ids: set[str], timeout_s: float
+    ) -> tuple[dict[str, dict], dict[tuple[str, int], dict]]:
+        """The results of `request_ids` and their Dispatches, until all are in or `timeout_s` passes."""
+        results: dict[str, dict] = {}
+        dispatches: dict[tuple[str, int], dict] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async for record in self.results.records(timeout_s):
+            if record.key.decode() in request_ids:  # type: ignore[attr-defined]
+                result = json.loads(record.value)  # type: ignore[attr-defined]
+                if not result.get("shadow"):
+                    results[result["request_id"]] = result
+            if len(results) >= len(request_ids):
+                break
+        wanted = {(rid, int(r.get("attempt", 1))) for rid, r in results.items()}
+        async for record in self.dispatches.records(max(0.5, deadline - loop.time())):
+            if record.key.decode() in request_ids:  # type: ignore[attr-defined]
+                dispatch = json.loads(record.value)  # type: ignore[attr-defined]
+                dispatches[(dispatch["routed"]["request"]["request_id"], int(dispatch.get("attempt", 1)))] = dispatch
+            if wanted <= dispatches.keys():
+                break
+        return results, dispatches
+
+
+def queue_hops(results: dict[str, dict], dispatches: dict[tuple[str, int], dict]) -> dict[str, list[float]]:
+    """Per answered request: queued (received → engine start) and its router / scheduler / worker hops.
+
+    Requests without a queued time (cache hits, errors before an engine) are left out; the hops
+    of a request come from the Dispatch of the attempt that produced its result.
+    """
+    hops: dict[str, list[float]] = {name: [] for name in HOPS}
+    for rid, result in results.items():
+        timings = result.get("timings") or {}
+        queued_ms, received_ms = timings.get("queued_ms"), timings.get("received_at_ms")
+        if queued_ms is None or received_ms is None:
+            continue
+        hops["queued"].append(float(queued_ms))
+        dispatch = dispatches.get((rid, int(result.get("attempt", 1))))
+        if dispatch is None:
+            continue
+        routed_ms = float(dispatch["routed"]["routed_at_ms"])
+        dispatched_ms = float(dispatch["dispatched_at_ms"])
+        hops["router"].append(routed_ms - received_ms)
+        hops["scheduler"].append(dispatched_ms - routed_ms)
+        hops["worker"].append(received_ms + queued_ms - dispatched_ms)
+    return hops
+
+
+def summarise_queued(
+    results: dict[str, dict], dispatches: dict[tuple[str, int], dict], sent: int, rate_per_s: float
+) -> dict[str, object]:
+    """Percentiles of the queued time and its hops, and the issue's target: p99 ≤ 100 ms at ≥ 100/s."""
+    hops = queue_hops(results, dispatches)
+    queued_p99 = percentiles(hops["queued"])["p99"]
+    at_rate = rate_per_s >= QUEUED_AT_RATE_PER_S
+    if queued_p99 is None:
+        verdict = "no queued times read"
+    elif queued_p99 <= QUEUED_P99_TARGET_MS:
+        verdict = "met" if at_rate else f"within 100 ms, but at {rate_per_s:g}/s (target rate 100/s)"
+    else:
+        verdict = f"missed by {queued_p99 - QUEUED_P99_TARGET_MS:.1f} ms" + (
+            "" if at_rate else f" (at {rate_per_s:g}/s)"
+        )
+    return {
+        "sent": sent,
+        "results_read": len(results),
+        "with_queued_time": len(hops["queued"]),
+        "with_dispatch": len(hops["router"]),
+        "retried": sum(1 for r in results.values() if int(r.get("attempt", 1)) > 1),
+        **{f"{name}_ms": percentiles(values) for name, values in hops.items()},
+        "target": f"p99 ≤ {QUEUED_P99_TARGET_MS:g} ms at ≥ {QUEUED_AT_RATE_PER_S:g}/s",
+        "verdict": verdict,
+    }
