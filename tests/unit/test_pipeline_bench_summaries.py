@@ -61,7 +61,7 @@ def test_summarise_queued_judges_the_target_at_its_rate() -> None:
     assert met["results_read"] == 200 and met["with_queued_time"] == 200 and met["with_dispatch"] == 0
     assert met["queued_ms"] == {"p50": 22.0, "p90": 24.0, "p99": 24.0}
     slow_rate = summarise_queued(fast, {}, sent=200, rate_per_s=25.0)
-    assert slow_rate["verdict"].startswith("within 100 ms, but at 25/s")
+    assert str(slow_rate["verdict"]).startswith("within 100 ms, but at 25/s")
     slow = {f"r{i}": _result(f"r{i}", 1000, 3600.0, attempt=1 + (i == 0)) for i in range(10)}
     missed = summarise_queued(slow, {}, sent=12, rate_per_s=100.0)
     assert missed["verdict"] == "missed by 3500.0 ms"
@@ -109,10 +109,11 @@ def test_markdown_has_the_queued_and_streaming_sections() -> None:
     meter = ChunkMeter()
     meter.start()
     meter.add(0, 0, 16, 5.0)
-    replay_row = {"tree": "after", "engine": "sim", "load": "azure replay 100/s"}
+    replay_row: dict[str, object] = {"tree": "after", "engine": "sim", "load": "azure replay 100/s"}
     replay_row |= {"first_token_ms": {"p50": 1, "p99": 2}, "final_ms": {"p50": 1, "p99": 2}}
     replay_row["queued"] = summarise_queued(quick, {}, sent=10, rate_per_s=100.0)
-    stream_row = {"tree": "after", "engine": "sim", "load": "stream c=16, 512 tokens", "requests_per_s": 3.0}
+    stream_row: dict[str, object] = {"tree": "after", "engine": "sim", "load": "stream c=16, 512 tokens"}
+    stream_row["requests_per_s"] = 3.0
     stream_row |= {"first_token_ms": {"p50": 1, "p99": 2}, "final_ms": {"p50": 1, "p99": 2}}
     stream_row["stream"] = summarise_stream(meter, 1.0, {})
     text = _markdown([replay_row, stream_row], "python -m bench.pipeline_bench --quick")
