@@ -39,7 +39,7 @@ import httpx
 import yaml
 
 from bench.pipeline_load import CpuWindow, MakeRequest, PipelineClient, broker_pid, closed_loop, idle, open_loop
-from bench.pipeline_queued import WindowRecords, summarise_queued
+from bench.pipeline_queued import WindowRecords, engine_room, summarise_queued
 from bench.pipeline_report import summarise, write_reports
 from bench.pipeline_stream import stream_window
 from bench.traces import AZURE_CONVERSATION
@@ -50,6 +50,7 @@ from tests.support import REPO, ServiceProc, drop_namespace, fresh_settings, wai
 
 ANSWER_TOKENS = 16
 TENANT = "bench"
+WORKER_ID = "w1"  # the one worker of each stack
 
 
 def bench_policy(directory: Path) -> Path:
@@ -101,7 +102,7 @@ class Stack:
 
     async def start(self) -> None:
         await ensure_catalog(self.settings)
-        worker_env = {"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_MODEL": self.model}
+        worker_env = {"LLMBUS_WORKER_WORKER_ID": WORKER_ID, "LLMBUS_WORKER_MODEL": self.model}
         if self.engine == "openai":
             port = free_port()
             self._proc("bench.openai_upstream", "upstream", {"LLMBUS_BENCH_UPSTREAM_PORT": str(port)}, REPO)
@@ -112,7 +113,7 @@ class Stack:
         self._proc("services.router", "router", {"LLMBUS_ROUTER_POLICY_PATH": str(self.policy)}, self.tree)
         self._proc("services.scheduler", "scheduler", {}, self.tree)
         self._proc("services.engine_worker", "worker", worker_env, self.tree)
-        await wait_workers_ready(self.settings, {"w1"}, timeout_s=90)
+        await wait_workers_ready(self.settings, {WORKER_ID}, timeout_s=90)
 
     def pids(self) -> dict[str, int]:
         pids = {name: p.proc.pid for name, p in self.procs.items() if p.proc is not None}
@@ -226,14 +227,16 @@ async def replay_window(
     idle_window: dict[str, object],
 ) -> dict[str, object]:
     """One open-loop window at `rate`; then the window's results and Dispatches give its queued time."""
-    records = await WindowRecords(stack.settings, "w1").start()
+    records = await WindowRecords(stack.settings, WORKER_ID).start()
     try:
         samples, window = await open_loop(client, make, rate, window_s, cpu)
         results, dispatches = await records.read({s.request_id for s in samples}, timeout_s=30.0)
+        heartbeats, pool_stats = await records.read_status()
     finally:
         await records.stop()
     row = summarise(label, stack.engine, f"azure replay {rate:g}/s", samples, window, idle=idle_window)
     row["queued"] = summarise_queued(results, dispatches, len(samples), rate)
+    row["room"] = engine_room(heartbeats, pool_stats, stack.model)
     queued: dict[str, object] = row["queued"]  # type: ignore[assignment]
     print(
         f"[{label}] {stack.engine} replay {rate:g}/s: {row['headline']}; queued {queued['queued_ms']} "

@@ -6,10 +6,14 @@ the worker's dispatch topic) splits it by hop: router (received → routed), sch
 (routed → the Dispatch made, after the placement's claim), worker (Dispatch made → engine
 start: the record's trip to the worker, the fence check, admission).
 
-Time the engines had no room is not recorded per request anywhere: when no worker reports
-room, the scheduler holds the request in its queue, and that wait is inside the scheduler hop;
-a worker refusing admission hands it back (attempt > 1), counted apart. So the figure here is
-the whole received → engine start, room waits included: an upper bound of the control plane's.
+Time the engines had no room is not recorded per request anywhere: when no worker has room by
+the scheduler's count (free KV blocks of the last heartbeat minus what it placed since, and
+placements not yet finished against max_num_seqs), the scheduler holds the request in its
+queue, and that wait is inside the scheduler hop; a worker refusing admission hands it back
+(attempt > 1), counted apart. So the figure here is the whole received → engine start, room
+waits included: an upper bound of the control plane's. Whether the engines had room is shown
+for the window as a whole: the worker's heartbeats (its engine's own waiting requests, batch
+and KV use, once a second) and the scheduler's pool statistics (requests it held, every 5 s).
 
 The topics are tailed group-less from just before the window and read only after it, so the
 measurement adds no work to the services nor to the client while the window runs.
@@ -44,22 +48,32 @@ def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict
 
 
 class WindowRecords:
-    """Group-less tails of llm.results and one worker's dispatch topic, started before a window."""
+    """Group-less tails, started before a window, of llm.results, one worker's dispatch topic, the
+    workers' heartbeats and the scheduler's pool statistics."""
 
     def __init__(self, settings: BusSettings, worker_id: str) -> None:
         topics = t.Topics(settings.topic_prefix)
         self.results = TopicTail(settings, topics.name(t.RESULTS))
         self.dispatches = TopicTail(settings, topics.dispatch(worker_id))
+        self.heartbeats = TopicTail(settings, topics.name(t.WORKERS))
+        self.pool_stats = TopicTail(settings, topics.name(t.POOL_STATS))
+        self.tails = (self.results, self.dispatches, self.heartbeats, self.pool_stats)
 
     async def start(self) -> WindowRecords:
-        await self.results.start()
-        await self.dispatches.start()
+        for tail in self.tails:
+            await tail.start()
         return self
 
     async def stop(self) -> None:
-        for tail in (self.results, self.dispatches):
+        for tail in self.tails:
             with contextlib.suppress(Exception):
                 await tail.stop()
+
+    async def read_status(self, timeout_s: float = 1.0) -> tuple[list[dict], list[dict]]:
+        """Every heartbeat and pool statistic written since `start` (all in the log by now)."""
+        heartbeats = [json.loads(r.value) async for r in self.heartbeats.records(timeout_s)]  # type: ignore[attr-defined]
+        pool_stats = [json.loads(r.value) async for r in self.pool_stats.records(timeout_s)]  # type: ignore[attr-defined]
+        return heartbeats, pool_stats
 
     async def read(
         self, request_ids: set[str], timeout_s: float
@@ -108,6 +122,35 @@ def queue_hops(results: dict[str, dict], dispatches: dict[tuple[str, int], dict]
         hops["scheduler"].append(dispatched_ms - routed_ms)
         hops["worker"].append(received_ms + queued_ms - dispatched_ms)
     return hops
+
+
+def engine_room(heartbeats: list[dict], pool_stats: list[dict], model: str) -> dict[str, object]:
+    """Whether the engines had room over the window: their heartbeats (their own queue, batch and KV
+    use) and the scheduler's pool statistics (requests it held waiting for a worker with room)."""
+    beats = [h for h in heartbeats if model in h.get("models", [model])]
+    pools = [p for p in pool_stats if p.get("pool") == model]
+    engine_waiting = max((int(h.get("num_requests_waiting", 0)) for h in beats), default=None)
+    running = max((int(h.get("num_requests_running", 0)) for h in beats), default=None)
+    max_num_seqs = max((int(h.get("max_num_seqs", 0)) for h in beats), default=0)
+    kv_use = max((float(h.get("kv_cache_usage_perc", 0.0)) for h in beats), default=None)
+    held = max((int(p.get("queued", 0)) for p in pools), default=None)
+    if not beats:
+        verdict = "no heartbeats read"
+    elif engine_waiting == 0 and (not max_num_seqs or (running or 0) < max_num_seqs) and (kv_use or 0.0) < 0.95:
+        verdict = "the engine had room at every heartbeat"
+    else:
+        verdict = "the engine was full at times"
+    return {
+        "heartbeats": len(beats),
+        "engine_waiting_max": engine_waiting,
+        "engine_running_max": running,
+        "max_num_seqs": max_num_seqs,
+        "kv_cache_usage_max": kv_use,
+        "pool_stats": len(pools),
+        "scheduler_held_max": held,
+        "scheduler_oldest_wait_ms_max": max((float(p.get("oldest_wait_ms", 0.0)) for p in pools), default=None),
+        "verdict": verdict,
+    }
 
 
 def summarise_queued(

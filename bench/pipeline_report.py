@@ -162,18 +162,27 @@ def _queued_section(rows: list[dict[str, object]]) -> list[str]:
         "the request's Dispatch: router (received → routed), scheduler (routed → Dispatch sent, after its",
         "claim), worker (Dispatch → engine start). Time the engines had no room is not recorded per",
         "request: it is inside the scheduler hop (held until a worker reports room) or shows as a retry,",
-        "so these figures include it. All stamps are this machine's wall clock.",
+        "so these figures include it. All stamps are this machine's wall clock. Room over the window:",
+        "the most requests the engine itself had waiting and its highest KV use at its heartbeats (1/s),",
+        "and the most requests the scheduler held for want of a worker with room (its pool statistics, 1/5 s).",
         "",
         "| tree | load | sent | results | queued p50 / p90 / p99 ms | router | scheduler | worker "
-        "| retried | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| retried | room: engine waiting · KV use · scheduler held | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in replays:
         q: dict = r["queued"]  # type: ignore[assignment]
+        room: dict = r.get("room") or {}  # type: ignore[assignment]
+        room_txt = (
+            f"{room.get('engine_waiting_max')} · {room.get('kv_cache_usage_max')} · {room.get('scheduler_held_max')}"
+            f" ({room.get('verdict')})"
+            if room
+            else ""
+        )
         out.append(
             f"| {r['tree']} | {r['load']} | {q['sent']} | {q['results_read']} | **{_three(q['queued_ms'])}** "
             f"| {_three(q['router_ms'])} | {_three(q['scheduler_ms'])} | {_three(q['worker_ms'])} "
-            f"| {q['retried']} | {q['verdict']} |"
+            f"| {q['retried']} | {room_txt} | {q['verdict']} |"
         )
     return out
 

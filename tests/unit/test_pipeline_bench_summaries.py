@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.pipeline_load import ChunkMeter
-from bench.pipeline_queued import percentiles, queue_hops, summarise_queued
+from bench.pipeline_queued import engine_room, percentiles, queue_hops, summarise_queued
 from bench.pipeline_report import _markdown
 from bench.pipeline_stream import summarise_stream
 
@@ -67,6 +67,28 @@ def test_summarise_queued_judges_the_target_at_its_rate() -> None:
     assert missed["verdict"] == "missed by 3500.0 ms"
     assert missed["retried"] == 1 and missed["sent"] == 12
     assert summarise_queued({}, {}, sent=5, rate_per_s=100.0)["verdict"] == "no queued times read"
+
+
+def _beat(waiting: int, running: int, kv: float, models: tuple[str, ...] = ("sim-llama-8b",)) -> dict:
+    return {"models": list(models), "num_requests_waiting": waiting, "num_requests_running": running} | {
+        "max_num_seqs": 256,
+        "kv_cache_usage_perc": kv,
+    }
+
+
+def test_engine_room_from_heartbeats_and_pool_stats() -> None:
+    pools = [{"pool": "sim-llama-8b", "queued": 40, "oldest_wait_ms": 900.0}, {"pool": "other", "queued": 999}]
+    room = engine_room([_beat(0, 3, 0.1), _beat(0, 12, 0.4), _beat(7, 1, 0.9, ("other",))], pools, "sim-llama-8b")
+    assert room["heartbeats"] == 2 and room["engine_waiting_max"] == 0 and room["engine_running_max"] == 12
+    assert room["kv_cache_usage_max"] == 0.4
+    # The scheduler held requests by its own count while the engine had room: control-plane time.
+    assert room["scheduler_held_max"] == 40 and room["scheduler_oldest_wait_ms_max"] == 900.0
+    assert room["verdict"] == "the engine had room at every heartbeat"
+    assert engine_room([_beat(2, 256, 0.5)], [], "sim-llama-8b")["verdict"] == "the engine was full at times"
+    assert engine_room([_beat(0, 256, 0.5)], [], "sim-llama-8b")["verdict"] == "the engine was full at times"
+    assert engine_room([_beat(0, 1, 0.97)], [], "sim-llama-8b")["verdict"] == "the engine was full at times"
+    nothing = engine_room([], [], "sim-llama-8b")
+    assert nothing["verdict"] == "no heartbeats read" and nothing["scheduler_held_max"] is None
 
 
 def test_chunk_meter_counts_only_while_on() -> None:
