@@ -330,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--replay-rates", default="25,100")
     parser.add_argument("--replay-s", type=float, default=15.0)
-    parser.add_argument("--stream-concurrency", default="16", help="closed-loop streaming clients (sim), '' for none")
+    parser.add_argument(
+        "--stream-concurrency", default="16,64", help="closed-loop streaming clients (sim), '' for none"
+    )
     parser.add_argument("--stream-tokens", type=int, default=512, help="tokens per streamed answer")
     parser.add_argument("--stream-s", type=float, default=15.0, help="streaming window")
     parser.add_argument("--direct-requests", type=int, default=100)

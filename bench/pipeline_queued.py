@@ -11,9 +11,10 @@ the scheduler's count (free KV blocks of the last heartbeat minus what it placed
 placements not yet finished against max_num_seqs), the scheduler holds the request in its
 queue, and that wait is inside the scheduler hop; a worker refusing admission hands it back
 (attempt > 1), counted apart. So the figure here is the whole received → engine start, room
-waits included: an upper bound of the control plane's. Whether the engines had room is shown
-for the window as a whole: the worker's heartbeats (its engine's own waiting requests, batch
-and KV use, once a second) and the scheduler's pool statistics (requests it held, every 5 s).
+waits included: an upper bound of the control plane's. Whether requests waited for room is
+shown for the window as a whole: the scheduler's pool statistics (requests it held, every 5 s),
+with the worker's heartbeats (its engine's own waiting requests and KV use, once a second) as
+context: the engine's own queue comes after engine start, outside the queued time.
 
 The topics are tailed group-less from just before the window and read only after it, so the
 measurement adds no work to the services nor to the client while the window runs.
@@ -125,30 +126,32 @@ def queue_hops(results: dict[str, dict], dispatches: dict[tuple[str, int], dict]
 
 
 def engine_room(heartbeats: list[dict], pool_stats: list[dict], model: str) -> dict[str, object]:
-    """Whether the engines had room over the window: their heartbeats (their own queue, batch and KV
-    use) and the scheduler's pool statistics (requests it held waiting for a worker with room)."""
+    """Whether requests waited for room over the window.
+
+    A request waits for room in the scheduler's queue (held until a worker has room by its
+    count), so the pool statistics' `queued` (requests held, at each snapshot) is what says
+    whether queued time holds such waits. The engine's own queue and KV use (its heartbeats)
+    are context: a request the engine has not started yet has already left the queued time.
+    """
     beats = [h for h in heartbeats if model in h.get("models", [model])]
     pools = [p for p in pool_stats if p.get("pool") == model]
-    engine_waiting = max((int(h.get("num_requests_waiting", 0)) for h in beats), default=None)
-    running = max((int(h.get("num_requests_running", 0)) for h in beats), default=None)
-    max_num_seqs = max((int(h.get("max_num_seqs", 0)) for h in beats), default=0)
-    kv_use = max((float(h.get("kv_cache_usage_perc", 0.0)) for h in beats), default=None)
     held = max((int(p.get("queued", 0)) for p in pools), default=None)
-    if not beats:
-        verdict = "no heartbeats read"
-    elif engine_waiting == 0 and (not max_num_seqs or (running or 0) < max_num_seqs) and (kv_use or 0.0) < 0.95:
-        verdict = "the engine had room at every heartbeat"
+    kv_use = max((float(h.get("kv_cache_usage_perc", 0.0)) for h in beats), default=None)
+    if held is None:
+        verdict = "no pool statistics read"
+    elif held == 0:
+        verdict = f"the scheduler held none at its {len(pools)} snapshot(s)"
     else:
-        verdict = "the engine was full at times"
+        verdict = f"the scheduler held up to {held} waiting for room: part of its hop is that wait"
     return {
-        "heartbeats": len(beats),
-        "engine_waiting_max": engine_waiting,
-        "engine_running_max": running,
-        "max_num_seqs": max_num_seqs,
-        "kv_cache_usage_max": kv_use,
         "pool_stats": len(pools),
         "scheduler_held_max": held,
         "scheduler_oldest_wait_ms_max": max((float(p.get("oldest_wait_ms", 0.0)) for p in pools), default=None),
+        "heartbeats": len(beats),
+        "engine_waiting_max": max((int(h.get("num_requests_waiting", 0)) for h in beats), default=None),
+        "engine_running_max": max((int(h.get("num_requests_running", 0)) for h in beats), default=None),
+        "max_num_seqs": max((int(h.get("max_num_seqs", 0)) for h in beats), default=0),
+        "kv_cache_usage_max": round(kv_use, 3) if kv_use is not None else None,
         "verdict": verdict,
     }
 

@@ -76,19 +76,19 @@ def _beat(waiting: int, running: int, kv: float, models: tuple[str, ...] = ("sim
     }
 
 
-def test_engine_room_from_heartbeats_and_pool_stats() -> None:
+def test_engine_room_from_pool_stats_with_heartbeats_as_context() -> None:
     pools = [{"pool": "sim-llama-8b", "queued": 40, "oldest_wait_ms": 900.0}, {"pool": "other", "queued": 999}]
-    room = engine_room([_beat(0, 3, 0.1), _beat(0, 12, 0.4), _beat(7, 1, 0.9, ("other",))], pools, "sim-llama-8b")
-    assert room["heartbeats"] == 2 and room["engine_waiting_max"] == 0 and room["engine_running_max"] == 12
-    assert room["kv_cache_usage_max"] == 0.4
-    # The scheduler held requests by its own count while the engine had room: control-plane time.
+    beats = [_beat(0, 3, 0.1), _beat(2, 12, 0.4), _beat(7, 1, 0.9, ("other",))]
+    room = engine_room(beats, pools, "sim-llama-8b")
+    assert room["heartbeats"] == 2 and room["engine_waiting_max"] == 2 and room["engine_running_max"] == 12
+    assert room["kv_cache_usage_max"] == 0.4 and room["max_num_seqs"] == 256
     assert room["scheduler_held_max"] == 40 and room["scheduler_oldest_wait_ms_max"] == 900.0
-    assert room["verdict"] == "the engine had room at every heartbeat"
-    assert engine_room([_beat(2, 256, 0.5)], [], "sim-llama-8b")["verdict"] == "the engine was full at times"
-    assert engine_room([_beat(0, 256, 0.5)], [], "sim-llama-8b")["verdict"] == "the engine was full at times"
-    assert engine_room([_beat(0, 1, 0.97)], [], "sim-llama-8b")["verdict"] == "the engine was full at times"
+    assert room["verdict"] == "the scheduler held up to 40 waiting for room: part of its hop is that wait"
+    # The engine's own queue is after engine start: it does not make the queued time a wait for room.
+    none_held = engine_room(beats, [{"pool": "sim-llama-8b", "queued": 0}] * 3, "sim-llama-8b")
+    assert none_held["verdict"] == "the scheduler held none at its 3 snapshot(s)"
     nothing = engine_room([], [], "sim-llama-8b")
-    assert nothing["verdict"] == "no heartbeats read" and nothing["scheduler_held_max"] is None
+    assert nothing["verdict"] == "no pool statistics read" and nothing["engine_waiting_max"] is None
 
 
 def test_chunk_meter_counts_only_while_on() -> None:
