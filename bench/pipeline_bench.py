@@ -17,7 +17,7 @@ request got exactly one final chunk.
 temporary directory), so before and after are measured side by side in one run.
 
     python -m bench.pipeline_bench [--quick] [--baseline REV] [--engines openai,sim]
-        [--replay-rates 25,100] [--stream-concurrency 16 --stream-tokens 512 --stream-s 15]
+        [--replay-rates 25,100] [--stream-concurrency 16,64 --stream-tokens 512 --stream-s 15]
 """
 
 from __future__ import annotations

@@ -82,10 +82,12 @@ class WindowRecords:
         """The results of `request_ids` and their Dispatches, until all are in or `timeout_s` passes."""
         results: dict[str, dict] = {}
         dispatches: dict[tuple[str, int], dict] = {}
+        if not request_ids:
+            return results, dispatches
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         async for record in self.results.records(timeout_s):
-            if record.key.decode() in request_ids:  # type: ignore[attr-defined]
+            if (record.key or b"").decode() in request_ids:  # type: ignore[attr-defined]
                 result = json.loads(record.value)  # type: ignore[attr-defined]
                 if not result.get("shadow"):
                     results[result["request_id"]] = result
@@ -93,7 +95,7 @@ class WindowRecords:
                 break
         wanted = {(rid, int(r.get("attempt", 1))) for rid, r in results.items()}
         async for record in self.dispatches.records(max(0.5, deadline - loop.time())):
-            if record.key.decode() in request_ids:  # type: ignore[attr-defined]
+            if (record.key or b"").decode() in request_ids:  # type: ignore[attr-defined]
                 dispatch = json.loads(record.value)  # type: ignore[attr-defined]
                 dispatches[(dispatch["routed"]["request"]["request_id"], int(dispatch.get("attempt", 1)))] = dispatch
             if wanted <= dispatches.keys():
