@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -207,11 +208,11 @@ def start_profiles(stack: Stack, args: argparse.Namespace, tag: str, concurrency
     ]
 
 
-def stream_prompt(answer_tokens: int):  # type: ignore[no-untyped-def]
-    """A short prompt and a long answer (the sim generates exactly max_tokens)."""
+def stream_prompt(tag: str, answer_tokens: int) -> Callable[[int], tuple[str, int]]:
+    """A short unique prompt and a long answer (the sim generates exactly max_tokens)."""
 
     def prompt_of(i: int) -> tuple[str, int]:
-        return f"stream {i}: tell a long story about a control plane", answer_tokens
+        return f"{tag} {i}: tell a long story about a control plane", answer_tokens
 
     return prompt_of
 
@@ -285,9 +286,8 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
                     rows.append(await replay_window(label, stack, client, make, rate, args.replay_s, cpu, idle_window))
             if engine == "sim" and args.stream_concurrency:
                 for concurrency in args.stream_concurrency:
-                    make = request_maker(
-                        stack.model, f"{label}-stream-c{concurrency}", stream_prompt(args.stream_tokens)
-                    )
+                    tag = f"{label}-stream-c{concurrency}"
+                    make = request_maker(stack.model, tag, stream_prompt(tag, args.stream_tokens))
                     row = await stream_window(
                         label,
                         client,
