@@ -4,15 +4,20 @@ Two engines, each in its own fresh topic namespace: `openai-http` against a zero
 OpenAI-compatible upstream started here (bench.openai_upstream, 16 tokens per answer), and
 the `sim` engine taking no time. Closed-loop clients at each concurrency produce raw JSON onto
 llm.requests and read the reply topic; an open-loop replay of the Azure conversation trace
-(prompts of hundreds to thousands of tokens) runs at fixed rates against the sim. Measured:
-requests/s, first-token and final-chunk percentiles (from the client's send), CPU-seconds per
-request of every process (router, scheduler, worker, the broker's JVM, the upstream, the
-client), load average, and that every request got exactly one final chunk.
+(prompts of hundreds to thousands of tokens) runs at fixed rates against the sim, and its
+control-plane queued time (received → engine start, by hop) is read from the window's results
+and Dispatches once it ends (bench.pipeline_queued); closed-loop clients asking the sim for
+long answers measure token streaming through the bus: tokens/s delivered and each chunk's
+delivery time (bench.pipeline_stream). Measured: requests/s, first-token and final-chunk
+percentiles (from the client's send), CPU-seconds per request of every process (router,
+scheduler, worker, the broker's JVM, the upstream, the client), load average, and that every
+request got exactly one final chunk.
 
 `--baseline REV` runs the same matrix on the services of another commit first (exported to a
 temporary directory), so before and after are measured side by side in one run.
 
     python -m bench.pipeline_bench [--quick] [--baseline REV] [--engines openai,sim]
+        [--replay-rates 25,100] [--stream-concurrency 16,64 --stream-tokens 512 --stream-s 15]
 """
 
 from __future__ import annotations
@@ -28,13 +33,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import yaml
 
-from bench.pipeline_load import CpuWindow, PipelineClient, broker_pid, closed_loop, idle, open_loop
+from bench.pipeline_load import CpuWindow, MakeRequest, PipelineClient, broker_pid, closed_loop, idle, open_loop
+from bench.pipeline_queued import WindowRecords, engine_room, summarise_queued
 from bench.pipeline_report import summarise, write_reports
+from bench.pipeline_stream import stream_window
 from bench.traces import AZURE_CONVERSATION
 from llmbus.bus.admin import ensure_catalog
 from llmbus.messages import InferenceRequest
@@ -43,6 +51,7 @@ from tests.support import REPO, ServiceProc, drop_namespace, fresh_settings, wai
 
 ANSWER_TOKENS = 16
 TENANT = "bench"
+WORKER_ID = "w1"  # the one worker of each stack
 
 
 def bench_policy(directory: Path) -> Path:
@@ -94,7 +103,7 @@ class Stack:
 
     async def start(self) -> None:
         await ensure_catalog(self.settings)
-        worker_env = {"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_MODEL": self.model}
+        worker_env = {"LLMBUS_WORKER_WORKER_ID": WORKER_ID, "LLMBUS_WORKER_MODEL": self.model}
         if self.engine == "openai":
             port = free_port()
             self._proc("bench.openai_upstream", "upstream", {"LLMBUS_BENCH_UPSTREAM_PORT": str(port)}, REPO)
@@ -105,7 +114,7 @@ class Stack:
         self._proc("services.router", "router", {"LLMBUS_ROUTER_POLICY_PATH": str(self.policy)}, self.tree)
         self._proc("services.scheduler", "scheduler", {}, self.tree)
         self._proc("services.engine_worker", "worker", worker_env, self.tree)
-        await wait_workers_ready(self.settings, {"w1"}, timeout_s=90)
+        await wait_workers_ready(self.settings, {WORKER_ID}, timeout_s=90)
 
     def pids(self) -> dict[str, int]:
         pids = {name: p.proc.pid for name, p in self.procs.items() if p.proc is not None}
@@ -199,6 +208,46 @@ def start_profiles(stack: Stack, args: argparse.Namespace, tag: str, concurrency
     ]
 
 
+def stream_prompt(tag: str, answer_tokens: int) -> Callable[[int], tuple[str, int]]:
+    """A short unique prompt and a long answer (the sim generates exactly max_tokens)."""
+
+    def prompt_of(i: int) -> tuple[str, int]:
+        return f"{tag} {i}: tell a long story about a control plane", answer_tokens
+
+    return prompt_of
+
+
+async def replay_window(
+    label: str,
+    stack: Stack,
+    client: PipelineClient,
+    make: MakeRequest,
+    rate: float,
+    window_s: float,
+    cpu: CpuWindow,
+    idle_window: dict[str, object],
+) -> dict[str, object]:
+    """One open-loop window at `rate`; then the window's results and Dispatches give its queued time."""
+    records = await WindowRecords(stack.settings, WORKER_ID).start()
+    try:
+        samples, window = await open_loop(client, make, rate, window_s, cpu)
+        results, dispatches = await records.read({s.request_id for s in samples}, timeout_s=30.0)
+        heartbeats, pool_stats = await records.read_status()
+    finally:
+        await records.stop()
+    row = summarise(label, stack.engine, f"azure replay {rate:g}/s", samples, window, idle=idle_window)
+    row["queued"] = summarise_queued(results, dispatches, len(samples), rate)
+    row["room"] = engine_room(heartbeats, pool_stats, stack.model)
+    queued: dict[str, object] = row["queued"]  # type: ignore[assignment]
+    print(
+        f"[{label}] {stack.engine} replay {rate:g}/s: {row['headline']}; queued {queued['queued_ms']} "
+        f"({queued['verdict']})",
+        file=sys.stderr,
+        flush=True,
+    )
+    return row
+
+
 async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     policy = bench_policy(work)
@@ -215,7 +264,7 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
             print(f"[{label}] {engine} idle CPU: {rows[-1]['cpu_utilisation']}", file=sys.stderr, flush=True)
             if engine == "openai" and label == "after":
                 direct = await direct_upstream(stack.upstream_url, args.direct_requests)
-                rows.append(summarise(label, engine, "upstream direct, c=1", [], {}, direct=direct))
+                rows.append(summarise(label, engine, "upstream direct, c=1", [], {}, direct=direct))  # type: ignore[arg-type]
             for concurrency in args.concurrency:
                 make = request_maker(stack.model, f"{label}-{engine}-c{concurrency}")
                 profiling = start_profiles(stack, args, f"{label}-{engine}-c{concurrency}", concurrency)
@@ -234,10 +283,24 @@ async def run_tree(label: str, tree: Path, args: argparse.Namespace, work: Path)
 
                 for rate in args.replay_rates:
                     make = request_maker(stack.model, f"{label}-replay{rate}", trace_prompt)
-                    samples, window = await open_loop(client, make, rate, args.replay_s, cpu)
-                    row = summarise(label, engine, f"azure replay {rate}/s", samples, window, idle=idle_window)
+                    rows.append(await replay_window(label, stack, client, make, rate, args.replay_s, cpu, idle_window))
+            if engine == "sim" and args.stream_concurrency:
+                for concurrency in args.stream_concurrency:
+                    tag = f"{label}-stream-c{concurrency}"
+                    make = request_maker(stack.model, tag, stream_prompt(tag, args.stream_tokens))
+                    row = await stream_window(
+                        label,
+                        client,
+                        make,
+                        concurrency,
+                        args.stream_tokens,
+                        args.warmup_s,
+                        args.stream_s,
+                        cpu,
+                        idle_window,
+                    )
                     rows.append(row)
-                    print(f"[{label}] {engine} replay {rate}/s: {row['headline']}", file=sys.stderr, flush=True)
+                    print(f"[{label}] {engine} {row['load']}: {row['headline']}", file=sys.stderr, flush=True)
             duplicates = sum(1 for n in client.finals.values() if n > 1)
             rows.append({"tree": label, "engine": engine, "load": "check", "double_finals": duplicates})
         finally:
@@ -267,6 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-s", type=float, default=10.0)
     parser.add_argument("--replay-rates", default="25,100")
     parser.add_argument("--replay-s", type=float, default=15.0)
+    parser.add_argument(
+        "--stream-concurrency", default="16,64", help="closed-loop streaming clients (sim), '' for none"
+    )
+    parser.add_argument("--stream-tokens", type=int, default=512, help="tokens per streamed answer")
+    parser.add_argument("--stream-s", type=float, default=15.0, help="streaming window")
     parser.add_argument("--direct-requests", type=int, default=100)
     parser.add_argument("--profile", help="a directory: py-spy collapsed stacks of each service (not committed)")
     parser.add_argument("--profile-concurrency", type=int, default=16)
@@ -274,9 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.window_s, args.warmup_s, args.replay_s, args.direct_requests, args.idle_s = 10.0, 3.0, 6.0, 30, 5.0
+        args.stream_s = 8.0
     args.engines = [e for e in args.engines.split(",") if e]
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.replay_rates = [float(r) for r in args.replay_rates.split(",") if r]
+    args.stream_concurrency = [int(c) for c in args.stream_concurrency.split(",") if c]
     command = "python -m bench.pipeline_bench " + shlex.join(argv if argv is not None else sys.argv[1:])
     # SIGTERM (a `timeout`, a CI cancel) unwinds like Ctrl-C: the stacks' services are stopped, not orphaned.
     signal.signal(signal.SIGTERM, signal.default_int_handler)

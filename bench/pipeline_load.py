@@ -39,6 +39,36 @@ class Sample:
     first_token_ms: float | None
     final_ms: float | None
     error: str | None
+    request_id: str = ""
+
+
+class ChunkMeter:
+    """Tokens and chunks received while on (between `start` and `stop`), and each chunk's delivery.
+
+    Delivery = the client's wall clock when the reader got the record minus the record's Kafka
+    timestamp (CreateTime: the worker's producer stamps it when the chunk is sent). Both clocks
+    are this machine's, so the difference holds no skew.
+    """
+
+    def __init__(self) -> None:
+        self.on = False
+        self.tokens = 0
+        self.chunks = 0
+        self.delivery_ms: list[float] = []
+        self.timestamp_types: set[int] = set()
+
+    def start(self) -> None:
+        self.on = True
+
+    def stop(self) -> None:
+        self.on = False
+
+    def add(self, created_ms: int, timestamp_type: int, tokens: int, received_ms: float) -> None:
+        if self.on:
+            self.tokens += tokens
+            self.chunks += 1
+            self.delivery_ms.append(received_ms - created_ms)
+            self.timestamp_types.add(timestamp_type)
 
 
 class PipelineClient:
@@ -54,6 +84,7 @@ class PipelineClient:
         )
         self._tail = TopicTail(settings, self.topics.name(t.TOKENS))
         self._reader: asyncio.Task[None] | None = None
+        self.meter: ChunkMeter | None = None  # set for a streaming window: every chunk is metered
 
     async def start(self) -> PipelineClient:
         await asyncio.wait_for(self._producer.start(), self.settings.admin_timeout_s)
@@ -73,6 +104,9 @@ class PipelineClient:
             async for record in self._tail.records(3600):
                 chunk = json.loads(record.value)  # type: ignore[attr-defined]
                 now = time.perf_counter()
+                if self.meter is not None:
+                    created_ms, timestamp_type = record.timestamp, record.timestamp_type  # type: ignore[attr-defined]
+                    self.meter.add(created_ms, timestamp_type, chunk.get("tokens", 0), time.time() * 1000)
                 rid = chunk["request_id"]
                 if chunk.get("final"):
                     self.finals[rid] = self.finals.get(rid, 0) + 1
@@ -105,7 +139,7 @@ class PipelineClient:
         def ms(at: float | None) -> float | None:
             return (at - pending.sent_s) * 1000 if at is not None else None
 
-        return Sample(pending.sent_s, ms(pending.first_token_s), ms(pending.final_s), pending.error)
+        return Sample(pending.sent_s, ms(pending.first_token_s), ms(pending.final_s), pending.error, request.request_id)
 
 
 class CpuWindow:
@@ -163,10 +197,12 @@ async def closed_loop(
     window_s: float,
     cpu: CpuWindow,
     timeout_s: float = 30.0,
+    meter: ChunkMeter | None = None,
 ) -> tuple[list[Sample], dict[str, object]]:
     """`concurrency` clients, each sending its next request when the last one finished.
 
-    Requests answered inside the window count; CPU is read over the same window.
+    Requests answered inside the window count; CPU (and chunks, with a `meter`) are read over
+    the same window.
     """
     loop = asyncio.get_running_loop()
     window_start = loop.time() + warmup_s
@@ -184,7 +220,11 @@ async def closed_loop(
     async def measure() -> None:
         await asyncio.sleep(max(0.0, window_start - loop.time()))
         cpu.start()
+        if meter is not None:
+            meter.start()
         await asyncio.sleep(max(0.0, window_end - loop.time()))
+        if meter is not None:
+            meter.stop()
         cpu_result.update(cpu.stop())
 
     await asyncio.gather(measure(), *[one_client() for _ in range(concurrency)])
