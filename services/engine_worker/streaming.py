@@ -74,21 +74,31 @@ class ChunkBatcher:
         return self.next_seq - 1
 
 
-async def chunks_delivered(
-    publisher: Publisher,
-    deliveries: list[asyncio.Future[object]],
-    chunks: list[TokenChunk],
-    reply_topic: str,
-    retry_for_s: float,
-) -> None:
-    """Every chunk acknowledged before the result goes out. If the broker lost or refused some (a
-    broker restart), all are sent again, in order: a reader drops the copies by (attempt, seq), so
-    it still takes every seq once and in order."""
-    try:
-        await publisher.delivered(deliveries)
-    except Exception as exc:
-        if not chunks or not worth_resending(exc):
-            raise
-        log.warning("chunks of %s not all acknowledged (%r): sending them again", chunks[0].request_id, exc)
-        for chunk in chunks:
-            await publisher.publish(reply_topic, chunk, key=chunk.request_id, retry_for_s=retry_for_s)
+class ReplyStream:
+    """An attempt's content chunks on its reply topic: sent without waiting for each ack (one key:
+    one partition, their order holds), and all acknowledged, or all sent again in order, before
+    its final chunk may follow them (`delivered`)."""
+
+    def __init__(self, publisher: Publisher, reply_topic: str, request_id: str) -> None:
+        self.publisher = publisher
+        self.reply_topic = reply_topic
+        self.request_id = request_id
+        self.chunks: list[TokenChunk] = []
+        self._deliveries: list[asyncio.Future[object]] = []
+
+    async def send(self, chunk: TokenChunk) -> None:
+        self.chunks.append(chunk)
+        self._deliveries.append(await self.publisher.send(self.reply_topic, chunk, key=self.request_id))
+
+    async def delivered(self, retry_for_s: float) -> None:
+        """Every chunk acknowledged. If the broker lost or refused some (a broker restart), all are
+        sent again, in order: a reader drops the copies by (attempt, seq), so it still takes every
+        seq once and in order."""
+        try:
+            await self.publisher.delivered(self._deliveries)
+        except Exception as exc:
+            if not self.chunks or not worth_resending(exc):
+                raise
+            log.warning("chunks of %s not all acknowledged (%r): sending them again", self.request_id, exc)
+            for chunk in self.chunks:
+                await self.publisher.publish(self.reply_topic, chunk, key=self.request_id, retry_for_s=retry_for_s)
