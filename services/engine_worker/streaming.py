@@ -43,12 +43,13 @@ class ChunkBatcher:
     def add(self, delta: str, tokens: int) -> TokenChunk | None:
         if not delta and not tokens:
             return None
+        now_s = self._clock()  # once per token: this runs for every token of every request
         if self._opened_at is None:
-            self._opened_at = self._clock()
+            self._opened_at = now_s
         self._text.append(delta)
         self._tokens += tokens
         first = self.next_seq == 0  # the first token goes out at once: it is the TTFT
-        if first or self._tokens >= self.max_tokens or self._clock() - self._opened_at >= self.interval_s:
+        if first or self._tokens >= self.max_tokens or now_s - self._opened_at >= self.interval_s:
             return self.flush()
         return None
 
