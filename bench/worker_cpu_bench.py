@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -230,7 +231,7 @@ def main() -> None:
         shown = [
             f"<{args.compare_label} checkout>" if args.compare and a == str(args.compare) else a for a in sys.argv[1:]
         ]
-        shown_args = " ".join(a for a in shown if a != "--report")
+        shown_args = shlex.join(a for a in shown if a != "--report")
         command = f"python -m bench.worker_cpu_bench {shown_args}".strip()
         load = os.getloadavg()[0]
         (REPORTS / "worker_cpu_bench.json").write_text(
