@@ -12,6 +12,13 @@ the claim is taken before any final record is written; every content chunk is ac
 all are sent again in order, before the final chunk is sent; the result decides success (a
 result that may or may not be out is never followed by another answer, nor handed back); the
 outcome and the `done` marker follow the result; each of them rides out a broker restart.
+
+Why the final chunk waits for the content's acks instead of being enqueued with the last of
+them: records of one key stay in order only within one producer, and the Publisher replaces its
+producer when the broker refuses the old one's sequence (after an outage). A content chunk still
+pending in the replaced producer could then land after a final chunk sent on the new one, and a
+reader, done at the final chunk, would never show it. The wait overlaps the claim's round trip,
+so it rarely costs one of its own.
 """
 
 from __future__ import annotations
