@@ -63,7 +63,8 @@ class AckingProducer:
 
 
 class MemoryFence:
-    """llmbus.fencing.RequestFence's rules on a dict (Redis is not what is measured here)."""
+    """llmbus.fencing.RequestFence's rules on a dict (Redis is not what is measured here); each call
+    takes one loop turn, as a round trip takes at least one (and the stand-in's acks come meanwhile)."""
 
     claim_lease_ms = 30_000
 
@@ -71,6 +72,7 @@ class MemoryFence:
         self.final: dict[str, str] = {}
 
     async def superseded(self, request_id: str, attempt: int) -> bool:
+        await asyncio.sleep(0)
         return request_id in self.final and self.final[request_id] != f"pending:{attempt}"
 
     async def claim_final(self, request_id: str, attempt: int) -> bool:
@@ -80,6 +82,7 @@ class MemoryFence:
         return True
 
     async def final_published(self, request_id: str, attempt: int) -> None:
+        await asyncio.sleep(0)
         self.final[request_id] = f"done:{attempt}"
 
 
