@@ -1,7 +1,7 @@
 """CPU per request of the engine-worker's own code, in process: no broker, no Redis, no other service.
 
-    python -m bench.worker_cpu_bench                          # this tree: CPU ms per request
-    python -m bench.worker_cpu_bench --compare ../other-tree  # side by side, alternating runs
+    python -m bench.worker_cpu_bench                          # this tree → bench/reports/worker_cpu_bench.*
+    python -m bench.worker_cpu_bench --compare ../other-tree  # side by side → bench/reports/worker_cpu_compare.*
 
 `handlers`: requests go through WorkerHandlers.on_dispatch (as the ConsumerLoop calls it, in the
 record's trace context, tracing off as in the benchmarks) with the real SimEngine at zero time and
@@ -192,7 +192,6 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--report", action="store_true", help="write bench/reports/worker_cpu_bench.{json,md}")
     parser.add_argument("--child", choices=["handlers", "engine"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -228,33 +227,24 @@ def main() -> None:
             lines.append(f"\n{mode}: {args.compare_label} uses {ratio:.2f}x the CPU of {args.label}")
     table = "\n".join(lines)
     print(table)
-    if args.report:
-        REPORTS.mkdir(exist_ok=True)
-        # No machine paths in a committed report: the compared checkout is shown by its label.
-        shown = [
-            f"<{args.compare_label} checkout>" if args.compare and a == str(args.compare) else a for a in sys.argv[1:]
-        ]
-        shown_args = shlex.join(a for a in shown if a != "--report")
-        command = f"python -m bench.worker_cpu_bench {shown_args}".strip()
-        load = os.getloadavg()[0]
-        (REPORTS / "worker_cpu_bench.json").write_text(
-            json.dumps(
-                {
-                    "command": command,
-                    "load_avg_1m": load,
-                    "args": vars(args) | {"compare": None},
-                    "runs": runs,
-                    "median": summary,
-                },
-                indent=2,
-                default=str,
-            )
-        )
-        (REPORTS / "worker_cpu_bench.md").write_text(
-            f"# Engine-worker CPU per request, in process\n\n`{command}` (load average {load:.2f}; medians of "
-            f"{args.rounds} rounds, {args.requests} requests each, concurrency {args.concurrency}, "
-            f"{args.max_tokens} tokens out)\n\n{table}\n"
-        )
+    write_report(args, runs, summary, table)
+
+
+def write_report(args: argparse.Namespace, runs: dict, summary: dict, table: str) -> None:  # type: ignore[type-arg]
+    REPORTS.mkdir(exist_ok=True)
+    name = "worker_cpu_compare" if args.compare else "worker_cpu_bench"
+    # No machine paths in a committed report: the compared checkout is shown by its label.
+    shown = [f"<{args.compare_label} checkout>" if args.compare and a == str(args.compare) else a for a in sys.argv[1:]]
+    command = f"python -m bench.worker_cpu_bench {shlex.join(shown)}".strip()
+    load = os.getloadavg()[0]
+    document = {"command": command, "load_avg_1m": load, "args": vars(args) | {"compare": None}, "runs": runs}
+    (REPORTS / f"{name}.json").write_text(json.dumps(document | {"median": summary}, indent=2, default=str))
+    (REPORTS / f"{name}.md").write_text(
+        f"# Engine-worker CPU per request, in process\n\n`{command}` (load average {load:.2f}; medians of "
+        f"{args.rounds} rounds, {args.requests} requests each, concurrency {args.concurrency}, "
+        f"{args.max_tokens} tokens out)\n\n{table}\n"
+    )
+    print(f"[worker_cpu_bench] wrote bench/reports/{name}.{{json,md}}", flush=True)
 
 
 if __name__ == "__main__":
