@@ -1,8 +1,9 @@
 """Engine-worker handlers: a dispatch becomes a token stream, one result and one outcome.
 
 An attempt publishes its final chunk and result only after claiming the request's final
-marker (llmbus.fencing): a zombie attempt (its worker declared dead, then back) cannot add a
-second result. Superseded attempts are also checked for while they run, and aborted.
+marker (llmbus.fencing; how an attempt ends on the bus is services/engine_worker/ending.py): a
+zombie attempt (its worker declared dead, then back) cannot add a second result. Superseded
+attempts are also checked for while they run, and aborted.
 Engine errors: a dead engine or OOM restarts the engine; an upstream 4xx or a validation
 error is the request's final error; a 429/503 cools this worker down and hands the request back.
 """
@@ -16,15 +17,13 @@ from dataclasses import dataclass
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
-from llmbus.bus import Bus, PublishTimeout, decode
+from llmbus.bus import Bus, decode
 from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
-from llmbus.fencing import RequestFence, claim_kept
+from llmbus.fencing import RequestFence
 from llmbus.messages import (
     Control,
     ControlAction,
     Dispatch,
-    DispatchOutcome,
     ErrorCode,
     ErrorInfo,
     FinishReason,
@@ -32,12 +31,12 @@ from llmbus.messages import (
     OutcomeStatus,
     ResultStatus,
     Timings,
-    TokenChunk,
     Usage,
     now_ms,
 )
-from llmbus.replies import publish_result, reply_topic_of
+from llmbus.replies import reply_topic_of
 from services.engine_worker.config import WorkerSettings
+from services.engine_worker.ending import AttemptEnd, ResultOut
 from services.engine_worker.engines.base import (
     AdmissionError,
     Engine,
@@ -46,13 +45,10 @@ from services.engine_worker.engines.base import (
     EngineRequest,
     UpstreamBusy,
 )
-from services.engine_worker.streaming import ChunkBatcher, chunks_delivered
+from services.engine_worker.streaming import ChunkBatcher, ReplyStream
 
 log = logging.getLogger(__name__)
-
-
-class ResultOut(Exception):
-    """Raised when what follows a published result (final marker, outcome) failed: never retried."""
+__all__ = ["ResultOut", "RunSite", "WorkerHandlers"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +73,7 @@ class WorkerHandlers:
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
+        self.end = AttemptEnd(bus, fence, settings.worker_id)  # the final answer and the outcome
 
     async def on_dispatch(self, record: ConsumerRecord) -> None:
         dispatch = decode(record, Dispatch)
@@ -177,10 +174,7 @@ class WorkerHandlers:
         first_token_ms: float | None = None
         text: list[str] = []
         last: EngineOutput | None = None
-        # Chunks are sent without waiting for each ack (one key: their order holds); all are
-        # acknowledged before the final chunk and the result go out.
-        deliveries: list[asyncio.Future[object]] = []
-        chunks: list[TokenChunk] = []
+        stream = ReplyStream(self.bus.publisher, reply_topic, request.request_id)
         superseded = False
         next_check_s = time.monotonic() + self.settings.superseded_check_s
         try:
@@ -190,8 +184,7 @@ class WorkerHandlers:
                     first_token_ms = time.time() * 1000
                 text.append(out.delta)
                 if (chunk := batcher.add(out.delta, out.new_tokens)) is not None:
-                    chunks.append(chunk)
-                    deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
+                    await stream.send(chunk)
                 if not superseded and time.monotonic() >= next_check_s:
                     next_check_s = time.monotonic() + self.settings.superseded_check_s
                     if superseded := await self._still_superseded(dispatch):
@@ -207,66 +200,16 @@ class WorkerHandlers:
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.HANDED_BACK, "worker drained before it finished"))
             return
         if (chunk := batcher.flush()) is not None:
-            chunks.append(chunk)
-            deliveries.append(await self.bus.publisher.send(reply_topic, chunk, key=request.request_id))
-        await chunks_delivered(self.bus.publisher, deliveries, chunks, reply_topic, self.bus.settings.publish_retry_s)
+            await stream.send(chunk)
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
-        await self._publish_final(dispatch, result, reply_topic, batcher.last_seq, OutcomeStatus.COMPLETED)
-
-    async def _publish_final(
-        self, dispatch: Dispatch, result: InferenceResult, reply_topic: str, last_seq: int, status: OutcomeStatus
-    ) -> None:
-        """Claim the final marker, then publish the final chunk and the result; a refused claim publishes nothing."""
-        if not await self.fence.claim_final(dispatch.request_id, dispatch.attempt):
-            log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
-            await self._outcome(dispatch, OutcomeStatus.DUPLICATE)
-            return
-        try:
-            async with claim_kept(self.fence, dispatch.request_id, dispatch.attempt):
-                await publish_result(
-                    self.bus.publisher,
-                    self.bus.topics,
-                    result,
-                    reply_topic,
-                    last_seq,
-                    retry_for_s=self.bus.settings.publish_retry_s,
-                )
-        except PublishTimeout as exc:
-            # Retried through a broker outage and still unacknowledged: it may yet be written, so
-            # neither a retry elsewhere nor an error result may follow (either would be a second one).
-            raise ResultOut(dispatch.dedupe_key) from exc
-        try:
-            await asyncio.gather(
-                self._mark_published(dispatch),
-                self._outcome(
-                    dispatch,
-                    status,
-                    error=result.error if status == OutcomeStatus.FAILED else None,
-                    prompt_tokens=result.usage.prompt_tokens,
-                    completion_tokens=result.usage.completion_tokens,
-                ),
-            )
-        except Exception as exc:
-            raise ResultOut(dispatch.dedupe_key) from exc
-
-    async def _mark_published(self, dispatch: Dispatch) -> None:
-        """`done:<attempt>`, retried within the claim's lease: while only the pending claim stands,
-        its expiry would let a later attempt publish a second result."""
-        deadline_s = time.monotonic() + self.fence.claim_lease_ms / 1000
-        while True:
-            try:
-                await self.fence.final_published(dispatch.request_id, dispatch.attempt)
-                return
-            except Exception:
-                if time.monotonic() >= deadline_s:
-                    raise
-                log.warning("%s: final marker not set yet; retrying", dispatch.dedupe_key, exc_info=True)
-                await asyncio.sleep(0.5)
+        await self.end.publish_final(dispatch, result, reply_topic, batcher.last_seq, OutcomeStatus.COMPLETED, stream)
 
     async def _answer_failure(self, dispatch: Dispatch, error: ErrorInfo) -> None:
         final = error.model_copy(update={"retryable": False})
         reply_topic = reply_topic_of(self.bus.topics, dispatch.routed.request.reply_topic)
-        await self._publish_final(dispatch, self._error_result(dispatch, final), reply_topic, -1, OutcomeStatus.FAILED)
+        await self.end.publish_final(
+            dispatch, self._error_result(dispatch, final), reply_topic, -1, OutcomeStatus.FAILED
+        )
 
     def _error_result(self, dispatch: Dispatch, error: ErrorInfo) -> InferenceResult:
         routed = dispatch.routed
@@ -301,7 +244,7 @@ class WorkerHandlers:
         if not failed.retryable:
             final = ErrorInfo(code=failed.code, message=str(failed)[:2000], retryable=False)
             result = self._error_result(dispatch, final)
-            await self._publish_final(dispatch, result, reply_topic, last_seq, OutcomeStatus.FAILED)
+            await self.end.publish_final(dispatch, result, reply_topic, last_seq, OutcomeStatus.FAILED)
             return
         if isinstance(failed, UpstreamBusy):
             self.cooldown_until_s = max(self.cooldown_until_s, time.monotonic() + failed.retry_after_s)
@@ -365,30 +308,5 @@ class WorkerHandlers:
     async def _retryable(self, dispatch: Dispatch, error: ErrorInfo) -> None:
         await self._outcome(dispatch, OutcomeStatus.RETRYABLE, error=error)
 
-    async def _outcome(
-        self,
-        dispatch: Dispatch,
-        status: OutcomeStatus,
-        error: ErrorInfo | None = None,
-        prompt_tokens: int = 0,
-        completion_tokens: int = 0,
-    ) -> None:
-        outcome = DispatchOutcome(
-            request_id=dispatch.request_id,
-            worker_id=self.settings.worker_id,
-            attempt=dispatch.attempt,
-            status=status,
-            error=error,
-            model=dispatch.routed.model,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
-        # Retried through a broker restart (a copy is harmless: the scheduler acts on an attempt once);
-        # failing fast would turn a hand-back into the request's final error.
-        await self.bus.publisher.publish(
-            self.bus.topics.name(t.OUTCOMES),
-            outcome,
-            key=dispatch.request_id,
-            tenant=dispatch.routed.request.tenant,
-            retry_for_s=self.bus.settings.publish_retry_s,
-        )
+    async def _outcome(self, dispatch: Dispatch, status: OutcomeStatus, error: ErrorInfo | None = None) -> None:
+        await self.end.outcome(dispatch, status, error=error)

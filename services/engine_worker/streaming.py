@@ -43,12 +43,13 @@ class ChunkBatcher:
     def add(self, delta: str, tokens: int) -> TokenChunk | None:
         if not delta and not tokens:
             return None
+        now_s = self._clock()  # once per token: this runs for every token of every request
         if self._opened_at is None:
-            self._opened_at = self._clock()
+            self._opened_at = now_s
         self._text.append(delta)
         self._tokens += tokens
         first = self.next_seq == 0  # the first token goes out at once: it is the TTFT
-        if first or self._tokens >= self.max_tokens or self._clock() - self._opened_at >= self.interval_s:
+        if first or self._tokens >= self.max_tokens or now_s - self._opened_at >= self.interval_s:
             return self.flush()
         return None
 
@@ -74,21 +75,31 @@ class ChunkBatcher:
         return self.next_seq - 1
 
 
-async def chunks_delivered(
-    publisher: Publisher,
-    deliveries: list[asyncio.Future[object]],
-    chunks: list[TokenChunk],
-    reply_topic: str,
-    retry_for_s: float,
-) -> None:
-    """Every chunk acknowledged before the result goes out. If the broker lost or refused some (a
-    broker restart), all are sent again, in order: a reader drops the copies by (attempt, seq), so
-    it still takes every seq once and in order."""
-    try:
-        await publisher.delivered(deliveries)
-    except Exception as exc:
-        if not chunks or not worth_resending(exc):
-            raise
-        log.warning("chunks of %s not all acknowledged (%r): sending them again", chunks[0].request_id, exc)
-        for chunk in chunks:
-            await publisher.publish(reply_topic, chunk, key=chunk.request_id, retry_for_s=retry_for_s)
+class ReplyStream:
+    """An attempt's content chunks on its reply topic: sent without waiting for each ack (one key:
+    one partition, their order holds), and all acknowledged, or all sent again in order, before
+    its final chunk may follow them (`delivered`)."""
+
+    def __init__(self, publisher: Publisher, reply_topic: str, request_id: str) -> None:
+        self.publisher = publisher
+        self.reply_topic = reply_topic
+        self.request_id = request_id
+        self.chunks: list[TokenChunk] = []
+        self._deliveries: list[asyncio.Future[object]] = []
+
+    async def send(self, chunk: TokenChunk) -> None:
+        self.chunks.append(chunk)
+        self._deliveries.append(await self.publisher.send(self.reply_topic, chunk, key=self.request_id))
+
+    async def delivered(self, retry_for_s: float) -> None:
+        """Every chunk acknowledged. If the broker lost or refused some (a broker restart), all are
+        sent again, in order: a reader drops the copies by (attempt, seq), so it still takes every
+        seq once and in order."""
+        try:
+            await self.publisher.delivered(self._deliveries)
+        except Exception as exc:
+            if not self.chunks or not worth_resending(exc):
+                raise
+            log.warning("chunks of %s not all acknowledged (%r): sending them again", self.request_id, exc)
+            for chunk in self.chunks:
+                await self.publisher.publish(self.reply_topic, chunk, key=self.request_id, retry_for_s=retry_for_s)

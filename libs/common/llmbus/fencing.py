@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
 from enum import IntEnum
 from typing import Protocol
 
@@ -141,28 +140,46 @@ class Claimant(Protocol):
     async def claim_final(self, request_id: str, attempt: int) -> bool: ...
 
 
-@contextlib.asynccontextmanager
-async def claim_kept(fence: Claimant, request_id: str, attempt: int) -> AsyncIterator[None]:
+def claim_kept(fence: Claimant, request_id: str, attempt: int) -> contextlib.AbstractAsyncContextManager[None]:
     """The pending claim renewed (every third of its lease) while the body publishes the result.
 
     A publish that rides out a broker restart outlives the lease; an expired claim would let the
     scheduler place another attempt, whose result would be the second one.
     """
+    return _ClaimKept(fence, request_id, attempt)
 
-    async def renew() -> None:
+
+class _ClaimKept(contextlib.AbstractAsyncContextManager[None]):
+    # A timer, not a task, until the first renewal is due: nearly every publish is over long before,
+    # and a task per request (started, cancelled, awaited) is most of what this would cost.
+    def __init__(self, fence: Claimant, request_id: str, attempt: int) -> None:
+        self._fence = fence
+        self._request_id = request_id
+        self._attempt = attempt
+        self._timer: asyncio.TimerHandle | None = None
+        self._renewing: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._fence.claim_lease_ms / 3000, self._start_renewing)
+
+    async def __aexit__(self, *_: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
+
+    def _start_renewing(self) -> None:
+        self._renewing = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        fence, request_id, attempt = self._fence, self._request_id, self._attempt
         while True:
-            await asyncio.sleep(fence.claim_lease_ms / 3000)
             try:
                 if not await fence.claim_final(request_id, attempt):
                     log.error("%s:%d: the claim was lost while its result was being published", request_id, attempt)
                     return
             except Exception:  # Redis away too: try again while the lease lasts
                 log.warning("%s:%d: could not renew the claim", request_id, attempt, exc_info=True)
-
-    renewing = asyncio.create_task(renew())
-    try:
-        yield
-    finally:
-        renewing.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await renewing
+            await asyncio.sleep(fence.claim_lease_ms / 3000)

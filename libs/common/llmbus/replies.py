@@ -7,13 +7,14 @@ never waits forever and analytics see exactly one result per request id.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 
 from prometheus_client import Counter
 
 from llmbus import topics as t
-from llmbus.bus.producer import Publisher
+from llmbus.bus.producer import Publisher, worth_resending
 from llmbus.messages import (
     DEFAULT_REPLY_TOPIC,
     ErrorInfo,
@@ -56,10 +57,63 @@ async def publish_result(
     if not reply_topic:
         return
     seq = content_chunks[-1].seq if content_chunks else last_seq
-    final = TokenChunk(
+    await _publish_reply_chunks(
+        publisher, result, reply_topic, [*content_chunks, final_chunk(result, seq + 1)], retry_for_s
+    )
+
+
+async def publish_result_with_final(
+    publisher: Publisher,
+    topics: t.Topics,
+    result: InferenceResult,
+    reply_topic: str,
+    last_seq: int,
+    retry_for_s: float = RESULT_RETRY_S,
+) -> None:
+    """publish_result for a stream whose content chunks are all acknowledged: the final chunk goes out
+    beside the result, in the same produce request, instead of one round trip after it.
+
+    The final chunk is only enqueued (Publisher.send) just before the result, so the two reach the
+    broker together; the result is then published and waited for exactly as publish_result does
+    (it decides success; a PublishTimeout means it may or may not be out, and the caller answers
+    nothing else). The reader may now see the final chunk a moment before the result is
+    acknowledged: the same content and final chunk publish_result would show it one round trip
+    later. Only a result refused for good differs (llm.results not writable, or a result over the
+    record size limit, which the limits on max_tokens and the model length keep far away): the
+    final chunk may have ended the reader's stream while the request is handed back. A final chunk not
+    acknowledged (or not enqueued at all) is published again after the result, like
+    publish_result's; a reply topic that refuses it is logged, never raised.
+    """
+    final = final_chunk(result, last_seq + 1)
+    sent: list[asyncio.Future[object]] = []
+    try:
+        sent.append(
+            await publisher.send(
+                reply_topic, final, key=result.request_id, request_id=result.request_id, tenant=result.tenant
+            )
+        )
+    except Exception:
+        log.warning("final chunk of %s not enqueued; it follows the result", result.request_id, exc_info=True)
+    await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id, retry_for_s=retry_for_s)
+    if sent:
+        try:
+            await publisher.delivered(sent)
+            return
+        except Exception as exc:  # noqa: BLE001 - the result is out: raising would answer the request twice
+            if not worth_resending(exc):
+                _reply_failed(result, reply_topic)
+                return
+            log.warning("final chunk of %s not acknowledged (%r): sending it again", result.request_id, exc)
+    # The content before it is acknowledged (the caller's rule), so the final alone keeps the order.
+    await _publish_reply_chunks(publisher, result, reply_topic, [final], retry_for_s)
+
+
+def final_chunk(result: InferenceResult, seq: int) -> TokenChunk:
+    """The chunk that ends a reply stream: the result's finish reason, usage and error, at `seq`."""
+    return TokenChunk(
         request_id=result.request_id,
         tenant=result.tenant,
-        seq=seq + 1,
+        seq=seq,
         final=True,
         finish_reason=result.finish_reason,
         usage=result.usage,
@@ -68,8 +122,14 @@ async def publish_result(
         shadow=result.shadow,
         attempt=result.attempt,
     )
+
+
+async def _publish_reply_chunks(
+    publisher: Publisher, result: InferenceResult, reply_topic: str, chunks: Sequence[TokenChunk], retry_for_s: float
+) -> None:
+    """The chunks after a published result, in order, each retried; a refusing reply topic is logged."""
     try:
-        for chunk in [*content_chunks, final]:
+        for chunk in chunks:
             await publisher.publish(
                 reply_topic,
                 chunk,
@@ -78,11 +138,15 @@ async def publish_result(
                 tenant=result.tenant,
                 retry_for_s=retry_for_s,
             )
-    except Exception:
-        REPLY_FAILURES.inc()
-        log.warning(
-            "result of %s is out; its final chunk could not go to %s", result.request_id, reply_topic, exc_info=True
-        )
+    except Exception:  # noqa: BLE001 - the result is out: raising would answer the request twice
+        _reply_failed(result, reply_topic)
+
+
+def _reply_failed(result: InferenceResult, reply_topic: str) -> None:
+    REPLY_FAILURES.inc()
+    log.warning(
+        "result of %s is out; its final chunk could not go to %s", result.request_id, reply_topic, exc_info=True
+    )
 
 
 def reply_topic_of(topics: t.Topics, reply_topic: str | None) -> str:

@@ -247,6 +247,10 @@ class Publisher:
 
     async def delivered(self, deliveries: list[asyncio.Future[object]]) -> None:
         """Wait (bounded) until every future from `send` is acknowledged; raises the first failure."""
+        if deliveries and all(delivery.done() for delivery in deliveries):
+            for delivery in deliveries:  # resolved already, as often by now: no gather, no wait
+                delivery.result()
+            return
         if deliveries:
             try:
                 async with asyncio.timeout(self._timeout_s):

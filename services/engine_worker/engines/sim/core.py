@@ -50,7 +50,7 @@ class SimRequest:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per token, and frozen ones cost ~4x to make
 class RequestOutput:
     request_id: str
     new_tokens: int
@@ -233,10 +233,18 @@ class SimCore:
 
         # 1. Running requests, in order: one token for a decode, a chunk for a prefill.
         running = self.running
+        block_size = self.block_size
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             num_new = min(seq.num_tokens - seq.num_computed, budget)
+            if seq.num_computed + num_new <= len(seq.blocks) * block_size:
+                # Room in its blocks already (most decodes): what _allocate would say, without the call.
+                self._cache_full_blocks(seq, seq.num_computed + num_new)
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                i += 1
+                continue
             while not self._allocate(seq, seq.num_computed, num_new, []):
                 # Out of KV blocks: preempt the youngest running request (recompute later).
                 victim = running.pop()
@@ -312,35 +320,35 @@ class SimCore:
                 return self.step()  # the same instant, with their blocks free (and still cached)
             raise RuntimeError("sim core: work pending but nothing could be scheduled")
 
-        # 3. Price the batch, run it, and collect what each request produced.
+        # 3. Run the batch, collect what each request produced, and price it (one pass: what a
+        # request produces does not depend on the step's duration).
         prefill_tokens = 0
         decode_seqs = 0
-        for seq, num_new in scheduled:
-            if seq.num_output > 0 and seq.num_computed == seq.num_tokens - 1:
-                decode_seqs += 1
-            else:
-                prefill_tokens += num_new
-        duration_us = self.profile.step_us(prefill_tokens, decode_seqs)
-        self.now_us = start_us + duration_us
-        self.steps_total += 1
-
         outputs: list[RequestOutput] = []
         finished_any = False
         for seq, num_new in scheduled:
+            num_tokens = seq.req.prompt_tokens + seq.num_output
+            if seq.num_output > 0 and seq.num_computed == num_tokens - 1:
+                decode_seqs += 1
+            else:
+                prefill_tokens += num_new
             seq.num_computed += num_new
-            if seq.num_computed < seq.num_tokens:
+            if seq.num_computed < num_tokens:
                 continue  # a prefill chunk short of the end: no token yet
             seq.num_output += 1
             self.generation_tokens_total += 1
             if seq.num_output == 1:
                 self.prompt_tokens_total += seq.req.prompt_tokens
-            if seq.num_output >= seq.req.max_tokens or seq.num_tokens >= self.max_model_len:
+            if seq.num_output >= seq.req.max_tokens or num_tokens + 1 >= self.max_model_len:
                 finished_any = True
                 del self._seqs[seq.req.request_id]
                 self._free(seq)
                 outputs.append(self._output(seq, 1, "length"))
             else:
                 outputs.append(self._output(seq, 1, None))
+        duration_us = self.profile.step_us(prefill_tokens, decode_seqs)
+        self.now_us = start_us + duration_us
+        self.steps_total += 1
         if finished_any:
             self.running = [s for s in running if s.req.request_id in self._seqs]
         return StepResult(
@@ -424,8 +432,8 @@ class SimCore:
     def _cache_full_blocks(self, seq: _Seq, num_tokens: int) -> None:
         # Like vLLM, blocks are published when scheduled: a later request in the same batch
         # can already share them, since this forward pass fills them before it reads them.
-        if not self.enable_prefix_caching:
-            return
+        if not self.enable_prefix_caching or num_tokens // self.block_size <= seq.num_hashed_blocks:
+            return  # nothing newly full (a decode within its block)
         full = min(num_tokens // self.block_size, len(seq.blocks))
         host = self.host
         for j in range(seq.num_hashed_blocks, full):
@@ -455,7 +463,7 @@ class SimCore:
             seq.num_output,
             seq.cached_prompt_tokens,
             seq.host_loaded_tokens,
-            finished=finish_reason is not None,
-            finish_reason=finish_reason,
-            preemptions=seq.num_preemptions,
+            finish_reason is not None,
+            finish_reason,
+            seq.num_preemptions,
         )

@@ -2,7 +2,7 @@
 
 One background task steps the core while there is work and sleeps each step's
 simulated duration / `speedup` (0: no sleeping, as fast as the CPU goes); the outputs
-of a step reach each request's `generate()` iterator through its own queue once the
+of a step reach each request's `generate()` iterator through its own outbox once the
 step's time has passed, like tokens leaving a real engine after the forward pass.
 """
 
@@ -29,6 +29,37 @@ from services.engine_worker.engines.sim.text import AnswerText
 # Falling further behind the simulated clock than this (a busy event loop) resets the
 # pacing instead of bursting steps to catch up.
 _MAX_LAG_S = 0.05
+
+
+class _Outbox:
+    """One request's step outputs on their way to its `generate()`.
+
+    Not an asyncio.Queue: the step loop appends and wakes the reader only if it waits, and the
+    reader takes everything delivered since it last looked in one go. At zero time this path
+    runs once per token of every request, so its cost is most of the engine's.
+    """
+
+    __slots__ = ("_items", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._items: list[RequestOutput | BaseException] = []
+        self._loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def take(self) -> list[RequestOutput | BaseException]:
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        items, self._items = self._items, []
+        return items
 
 
 @dataclass
@@ -89,7 +120,7 @@ class SimEngine:
             admit_full_prompt=self.config.admit_full_prompt,
             host_kv_blocks=self.profile.host_kv_blocks(self.config.kv_offloading_gib),
         )
-        self._queues: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
+        self._outboxes: dict[str, _Outbox] = {}
         self._step_task: asyncio.Task[None] | None = None
         self._clock_origin_s: float | None = None
         self._stopped = False
@@ -112,7 +143,7 @@ class SimEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._step_task
             self._step_task = None
-        for request_id in list(self._queues):
+        for request_id in list(self._outboxes):
             await self.abort(request_id)
 
     # ---- requests ----------------------------------------------------------------
@@ -134,51 +165,57 @@ class SimEngine:
         self.check_admission(sim_request.prompt_tokens, request.max_tokens)
         if request.request_id in self.core:
             raise EngineError(f"request {request.request_id!r} is already running")
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        self._queues[request.request_id] = queue
+        outbox = _Outbox(asyncio.get_running_loop())
+        self._outboxes[request.request_id] = outbox
         self._sync_idle_clock()
         self.core.add(sim_request)
         self._ensure_stepping()
-        answer = AnswerText(request.prompt, request.seed, self.config.divergence, self.model)
-        text = ""
+        answer = AnswerText(
+            request.prompt, request.seed, self.config.divergence, self.model, reference_key=sim_request.content_key
+        )
+        stops = request.stop
+        text = ""  # what was returned so far, kept only to look for stop strings in
         completion_tokens = 0  # as delivered: an abort can land after the core ran a step not yet delivered
         done = False
         try:
             while not done:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                delta = "".join(answer.next_token() for _ in range(item.new_tokens))
-                finish_reason = item.finish_reason
-                stop_at = _first_stop(text + delta, request.stop, len(text))
-                if stop_at is not None:
-                    # Like vLLM: the answer ends before the stop string, which is not returned.
-                    delta = (text + delta)[len(text) : stop_at]
-                    finish_reason = "stop"
-                    self.core.abort(request.request_id)
-                text += delta
-                completion_tokens += item.new_tokens
-                done = finish_reason is not None
-                yield EngineOutput(
-                    delta=delta,
-                    new_tokens=item.new_tokens,
-                    prompt_tokens=item.prompt_tokens,
-                    completion_tokens=completion_tokens,
-                    cached_prompt_tokens=item.cached_prompt_tokens,
-                    finished=done,
-                    finish_reason=finish_reason,
-                    preemptions=item.preemptions,
-                )
+                for item in await outbox.take():
+                    if isinstance(item, BaseException):
+                        raise item
+                    delta = answer.next_tokens(item.new_tokens)
+                    finish_reason = item.finish_reason
+                    if stops:
+                        stop_at = _first_stop(text + delta, stops, len(text))
+                        if stop_at is not None:
+                            # Like vLLM: the answer ends before the stop string, which is not returned.
+                            delta = (text + delta)[len(text) : stop_at]
+                            finish_reason = "stop"
+                            self.core.abort(request.request_id)
+                        text += delta
+                    completion_tokens += item.new_tokens
+                    done = finish_reason is not None
+                    yield EngineOutput(  # positional: this runs once per token
+                        delta,
+                        item.new_tokens,
+                        item.prompt_tokens,
+                        completion_tokens,
+                        item.cached_prompt_tokens,
+                        done,
+                        finish_reason,
+                        item.preemptions,
+                    )
+                    if done:
+                        break
         finally:
-            self._queues.pop(request.request_id, None)
+            self._outboxes.pop(request.request_id, None)
             if not done:
                 self.core.abort(request.request_id)  # the consumer went away mid-stream
 
     async def abort(self, request_id: str) -> None:
         final = self.core.abort(request_id)
-        queue = self._queues.get(request_id)
-        if final is not None and queue is not None:
-            queue.put_nowait(final)
+        outbox = self._outboxes.get(request_id)
+        if final is not None and outbox is not None:
+            outbox.put(final)
 
     def stats(self) -> EngineStats:
         core = self.core
@@ -214,6 +251,7 @@ class SimEngine:
     async def _step_loop(self) -> None:
         loop = asyncio.get_running_loop()
         speedup = self.config.speedup
+        outboxes = self._outboxes
         deadline_s = loop.time()
         try:
             while self.core.has_work():
@@ -224,14 +262,14 @@ class SimEngine:
                 else:
                     await asyncio.sleep(0)  # let consumers and new requests in between steps
                 for out in result.outputs:
-                    queue = self._queues.get(out.request_id)
-                    if queue is not None:
-                        queue.put_nowait(out)
+                    outbox = outboxes.get(out.request_id)
+                    if outbox is not None:
+                        outbox.put(out)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a bug in the core must not leave streams hanging
-            for queue in self._queues.values():
-                queue.put_nowait(EngineDead(f"sim engine step failed: {exc!r}"))
+            for outbox in outboxes.values():
+                outbox.put(EngineDead(f"sim engine step failed: {exc!r}"))
         finally:
             self._step_task = None
 

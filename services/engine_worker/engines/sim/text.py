@@ -49,13 +49,18 @@ def content_key(prompt: str, seed: int | None = None) -> str:
     return hashlib.blake2b(f"{seed}|{prompt}".encode(), digest_size=8).hexdigest()
 
 
-def token_stream(prompt: str, seed: int | None = None) -> random.Random:
-    return random.Random(int(content_key(prompt, seed), 16))
+def token_stream(prompt: str, seed: int | None = None, key: str | None = None) -> random.Random:
+    """The answer's token draws; `key` is content_key(prompt, seed) when the caller has it already."""
+    return random.Random(int(key or content_key(prompt, seed), 16))
+
+
+# One pseudo-token: a short word piece, about 4 characters like a BPE token. Built once: a draw
+# picks an index into this tuple exactly as it would into WORDS (same length, same stream).
+_TOKEN_TEXTS = tuple(" " + word for word in WORDS)
 
 
 def next_token_text(rng: random.Random) -> str:
-    # One pseudo-token: a short word piece, about 4 characters like a BPE token.
-    return " " + rng.choice(WORDS)
+    return rng.choice(_TOKEN_TEXTS)
 
 
 class AnswerText:
@@ -66,13 +71,27 @@ class AnswerText:
     which is what makes shadow comparisons between sim models mean something.
     """
 
-    def __init__(self, prompt: str, seed: int | None = None, divergence: float = 0.0, model: str = "") -> None:
-        self._reference = token_stream(prompt, seed)
+    def __init__(
+        self,
+        prompt: str,
+        seed: int | None = None,
+        divergence: float = 0.0,
+        model: str = "",
+        *,
+        reference_key: str | None = None,  # content_key(prompt, seed), if known
+    ) -> None:
+        self._reference = token_stream(prompt, seed, reference_key)
         self._divergence = divergence
         self._noise = token_stream(f"{model}|{prompt}", seed) if divergence > 0 else None
 
     def next_token(self) -> str:
-        token = next_token_text(self._reference)  # always drawn: the reference stays aligned
+        token = self._reference.choice(_TOKEN_TEXTS)  # always drawn: the reference stays aligned
         if self._noise is not None and self._noise.random() < self._divergence:
             return next_token_text(self._noise)
         return token
+
+    def next_tokens(self, count: int) -> str:
+        """The text of the next `count` tokens (one engine step's worth for a request)."""
+        if count == 1:
+            return self.next_token()
+        return "".join([self.next_token() for _ in range(count)])
