@@ -2,11 +2,18 @@
 
 Why FastStream (and not the project's ConsumerLoop): this service is consume -> compute ->
 produce with no per-record concurrency to order, which is what FastStream's subscribers do;
-batches of llm.results and llm.costs are committed after the handler (AckPolicy.NACK_ON_ERROR:
-an infrastructure failure seeks back and the batch comes again; a bad record goes to llm.dlq
-from inside the handler, so one bad record never blocks a partition). The batch handlers
-take the raw records (not `list[InferenceResult]`) only so a record that does not decode can
-be dead-lettered with its partition and offset instead of failing the whole batch.
+batches of llm.results are committed after the handler (AckPolicy.NACK_ON_ERROR: an
+infrastructure failure seeks back and the batch comes again; a bad record goes to llm.dlq from
+inside the handler, so one bad record never blocks a partition). The batch handler takes the
+raw records (not `list[InferenceResult]`) only so a record that does not decode can be
+dead-lettered with its partition and offset instead of failing the whole batch.
+
+One part bypasses FastStream: the CostRecords of a batch go to llm.costs through the project's
+own idempotent producer (`make_producer`) as one record batch per partition (`send_batch`).
+FastStream's `publish` costs a command, a correlation id and a future per record (a fifth of the
+service's CPU on a backlog), and its `publish_batch` has one key policy and one header set per
+batch, where every CostRecord carries its own tenant key and request id header. In memory
+(TestKafkaBroker, `start()` not called) the records go through the broker as before.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
@@ -28,10 +37,10 @@ from llmbus import topics as t
 from llmbus.bus import headers as hdr
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
-from llmbus.bus.producer import PublishTimeout
+from llmbus.bus.producer import PublishTimeout, make_producer
 from llmbus.bus.security import faststream_security
 from llmbus.bus.tables import read_table
-from llmbus.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from llmbus.messages import CostRecord, ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.config import CostSettings
@@ -56,9 +65,6 @@ class CostService:
             acks="all",
             enable_idempotence=True,
             request_timeout_ms=settings.request_timeout_ms,
-            # A batch of CostRecords leaves in a few large produce requests, not one per record: the
-            # handler waits for every ack of the batch anyway, so lingering costs it at most this long.
-            linger_ms=max(settings.linger_ms, cost.publish_linger_ms),
             max_batch_size=min(settings.max_batch_bytes, settings.max_message_bytes),
             # FastStream logs every batch it receives and processes: at DEBUG, not INFO (a replay is
             # thousands of batches, and formatting their log lines cost more than costing them).
@@ -83,11 +89,14 @@ class CostService:
             self.store,
             self.topics,
             self.publish_all,
+            self.publish_records,
             self.dlq,
             batch_full_records=cost.batch_max_records,
             settle_s=cost.settle_s,
         )
         self._ticker: asyncio.Task[None] | None = None
+        self._costs_producer: AIOKafkaProducer | None = None
+        self._partition_of: dict[bytes | None, int] = {}  # key -> llm.costs partition (few tenants)
         self._subscribe()
 
     def asyncapi(self) -> dict[str, Any]:
@@ -128,9 +137,52 @@ class CostService:
         async def on_results(_: list[bytes], message: KafkaMessage) -> None:
             await handlers.on_results(message.raw_message)  # type: ignore[arg-type]
 
-        @self.broker.subscriber(topics.name(t.COSTS), group_id=topics.group(t.COST, "aggregates"), **batch)
-        async def on_costs(_: list[bytes], message: KafkaMessage) -> None:
-            await handlers.on_costs(message.raw_message)  # type: ignore[arg-type]
+    async def publish_records(self, items: Sequence[tuple[CostRecord, bytes, str | None]]) -> None:
+        """CostRecords already encoded onto llm.costs: one record batch per partition, every ack awaited (bounded)."""
+        producer = self._costs_producer
+        if producer is None:  # in memory: through the (test) broker
+            await self._publish_encoded(self.topics.name(t.COSTS), items)
+            return
+        topic = self.topics.name(t.COSTS)
+        try:
+            async with asyncio.timeout(self.settings.send_timeout_s):
+                partitions = sorted(await producer.partitions_for(topic))
+                batches: dict[int, Any] = {}
+                sent: list[asyncio.Future[Any]] = []
+                for record, payload, key in items:
+                    key_bytes = key.encode() if key is not None else None
+                    partition = self._partition_of.get(key_bytes)
+                    if partition is None:
+                        partition = DefaultPartitioner()(key_bytes, partitions, partitions)
+                        self._partition_of[key_bytes] = partition
+                    headers = hdr.outgoing(record, t.COST)
+                    batch = batches.get(partition)
+                    if batch is None:
+                        batch = batches[partition] = producer.create_batch()
+                    if batch.append(key=key_bytes, value=payload, timestamp=None, headers=headers) is None:
+                        sent.append(await producer.send_batch(batch, topic, partition=partition))
+                        batch = batches[partition] = producer.create_batch()
+                        if batch.append(key=key_bytes, value=payload, timestamp=None, headers=headers) is None:
+                            raise PublishTimeout(f"a CostRecord of {len(payload)} bytes does not fit a batch")
+                for partition, batch in batches.items():  # each holds at least one record
+                    sent.append(await producer.send_batch(batch, topic, partition=partition))
+        except TimeoutError as exc:
+            raise PublishTimeout(f"Kafka did not take {len(items)} records for {topic} in time") from exc
+        try:
+            await asyncio.wait_for(asyncio.gather(*sent), self.settings.send_timeout_s)
+        except TimeoutError as exc:
+            raise PublishTimeout(f"no ack from Kafka for {len(items)} records on {topic}") from exc
+
+    async def _publish_encoded(self, topic: str, items: Sequence[tuple[Message, bytes, str | None]]) -> None:
+        deliveries = []
+        for message, payload, key in items:
+            headers = dict(hdr.as_dict(hdr.outgoing(message, t.COST)))
+            deliveries.append(
+                await self.broker.publish(
+                    payload, topic, key=key.encode() if key is not None else None, headers=headers, no_confirm=True
+                )
+            )
+        await asyncio.gather(*[d for d in deliveries if isinstance(d, asyncio.Future)])
 
     async def publish_all(self, topic: str, items: Sequence[tuple[Message, str | None]]) -> None:
         """Send all, then wait (bounded) for every broker ack: a batch costs one round trip, not one per record."""
@@ -176,6 +228,9 @@ class CostService:
                 self.handlers.on_pricebook(update)
             except ValidationError:
                 log.exception("the price book on %s is invalid; keeping the file's", t.PRICEBOOK)
+        producer = make_producer(self.settings, f"llmbus-{t.COST}-costs")
+        await asyncio.wait_for(producer.start(), self.settings.send_timeout_s)
+        self._costs_producer = producer
         await self.handlers.restore()
         await self.broker.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="cost-ledger-ticker")
@@ -194,6 +249,8 @@ class CostService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         await asyncio.wait_for(self.broker.stop(), self.settings.stop_timeout_s)
+        if self._costs_producer is not None:
+            await asyncio.wait_for(self._costs_producer.stop(), self.settings.stop_timeout_s)
         await self.redis.aclose()
 
 
@@ -207,6 +264,6 @@ async def _batch_values(message: StreamMessage[Any]) -> list[bytes]:
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     service = CostService(settings, CostSettings())
     await service.start()
-    log.info("cost-accounting running (results -> costs -> aggregates, budgets)")
+    log.info("cost-accounting running (results -> llm.costs + aggregates, budgets)")
     await stop.wait()
     await service.stop()

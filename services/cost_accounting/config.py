@@ -24,4 +24,3 @@ class CostSettings(BaseSettings):
     decode_token_weight: float = 1.0
     dedupe_ttl_s: int = 30 * 24 * 3600  # results replayed within this window are never billed twice
     batch_max_records: int = 500
-    publish_linger_ms: int = 5  # CostRecords of a batch leave in few produce requests

@@ -8,7 +8,7 @@ import json
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
-from llmbus.messages import CostRecord, InferenceResult
+from llmbus.messages import CostKind, CostRecord, InferenceResult
 from llmbus.state import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
 
@@ -24,22 +24,41 @@ end
 return 1
 """
 
-# A whole batch of cost records applied in one atomic step: all its markers and the batch's summed
-# increments, or nothing (a marker already there: someone applied one of them; the caller falls back
-# to _APPLY record by record). KEYS: the markers. ARGV: marker TTL, then per hash key: key, TTL,
-# number of fields, then field, increment pairs.
-_APPLY_BATCH = """
-for i = 1, #KEYS do
+# A batch of billed records in one atomic step: every record's marker, the seen markers of the
+# results they price, the batch's summed increments, and the records out of the outbox -- or
+# nothing, if any marker is already there (someone applied one of them: the caller falls back to
+# _BILL_ONE record by record). KEYS: the records' markers, then the results' seen markers.
+# ARGV: marker TTL, number of record markers, outbox key, number of outbox fields, the fields,
+# then per hash key: key, TTL, number of fields, then field, increment pairs.
+_BILL = """
+local ttl, n = ARGV[1], tonumber(ARGV[2])
+for i = 1, n do
   if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
 end
-for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
-local at = 2
+for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ttl) end
+local k = tonumber(ARGV[4])
+for i = 5, 4 + k, 1000 do redis.call('HDEL', ARGV[3], unpack(ARGV, i, math.min(i + 999, 4 + k))) end
+local at = 5 + k
 while at <= #ARGV do
-  local key, ttl, n = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
+  local key, key_ttl, m = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
   at = at + 3
-  for j = 0, n - 1 do redis.call('HINCRBY', key, ARGV[at + 2*j], ARGV[at + 2*j + 1]) end
-  at = at + 2 * n
-  if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, ttl) end
+  for j = 0, m - 1 do redis.call('HINCRBY', key, ARGV[at + 2*j], ARGV[at + 2*j + 1]) end
+  at = at + 2 * m
+  if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, key_ttl) end
+end
+return 1
+"""
+
+# One billed record, always correct: out of the outbox, its result marked seen, and -- unless its
+# marker is there -- its marker and increments. KEYS: the marker, then the seen marker (if any).
+# ARGV: TTL, outbox key, outbox field, then (key, field, increment, TTL) quadruples.
+_BILL_ONE = """
+redis.call('HDEL', ARGV[2], ARGV[3])
+for i = 2, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) == false then return 0 end
+for i = 4, #ARGV, 4 do
+  redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  if redis.call('TTL', ARGV[i]) < 0 then redis.call('EXPIRE', ARGV[i], ARGV[i + 3]) end
 end
 return 1
 """
@@ -57,7 +76,8 @@ class CostStore:
         self.ns = namespace
         self.ttl_s = dedupe_ttl_s
         self._apply = client.register_script(_APPLY)
-        self._apply_batch = client.register_script(_APPLY_BATCH)
+        self._bill = client.register_script(_BILL)
+        self._bill_one = client.register_script(_BILL_ONE)
         self._mark = client.register_script(_MARK)
 
     def _seen(self, request_id: str) -> str:
@@ -72,10 +92,6 @@ class CostStore:
         if not request_ids:
             return []
         return [v is not None for v in await self.client.mget([self._seen(rid) for rid in request_ids])]
-
-    async def mark_seen(self, request_ids: list[str]) -> None:
-        if request_ids:
-            await self._mark(keys=[self._seen(rid) for rid in request_ids], args=[self.ttl_s])
 
     async def hold(self, results: list[InferenceResult]) -> None:
         """Self-hosted results wait for their intervals: held durably and marked seen together (MULTI)."""
@@ -112,45 +128,71 @@ class CostStore:
         cursors = {text_of(k): json.loads(v) for k, v in (await self.client.hgetall(f"{self.ns}cost:cursor")).items()}
         return held, cursors
 
-    # -- aggregates -----------------------------------------------------------------------------
-    async def apply(self, records: list[CostRecord]) -> list[bool]:
-        """Add each record to the aggregates once (by record id); True where it was new.
+    # -- billing: outbox, then llm.costs, then aggregates -------------------------------------------
+    @property
+    def _outbox(self) -> str:
+        return f"{self.ns}cost:outbox"
 
-        The common case in two round trips whatever the batch size: which markers exist (MGET),
-        then the new records' markers and their summed increments in one atomic script. Only if a
-        marker appeared in between (another consumer applied one) does it go record by record.
+    async def stage(self, records: list[CostRecord], payloads: list[bytes]) -> None:
+        """The records exactly as they will be published, kept until they are applied (the outbox)."""
+        if records:
+            staged = {r.record_id: payload for r, payload in zip(records, payloads, strict=True)}
+            await self.client.hset(self._outbox, mapping=staged)
+
+    async def staged(self) -> list[bytes]:
+        """What was staged and not yet applied: published or not, it has to be (again) and then applied."""
+        return list((await self.client.hgetall(self._outbox)).values())
+
+    async def applied(self, record_ids: list[str]) -> list[bool]:
+        if not record_ids:
+            return []
+        return [v is not None for v in await self.client.mget([self._applied(rid) for rid in record_ids])]
+
+    def _seen_marker_of(self, record: CostRecord) -> list[str]:
+        """A record that prices one result also marks it seen (idle and waste records price none)."""
+        if record.kind in (CostKind.IDLE, CostKind.COLD_START_WASTE):
+            return []
+        return [self._seen(record.request_id)]
+
+    async def bill(self, records: list[CostRecord]) -> list[bool]:
+        """Apply each (published) record to the aggregates once, by record id, mark the results it
+        prices seen and take it out of the outbox; True where it was new.
+
+        One round trip whatever the batch size: one script sets the markers of the batch and adds
+        its increments summed (a few thousand fields instead of ~150 per record), all or nothing.
+        Only if a marker is already there (a copy applied before: a recovery, another replica)
+        does it go record by record.
         """
         if not records:
             return []
-        markers = [self._applied(r.record_id) for r in records]
-        present = [v is not None for v in await self.client.mget(markers)]
-        first: dict[str, int] = {}  # marker -> index of its first new record (twice in a batch counts once)
-        for i, (marker, was_applied) in enumerate(zip(markers, present, strict=True)):
-            if not was_applied:
-                first.setdefault(marker, i)
-        if not first:
-            return [False] * len(records)
-        args: list[str | int] = [self.ttl_s]
-        for key, fields in batch_increments([records[i] for i in first.values()], self.ns).items():
+        first: dict[str, int] = {}  # record id -> index of its first copy (twice in a batch counts once)
+        for i, record in enumerate(records):
+            first.setdefault(record.record_id, i)
+        unique = [records[i] for i in first.values()]
+        markers = [self._applied(r.record_id) for r in unique]
+        seen = [key for r in unique for key in self._seen_marker_of(r)]
+        args: list[str | int | bytes] = [self.ttl_s, len(markers), self._outbox, len(first), *first]
+        for key, fields in batch_increments(unique, self.ns).items():
             args += [key, TTL_S[_period_of(key)], len(fields)]
             for field, by in fields.items():
                 args += [field, by]
-        if await self._apply_batch(keys=list(first), args=args):
+        if await self._bill(keys=markers + seen, args=args):
             new = set(first.values())
             return [i in new for i in range(len(records))]
-        return await self.apply_one_by_one(records)
+        return await self.bill_one_by_one(records)
 
     def _applied(self, record_id: str) -> str:
         return f"{self.ns}cost:applied:{record_id}"
 
-    async def apply_one_by_one(self, records: list[CostRecord]) -> list[bool]:
+    async def bill_one_by_one(self, records: list[CostRecord]) -> list[bool]:
         """Each record with its own marker and increments in one script: the slow, always-correct path."""
         async with self.client.pipeline(transaction=False) as pipe:
             for record in records:
-                args: list[str | int] = [self.ttl_s]
+                args: list[str | int] = [self.ttl_s, self._outbox, record.record_id]
                 for key, field, by in increments(record, self.ns):
                     args += [key, field, by, TTL_S[_period_of(key)]]
-                await self._apply(keys=[self._applied(record.record_id)], args=args, client=pipe)
+                keys = [self._applied(record.record_id), *self._seen_marker_of(record)]
+                await self._bill_one(keys=keys, args=args, client=pipe)
             return [bool(n) for n in await pipe.execute()]
 
     async def apply_once(self, marker: str, triples: list[tuple[str, str, int]]) -> bool:
