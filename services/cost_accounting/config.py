@@ -24,3 +24,4 @@ class CostSettings(BaseSettings):
     decode_token_weight: float = 1.0
     dedupe_ttl_s: int = 30 * 24 * 3600  # results replayed within this window are never billed twice
     batch_max_records: int = 500
+    gc_freeze: bool = True  # after start-up, its objects are left out of garbage collection

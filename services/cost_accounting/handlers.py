@@ -128,11 +128,15 @@ class CostHandlers:
         if len(raw) >= self.batch_full_records:
             self._busy_until_s = time.monotonic() + self.settle_s
         results: list[InferenceResult] = []
+        payloads: dict[str, bytes] = {}  # request id -> the result as it came (held as it is)
         for record in raw:
             try:
-                results.append(decode(record, InferenceResult))
+                result = decode(record, InferenceResult)
             except BadMessage as exc:
                 await self.dead_letter(record, exc)
+            else:
+                results.append(result)
+                payloads[result.request_id] = record.value or b""
         await self.recover()
         seen = await self.store.seen([r.request_id for r in results])
         costed: list[CostRecord] = []
@@ -152,7 +156,7 @@ class CostHandlers:
                 costed.append(priced)
                 outcomes[priced.kind.value] += 1
         # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
-        await self.store.hold([s.result for s in served])
+        await self.store.hold([(s.result, payloads[s.result.request_id]) for s in served])
         late = [record for s in served for record in self.ledger.add(s)]
         await self._bill(costed, ledger=False)
         if late:

@@ -93,18 +93,19 @@ class CostStore:
             return []
         return [v is not None for v in await self.client.mget([self._seen(rid) for rid in request_ids])]
 
-    async def hold(self, results: list[InferenceResult]) -> None:
-        """Self-hosted results wait for their intervals: held durably and marked seen together (MULTI)."""
+    async def hold(self, results: list[tuple[InferenceResult, bytes]]) -> None:
+        """Self-hosted results (with their bytes as read) wait for their intervals: held durably and
+        marked seen together (MULTI)."""
         if not results:
             return
         by_worker: dict[str, dict[FieldT, EncodableT]] = {}
-        for r in results:
-            by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_id] = r.model_dump_json()
+        for r, payload in results:
+            by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_id] = payload
         async with self.client.pipeline(transaction=True) as pipe:
             for key, held in by_worker.items():
                 pipe.hset(key, mapping=held)
                 pipe.expire(key, self.ttl_s)
-            await self._mark(keys=[self._seen(r.request_id) for r in results], args=[self.ttl_s], client=pipe)
+            await self._mark(keys=[self._seen(r.request_id) for r, _ in results], args=[self.ttl_s], client=pipe)
             await pipe.execute()
 
     async def release(self, records: list[CostRecord], cursors: dict[str, dict[str, int | bool]]) -> None:
