@@ -26,6 +26,7 @@ from llmbus.settings import BusSettings
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.aggregates import agg_key, read_totals
+from services.cost_accounting.core.costing import price_result
 from services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
 
 NOW = 1_780_000_000_000
@@ -91,9 +92,30 @@ async def test_hosted_cache_shadow_and_dedupe(service) -> None:  # type: ignore[
     assert tenants["acme"]["saving"] == 1200
     experiments = read_totals(await svc.store.totals(day("experiment")))
     assert experiments["exp1/cand"]["cost"] == 5700
-    # a CostRecord seen twice by the aggregator counts once
-    await broker.publish(by_id["r1"].to_bytes(), svc.topics.name(t.COSTS), key=b"acme")
+    # a CostRecord billed twice counts once (its marker is there)
+    assert await svc.store.bill([by_id["r1"]]) == [False]
     assert read_totals(await svc.store.totals(day("total")))["all"]["cost"] == 11400
+
+
+async def test_outbox_billed_as_staged_before_anything_else(service) -> None:  # type: ignore[no-untyped-def]
+    """A run that staged a record and stopped (before or after publishing it): the next run publishes
+    and applies exactly the staged bytes, even if the price book changed since, and the result they
+    price is not priced again when it comes back."""
+    svc, broker, costs, _ = service
+    staged = price_result(hosted("o1"), svc.handlers.book)
+    assert isinstance(staged, CostRecord) and staged.cost_micro_usd == 5700
+    await svc.store.stage([staged], [staged.to_bytes()])
+    svc.handlers._recover = True  # as after a restart
+    book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
+    book["hosted"]["gpt-4.1"]["output_per_1m"] = 16.0
+    await broker.publish(PriceBookUpdate(book=book).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    await send_result(svc, broker, hosted("o1"))  # the batch comes again after the crash
+    await send_result(svc, broker, hosted("o2"))
+    assert [(c.request_id, c.cost_micro_usd) for c in costs] == [("o1", 5700), ("o2", 1600 + 100 + 8000)]
+    assert costs[0].to_bytes() == staged.to_bytes()
+    day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
+    assert (day_total["requests"], day_total["cost"]) == (2, 5700 + 9700)
+    assert await svc.store.staged() == []
 
 
 async def test_budget_alerts_once_per_threshold(service) -> None:  # type: ignore[no-untyped-def]
