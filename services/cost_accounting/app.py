@@ -242,6 +242,9 @@ class CostService:
         producer = make_producer(self.settings, f"llmbus-{t.COST}-costs")
         await asyncio.wait_for(producer.start(), self.settings.send_timeout_s)
         self._costs_producer = producer
+        # Restoring may publish (the outbox's records, a budget alert): the broker's producer is
+        # connected first, its subscribers start only once the ledger is back.
+        await self.broker.connect()
         await self.handlers.restore()
         await self.broker.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="cost-ledger-ticker")

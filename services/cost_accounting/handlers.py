@@ -187,13 +187,17 @@ class CostHandlers:
         """
         if not self._recover:
             return
-        staged = await self.store.staged()
-        records = [CostRecord.model_validate_json(payload) for payload in staged]
-        if records:
-            log.warning("billing %d records staged before a restart or a failure", len(records))
-            await self._publish_and_apply(records, staged)
-            await self.store.release(records, {})
-        self._recover = False
+        self._recover = False  # before reading: a failure of a concurrent bill from now on sets it again
+        try:
+            staged = await self.store.staged()
+            records = [CostRecord.model_validate_json(payload) for payload in staged]
+            if records:
+                log.warning("billing %d records staged before a restart or a failure", len(records))
+                await self._publish_and_apply(records, staged)
+                await self.store.release(records, {})
+        except BaseException:
+            self._recover = True
+            raise
 
     async def _bill(self, records: list[CostRecord], *, ledger: bool) -> None:
         """Stage, publish, apply (see the module's docstring for why each crash point bills once)."""

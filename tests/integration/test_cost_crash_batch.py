@@ -98,13 +98,18 @@ async def test_crash_mid_batch_bills_each_result_once(
             await bus.publisher.send(topics.name(t.RESULTS), r, key=r.request_id)
         await asyncio.wait_for(bus.producer.flush(), 60)
 
+        # tenant-0 has a budget: billing the outbox at start-up announces its state on llm.budgets
+        budgets = tmp_path / "budgets.yaml"
+        budgets.write_text("tenants:\n  tenant-0: {limit_usd: 1000, period: month}\n")
+        env = {"LLMBUS_COST_BUDGETS_PATH": str(budgets)}
         flag = tmp_path / "stopped"
         crashing = ServiceProc(
             "tests.integration.cost_crash_service",
             bus_settings,
             name="cost-crashing",
             log_dir=tmp_path,
-            env={
+            env=env
+            | {
                 "LLMBUS_TEST_CRASH_AT": crash_at,
                 "LLMBUS_TEST_CRASH_FLAG": str(flag),
                 "LLMBUS_COST_BATCH_MAX_RECORDS": str(BATCH),
@@ -130,7 +135,7 @@ async def test_crash_mid_batch_bills_each_result_once(
             committed = sum((await offsets(bus_settings, results_topic, group)).values())
             assert len(applied) > committed
 
-        services.append(ServiceProc("services.cost_accounting", bus_settings, log_dir=tmp_path).start())
+        services.append(ServiceProc("services.cost_accounting", bus_settings, env=env, log_dir=tmp_path).start())
         day_total = agg_key(bus_settings.topic_prefix, "day", at_ms, "total")
 
         async def all_applied() -> bool:
