@@ -23,5 +23,5 @@ class CostSettings(BaseSettings):
     prefill_token_weight: float = 0.25  # GPU work of a prefill token relative to a decode token
     decode_token_weight: float = 1.0
     dedupe_ttl_s: int = 30 * 24 * 3600  # results replayed within this window are never billed twice
-    batch_max_records: int = 500
+    batch_max_records: int = 2000  # a backlog in few large batches: fewer round trips and smaller scripts per result
     gc_freeze: bool = True  # after start-up, its objects are left out of garbage collection

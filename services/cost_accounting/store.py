@@ -27,23 +27,24 @@ return 1
 # A batch of billed records in one atomic step: every record's marker, the seen markers of the
 # results they price, the batch's summed increments, and the records out of the outbox -- or
 # nothing, if any marker is already there (someone applied one of them: the caller falls back to
-# _BILL_ONE record by record). KEYS: the records' markers, then the results' seen markers.
-# ARGV: marker TTL, number of record markers, outbox key, number of outbox fields, the fields,
-# then per hash key: key, TTL, number of fields, then field, increment pairs.
+# _BILL_ONE record by record). Keys are built here from the ids (half the arguments to send).
+# ARGV: marker TTL, namespace, n record ids, m request ids to mark seen, the n record ids, the m
+# request ids, then per hash key: key, TTL, number of fields, then field, increment pairs.
 _BILL = """
-local ttl, n = ARGV[1], tonumber(ARGV[2])
-for i = 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
+local ttl, ns, n, m = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local applied, seen, outbox = ns .. 'cost:applied:', ns .. 'cost:seen:', ns .. 'cost:outbox'
+for i = 5, 4 + n do
+  if redis.call('EXISTS', applied .. ARGV[i]) == 1 then return 0 end
 end
-for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ttl) end
-local k = tonumber(ARGV[4])
-for i = 5, 4 + k, 1000 do redis.call('HDEL', ARGV[3], unpack(ARGV, i, math.min(i + 999, 4 + k))) end
-local at = 5 + k
+for i = 5, 4 + n do redis.call('SET', applied .. ARGV[i], '1', 'EX', ttl) end
+for i = 5 + n, 4 + n + m do redis.call('SET', seen .. ARGV[i], '1', 'EX', ttl) end
+for i = 5, 4 + n, 1000 do redis.call('HDEL', outbox, unpack(ARGV, i, math.min(i + 999, 4 + n))) end
+local at = 5 + n + m
 while at <= #ARGV do
-  local key, key_ttl, m = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
+  local key, key_ttl, k = ARGV[at], ARGV[at + 1], tonumber(ARGV[at + 2])
   at = at + 3
-  for j = 0, m - 1 do redis.call('HINCRBY', key, ARGV[at + 2*j], ARGV[at + 2*j + 1]) end
-  at = at + 2 * m
+  for j = 0, k - 1 do redis.call('HINCRBY', key, ARGV[at + 2*j], ARGV[at + 2*j + 1]) end
+  at = at + 2 * k
   if redis.call('TTL', key) < 0 then redis.call('EXPIRE', key, key_ttl) end
 end
 return 1
@@ -150,10 +151,7 @@ class CostStore:
         return [v is not None for v in await self.client.mget([self._applied(rid) for rid in record_ids])]
 
     def _seen_marker_of(self, record: CostRecord) -> list[str]:
-        """A record that prices one result also marks it seen (idle and waste records price none)."""
-        if record.kind in (CostKind.IDLE, CostKind.COLD_START_WASTE):
-            return []
-        return [self._seen(record.request_id)]
+        return [self._seen(record.request_id)] if _prices_a_result(record) else []
 
     async def bill(self, records: list[CostRecord]) -> list[bool]:
         """Apply each (published) record to the aggregates once, by record id, mark the results it
@@ -170,14 +168,13 @@ class CostStore:
         for i, record in enumerate(records):
             first.setdefault(record.record_id, i)
         unique = [records[i] for i in first.values()]
-        markers = [self._applied(r.record_id) for r in unique]
-        seen = [key for r in unique for key in self._seen_marker_of(r)]
-        args: list[str | int | bytes] = [self.ttl_s, len(markers), self._outbox, len(first), *first]
+        seen = [r.request_id for r in unique if _prices_a_result(r)]
+        args: list[str | int] = [self.ttl_s, self.ns, len(first), len(seen), *first, *seen]
         for key, fields in batch_increments(unique, self.ns).items():
             args += [key, TTL_S[_period_of(key)], len(fields)]
             for field, by in fields.items():
                 args += [field, by]
-        if await self._bill(keys=markers + seen, args=args):
+        if await self._bill(args=args):
             new = set(first.values())
             return [i in new for i in range(len(records))]
         return await self.bill_one_by_one(records)
@@ -216,6 +213,11 @@ class CostStore:
     async def first_alert(self, tenant: str, period_key: str, threshold: int) -> bool:
         key = f"{self.ns}cost:alert:{tenant}:{period_key}:{threshold}"
         return bool(await self.client.set(key, "1", nx=True, ex=400 * 86400))
+
+
+def _prices_a_result(record: CostRecord) -> bool:
+    """A record that prices one result also marks it seen (idle and waste records price none)."""
+    return record.kind not in (CostKind.IDLE, CostKind.COLD_START_WASTE)
 
 
 def _period_of(key: str) -> str:
