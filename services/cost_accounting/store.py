@@ -138,12 +138,12 @@ class CostStore:
     async def stage(self, records: list[CostRecord], payloads: list[bytes]) -> None:
         """The records exactly as they will be published, kept until they are applied (the outbox)."""
         if records:
-            staged = {r.record_id: payload for r, payload in zip(records, payloads, strict=True)}
+            staged: dict[FieldT, EncodableT] = {r.record_id: p for r, p in zip(records, payloads, strict=True)}
             await self.client.hset(self._outbox, mapping=staged)
 
     async def staged(self) -> list[bytes]:
         """What was staged and not yet applied: published or not, it has to be (again) and then applied."""
-        return list((await self.client.hgetall(self._outbox)).values())
+        return [v.encode() if isinstance(v, str) else v for v in (await self.client.hgetall(self._outbox)).values()]
 
     async def applied(self, record_ids: list[str]) -> list[bool]:
         if not record_ids:

@@ -124,17 +124,16 @@ def batch_increments(records: list[CostRecord], namespace: str) -> dict[str, dic
     first: dict[tuple[int, tuple[object, ...]], CostRecord] = {}
     for record in records:
         at = record.booked_at_ms
-        labels = (record.booked_to, record.tenant, record.model, record.kind, record.pool, record.experiment_id)
-        group = (at - at % 3_600_000, (*labels, record.variant))
+        depends_on = (record.booked_to, record.tenant, record.model, record.kind, record.pool, record.experiment_id)
+        group = (at - at % 3_600_000, (*depends_on, record.variant))
         vectors = groups[group]
         if not vectors:
             first[group] = record
         vectors.append(_metrics(record))
     by_hour: dict[tuple[int, str, str], list[int]] = {}
-    for group, vectors in groups.items():
+    for (hour_ms, labels), vectors in groups.items():
         vector = [sum(column) for column in zip(*vectors, strict=True)]
-        hour_ms = group[0]
-        for dim, value in dimension_values(first[group]).items():
+        for dim, value in dimension_values(first[(hour_ms, labels)]).items():
             sums = by_hour.get((hour_ms, dim, value))
             if sums is None:
                 by_hour[(hour_ms, dim, value)] = vector
