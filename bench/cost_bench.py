@@ -197,6 +197,7 @@ async def bench_service(n: int, t0_ms: int, span_ms: int) -> dict[str, float]:
         "cpu_s": cpu,
         "read_and_priced_s": stage1_s,  # every result read, priced or held (the workers still running)
         "start_cpu_s": started_cpu_s,
+        "late_results": _late_results(),  # self-hosted results read after their interval closed
         "load_1m_at_start": load_at_start,
         # the shared Redis server's CPU over the run: other clients' work is in it too
         "redis_cpu_us_per_result": redis_cpu / n * 1e6,
@@ -215,6 +216,12 @@ def _reference_loop() -> float:
     started = time.process_time()
     sum(range(10_000_000))
     return time.process_time() - started
+
+
+def _late_results() -> float:
+    from services.cost_accounting.metrics import LATE_RESULTS
+
+    return sum(s.value for m in LATE_RESULTS.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 def _results_seen() -> float:

@@ -67,7 +67,7 @@ class CostHandlers:
         publish_all: Callable[[str, Sequence[tuple[Message, str | None]]], Awaitable[None]],
         publish_records: PublishRecords,
         dead_letter: DeadLetter,
-        batch_full_records: int = 2000,
+        batch_full_records: int = 500,
         settle_s: float = 2.0,
     ) -> None:
         self.book = book

@@ -64,6 +64,16 @@ end
 return 1
 """
 
+# Which of a batch's ids have a marker: their positions (1-based), usually none, rather than a reply
+# per id (parsing thousands of nils cost more than the lookups). ARGV: the markers' prefix, the ids.
+_PRESENT = """
+local out = {}
+for i = 2, #ARGV do
+  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 1 then out[#out + 1] = i - 1 end
+end
+return out
+"""
+
 # Results' dedupe markers, all of a batch in one command (SET has no multi-key form with a TTL).
 _MARK = """
 for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
@@ -80,6 +90,7 @@ class CostStore:
         self._bill = client.register_script(_BILL)
         self._bill_one = client.register_script(_BILL_ONE)
         self._mark = client.register_script(_MARK)
+        self._present = client.register_script(_PRESENT)
 
     def _seen(self, request_id: str) -> str:
         return f"{self.ns}cost:seen:{request_id}"
@@ -89,10 +100,15 @@ class CostStore:
 
     # -- results: billed once -----------------------------------------------------------------
     async def seen(self, request_ids: list[str]) -> list[bool]:
-        """One MGET for the batch (one command with n keys packs far cheaper than n commands)."""
-        if not request_ids:
-            return []
-        return [v is not None for v in await self.client.mget([self._seen(rid) for rid in request_ids])]
+        """Which results of the batch were taken already (one script for the batch)."""
+        return await self._with_marker(self._seen(""), request_ids)
+
+    async def _with_marker(self, prefix: str, ids: list[str]) -> list[bool]:
+        flags = [False] * len(ids)
+        if ids:
+            for position in await self._present(args=[prefix, *ids]):
+                flags[int(position) - 1] = True
+        return flags
 
     async def hold(self, results: list[tuple[InferenceResult, bytes]]) -> None:
         """Self-hosted results (with their bytes as read) wait for their intervals: held durably and
@@ -146,9 +162,7 @@ class CostStore:
         return [v.encode() if isinstance(v, str) else v for v in (await self.client.hgetall(self._outbox)).values()]
 
     async def applied(self, record_ids: list[str]) -> list[bool]:
-        if not record_ids:
-            return []
-        return [v is not None for v in await self.client.mget([self._applied(rid) for rid in record_ids])]
+        return await self._with_marker(self._applied(""), record_ids)
 
     def _seen_marker_of(self, record: CostRecord) -> list[str]:
         return [self._seen(record.request_id)] if _prices_a_result(record) else []
