@@ -10,6 +10,7 @@ import yaml
 from faststream.kafka import TestKafkaBroker
 
 from llmbus import topics as t
+from llmbus.bus.producer import PublishTimeout
 from llmbus.messages import (
     BudgetState,
     BudgetStatus,
@@ -166,3 +167,50 @@ async def test_price_book_overridden_at_runtime(service) -> None:  # type: ignor
     await send_result(svc, broker, hosted("p1"))
     # 800 x 2 + 200 x 0.5 + 500 x 16: the valid update applies, the invalid one is refused
     assert costs[-1].cost_micro_usd == 1600 + 100 + 8000
+
+
+async def test_failed_publish_billed_from_the_outbox_first(service) -> None:  # type: ignore[no-untyped-def]
+    """Kafka fails after a batch is staged: the next batch first bills what was staged, once."""
+    svc, broker, costs, _ = service
+    publish = svc.handlers.publish_records
+
+    async def kafka_away(items: object) -> None:
+        raise PublishTimeout("no ack from Kafka")
+
+    svc.handlers.publish_records = kafka_away
+    with pytest.raises(PublishTimeout):
+        await send_result(svc, broker, hosted("f1"))
+    assert costs == [] and len(await svc.store.staged()) == 1
+    svc.handlers.publish_records = publish
+    await send_result(svc, broker, hosted("f2"))
+    await send_result(svc, broker, hosted("f1"))  # the failed batch again: already billed from the outbox
+    assert [c.request_id for c in costs] == ["f1", "f2"]
+    day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
+    assert (day_total["requests"], day_total["cost"]) == (2, 2 * 5700)
+    assert await svc.store.staged() == []
+
+
+async def test_ledger_record_applied_before_is_not_billed_again(service) -> None:  # type: ignore[no-untyped-def]
+    """A restart closes an interval again from an older cursor: a record applied before (maybe priced
+    differently now) is neither published nor added again."""
+    svc, broker, costs, _ = service
+    start = NOW - NOW % 60_000
+    beat = WorkerStatus(
+        worker_id="sim-2",
+        node_id="n",
+        state=WorkerState.STOPPED,
+        engine="sim",
+        models=["sim-llama-8b"],
+        cold_start_s=0.0,
+        started_at_ms=start,
+        sent_at_ms=start + 60_000,
+    )
+    await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-2")
+    await svc.handlers.tick(start + 120_000, 60_000)
+    billed = list(costs)
+    assert {c.kind for c in billed} == {CostKind.IDLE}
+    day = agg_key(svc.topics.prefix, "day", NOW, "total")
+    before = await svc.store.totals(day)
+    again = [c.model_copy(update={"cost_micro_usd": c.cost_micro_usd + 1}) for c in billed]
+    await svc.handlers._bill(again, ledger=True)
+    assert costs == billed and await svc.store.totals(day) == before
