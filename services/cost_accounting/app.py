@@ -8,12 +8,9 @@ inside the handler, so one bad record never blocks a partition). The batch handl
 raw records (not `list[InferenceResult]`) only so a record that does not decode can be
 dead-lettered with its partition and offset instead of failing the whole batch.
 
-One part bypasses FastStream: the CostRecords of a batch go to llm.costs through the project's
-own idempotent producer (`make_producer`) as one record batch per partition (`send_batch`).
-FastStream's `publish` costs a command, a correlation id and a future per record (a fifth of the
-service's CPU on a backlog), and its `publish_batch` has one key policy and one header set per
-batch, where every CostRecord carries its own tenant key and request id header. In memory
-(TestKafkaBroker, `start()` not called) the records go through the broker as before.
+One part bypasses FastStream: the CostRecords go to llm.costs through `costs_publisher.py`
+(one record batch per partition; it says why). In memory (TestKafkaBroker, `start()` not
+called) they go through the broker.
 """
 
 from __future__ import annotations
@@ -25,8 +22,6 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.structs import ConsumerRecord
 from faststream import AckPolicy, FastStream
 from faststream.kafka import KafkaBroker
@@ -39,16 +34,17 @@ from llmbus import topics as t
 from llmbus.bus import headers as hdr
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
-from llmbus.bus.producer import PublishTimeout, make_producer
+from llmbus.bus.producer import PublishTimeout
 from llmbus.bus.security import faststream_security
 from llmbus.bus.tables import read_table
-from llmbus.messages import CostRecord, ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from llmbus.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.budgets import load_budgets
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.prices import load_pricebook
+from services.cost_accounting.costs_publisher import CostsPublisher, Items
 from services.cost_accounting.handlers import CostHandlers
 from services.cost_accounting.store import CostStore
 
@@ -97,8 +93,7 @@ class CostService:
             settle_s=cost.settle_s,
         )
         self._ticker: asyncio.Task[None] | None = None
-        self._costs_producer: AIOKafkaProducer | None = None
-        self._partition_of: dict[bytes | None, int] = {}  # key -> llm.costs partition (few tenants)
+        self.costs_publisher: CostsPublisher | None = None  # set by start()
         self._subscribe()
 
     def asyncapi(self) -> dict[str, Any]:
@@ -140,60 +135,20 @@ class CostService:
         async def on_results(_: list[bytes], message: KafkaMessage) -> None:
             await handlers.on_results(message.raw_message)  # type: ignore[arg-type]
 
-    async def publish_records(self, items: Sequence[tuple[CostRecord, bytes, str | None]]) -> None:
-        """CostRecords already encoded onto llm.costs: one record batch per partition, every ack awaited (bounded)."""
-        producer = self._costs_producer
-        if producer is None:  # in memory: through the (test) broker
+    async def publish_records(self, items: Items) -> None:
+        """CostRecords already encoded, onto llm.costs (costs_publisher.py says why not through FastStream)."""
+        if self.costs_publisher is not None:
+            await self.costs_publisher.publish(items)
+        else:  # in memory (TestKafkaBroker, start() not called): through the broker
             await self._publish_encoded(self.topics.name(t.COSTS), items)
-            return
-        topic = self.topics.name(t.COSTS)
-        # The headers hdr.outgoing gives each record, with the trace context taken once: every record
-        # of the batch is published in the same context (the handler's).
-        common = hdr.outgoing(CostRecord(request_id="", tenant="", model="", cost_usd=0.0), t.COST)
-        common = [(k, v) for k, v in common if k not in (hdr.REQUEST_ID, hdr.TENANT)]
-        try:
-            async with asyncio.timeout(self.settings.send_timeout_s):
-                partitions = sorted(await producer.partitions_for(topic))
-                batches: dict[int, Any] = {}
-                sent: list[asyncio.Future[Any]] = []
-                for record, payload, key in items:
-                    key_bytes = key.encode() if key is not None else None
-                    partition = self._partition_of.get(key_bytes)
-                    if partition is None:
-                        partition = DefaultPartitioner()(key_bytes, partitions, partitions)
-                        self._partition_of[key_bytes] = partition
-                    headers = [
-                        (hdr.REQUEST_ID, record.request_id.encode()),
-                        (hdr.TENANT, record.tenant.encode()),
-                        *common,
-                    ]
-                    batch = batches.get(partition)
-                    if batch is None:
-                        batch = batches[partition] = producer.create_batch()
-                    if batch.append(key=key_bytes, value=payload, timestamp=None, headers=headers) is None:
-                        sent.append(await producer.send_batch(batch, topic, partition=partition))
-                        batch = batches[partition] = producer.create_batch()
-                        if batch.append(key=key_bytes, value=payload, timestamp=None, headers=headers) is None:
-                            raise PublishTimeout(f"a CostRecord of {len(payload)} bytes does not fit a batch")
-                for partition, batch in batches.items():  # each holds at least one record
-                    sent.append(await producer.send_batch(batch, topic, partition=partition))
-        except TimeoutError as exc:
-            raise PublishTimeout(f"Kafka did not take {len(items)} records for {topic} in time") from exc
-        try:
-            await asyncio.wait_for(asyncio.gather(*sent), self.settings.send_timeout_s)
-        except TimeoutError as exc:
-            raise PublishTimeout(f"no ack from Kafka for {len(items)} records on {topic}") from exc
 
-    async def _publish_encoded(self, topic: str, items: Sequence[tuple[Message, bytes, str | None]]) -> None:
-        deliveries = []
-        for message, payload, key in items:
-            headers = dict(hdr.as_dict(hdr.outgoing(message, t.COST)))
-            deliveries.append(
+    async def _publish_encoded(self, topic: str, items: Items) -> None:
+        async with asyncio.timeout(self.settings.send_timeout_s):
+            for message, payload, key in items:
+                headers = dict(hdr.as_dict(hdr.outgoing(message, t.COST)))
                 await self.broker.publish(
-                    payload, topic, key=key.encode() if key is not None else None, headers=headers, no_confirm=True
+                    payload, topic, key=key.encode() if key is not None else None, headers=headers
                 )
-            )
-        await asyncio.gather(*[d for d in deliveries if isinstance(d, asyncio.Future)])
 
     async def publish_all(self, topic: str, items: Sequence[tuple[Message, str | None]]) -> None:
         """Send all, then wait (bounded) for every broker ack: a batch costs one round trip, not one per record."""
@@ -239,9 +194,8 @@ class CostService:
                 self.handlers.on_pricebook(update)
             except ValidationError:
                 log.exception("the price book on %s is invalid; keeping the file's", t.PRICEBOOK)
-        producer = make_producer(self.settings, f"llmbus-{t.COST}-costs")
-        await asyncio.wait_for(producer.start(), self.settings.send_timeout_s)
-        self._costs_producer = producer
+        self.costs_publisher = CostsPublisher(self.settings, self.topics.name(t.COSTS))
+        await self.costs_publisher.start()
         # Restoring may publish (the outbox's records, a budget alert): the broker's producer is
         # connected first, its subscribers start only once the ledger is back.
         await self.broker.connect()
@@ -274,8 +228,8 @@ class CostService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         await asyncio.wait_for(self.broker.stop(), self.settings.stop_timeout_s)
-        if self._costs_producer is not None:
-            await asyncio.wait_for(self._costs_producer.stop(), self.settings.stop_timeout_s)
+        if self.costs_publisher is not None:
+            await self.costs_publisher.stop()
         await self.redis.aclose()
 
 
