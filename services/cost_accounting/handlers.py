@@ -33,6 +33,7 @@ from llmbus.bus.codec import BadMessage, decode
 from llmbus.messages import (
     BookedTo,
     BudgetStatus,
+    CostKind,
     CostRecord,
     InferenceResult,
     Message,
@@ -223,28 +224,22 @@ class CostHandlers:
 
     def _count(self, records: list[CostRecord], applied: list[bool]) -> dict[str, int]:
         """Metrics of the records applied now, and the tenants whose budgets to check."""
-        tenants: dict[str, int] = {}
-        # Summed per label set first: a backlog batch has thousands of records and few label sets.
-        cost_micro: dict[tuple[str, str, str], int] = defaultdict(int)
-        saving_micro: dict[tuple[str, str], int] = defaultdict(int)
-        tokens: dict[tuple[str, str, str], int] = defaultdict(int)
+        # Grouped per label set first (one step per record), then summed per group: a backlog batch
+        # has thousands of records and few label sets.
+        groups: dict[tuple[BookedTo, str, str, CostKind], list[CostRecord]] = defaultdict(list)
         for record, new in zip(records, applied, strict=True):
-            if not new:
-                continue
-            who = record.tenant if record.booked_to == BookedTo.TENANT else f"_{record.booked_to.value}"
-            cost_micro[(who, record.model, record.kind.value)] += record.cost_micro_usd
-            tokens[(who, record.model, "prompt")] += record.prompt_tokens
-            tokens[(who, record.model, "completion")] += record.completion_tokens
-            if record.saving_micro_usd:
-                saving_micro[(who, record.model)] += record.saving_micro_usd
-            if record.booked_to == BookedTo.TENANT and record.tenant in self.budgets.tenants:
-                tenants[record.tenant] = max(tenants.get(record.tenant, 0), record.booked_at_ms)
-        for labels, micro in cost_micro.items():
-            metrics.COST_USD.labels(*labels).inc(usd(micro))
-        for labels, n in tokens.items():
-            metrics.TOKENS.labels(*labels).inc(n)
-        for pair, micro in saving_micro.items():
-            metrics.SAVING_USD.labels(*pair).inc(usd(micro))
+            if new:
+                groups[(record.booked_to, record.tenant, record.model, record.kind)].append(record)
+        tenants: dict[str, int] = {}
+        for (booked_to, tenant, model, kind), group in groups.items():
+            who = tenant if booked_to == BookedTo.TENANT else f"_{booked_to.value}"
+            metrics.child(metrics.COST_USD, who, model, kind.value).inc(usd(sum(r.cost_micro_usd for r in group)))
+            metrics.child(metrics.TOKENS, who, model, "prompt").inc(sum(r.prompt_tokens for r in group))
+            metrics.child(metrics.TOKENS, who, model, "completion").inc(sum(r.completion_tokens for r in group))
+            if saving_micro := sum(r.saving_micro_usd for r in group):
+                metrics.child(metrics.SAVING_USD, who, model).inc(usd(saving_micro))
+            if booked_to == BookedTo.TENANT and tenant in self.budgets.tenants:
+                tenants[tenant] = max(tenants.get(tenant, 0), *(r.booked_at_ms for r in group))
         return tenants
 
     async def _check_budgets(self, latest_ms_by_tenant: dict[str, int]) -> None:
