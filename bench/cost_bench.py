@@ -275,9 +275,6 @@ def side_by_side(baseline_ref: str, n: int, rounds: int, batch: int | None) -> d
 
 
 def main() -> None:
-    # here, not at the top: a --service-only run may have an older tree's `bench` on its path
-    from bench.cost_report import markdown, plot
-
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", type=int, default=100_000)
     parser.add_argument("--service-results", type=int, default=20_000)
@@ -292,6 +289,9 @@ def main() -> None:
         measured = asyncio.run(bench_service(args.service_only, recent, 300_000))
         print(json.dumps(measured))
         return
+    # here, not at the top: a --service-only run may have an older tree's `bench` on its path
+    from bench.cost_report import markdown, plot
+
     span_ms = 3_600_000
     t0 = now_ms() - now_ms() % 3_600_000 - 2 * span_ms
     raw = [r.to_bytes() for r in backlog(args.results, t0, span_ms)]
