@@ -24,6 +24,7 @@ from llmbus.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
+from services.cost_accounting import store as store_module
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.aggregates import agg_key, read_totals
@@ -214,3 +215,17 @@ async def test_ledger_record_applied_before_is_not_billed_again(service) -> None
     again = [c.model_copy(update={"cost_micro_usd": c.cost_micro_usd + 1}) for c in billed]
     await svc.handlers._bill(again, ledger=True)
     assert costs == billed and await svc.store.totals(day) == before
+
+
+async def test_billing_in_chunks_each_all_or_nothing(service, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A batch larger than a script's chunk: chunks whose records are all new apply at once; one holding
+    a record applied before goes record by record; a record twice in the batch counts once."""
+    svc, _, _, _ = service
+    monkeypatch.setattr(store_module, "BILL_CHUNK_RECORDS", 2)
+    records = [price_result(hosted(f"c{i}"), svc.handlers.book) for i in range(5)]
+    assert all(isinstance(r, CostRecord) for r in records)
+    assert await svc.store.bill([records[2]]) == [True]  # applied before: its chunk falls back
+    flags = await svc.store.bill([*records, records[0]])  # type: ignore[list-item]
+    assert flags == [True, True, False, True, True, False]
+    day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
+    assert (day_total["requests"], day_total["cost"]) == (5, 5 * 5700)
