@@ -23,5 +23,9 @@ class CostSettings(BaseSettings):
     prefill_token_weight: float = 0.25  # GPU work of a prefill token relative to a decode token
     decode_token_weight: float = 1.0
     dedupe_ttl_s: int = 30 * 24 * 3600  # results replayed within this window are never billed twice
-    batch_max_records: int = 500
-    publish_linger_ms: int = 5  # CostRecords of a batch leave in few produce requests
+    batch_max_records: int = 2000  # a backlog in few large batches: fewer round trips and smaller scripts per result
+    # A batch of llm.results at least this large means a backlog is being read (a fetch of one
+    # partition may hold fewer records than batch_max_records: it does not decide this).
+    backlog_batch_records: int = 500
+    gc_freeze: bool = True  # after start-up, its objects are left out of garbage collection
+    gc_gen0_threshold: int = 50_000  # allocations between young-generation collections (0: Python's 700)

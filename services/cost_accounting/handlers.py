@@ -1,11 +1,22 @@
 """Thin handlers: decode -> core (pricing, GPU ledger, budgets) -> store / publish.
 
-Two stages, both exactly once in effect:
-  llm.results -> CostRecord on llm.costs   (dedupe by request id in Redis, marker set after publish;
-                                            self-hosted results are held durably until priced)
-  llm.costs   -> aggregates + budgets       (dedupe by record id, atomic with the increments)
-so a record published twice (crash between publish and marker) still counts once, and the
-aggregates can be rebuilt by replaying llm.costs from the start into an empty namespace.
+One stage, llm.results -> CostRecords, billed in three steps per batch (`_bill`):
+  1. stage   the encoded records in a Redis hash (the outbox), keyed by record id;
+  2. publish exactly those bytes to llm.costs and wait for every ack;
+  3. apply   them to the aggregates in one script, atomically with their markers (record id), the
+             seen markers of the results they price, and their removal from the outbox.
+The batch's offsets are committed after that. Why a crash anywhere bills once, and llm.costs stays
+a faithful record stream (every applied record is on it, every copy of a record id is the same):
+  - before 1 finishes: nothing is staged or published; the batch comes again and is priced again.
+  - between 1 and 3: the staged bytes are the record. Before anything else after a restart (or an
+    in-process failure), `recover` publishes the outbox again and applies it; the results are then
+    seen, so the batch that comes again is skipped. A copy published twice is byte for byte the
+    same (never re-priced: a price book changed in between cannot make two versions).
+  - after 3, before the commit: the results are seen (atomically with the increments); skipped.
+Self-hosted results are held durably (and marked seen) before the ledger takes them; the ledger's
+records go through the same three steps, except that a record already applied (a restart closing
+an interval again from an older cursor) is neither published nor applied again.
+Replaying llm.results from the start into an empty namespace gives the same totals.
 """
 
 from __future__ import annotations
@@ -22,6 +33,7 @@ from llmbus.bus.codec import BadMessage, decode
 from llmbus.messages import (
     BookedTo,
     BudgetStatus,
+    CostKind,
     CostRecord,
     InferenceResult,
     Message,
@@ -41,6 +53,8 @@ from services.cost_accounting.store import CostStore
 log = logging.getLogger(__name__)
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
+# (record, its encoded bytes, key) -> on llm.costs, every ack awaited
+PublishRecords = Callable[[Sequence[tuple[CostRecord, bytes, str | None]]], Awaitable[None]]
 
 
 class CostHandlers:
@@ -52,6 +66,7 @@ class CostHandlers:
         store: CostStore,
         topics: t.Topics,
         publish_all: Callable[[str, Sequence[tuple[Message, str | None]]], Awaitable[None]],
+        publish_records: PublishRecords,
         dead_letter: DeadLetter,
         batch_full_records: int = 500,
         settle_s: float = 2.0,
@@ -62,6 +77,7 @@ class CostHandlers:
         self.store = store
         self.topics = topics
         self.publish_all = publish_all
+        self.publish_records = publish_records
         self.dead_letter = dead_letter
         # (tenant, period) whose state this process has published: the first cost of a period
         # announces the state (OK after a new month began), later ones only new thresholds.
@@ -73,9 +89,13 @@ class CostHandlers:
         self.batch_full_records = batch_full_records
         self.settle_s = settle_s
         self._busy_until_s = time.monotonic() + settle_s
+        # Set at start and when billing failed midway: the outbox is published and applied before
+        # anything else is billed.
+        self._recover = True
 
     async def restore(self) -> None:
-        """After the heartbeat table is read: held self-hosted results and ledger cursors back in."""
+        """After the heartbeat table is read: the outbox billed, held self-hosted results and ledger cursors back in."""
+        await self.recover()
         held, cursors = await self.store.load_held()
         for worker_id, cursor in cursors.items():
             self.ledger.restore(worker_id, cursor)
@@ -109,11 +129,16 @@ class CostHandlers:
         if len(raw) >= self.batch_full_records:
             self._busy_until_s = time.monotonic() + self.settle_s
         results: list[InferenceResult] = []
+        payloads: dict[str, bytes] = {}  # request id -> the result as it came (held as it is)
         for record in raw:
             try:
-                results.append(decode(record, InferenceResult))
+                result = decode(record, InferenceResult)
             except BadMessage as exc:
                 await self.dead_letter(record, exc)
+            else:
+                results.append(result)
+                payloads[result.request_id] = record.value or b""
+        await self.recover()
         seen = await self.store.seen([r.request_id for r in results])
         costed: list[CostRecord] = []
         served: list[ServedRequest] = []
@@ -132,63 +157,90 @@ class CostHandlers:
                 costed.append(priced)
                 outcomes[priced.kind.value] += 1
         # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
-        await self.store.hold([s.result for s in served])
+        await self.store.hold([(s.result, payloads[s.result.request_id]) for s in served])
         late = [record for s in served for record in self.ledger.add(s)]
-        await self._publish_costs(costed + late)
-        await self.store.mark_seen([r.request_id for r in costed])
+        await self._bill(costed, ledger=False)
         if late:
+            await self._bill(late, ledger=True)
             await self.store.release(late, {})
         for outcome, n in outcomes.items():  # counted once billed (the bench reads this)
             metrics.RESULTS.labels(outcome).inc(n)
 
     async def tick(self, now_ms: int, expiry_ms: int) -> int:
-        """Close the ledger's final intervals; publish what they priced. Returns records published."""
+        """Close the ledger's final intervals; bill what they priced. Returns records billed."""
         if time.monotonic() < self._busy_until_s:
             return 0
+        await self.recover()
         records = self.ledger.close(now_ms, expiry_ms)
         if records:
-            await self._publish_costs(records)
+            await self._bill(records, ledger=True)
             lives = [*self.ledger.retired, *self.ledger.workers.values()]
             await self.store.release(records, {life.worker_id: life.cursor() for life in lives})
         metrics.LATE_RESULTS.inc(self.ledger.late_results - self._late_reported)
         self._late_reported = self.ledger.late_results
         return len(records)
 
-    async def _publish_costs(self, records: list[CostRecord]) -> None:
-        if records:
-            await self.publish_all(self.topics.name(t.COSTS), [(r, r.tenant) for r in records])
+    async def recover(self) -> None:
+        """Bill the outbox: records staged by a run (or an attempt) that stopped before applying them.
 
-    async def on_costs(self, raw: Sequence[ConsumerRecord]) -> None:
-        records: list[CostRecord] = []
-        for record in raw:
-            try:
-                records.append(decode(record, CostRecord))
-            except BadMessage as exc:
-                await self.dead_letter(record, exc)
-        applied = await self.store.apply(records)
-        tenants: dict[str, int] = {}
-        # Summed per label set first: a backlog batch has thousands of records and few label sets.
-        cost_micro: dict[tuple[str, str, str], int] = defaultdict(int)
-        saving_micro: dict[tuple[str, str], int] = defaultdict(int)
-        tokens: dict[tuple[str, str, str], int] = defaultdict(int)
+        Each is published again exactly as staged (a copy may already be on llm.costs: the same
+        bytes) and applied once; the results they price are then seen and will not be priced again.
+        """
+        if not self._recover:
+            return
+        self._recover = False  # before reading: a failure of a concurrent bill from now on sets it again
+        try:
+            staged = await self.store.staged()
+            records = [CostRecord.model_validate_json(payload) for payload in staged]
+            if records:
+                log.warning("billing %d records staged before a restart or a failure", len(records))
+                await self._publish_and_apply(records, staged)
+                await self.store.release(records, {})
+        except BaseException:
+            self._recover = True
+            raise
+
+    async def _bill(self, records: list[CostRecord], *, ledger: bool) -> None:
+        """Stage, publish, apply (see the module's docstring for why each crash point bills once)."""
+        if ledger and records:
+            # A restart closes intervals again from the cursor saved after the last release: a record
+            # already applied stays as it was published, not a second (maybe different) version.
+            done = await self.store.applied([r.record_id for r in records])
+            records = [r for r, was_applied in zip(records, done, strict=True) if not was_applied]
+        if not records:
+            return
+        payloads = [r.to_bytes() for r in records]
+        try:
+            await self.store.stage(records, payloads)
+            await self._publish_and_apply(records, payloads)
+        except BaseException:
+            self._recover = True  # whatever of it was staged is billed before anything else
+            raise
+
+    async def _publish_and_apply(self, records: list[CostRecord], payloads: list[bytes]) -> None:
+        await self.publish_records([(r, p, r.tenant) for r, p in zip(records, payloads, strict=True)])
+        applied = await self.store.bill(records)
+        await self._check_budgets(self._count(records, applied))
+
+    def _count(self, records: list[CostRecord], applied: list[bool]) -> dict[str, int]:
+        """Metrics of the records applied now, and the tenants whose budgets to check."""
+        # Grouped per label set first (one step per record), then summed per group: a backlog batch
+        # has thousands of records and few label sets.
+        groups: dict[tuple[BookedTo, str, str, CostKind], list[CostRecord]] = defaultdict(list)
         for record, new in zip(records, applied, strict=True):
-            if not new:
-                continue
-            who = record.tenant if record.booked_to == BookedTo.TENANT else f"_{record.booked_to.value}"
-            cost_micro[(who, record.model, record.kind.value)] += record.cost_micro_usd
-            tokens[(who, record.model, "prompt")] += record.prompt_tokens
-            tokens[(who, record.model, "completion")] += record.completion_tokens
-            if record.saving_micro_usd:
-                saving_micro[(who, record.model)] += record.saving_micro_usd
-            if record.booked_to == BookedTo.TENANT and record.tenant in self.budgets.tenants:
-                tenants[record.tenant] = max(tenants.get(record.tenant, 0), record.booked_at_ms)
-        for labels, micro in cost_micro.items():
-            metrics.COST_USD.labels(*labels).inc(usd(micro))
-        for labels, n in tokens.items():
-            metrics.TOKENS.labels(*labels).inc(n)
-        for pair, micro in saving_micro.items():
-            metrics.SAVING_USD.labels(*pair).inc(usd(micro))
-        await self._check_budgets(tenants)
+            if new:
+                groups[(record.booked_to, record.tenant, record.model, record.kind)].append(record)
+        tenants: dict[str, int] = {}
+        for (booked_to, tenant, model, kind), group in groups.items():
+            who = tenant if booked_to == BookedTo.TENANT else f"_{booked_to.value}"
+            metrics.child(metrics.COST_USD, who, model, kind.value).inc(usd(sum(r.cost_micro_usd for r in group)))
+            metrics.child(metrics.TOKENS, who, model, "prompt").inc(sum(r.prompt_tokens for r in group))
+            metrics.child(metrics.TOKENS, who, model, "completion").inc(sum(r.completion_tokens for r in group))
+            if saving_micro := sum(r.saving_micro_usd for r in group):
+                metrics.child(metrics.SAVING_USD, who, model).inc(usd(saving_micro))
+            if booked_to == BookedTo.TENANT and tenant in self.budgets.tenants:
+                tenants[tenant] = max(tenants.get(tenant, 0), *(r.booked_at_ms for r in group))
+        return tenants
 
     async def _check_budgets(self, latest_ms_by_tenant: dict[str, int]) -> None:
         if not latest_ms_by_tenant:

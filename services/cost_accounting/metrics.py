@@ -8,3 +8,15 @@ SAVING_USD = Counter("llmbus_cost_saving_usd_total", "Cache savings, USD", ["ten
 RESULTS = Counter("llmbus_cost_results_total", "Results seen on llm.results", ["outcome"])
 BUDGET_ALERTS = Counter("llmbus_cost_budget_alerts_total", "BudgetStatus alerts published", ["threshold"])
 LATE_RESULTS = Counter("llmbus_cost_late_results_total", "Self-hosted results after their interval closed")
+
+_children: dict[tuple[int, tuple[str, ...]], Counter] = {}
+
+
+def child(metric: Counter, *labels: str) -> Counter:
+    """`metric.labels(*labels)`, kept: a backlog batch touches hundreds of label sets, and `labels()`
+    (validation, a lock) cost more than the sums behind them. Label sets are as many as the metric has."""
+    key = (id(metric), labels)
+    found = _children.get(key)
+    if found is None:
+        found = _children[key] = metric.labels(*labels)
+    return found

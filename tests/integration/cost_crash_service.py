@@ -1,10 +1,12 @@
 """cost-accounting that stops dead at one point of its first batch, so a test can SIGKILL it there.
 
 `python -m tests.integration.cost_crash_service` with LLMBUS_TEST_CRASH_AT:
-  applied    after a batch of CostRecords is in the aggregates (markers + increments, one script),
-             before the consumer commits it: the batch comes again after the crash;
-  published  after a batch's CostRecords are on llm.costs, before their results are marked seen:
-             the results come again after the crash and are published a second time.
+  staged     after a batch's CostRecords are in the outbox, before they are published: the next
+             run publishes and applies them from there; the results come again and are skipped;
+  published  after a batch's CostRecords are on llm.costs, before they are applied (and their
+             results marked seen): the next run publishes the staged copies again and applies them;
+  applied    after a batch is applied (markers, seen markers, increments, outbox cleared: one
+             script), before the consumer commits it: the batch comes again and is skipped.
 It writes LLMBUS_TEST_CRASH_FLAG once it has stopped there. Not a test: a process for one.
 """
 
@@ -18,8 +20,7 @@ from typing import Any
 
 from llmbus import topics as t
 from llmbus.bus import run_service
-from services.cost_accounting.app import main
-from services.cost_accounting.handlers import CostHandlers
+from services.cost_accounting.app import CostService, main
 from services.cost_accounting.store import CostStore
 
 
@@ -37,8 +38,11 @@ def stop_dead_after(cls: type, name: str, flag: Path) -> None:
 
 if __name__ == "__main__":
     flag = Path(os.environ["LLMBUS_TEST_CRASH_FLAG"])
-    if os.environ["LLMBUS_TEST_CRASH_AT"] == "applied":
-        stop_dead_after(CostStore, "apply", flag)
+    where = os.environ["LLMBUS_TEST_CRASH_AT"]
+    if where == "staged":
+        stop_dead_after(CostStore, "stage", flag)
+    elif where == "published":
+        stop_dead_after(CostService, "publish_records", flag)
     else:
-        stop_dead_after(CostHandlers, "_publish_costs", flag)
+        stop_dead_after(CostStore, "bill", flag)
     run_service(t.COST, main)

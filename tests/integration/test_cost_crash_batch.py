@@ -1,10 +1,10 @@
 """A crash in the middle of a batch bills nothing twice (real broker, real Redis, a real SIGKILL).
 
-The service takes llm.results and llm.costs in batches and writes a whole batch to Redis at once
-(one script: every record's marker and the batch's summed increments). Killed right after that
-write and before Kafka heard the batch was done, it reads the same batch again when it comes back;
-killed after publishing a batch's CostRecords and before marking their results seen, it publishes
-them again. Either way every result must count exactly once in the aggregates.
+The service takes llm.results in batches and bills each batch in three steps: its CostRecords into
+the outbox (Redis), onto llm.costs, then into the aggregates in one script (every record's marker,
+the results' seen markers, the summed increments, the outbox cleared). Killed after each step, it
+comes back, bills the outbox first and reads the batch again. Every result must count exactly once
+in the aggregates, and llm.costs must hold every record, each copy of a record id the same.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from tests.support import ServiceProc, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 BOOK = load_pricebook()
-RESULTS = 1_200  # more than one batch (500 records)
+RESULTS = 1_200
+BATCH = 500  # records per batch of the crashing run: the crash comes with more batches to follow
 
 
 async def offsets(settings: BusSettings, topic: str, group: str | None) -> dict[int, int]:
@@ -39,7 +40,9 @@ async def offsets(settings: BusSettings, topic: str, group: str | None) -> dict[
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
     await asyncio.wait_for(consumer.start(), 30)
     try:
-        parts = [TopicPartition(topic, p) for p in range(t.BY_NAME[t.COSTS].partitions)]
+        parts = [
+            TopicPartition(topic, p) for p in range(t.BY_NAME[topic.removeprefix(settings.topic_prefix)].partitions)
+        ]
         ends = await asyncio.wait_for(consumer.end_offsets(parts), 30)
     finally:
         await asyncio.wait_for(consumer.stop(), 30)
@@ -65,7 +68,7 @@ async def cost_log(settings: BusSettings, topic: str) -> list[CostRecord]:
     return out
 
 
-@pytest.mark.parametrize("crash_at", ["applied", "published"])
+@pytest.mark.parametrize("crash_at", ["staged", "published", "applied"])
 async def test_crash_mid_batch_bills_each_result_once(
     bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path, crash_at: str
 ) -> None:
@@ -95,13 +98,22 @@ async def test_crash_mid_batch_bills_each_result_once(
             await bus.publisher.send(topics.name(t.RESULTS), r, key=r.request_id)
         await asyncio.wait_for(bus.producer.flush(), 60)
 
+        # tenant-0 has a budget: billing the outbox at start-up announces its state on llm.budgets
+        budgets = tmp_path / "budgets.yaml"
+        budgets.write_text("tenants:\n  tenant-0: {limit_usd: 1000, period: month}\n")
+        env = {"LLMBUS_COST_BUDGETS_PATH": str(budgets)}
         flag = tmp_path / "stopped"
         crashing = ServiceProc(
             "tests.integration.cost_crash_service",
             bus_settings,
             name="cost-crashing",
             log_dir=tmp_path,
-            env={"LLMBUS_TEST_CRASH_AT": crash_at, "LLMBUS_TEST_CRASH_FLAG": str(flag)},
+            env=env
+            | {
+                "LLMBUS_TEST_CRASH_AT": crash_at,
+                "LLMBUS_TEST_CRASH_FLAG": str(flag),
+                "LLMBUS_COST_BATCH_MAX_RECORDS": str(BATCH),
+            },
         ).start()
         services.append(crashing)
 
@@ -111,21 +123,25 @@ async def test_crash_mid_batch_bills_each_result_once(
         await eventually(stopped_there, timeout_s=90, interval_s=0.2)
         crashing.kill()  # SIGKILL mid-batch: no commit, no cleanup
 
-        aggregates = topics.group(t.COST, "aggregates")
-        costs_topic = topics.name(t.COSTS)
-        if crash_at == "applied":
-            # the scenario really happened: records are in the aggregates that Kafka was never told are done
+        group = topics.group(t.COST, "results")
+        results_topic, costs_topic = topics.name(t.RESULTS), topics.name(t.COSTS)
+        outbox = f"{bus_settings.topic_prefix}cost:outbox"
+        # the scenario really happened: staged records wait in the outbox, or applied ones are in the
+        # aggregates that Kafka was never told are done
+        if crash_at in ("staged", "published"):
+            assert await redis.hlen(outbox) > 0
+        else:
             applied = [k async for k in redis.scan_iter(match=f"{bus_settings.topic_prefix}cost:applied:*", count=1000)]
-            committed = sum((await offsets(bus_settings, costs_topic, aggregates)).values())
+            committed = sum((await offsets(bus_settings, results_topic, group)).values())
             assert len(applied) > committed
 
-        services.append(ServiceProc("services.cost_accounting", bus_settings, log_dir=tmp_path).start())
+        services.append(ServiceProc("services.cost_accounting", bus_settings, env=env, log_dir=tmp_path).start())
         day_total = agg_key(bus_settings.topic_prefix, "day", at_ms, "total")
 
         async def all_applied() -> bool:
             ends, done = (
-                await offsets(bus_settings, costs_topic, None),
-                await offsets(bus_settings, costs_topic, aggregates),
+                await offsets(bus_settings, results_topic, None),
+                await offsets(bus_settings, results_topic, group),
             )
             if any(done.get(p, 0) < end for p, end in ends.items()):
                 return False
@@ -138,8 +154,14 @@ async def test_crash_mid_batch_bills_each_result_once(
         assert totals["cost"] == expected_micro
         logged = await cost_log(bus_settings, costs_topic)
         assert {c.record_id for c in logged} == {r.request_id for r in backlog}
+        copies: dict[str, bytes] = {}
+        for c in logged:  # a record published twice is the same record twice
+            assert copies.setdefault(c.record_id, c.to_bytes()) == c.to_bytes()
         if crash_at == "published":
             assert len(logged) > RESULTS  # a batch was published twice, and still counted once
+        else:
+            assert len(logged) == RESULTS
+        assert await redis.hlen(outbox) == 0
     finally:
         async for key in redis.scan_iter(match=f"{bus_settings.topic_prefix}*", count=1000):
             await redis.delete(key)

@@ -86,8 +86,8 @@ async def end_offsets(settings: BusSettings, topic: str, partitions: int) -> dic
 
 
 async def caught_up(settings: BusSettings, group: str, topic: str) -> bool:
-    """The group has committed every record of llm.costs `topic` (its handler ran on all, then committed)."""
-    ends = await end_offsets(settings, topic, t.BY_NAME[t.COSTS].partitions)
+    """The group has committed every record of `topic` (its handler ran on all, then committed)."""
+    ends = await end_offsets(settings, topic, t.BY_NAME[topic.removeprefix(settings.topic_prefix)].partitions)
     async with open_admin(settings) as admin:
         committed = await asyncio.wait_for(admin.list_consumer_group_offsets(group), 30)
     done = {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
@@ -203,8 +203,9 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
         result_ids = {r.request_id for r in all_results}
 
         # Done when (1) the ledger has closed w1's whole life: its cursor (saved after the records are
-        # acked by Kafka) says the cold-start waste is booked, which happens in the same close as the
-        # final interval; (2) every result is costed; (3) the aggregator has applied all of llm.costs.
+        # acked by Kafka and applied) says the cold-start waste is booked, which happens in the same
+        # close as the final interval; (2) every result is costed; (3) the service has billed (and
+        # committed) all of llm.results.
         # Each is a fact to wait for, not a time: under load any of them can take seconds.
         async def life_closed() -> bool:
             cursor = await redis.hget(f"{bus_settings.topic_prefix}cost:cursor", "w1")
@@ -214,10 +215,10 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
             costs = await read_log(bus_settings, topics.name(t.COSTS), CostRecord)
             return result_ids <= {c.request_id for c in costs}
 
-        aggregates_group = topics.group(t.COST, "aggregates")
+        results_group = topics.group(t.COST, "results")
 
         async def aggregated() -> bool:
-            return await caught_up(bus_settings, aggregates_group, topics.name(t.COSTS))
+            return await caught_up(bus_settings, results_group, topics.name(t.RESULTS))
 
         await eventually(life_closed, timeout_s=90, interval_s=0.5)
         await eventually(all_costed, timeout_s=90, interval_s=1)

@@ -10,6 +10,7 @@ import yaml
 from faststream.kafka import TestKafkaBroker
 
 from llmbus import topics as t
+from llmbus.bus.producer import PublishTimeout
 from llmbus.messages import (
     BudgetState,
     BudgetStatus,
@@ -23,9 +24,11 @@ from llmbus.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
+from services.cost_accounting import store as store_module
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.aggregates import agg_key, read_totals
+from services.cost_accounting.core.costing import price_result
 from services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
 
 NOW = 1_780_000_000_000
@@ -91,9 +94,30 @@ async def test_hosted_cache_shadow_and_dedupe(service) -> None:  # type: ignore[
     assert tenants["acme"]["saving"] == 1200
     experiments = read_totals(await svc.store.totals(day("experiment")))
     assert experiments["exp1/cand"]["cost"] == 5700
-    # a CostRecord seen twice by the aggregator counts once
-    await broker.publish(by_id["r1"].to_bytes(), svc.topics.name(t.COSTS), key=b"acme")
+    # a CostRecord billed twice counts once (its marker is there)
+    assert await svc.store.bill([by_id["r1"]]) == [False]
     assert read_totals(await svc.store.totals(day("total")))["all"]["cost"] == 11400
+
+
+async def test_outbox_billed_as_staged_before_anything_else(service) -> None:  # type: ignore[no-untyped-def]
+    """A run that staged a record and stopped (before or after publishing it): the next run publishes
+    and applies exactly the staged bytes, even if the price book changed since, and the result they
+    price is not priced again when it comes back."""
+    svc, broker, costs, _ = service
+    staged = price_result(hosted("o1"), svc.handlers.book)
+    assert isinstance(staged, CostRecord) and staged.cost_micro_usd == 5700
+    await svc.store.stage([staged], [staged.to_bytes()])
+    svc.handlers._recover = True  # as after a restart
+    book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
+    book["hosted"]["gpt-4.1"]["output_per_1m"] = 16.0
+    await broker.publish(PriceBookUpdate(book=book).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    await send_result(svc, broker, hosted("o1"))  # the batch comes again after the crash
+    await send_result(svc, broker, hosted("o2"))
+    assert [(c.request_id, c.cost_micro_usd) for c in costs] == [("o1", 5700), ("o2", 1600 + 100 + 8000)]
+    assert costs[0].to_bytes() == staged.to_bytes()
+    day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
+    assert (day_total["requests"], day_total["cost"]) == (2, 5700 + 9700)
+    assert await svc.store.staged() == []
 
 
 async def test_budget_alerts_once_per_threshold(service) -> None:  # type: ignore[no-untyped-def]
@@ -144,3 +168,64 @@ async def test_price_book_overridden_at_runtime(service) -> None:  # type: ignor
     await send_result(svc, broker, hosted("p1"))
     # 800 x 2 + 200 x 0.5 + 500 x 16: the valid update applies, the invalid one is refused
     assert costs[-1].cost_micro_usd == 1600 + 100 + 8000
+
+
+async def test_failed_publish_billed_from_the_outbox_first(service) -> None:  # type: ignore[no-untyped-def]
+    """Kafka fails after a batch is staged: the next batch first bills what was staged, once."""
+    svc, broker, costs, _ = service
+    publish = svc.handlers.publish_records
+
+    async def kafka_away(items: object) -> None:
+        raise PublishTimeout("no ack from Kafka")
+
+    svc.handlers.publish_records = kafka_away
+    with pytest.raises(PublishTimeout):
+        await send_result(svc, broker, hosted("f1"))
+    assert costs == [] and len(await svc.store.staged()) == 1
+    svc.handlers.publish_records = publish
+    await send_result(svc, broker, hosted("f2"))
+    await send_result(svc, broker, hosted("f1"))  # the failed batch again: already billed from the outbox
+    assert [c.request_id for c in costs] == ["f1", "f2"]
+    day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
+    assert (day_total["requests"], day_total["cost"]) == (2, 2 * 5700)
+    assert await svc.store.staged() == []
+
+
+async def test_ledger_record_applied_before_is_not_billed_again(service) -> None:  # type: ignore[no-untyped-def]
+    """A restart closes an interval again from an older cursor: a record applied before (maybe priced
+    differently now) is neither published nor added again."""
+    svc, broker, costs, _ = service
+    start = NOW - NOW % 60_000
+    beat = WorkerStatus(
+        worker_id="sim-2",
+        node_id="n",
+        state=WorkerState.STOPPED,
+        engine="sim",
+        models=["sim-llama-8b"],
+        cold_start_s=0.0,
+        started_at_ms=start,
+        sent_at_ms=start + 60_000,
+    )
+    await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-2")
+    await svc.handlers.tick(start + 120_000, 60_000)
+    billed = list(costs)
+    assert {c.kind for c in billed} == {CostKind.IDLE}
+    day = agg_key(svc.topics.prefix, "day", NOW, "total")
+    before = await svc.store.totals(day)
+    again = [c.model_copy(update={"cost_micro_usd": c.cost_micro_usd + 1}) for c in billed]
+    await svc.handlers._bill(again, ledger=True)
+    assert costs == billed and await svc.store.totals(day) == before
+
+
+async def test_billing_in_chunks_each_all_or_nothing(service, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A batch larger than a script's chunk: chunks whose records are all new apply at once; one holding
+    a record applied before goes record by record; a record twice in the batch counts once."""
+    svc, _, _, _ = service
+    monkeypatch.setattr(store_module, "BILL_CHUNK_RECORDS", 2)
+    records = [price_result(hosted(f"c{i}"), svc.handlers.book) for i in range(5)]
+    assert all(isinstance(r, CostRecord) for r in records)
+    assert await svc.store.bill([records[2]]) == [True]  # applied before: its chunk falls back
+    flags = await svc.store.bill([*records, records[0]])  # type: ignore[list-item]
+    assert flags == [True, True, False, True, True, False]
+    day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
+    assert (day_total["requests"], day_total["cost"]) == (5, 5 * 5700)

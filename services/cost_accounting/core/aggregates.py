@@ -116,19 +116,29 @@ def batch_increments(records: list[CostRecord], namespace: str) -> dict[str, dic
 
     A batch adds to few keys (3 periods x 6 dimensions per hour) and few fields, so summing here
     first turns ~150 increments per record into a few thousand per batch, whatever its size.
-    Summed per (hour, dimension, value) first, then spread over the hour's day and month.
+    Records are grouped by hour and everything their dimensions depend on first (one dictionary
+    step per record; the sums are column sums in C), then each group is spread over its
+    dimensions, and each hour over its day and month.
     """
-    by_hour: dict[tuple[int, str, str], list[int]] = {}
+    groups: dict[tuple[int, tuple[object, ...]], list[tuple[int, ...]]] = defaultdict(list)
+    first: dict[tuple[int, tuple[object, ...]], CostRecord] = {}
     for record in records:
-        vector = _metrics(record)
-        hour_ms = record.booked_at_ms - record.booked_at_ms % 3_600_000
-        for dim, value in dimension_values(record).items():
+        at = record.booked_at_ms
+        depends_on = (record.booked_to, record.tenant, record.model, record.kind, record.pool, record.experiment_id)
+        group = (at - at % 3_600_000, (*depends_on, record.variant))
+        vectors = groups[group]
+        if not vectors:
+            first[group] = record
+        vectors.append(_metrics(record))
+    by_hour: dict[tuple[int, str, str], list[int]] = {}
+    for (hour_ms, labels), vectors in groups.items():
+        vector = [sum(column) for column in zip(*vectors, strict=True)]
+        for dim, value in dimension_values(first[(hour_ms, labels)]).items():
             sums = by_hour.get((hour_ms, dim, value))
             if sums is None:
-                by_hour[(hour_ms, dim, value)] = list(vector)
+                by_hour[(hour_ms, dim, value)] = vector
             else:
-                for i, n in enumerate(vector):
-                    sums[i] += n
+                by_hour[(hour_ms, dim, value)] = [a + b for a, b in zip(sums, vector, strict=True)]
     keys: dict[tuple[int, str, str], str] = {}  # (hour, period, dimension) -> hash key
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for (hour_ms, dim, value), sums in by_hour.items():
