@@ -53,10 +53,6 @@ class BusSettings(BaseSettings):
     replication_factor: int = 1
     min_insync_replicas: int = 1
     poll_timeout_ms: int = 200
-    # Under load (the last poll brought more than one record) a consumer waits this long before its
-    # next poll, so the next fetch brings what arrived meanwhile in one response: fewer fetch round
-    # trips and wake-ups per record. A lone record is never held back (0: off).
-    fetch_linger_ms: float = 0.0
     max_poll_records: int = 500
     commit_interval_s: float = 0.2
     watchdog_s: float = 60.0

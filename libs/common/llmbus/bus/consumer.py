@@ -205,8 +205,6 @@ class ConsumerLoop:
                         self._start(tp, record)
                     if records and (high := self._consumer.highwater(tp)) is not None:
                         _lag(self._service, tp.topic, str(tp.partition)).set(max(0, high - records[-1].offset - 1))
-                if self._settings.fetch_linger_ms > 0 and sum(map(len, batches.values())) > 1:
-                    await asyncio.sleep(self._settings.fetch_linger_ms / 1000)
             if time.monotonic() >= next_commit:
                 await self.commit()
                 next_commit = time.monotonic() + self._settings.commit_interval_s
