@@ -145,6 +145,26 @@ async def test_admission_limits(server: FakeOpenAIServer) -> None:
     await engine.stop()
 
 
+async def test_concurrent_streams_spread_over_small_pools_all_kept_alive(server: FakeOpenAIServer) -> None:
+    """max_num_seqs streams at once over ceil(max_num_seqs / connections_per_pool) clients: none waits
+    for a connection, the least busy client takes each new stream, and every connection is kept."""
+    engine = await _engine(server, max_num_seqs=12, connections_per_pool=4, connect_timeout_s=1)
+    assert len(engine._clients) == 3
+    server.chunk_delay_s = 0.05
+    try:
+        requests = [EngineRequest(f"pool-{i}", "one two", max_tokens=4) for i in range(12)]
+        runs = [asyncio.create_task(_collect(engine, r)) for r in requests]
+        await asyncio.sleep(0.1)
+        assert engine._streams_on == [4, 4, 4]  # spread evenly while they all stream
+        outs = await asyncio.gather(*runs)
+    finally:
+        server.chunk_delay_s = 0.0
+    assert all(out[-1].finish_reason for out in outs) and engine._streams_on == [0, 0, 0]
+    kept = [len(client._transport._pool.connections) for client in engine._clients]  # type: ignore[attr-defined]
+    assert kept == [4, 4, 4]  # idle and alive for the next requests, none closed
+    await engine.stop()
+
+
 async def test_unreachable_server_is_dead_at_warmup() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

@@ -51,6 +51,9 @@ class OpenAIHttpConfig:
     extra_headers: dict[str, str] = field(default_factory=dict)
     extra_body: dict[str, Any] = field(default_factory=dict)
     busy_cooldown_s: float = 5.0  # cooldown after a 429 / 503 without Retry-After (LiteLLM's default)
+    # Connections per HTTP client: max_num_seqs streams are spread over ceil(max_num_seqs / this)
+    # clients, each keeping all its connections alive (see OpenAIHttpEngine.start).
+    connections_per_pool: int = 16
 
 
 def retry_after_s(value: str | None, default_s: float, now_s: float | None = None) -> float:
@@ -87,7 +90,8 @@ class OpenAIHttpEngine:
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
         self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._clients: list[httpx.AsyncClient] = []
+        self._streams_on: list[int] = []  # streams open on each client
         self._streams: dict[str, httpx.Response | None] = {}  # request id → open response
         self._aborted: set[str] = set()
         self._prompt_tokens_total = 0
@@ -95,7 +99,16 @@ class OpenAIHttpEngine:
         self._cached_tokens_total = 0
 
     async def start(self) -> None:
-        if self._client is not None:
+        """HTTP clients for max_num_seqs concurrent streams, each with a small pool kept alive.
+
+        One client for all of them cost the worker most of its CPU at 64 streams (a CPU profile at
+        c = 64, bench/reports/pipeline_profile.md): httpcore looks at every connection of its pool
+        each time it places a request or one ends (O(connections) each time), and by default it
+        keeps only 20 connections alive, so the streams beyond closed their connection after every
+        request and opened a new one for the next. Small pools, all kept alive, fix both; a request
+        goes to the client with the fewest open streams, so none waits for a connection.
+        """
+        if self._clients:
             return
         headers = dict(self.config.extra_headers)
         key = self.config.api_key
@@ -106,14 +119,20 @@ class OpenAIHttpEngine:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         c = self.config
-        self._client = httpx.AsyncClient(
-            base_url=c.base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(
-                connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s, pool=c.connect_timeout_s
-            ),
-            transport=self._transport,
-        )
+        per_pool = max(1, c.connections_per_pool)
+        self._clients = [
+            httpx.AsyncClient(
+                base_url=c.base_url.rstrip("/"),
+                headers=headers,
+                timeout=httpx.Timeout(
+                    connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s, pool=c.connect_timeout_s
+                ),
+                limits=httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool),
+                transport=self._transport,
+            )
+            for _ in range(max(1, -(-c.max_num_seqs // per_pool)))
+        ]
+        self._streams_on = [0] * len(self._clients)
 
     async def warmup(self) -> None:
         """Check the server answers; no completion is sent (a hosted one would bill it)."""
@@ -126,17 +145,22 @@ class OpenAIHttpEngine:
             raise EngineDead(f"{self.config.base_url}/models answered HTTP {resp.status_code}")
 
     async def stop(self) -> None:
-        client, self._client = self._client, None
+        clients, self._clients = self._clients, []
         for resp in list(self._streams.values()):
             if resp is not None:
                 await resp.aclose()
-        if client is not None:
+        for client in clients:
             await client.aclose()
 
     def _require_client(self) -> httpx.AsyncClient:
-        if self._client is None:
+        if not self._clients:
             raise EngineDead("openai-http engine is not started")
-        return self._client
+        return self._clients[0]
+
+    def _least_busy_client(self) -> int:
+        if not self._clients:
+            raise EngineDead("openai-http engine is not started")
+        return min(range(len(self._clients)), key=self._streams_on.__getitem__)
 
     def count_tokens(self, text: str) -> int:
         return estimate_tokens(text)
@@ -175,7 +199,8 @@ class OpenAIHttpEngine:
         return choice.get("text") or ""
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        client = self._require_client()
+        slot = self._least_busy_client()
+        client, open_streams = self._clients[slot], self._streams_on  # this start's: a restart makes new ones
         prompt_tokens = self.count_tokens(request.prompt)
         self.check_admission(prompt_tokens, request.max_tokens)
         path = "/chat/completions" if self.config.api == "chat" else "/completions"
@@ -186,6 +211,7 @@ class OpenAIHttpEngine:
         usage: dict[str, Any] | None = None
         deadline = time.monotonic() + self.config.request_timeout_s
         self._streams[request.request_id] = None
+        open_streams[slot] += 1
         try:
             async with client.stream("POST", path, json=self._body(request), headers=headers) as resp:
                 self._streams[request.request_id] = resp
@@ -225,6 +251,7 @@ class OpenAIHttpEngine:
         except json.JSONDecodeError as exc:
             raise EngineError(f"upstream sent a chunk that is not JSON: {exc}") from exc
         finally:
+            open_streams[slot] -= 1
             self._streams.pop(request.request_id, None)
             aborted = request.request_id in self._aborted
             self._aborted.discard(request.request_id)
