@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.errors import MessageSizeTooLargeError
-from aiokafka.partitioner import DefaultPartitioner
 
 from llmbus import topics as t
 from llmbus.bus import headers as hdr
+from llmbus.bus.partitioner import partition_for
 from llmbus.bus.producer import PublishTimeout, make_producer
 from llmbus.messages import CostRecord
 from llmbus.settings import BusSettings
@@ -31,9 +31,6 @@ class CostsPublisher:
         self.settings = settings
         self.topic = topic
         self.producer = make_producer(settings, f"llmbus-{t.COST}-costs")
-        self._partitioner = DefaultPartitioner()  # the producer's own choice for a key (murmur2)
-        self._partition_of: dict[bytes | None, int] = {}  # key -> partition (few tenants)
-        self._partitions: list[int] = []
 
     async def start(self) -> None:
         await asyncio.wait_for(self.producer.start(), self.settings.send_timeout_s)
@@ -51,14 +48,10 @@ class CostsPublisher:
         try:
             async with asyncio.timeout(self.settings.send_timeout_s):
                 partitions = sorted(await producer.partitions_for(topic))
-                if partitions != self._partitions:  # partitions added: keys move
-                    self._partitions, self._partition_of = partitions, {}
                 batches: dict[int, Any] = {}
                 for record, payload, key in items:
                     key_bytes = key.encode() if key is not None else None
-                    partition = self._partition_of.get(key_bytes)
-                    if partition is None:
-                        partition = self._partition_of[key_bytes] = self._partitioner(key_bytes, partitions, partitions)
+                    partition = partition_for(key_bytes, partitions, partitions)  # the producer's own choice
                     headers = [(hdr.REQUEST_ID, record.request_id.encode()), (hdr.TENANT, record.tenant.encode())]
                     headers += common
                     batch = batches.get(partition)
