@@ -53,7 +53,7 @@ class OpenAIHttpConfig:
     busy_cooldown_s: float = 5.0  # cooldown after a 429 / 503 without Retry-After (LiteLLM's default)
     # Connections per HTTP client: max_num_seqs streams are spread over ceil(max_num_seqs / this)
     # clients, each keeping all its connections alive (see OpenAIHttpEngine.start).
-    connections_per_pool: int = 16
+    connections_per_pool: int = 4
 
 
 def retry_after_s(value: str | None, default_s: float, now_s: float | None = None) -> float:
