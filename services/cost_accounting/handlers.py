@@ -233,11 +233,11 @@ class CostHandlers:
         tenants: dict[str, int] = {}
         for (booked_to, tenant, model, kind), group in groups.items():
             who = tenant if booked_to == BookedTo.TENANT else f"_{booked_to.value}"
-            metrics.child(metrics.COST_USD, who, model, kind.value).inc(usd(sum(r.cost_micro_usd for r in group)))
-            metrics.child(metrics.TOKENS, who, model, "prompt").inc(sum(r.prompt_tokens for r in group))
-            metrics.child(metrics.TOKENS, who, model, "completion").inc(sum(r.completion_tokens for r in group))
+            metrics.cost_usd(who, model, kind.value).inc(usd(sum(r.cost_micro_usd for r in group)))
+            metrics.tokens(who, model, "prompt").inc(sum(r.prompt_tokens for r in group))
+            metrics.tokens(who, model, "completion").inc(sum(r.completion_tokens for r in group))
             if saving_micro := sum(r.saving_micro_usd for r in group):
-                metrics.child(metrics.SAVING_USD, who, model).inc(usd(saving_micro))
+                metrics.saving_usd(who, model).inc(usd(saving_micro))
             if booked_to == BookedTo.TENANT and tenant in self.budgets.tenants:
                 tenants[tenant] = max(tenants.get(tenant, 0), *(r.booked_at_ms for r in group))
         return tenants

@@ -2,6 +2,8 @@
 
 from prometheus_client import Counter
 
+from llmbus.metric_children import children_of
+
 COST_USD = Counter("llmbus_cost_usd_total", "Cost booked, USD", ["tenant", "model", "kind"])
 TOKENS = Counter("llmbus_cost_tokens_total", "Tokens costed", ["tenant", "model", "type"])
 SAVING_USD = Counter("llmbus_cost_saving_usd_total", "Cache savings, USD", ["tenant", "model"])
@@ -9,14 +11,8 @@ RESULTS = Counter("llmbus_cost_results_total", "Results seen on llm.results", ["
 BUDGET_ALERTS = Counter("llmbus_cost_budget_alerts_total", "BudgetStatus alerts published", ["threshold"])
 LATE_RESULTS = Counter("llmbus_cost_late_results_total", "Self-hosted results after their interval closed")
 
-_children: dict[tuple[int, tuple[str, ...]], Counter] = {}
-
-
-def child(metric: Counter, *labels: str) -> Counter:
-    """`metric.labels(*labels)`, kept: a backlog batch touches hundreds of label sets, and `labels()`
-    (validation, a lock) cost more than the sums behind them. Label sets are as many as the metric has."""
-    key = (id(metric), labels)
-    found = _children.get(key)
-    if found is None:
-        found = _children[key] = metric.labels(*labels)
-    return found
+# Children looked up once per label set (llmbus.metric_children): a backlog batch touches hundreds
+# of label sets, and `labels()` (validation, a lock) cost more than the sums behind them.
+cost_usd = children_of(COST_USD)
+tokens = children_of(TOKENS)
+saving_usd = children_of(SAVING_USD)

@@ -129,19 +129,24 @@ async def test_budget_alerts_once_per_threshold(service) -> None:  # type: ignor
     assert statuses[-1].spent_usd == pytest.approx(0.0114)  # published when 100 % was crossed
 
 
-async def test_self_hosted_priced_when_interval_closes(service) -> None:  # type: ignore[no-untyped-def]
-    svc, broker, costs, _ = service
-    start = NOW - NOW % 60_000
-    beat = WorkerStatus(
-        worker_id="sim-1",
+def sim_heartbeat(worker_id: str, state: WorkerState, started_at_ms: int, sent_at_ms: int) -> WorkerStatus:
+    """A sim worker's heartbeat, started at `started_at_ms` with no cold start."""
+    return WorkerStatus(
+        worker_id=worker_id,
         node_id="n",
-        state=WorkerState.READY,
+        state=state,
         engine="sim",
         models=["sim-llama-8b"],
         cold_start_s=0.0,
-        started_at_ms=start,
-        sent_at_ms=start + 1000,
+        started_at_ms=started_at_ms,
+        sent_at_ms=sent_at_ms,
     )
+
+
+async def test_self_hosted_priced_when_interval_closes(service) -> None:  # type: ignore[no-untyped-def]
+    svc, broker, costs, _ = service
+    start = NOW - NOW % 60_000
+    beat = sim_heartbeat("sim-1", WorkerState.READY, start, sent_at_ms=start + 1000)
     await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-1")
     result = hosted("s1", model="sim-llama-8b", worker_id="sim-1", completed_at_ms=start + 30_000)
     result.timings.engine_ms = 20_000
@@ -196,16 +201,7 @@ async def test_ledger_record_applied_before_is_not_billed_again(service) -> None
     differently now) is neither published nor added again."""
     svc, broker, costs, _ = service
     start = NOW - NOW % 60_000
-    beat = WorkerStatus(
-        worker_id="sim-2",
-        node_id="n",
-        state=WorkerState.STOPPED,
-        engine="sim",
-        models=["sim-llama-8b"],
-        cold_start_s=0.0,
-        started_at_ms=start,
-        sent_at_ms=start + 60_000,
-    )
+    beat = sim_heartbeat("sim-2", WorkerState.STOPPED, start, sent_at_ms=start + 60_000)
     await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-2")
     await svc.handlers.tick(start + 120_000, 60_000)
     billed = list(costs)

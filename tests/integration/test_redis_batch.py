@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,12 +16,9 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-async def prefix(client: redis.Redis) -> AsyncIterator[str]:
-    base = f"llmbus:test-batch-{uuid.uuid4().hex[:10]}:"
-    yield base
-    keys = [k async for k in client.scan_iter(match=f"{base}*")]
-    if keys:
-        await client.delete(*keys)
+def prefix(namespace: str) -> str:
+    """Keys under the test's namespace (conftest's `namespace` deletes them afterwards)."""
+    return f"llmbus:{namespace}:"
 
 
 class CountingBatcher(RedisBatcher):

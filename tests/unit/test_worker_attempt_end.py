@@ -28,6 +28,7 @@ from services.engine_worker.config import WorkerSettings
 from services.engine_worker.handlers import WorkerHandlers
 from tests.unit.test_publish_through_outage import FakeProducer, publisher_with
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher, ScriptedEngine, record
+from tests.unit.test_worker_result_through_outage import CountingFence
 
 
 def kind(value: object) -> str:
@@ -181,25 +182,13 @@ async def test_deliveries_already_resolved_are_not_waited_for() -> None:
         await publisher.delivered([ok, failed])
 
 
-class CountingClaims(MemoryFence):
-    claim_lease_ms = 150
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.claims = 0
-
-    async def claim_final(self, request_id: str, attempt: int) -> bool:
-        self.claims += 1
-        return await super().claim_final(request_id, attempt)
-
-
 def renewal_tasks() -> list[asyncio.Task[object]]:
     """The claims' renewal tasks still alive (the loop is shared: other tests' tasks do not count)."""
     return [task for task in asyncio.all_tasks() if task.get_coro().__qualname__.endswith("._renew")]  # type: ignore[union-attr]
 
 
 async def test_a_claim_kept_over_a_short_publish_starts_no_renewal() -> None:
-    fence = CountingClaims()
+    fence = CountingFence()
     async with claim_kept(fence, "r1", 1):
         await asyncio.sleep(0.01)
         assert not renewal_tasks()
