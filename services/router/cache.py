@@ -16,6 +16,7 @@ import redis.asyncio as redis
 from prometheus_client import Counter
 
 from llmbus.messages import FinishReason, InferenceResult, ResultStatus, Usage
+from llmbus.metric_children import children_of
 from llmbus.redis_batch import RedisBatcher
 from services.router.policy.ports import CachedAnswer
 
@@ -30,6 +31,7 @@ return false
 """
 CACHE_ERRORS = Counter("llmbus_router_cache_errors_total", "Cache calls that failed (Redis error); treated as misses")
 CACHE_LOOKUPS = Counter("llmbus_router_cache_lookups_total", "Exact cache lookups", ["outcome"])
+_lookups = children_of(CACHE_LOOKUPS)  # per request: children looked up once
 
 
 class RedisResponseCache:
@@ -71,7 +73,7 @@ class RedisResponseCache:
             CACHE_ERRORS.inc()  # a cache outage is a miss (and costs only a future hit), never a failed request
             log.warning("cache lookup failed", exc_info=True)
             return None
-        CACHE_LOOKUPS.labels("hit" if raw is not None else "miss").inc()
+        _lookups("hit" if raw is not None else "miss").inc()
         if raw is None:
             return None
         data = json.loads(raw)

@@ -18,6 +18,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.messages import PoolStats, WorkerState, now_ms
+from llmbus.metric_children import children_of
 from services.scheduler.policy.core import SchedulerCore
 from services.scheduler.policy.types import Placement, WorkerView
 
@@ -29,7 +30,9 @@ QUEUE_WAIT_SECONDS = Histogram(
     ["model_name"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
 )
+_queue_wait = children_of(QUEUE_WAIT_SECONDS)
 ARRIVALS_TOTAL = Counter("llmbus_scheduler_arrivals_total", "Routed requests received", ["model_name"])
+_arrivals = children_of(ARRIVALS_TOTAL)  # the two per-request series: children looked up once
 QUEUED = Gauge("llmbus_scheduler_num_requests_waiting", "Requests waiting for a worker", ["model_name"])
 IN_FLIGHT = Gauge("llmbus_scheduler_num_requests_in_flight", "Placed and not finished", ["model_name"])
 
@@ -65,14 +68,14 @@ class PoolStatsRecorder:
 
     def on_arrival(self, pool: str, at_ms: int) -> None:
         self._window(pool, at_ms).arrivals += 1
-        ARRIVALS_TOTAL.labels(pool).inc()
+        _arrivals(pool).inc()
 
     def on_placed(self, placement: Placement, routed_at_ms: int, at_ms: int) -> None:
         if placement.attempt != 1:
             return  # a retry's wait is not the pool's queue
         wait_ms = float(max(0, at_ms - routed_at_ms))
         self._window(placement.model, at_ms).waits_ms.append(wait_ms)
-        QUEUE_WAIT_SECONDS.labels(placement.model).observe(wait_ms / 1000)
+        _queue_wait(placement.model).observe(wait_ms / 1000)
 
     def on_outcome(self, placement: Placement | None, at_ms: int) -> None:
         if placement is None:

@@ -7,8 +7,13 @@ import base64
 import json
 
 import pytest
-from aiokafka.errors import CommitFailedError, GroupAuthorizationFailedError, KafkaConnectionError
-from aiokafka.structs import ConsumerRecord
+from aiokafka.errors import (
+    CommitFailedError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    NotLeaderForPartitionError,
+)
+from aiokafka.structs import ConsumerRecord, TopicPartition
 from pydantic import ValidationError
 
 from llmbus.bus import BadMessage, decode
@@ -122,3 +127,21 @@ async def test_a_failed_loop_stops_the_others_and_its_error_is_raised_after_they
     with pytest.raises(RuntimeError, match="stalled"):
         await asyncio.wait_for(run_until_stopped(tasks, stop), 5)
     assert finished == ["other"]
+
+
+async def test_a_batch_waiting_for_a_leader_outlives_the_request_timeout() -> None:
+    """aiokafka's own expiry, on the producer make_producer builds: a batch whose partition has no
+    leader (a broker restarting) is not failed after request_timeout_ms, when its sender would send
+    it again beside a copy that may be written already; it waits out publish_retry_s instead."""
+    producer = make_producer(BusSettings(request_timeout_ms=50, publish_retry_s=0.3), "t")
+    producer._txn_manager.set_pid_and_epoch(1, 0)  # what the sender fetches from the broker first
+    accumulator = producer._message_accumulator  # the metadata is empty: no partition has a leader
+    tp = TopicPartition("llm.results", 0)
+    delivery = await accumulator.add_message(tp, b"r1", b"result", timeout=1)
+    await asyncio.sleep(0.1)  # past request_timeout_ms
+    accumulator.drain_by_nodes(ignore_nodes=set())
+    assert not delivery.done()
+    await asyncio.sleep(0.3)  # past publish_retry_s: the caller gave up long ago, the batch may go
+    accumulator.drain_by_nodes(ignore_nodes=set())
+    with pytest.raises(NotLeaderForPartitionError):
+        await delivery

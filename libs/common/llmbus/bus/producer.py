@@ -39,8 +39,9 @@ PRODUCER_RENEWALS = Counter(
     "llmbus_producer_renewals_total", "Producers replaced after the broker refused their sequence", ["service"]
 )
 # The broker refuses every later record of the partition: aiokafka (0.14) counts a batch that
-# expires unsent (no leader during a broker outage) into its idempotence sequence, so the next
-# ones arrive with a gap. Only a new producer (new producer id, sequences from 0) writes there again.
+# expired (no leader during a broker outage; keep_batches makes that rare) or was abandoned into
+# its idempotence sequence, so the next ones arrive with a gap. Only a new producer (new producer
+# id, sequences from 0) writes there again.
 BROKEN_SEQUENCE = (OutOfOrderSequenceNumber, UnknownProducerId)
 RETRY_PAUSE_S = 0.5
 
@@ -68,7 +69,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
     # A record over max_message_bytes fails at send (MessageSizeTooLargeError), before the broker:
     # the topics accept exactly what producers may send (llmbus.bus.admin.topic_config).
     # partition_for: the default partitioner's partitions, each key hashed once (llmbus.bus.partitioner).
-    return AIOKafkaProducer(
+    producer = AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap,
         client_id=client_id,
         acks="all",
@@ -80,6 +81,27 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
         partitioner=partition_for,
         **kafka_auth(settings),
     )
+    keep_batches(producer, settings.publish_retry_s)
+    return producer
+
+
+def keep_batches(producer: AIOKafkaProducer, hold_s: float) -> None:
+    """Batches waiting for a partition leader are kept `hold_s` (the longest any caller retries), not
+    request_timeout_ms.
+
+    aiokafka (0.14) fails a batch whose partition has had no leader for request_timeout_ms, as it
+    does while a broker shuts down and starts again, even a batch already sent once whose write
+    may have happened with the answer lost. Its sender told it failed, a caller that must deliver
+    sends the record again: two copies (a result written twice, the `broker_restart` scenario's
+    "doubled"). Kept, the batch goes out again under the producer's own retries, with its
+    idempotence sequence, and the broker drops a copy it already has. It also keeps the
+    sequence free of the gap an expired batch left (BROKEN_SEQUENCE). What waits is bounded as
+    before: one batch per partition, the send of a full one waits at most send_timeout_s.
+    """
+    accumulator = producer._message_accumulator  # no public setting for it (aiokafka 0.14)
+    if not hasattr(accumulator, "_batch_ttl"):
+        raise RuntimeError("aiokafka's batch expiry moved: llmbus.bus.producer.keep_batches needs updating")
+    accumulator._batch_ttl = hold_s
 
 
 def _publish_span(topic: str) -> AbstractContextManager[trace.Span]:
