@@ -108,3 +108,18 @@ def test_the_schedulers_index_grows_to_what_the_fleets_kv_tiers_hold() -> None:
     # vLLM's CPU build uses 128-token blocks: 8 index entries (16-token hashes) each.
     core.on_heartbeat(hb("w3", kv_blocks_total=1_000, kv_block_size=128), NOW_MS)
     assert core.prefix_index.max_blocks == 2 * 29_205 + 131_072 + 8_000
+
+
+def test_hashes_not_placed_for_the_ttl_are_dropped_not_only_unmatched() -> None:
+    # The soak's scheduler grew by the hashes of every prompt it ever placed (bounded only by
+    # max_blocks); what the ttl says no engine still holds now leaves the index.
+    index = PrefixIndex(ttl_ms=100)
+    index.record("w1", ["a", "b"], 0)
+    index.record("w2", ["c"], 50)
+    index.record("w1", ["a"], 90)  # a placed again: fresh
+    index.record("w3", ["d"], 160)  # b (last placed at 0) is past the ttl, c (50) too
+    assert len(index) == 2
+    assert index.matched_blocks(["a"], 160) == {"w1": 1}
+    index.remove_worker("w1")
+    index.record("w3", ["e"], 161)  # a has no holder left: dropped too
+    assert len(index) == 2

@@ -2,8 +2,9 @@
 
 The hashes are chained (llmbus.tokens.prefix_block_hashes), so block i's hash stands for
 the whole prefix up to i and a match is the run of leading hashes a worker holds. Entries
-age out (LRU over hashes, and a time to live) because engines evict their caches too; the
-index never grows past `max_blocks` hashes.
+age out (LRU over hashes, and a time to live) because engines evict their caches too: a hash
+not placed for `ttl_ms` is dropped, so the index holds what the last `ttl_ms` placed (about
+350 bytes a hash), and never more than `max_blocks` hashes.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ class PrefixIndex:
             if len(holders) > self.max_workers_per_block:
                 del holders[min(holders, key=holders.__getitem__)]
         while len(self._blocks) > self.max_blocks:
+            self._blocks.popitem(last=False)
+        self._drop_expired(now_ms)
+
+    def _drop_expired(self, now_ms: int) -> None:
+        """Hashes are in order of their last placement: the stale ones are at the front."""
+        while self._blocks:
+            holders = next(iter(self._blocks.values()))
+            if holders and now_ms - max(holders.values()) <= self.ttl_ms:
+                return
             self._blocks.popitem(last=False)
 
     def matched_blocks(self, hashes: list[str], now_ms: int) -> dict[str, int]:
