@@ -103,6 +103,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         asyncio.create_task(drain_on_stop()),
     ]
     background.append(asyncio.create_task(life.restart_engine_on_failure()))
+    background.append(asyncio.create_task(life.watch_upstream_forever()))
     await life.set_state(WorkerState.READY)
     try:
         # A stalled or failed loop raises out of here: the worker exits non-zero and is restarted.

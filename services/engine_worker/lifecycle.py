@@ -1,4 +1,7 @@
-"""The worker's state machine and heartbeat: starting → warming → ready ⇄ unhealthy → draining → stopped."""
+"""The worker's state machine and heartbeat: starting → warming → ready ⇄ unhealthy → draining → stopped.
+
+Ready is reported as DEGRADED while the engine's upstream circuit breaker is not closed.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from llmbus.bus import Bus, ConsumerLoop
 from llmbus.messages import NodeProfile, WorkerState, now_ms
 from services.engine_worker import metrics
 from services.engine_worker.config import WorkerSettings
+from services.engine_worker.engines.breaker import UpstreamHealth
 from services.engine_worker.handlers import WorkerHandlers
 from services.engine_worker.node.plan import NodePlan
 from services.engine_worker.node.profile import gpu_healthy
@@ -33,11 +37,17 @@ class Lifecycle:
         self._rates = RateTracker()
         self.profile: NodeProfile | None = None  # the latest node profile (DCGM-named gauges read it)
 
+    def reported_state(self) -> WorkerState:
+        engine = self.handlers.engine
+        if self.state == WorkerState.READY and isinstance(engine, UpstreamHealth) and engine.upstream_degraded:
+            return WorkerState.DEGRADED
+        return self.state
+
     async def beat(self) -> None:
         status = build_status(
             self.settings,
             self.handlers.engine,
-            self.state,
+            self.reported_state(),
             self.dispatch_topic,
             self._rates,
             time.monotonic(),
@@ -62,6 +72,24 @@ class Lifecycle:
             except Exception:
                 log.warning("heartbeat failed", exc_info=True)
             await asyncio.sleep(self.settings.heartbeat_interval_s)
+
+    async def watch_upstream_forever(self, interval_s: float = 0.2) -> None:
+        """Probe a failing upstream when its breaker is due, and beat at once when degraded flips:
+        the scheduler stops (or resumes) placing here without waiting for the next heartbeat."""
+        engine = self.handlers.engine
+        if not isinstance(engine, UpstreamHealth):
+            return
+        reported = engine.upstream_degraded
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await engine.probe_upstream_if_due()
+                if engine.upstream_degraded != reported:
+                    reported = engine.upstream_degraded
+                    log.warning("upstream %s", "failing: degraded" if reported else "answers again: ready")
+                    await self.beat()
+            except Exception:
+                log.warning("upstream watch failed", exc_info=True)
 
     async def reprofile_forever(self) -> None:
         """ECC counts and free VRAM change: the node profile (and GPU health) is refreshed."""

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmbus.messages import RETRYABLE, ErrorCode
+from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,9 @@ class EngineRequest:
     stop: tuple[str, ...] = ()
     priority: int = 0
     trace_headers: dict[str, str] = field(default_factory=dict)
+    # The chat as the client sent it (empty for a prompt request): engines that take messages (chat
+    # APIs) get these, not `prompt`, which is the chat rendered as one text.
+    messages: tuple[ChatMessage, ...] = ()
 
 
 @dataclass(slots=True)

@@ -40,13 +40,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 ignore_eos=settings.vllm_ignore_eos,
             )
         )
-    from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
+    from services.engine_worker.engines.openai_http import OpenAIHttpEngine
+    from services.engine_worker.engines.openai_http_config import openai_config
 
-    return OpenAIHttpEngine(
-        OpenAIHttpConfig(
-            model=settings.model,
-            base_url=settings.openai_base_url,
-            api_key=settings.openai_api_key,
-            upstream_model=settings.openai_model or settings.model,
-        )
-    )
+    return OpenAIHttpEngine(openai_config(settings))

@@ -5,15 +5,20 @@ Streams `POST {base_url}/chat/completions` (or `/completions`) with `stream=true
 Per-chunk token counts are not in the protocol: each non-empty content chunk counts as one
 token (what vLLM and most providers send) until the usage chunk corrects the total.
 Abort closes the HTTP stream, which is how an OpenAI-compatible server learns to stop.
+
+A chat goes to a chat API as the client sent it (every message, its role, order and fields); only
+a completions API gets the chat rendered as one prompt. Repeated upstream failures open a circuit
+breaker (engines/breaker.py): the worker reports DEGRADED until a probe succeeds.
+Settings: engines/openai_http_config.py, documented in engines/OPENAI_HTTP.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -30,30 +35,13 @@ from services.engine_worker.engines.base import (
     RequestRejected,
     UpstreamBusy,
 )
+from services.engine_worker.engines.breaker import CircuitBreaker
+from services.engine_worker.engines.openai_http_config import OpenAIHttpConfig
+
+__all__ = ["OpenAIHttpConfig", "OpenAIHttpEngine", "retry_after_s"]
 
 # Headers worth forwarding to the server: W3C trace context (vLLM serve and most gateways read it).
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "baggage")
-
-
-@dataclass
-class OpenAIHttpConfig:
-    base_url: str  # up to and including /v1, e.g. "https://api.example.com/v1"
-    model: str  # the name the fleet knows it by (ModelSpec.name)
-    upstream_model: str | None = None  # the name the server knows; default: `model`
-    api_key: str = ""  # from the worker's settings (environment), never from a checked-in file
-    api_key_env: str | None = None  # or: the environment variable to read it from at start
-    api: str = "chat"  # "chat" (/chat/completions) | "completions" (/completions)
-    max_model_len: int = 8192
-    max_num_seqs: int = 64  # requests in flight at once; more are refused (the scheduler retries elsewhere)
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 60.0  # longest silence between two chunks
-    request_timeout_s: float = 600.0  # whole request, first byte to last
-    extra_headers: dict[str, str] = field(default_factory=dict)
-    extra_body: dict[str, Any] = field(default_factory=dict)
-    busy_cooldown_s: float = 5.0  # cooldown after a 429 / 503 without Retry-After (LiteLLM's default)
-    # Connections per HTTP client: max_num_seqs streams are spread over ceil(max_num_seqs / this)
-    # clients, each keeping all its connections alive (see OpenAIHttpEngine.start).
-    connections_per_pool: int = 4
 
 
 def retry_after_s(value: str | None, default_s: float, now_s: float | None = None) -> float:
@@ -84,8 +72,14 @@ def _status_error(status: int, body: str, retry_after: str | None = None, cooldo
 class OpenAIHttpEngine:
     name = "openai-http"
 
-    def __init__(self, config: OpenAIHttpConfig, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        config: OpenAIHttpConfig,
+        transport: httpx.AsyncBaseTransport | None = None,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
         self.config = config
+        self.breaker = breaker or CircuitBreaker(config.breaker)
         self.model = config.model
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -117,13 +111,15 @@ class OpenAIHttpEngine:
             if not key:
                 raise EngineDead(f"environment variable {self.config.api_key_env} holds no API key")
         if key:
-            headers["Authorization"] = f"Bearer {key}"
+            bearer = self.config.api_key_header.lower() == "authorization"
+            headers[self.config.api_key_header] = f"Bearer {key}" if bearer else key
         c = self.config
         per_pool = max(1, c.connections_per_pool)
         self._clients = [
             httpx.AsyncClient(
                 base_url=c.base_url.rstrip("/"),
                 headers=headers,
+                params=c.extra_query,
                 timeout=httpx.Timeout(
                     connect=c.connect_timeout_s, read=c.read_timeout_s, write=c.read_timeout_s, pool=c.connect_timeout_s
                 ),
@@ -173,7 +169,13 @@ class OpenAIHttpEngine:
         if len(self._streams) >= self.max_num_seqs:
             raise AdmissionError(f"{len(self._streams)} requests in flight, max_num_seqs {self.max_num_seqs}")
 
-    def _body(self, request: EngineRequest) -> dict[str, Any]:
+    def _sends_chat(self, request: EngineRequest) -> bool:
+        """Whether this request goes to /chat/completions (else /completions)."""
+        if self.config.api == "auto":
+            return bool(request.messages)
+        return self.config.api == "chat"
+
+    def _body(self, request: EngineRequest, chat: bool) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.upstream_model or self.config.model,
             "stream": True,
@@ -182,7 +184,11 @@ class OpenAIHttpEngine:
             "temperature": request.temperature,
             "top_p": request.top_p,
         }
-        if self.config.api == "chat":
+        if chat and request.messages:
+            # Each message with every field it has (role, content, and name / tool calls where the
+            # message model carries them): the provider applies its own chat format to them.
+            body["messages"] = [m.model_dump(mode="json", exclude_none=True) for m in request.messages]
+        elif chat:
             body["messages"] = [{"role": "user", "content": request.prompt}]
         else:
             body["prompt"] = request.prompt
@@ -193,17 +199,63 @@ class OpenAIHttpEngine:
         body.update(self.config.extra_body)
         return body
 
-    def _delta_of(self, choice: dict[str, Any]) -> str:
-        if self.config.api == "chat":
-            return (choice.get("delta") or {}).get("content") or ""
-        return choice.get("text") or ""
+    @property
+    def upstream_degraded(self) -> bool:
+        return self.breaker.degraded
+
+    async def probe_upstream_if_due(self) -> None:
+        """Half-open: one small request decides whether the breaker closes or stays open (longer)."""
+        if not self.breaker.start_probe():
+            return
+        try:
+            failure = await self._probe()
+        except httpx.HTTPError as exc:
+            failure = f"probe: {exc!r}"
+        if failure is None:
+            self.breaker.record_success()
+        else:
+            self.breaker.record_failure(failure)
+
+    async def _probe(self) -> str | None:
+        """None if the upstream answers (a 4xx, 429 or 503 too: it is there; busy has its own cooldown)."""
+        client = self._require_client()
+        if self.config.breaker.probe == "models":
+            resp = await client.get("/models")
+        else:
+            chat = self.config.api != "completions"
+            probe = EngineRequest("breaker-probe", "ping", max_tokens=1, temperature=0.0)
+            body = self._body(probe, chat) | {"stream": False}
+            body.pop("stream_options")
+            resp = await client.post("/chat/completions" if chat else "/completions", json=body)
+        if resp.status_code >= 500 and resp.status_code != 503:
+            return f"probe: upstream HTTP {resp.status_code}: {resp.text[:200]}"
+        return None
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
-        slot = self._least_busy_client()
-        client, open_streams = self._clients[slot], self._streams_on  # this start's: a restart makes new ones
         prompt_tokens = self.count_tokens(request.prompt)
         self.check_admission(prompt_tokens, request.max_tokens)
-        path = "/chat/completions" if self.config.api == "chat" else "/completions"
+        if not self.breaker.allows_requests():
+            raise self.breaker.refusal()
+        try:
+            # aclosing: a caller that stops reading closes the HTTP stream now, not when it is collected.
+            async with contextlib.aclosing(self._stream(request, prompt_tokens)) as outs:
+                async for out in outs:
+                    if out.finished and out.finish_reason != "abort":
+                        self.breaker.record_success()
+                    yield out
+        except (RequestRejected, UpstreamBusy, EngineDead):
+            # The upstream is there (a wrong request, or busy: the Retry-After cooldown handles that),
+            # or this engine is not started: no upstream failure.
+            raise
+        except EngineError as failed:
+            self.breaker.record_failure(str(failed))
+            raise
+
+    async def _stream(self, request: EngineRequest, prompt_tokens: int) -> AsyncGenerator[EngineOutput, None]:
+        slot = self._least_busy_client()
+        client, open_streams = self._clients[slot], self._streams_on  # this start's: a restart makes new ones
+        chat = self._sends_chat(request)
+        path = "/chat/completions" if chat else "/completions"
         headers = {k: v for k, v in request.trace_headers.items() if k.lower() in _FORWARDED_HEADERS}
         headers["X-Request-Id"] = request.request_id
         completion_tokens = 0
@@ -213,7 +265,7 @@ class OpenAIHttpEngine:
         self._streams[request.request_id] = None
         open_streams[slot] += 1
         try:
-            async with client.stream("POST", path, json=self._body(request), headers=headers) as resp:
+            async with client.stream("POST", path, json=self._body(request, chat), headers=headers) as resp:
                 self._streams[request.request_id] = resp
                 if request.request_id in self._aborted:  # aborted while we waited for the headers
                     raise httpx.StreamClosed()
@@ -234,7 +286,7 @@ class OpenAIHttpEngine:
                         raise EngineError(f"upstream error mid-stream: {chunk['error']}")
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
-                        delta = self._delta_of(choice)
+                        delta = _delta_of(choice, chat)
                         finish_reason = choice.get("finish_reason") or finish_reason
                         if delta:
                             completion_tokens += 1
@@ -295,6 +347,12 @@ class OpenAIHttpEngine:
             generation_tokens_total=self._generation_tokens_total,
             prefix_cache_hits_total=self._cached_tokens_total,
         )
+
+
+def _delta_of(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
 
 
 async def _sse_data(resp: httpx.Response) -> AsyncIterator[str]:

@@ -243,12 +243,16 @@ class SchedulerCore:
 
         Used only for requests with a fallback chain: answering now lets the next model take over.
         Requests without one wait (up to max_wait_ms) for a worker to come, e.g. one scaled up from zero.
+        A DEGRADED worker (its upstream failing) serves nothing until its probe succeeds, so it counts
+        as absent: with every hosted worker of a model degraded, the fallback model answers.
         """
         if self.watching_since_ms is None or now_ms - self.watching_since_ms < self.recovery.heartbeat_timeout_ms:
             return False
         timeout_ms = self.recovery.heartbeat_timeout_ms
         return not any(
-            model in w.models and w.state != WorkerState.STOPPED and now_ms - w.last_heartbeat_ms <= timeout_ms
+            model in w.models
+            and w.state not in (WorkerState.STOPPED, WorkerState.DEGRADED)
+            and now_ms - w.last_heartbeat_ms <= timeout_ms
             for w in self.fleet.workers.values()
         )
 

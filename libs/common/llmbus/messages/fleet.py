@@ -15,6 +15,7 @@ class WorkerState(StrEnum):
     STARTING = "starting"
     WARMING = "warming"
     READY = "ready"
+    DEGRADED = "degraded"  # running, but its upstream fails (circuit open): the scheduler places nothing here
     DRAINING = "draining"
     UNHEALTHY = "unhealthy"
     STOPPED = "stopped"

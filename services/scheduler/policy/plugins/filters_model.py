@@ -12,8 +12,8 @@ from services.scheduler.policy.types import SchedRequest, WorkerView
 @register(FILTERS, "serves-model")
 @dataclass
 class ServesModelFilter:
-    """Serves the request's model, is READY (not starting, draining or stopped), heard from lately,
-    and not cooling down after its upstream said 429/503.
+    """Serves the request's model, is READY (not starting, draining, stopped, or DEGRADED: its upstream
+    failing, circuit open), heard from lately, and not cooling down after its upstream said 429/503.
 
     Workers that already failed this request are left out while any other can serve it;
     with `strict_exclude` they are left out even when they are the only ones.
