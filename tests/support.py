@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import psutil
 
 from llmbus.bus.admin import delete_topics_matching
@@ -117,3 +118,15 @@ async def eventually(predicate, timeout_s: float = 30, interval_s: float = 0.1) 
             return
         await asyncio.sleep(interval_s)
     raise TimeoutError("condition not met in time")
+
+
+async def wait_http_ok(url: str, timeout_s: float = 90) -> None:
+    """Until GET `url` answers 200 (a service's /ready): refused connections and errors count as not yet."""
+
+    async def ok() -> bool:
+        async with httpx.AsyncClient() as http:
+            with contextlib.suppress(httpx.HTTPError):
+                return (await http.get(url, timeout=2)).status_code == 200
+        return False
+
+    await eventually(ok, timeout_s=timeout_s, interval_s=0.3)

@@ -205,28 +205,24 @@ def heartbeat(worker_id: str, state: WorkerState, model: str = "gpt-4.1") -> Wor
 
 def test_scheduler_places_on_the_healthy_worker_and_falls_back_when_all_are_degraded() -> None:
     core = SchedulerCore(Pipeline.load("default"), CoreConfig(seed=0))
-    now_ms = 1_000
-    core.on_heartbeat(heartbeat("h-bad", WorkerState.DEGRADED), now_ms)
-    core.on_heartbeat(heartbeat("h-ok", WorkerState.READY), now_ms)
-    core.on_heartbeat(heartbeat("mini", WorkerState.READY, model="gpt-4.1-mini"), now_ms)
-    core.tick(now_ms)
-    now_ms += core.config.heartbeat_timeout_ms + 1
-    for wid in ("h-bad", "mini"):
-        core.on_heartbeat(
-            heartbeat(
-                wid,
-                WorkerState.DEGRADED if wid == "h-bad" else WorkerState.READY,
-                "gpt-4.1" if wid == "h-bad" else "gpt-4.1-mini",
-            ),
-            now_ms,
-        )
-    core.on_heartbeat(heartbeat("h-ok", WorkerState.READY), now_ms)
+    fleet = {"h-bad": WorkerState.DEGRADED, "h-ok": WorkerState.READY}
+
+    def beat(now_ms: int) -> None:
+        for wid, state in fleet.items():
+            core.on_heartbeat(heartbeat(wid, state), now_ms)
+        core.on_heartbeat(heartbeat("mini", WorkerState.READY, model="gpt-4.1-mini"), now_ms)
+
+    beat(1_000)
+    core.tick(1_000)
+    now_ms = 1_000 + core.config.heartbeat_timeout_ms + 1  # the fleet is known from here on
+    beat(now_ms)
     for i in range(5):
-        request = routed("gpt-4.1", ["gpt-4.1-mini"])
-        [placed] = core.submit(SchedRequest.from_routed(request, now_ms, 16, 64), now_ms)
+        request = SchedRequest.from_routed(routed("gpt-4.1", ["gpt-4.1-mini"]), now_ms, 16, 64)
+        [placed] = core.submit(request, now_ms)
         assert isinstance(placed, PlaceAction) and placed.placement.worker_id == "h-ok", i
 
-    core.on_heartbeat(heartbeat("h-ok", WorkerState.DEGRADED), now_ms)
+    fleet["h-ok"] = WorkerState.DEGRADED
+    beat(now_ms)
     [action] = core.submit(SchedRequest.from_routed(routed("gpt-4.1", ["gpt-4.1-mini"]), now_ms, 16, 64), now_ms)
-    # Every gpt-4.1 worker degraded: at once model_unavailable, and the router's chain takes gpt-4.1-mini.
+    # Every gpt-4.1 worker degraded: model_unavailable at once, so the router's chain takes gpt-4.1-mini.
     assert isinstance(action, FinalError) and action.error.code == ErrorCode.MODEL_UNAVAILABLE
