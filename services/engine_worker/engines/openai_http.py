@@ -186,8 +186,9 @@ class OpenAIHttpEngine:
         }
         if chat and request.messages:
             # Each message with every field it has (role, content, and name / tool calls where the
-            # message model carries them): the provider applies its own chat format to them.
-            body["messages"] = [m.model_dump(mode="json", exclude_none=True) for m in request.messages]
+            # message model carries them): the provider applies its own chat format to them. Fields
+            # left at their default are not sent (an empty tool_calls is refused by some providers).
+            body["messages"] = [m.model_dump(mode="json", exclude_defaults=True) for m in request.messages]
         elif chat:
             body["messages"] = [{"role": "user", "content": request.prompt}]
         else:
