@@ -98,8 +98,13 @@ class SchedulerHandlers:
 
     async def on_routed(self, record: ConsumerRecord) -> None:
         routed = decode(record, RoutedRequest)
+        spec = self.core.model_specs.get(routed.model)
         request = SchedRequest.from_routed(
-            routed, now_ms(), self.settings.prefix_block_tokens, self.settings.max_prefix_blocks
+            routed,
+            now_ms(),
+            self.settings.prefix_block_tokens,
+            self.settings.max_prefix_blocks,
+            spec.tokenizer if spec is not None else None,
         )
         restored = self.core.fleet.placement_of(request.request_id)
         if restored is not None and request.request_id in self._restored:

@@ -20,6 +20,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 kv_blocks_total=settings.sim_kv_blocks_total,
                 kv_offloading_gib=settings.sim_kv_offloading_gib,
                 divergence=settings.sim_divergence,
+                tokenizer=settings.tokenizer,
             )
         )
     if settings.engine == "vllm":
@@ -48,5 +49,6 @@ def build_engine(settings: WorkerSettings) -> Engine:
             base_url=settings.openai_base_url,
             api_key=settings.openai_api_key,
             upstream_model=settings.openai_model or settings.model,
+            tokenizer=settings.tokenizer,
         )
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from llmbus.tokens import estimate_tokens
+from llmbus.tokens import count_tokens
 from services.engine_worker.engines.base import (
     AdmissionError,
     EngineDead,
@@ -54,6 +54,7 @@ class OpenAIHttpConfig:
     # Connections per HTTP client: max_num_seqs streams are spread over ceil(max_num_seqs / this)
     # clients, each keeping all its connections alive (see OpenAIHttpEngine.start).
     connections_per_pool: int = 4
+    tokenizer: str | None = None  # the upstream model's tokenizer (llmbus.tokens reference); None: the estimate
 
 
 def retry_after_s(value: str | None, default_s: float, now_s: float | None = None) -> float:
@@ -163,7 +164,7 @@ class OpenAIHttpEngine:
         return min(range(len(self._clients)), key=self._streams_on.__getitem__)
 
     def count_tokens(self, text: str) -> int:
-        return estimate_tokens(text)
+        return count_tokens(text, self.config.tokenizer)
 
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens + max_tokens > self.max_model_len:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmbus.messages import RoutedRequest, WorkerState
-from llmbus.tokens import estimate_tokens, prefix_block_hashes
+from llmbus.tokens import count_tokens, prefix_block_hashes
 
 
 def blocks_for(tokens: int, block_size_tokens: int) -> int:
@@ -42,10 +42,12 @@ class SchedRequest:
         arrived_at_ms: int,
         prefix_block_tokens: int = 16,
         max_prefix_blocks: int | None = 512,
+        tokenizer: str | None = None,
     ) -> SchedRequest:
+        """`tokenizer`: the model's (its ModelSpec's), for a request the router did not count."""
         req = routed.request
         text = req.prompt_text()
-        prompt_tokens = routed.prompt_tokens_est or estimate_tokens(text)
+        prompt_tokens = routed.prompt_tokens_est or count_tokens(text, tokenizer)  # the router's count is kept
         return cls(
             request_id=req.request_id,
             model=routed.model,

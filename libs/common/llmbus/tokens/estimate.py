@@ -1,0 +1,91 @@
+"""A token count without the model's tokenizer: text cut into runs by script, each run priced.
+
+Four characters per token holds for English prose only: a Han character is about one token,
+a Cyrillic word two or three, every digit one in modern BPE vocabularies, and code's punctuation
+and indentation a token each. So text is cut into runs the way BPE pre-tokenizers cut it (a word
+of one script, a digit, a CJK character, a newline with its indentation, one punctuation mark)
+and each kind of run has its own price in tokens, fitted against a real tokenizer.
+
+Calibration: the prices below are non-negative least squares (relative error) against the
+Tekken tokenizer of Mistral NeMo, `tekken_240911.json` (131,072 tokens), shipped as package data
+by `mistral-common` 1.13.1 (PyPI, Apache-2.0), on the mixed corpus data/tokens/corpus.jsonl.
+`python -m bench.tokens_estimator --fit` refits them and prints this table; its report
+(bench/reports/tokens_estimator.md) gives the error per script.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+# One alternative per kind of run; the group name is the price's key.
+_RUN = re.compile(
+    r"(?P<latin_word>[A-Za-z\u00c0-\u024f]+)"
+    r"|(?P<digit>\d)"
+    r"|(?P<han>[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff])"
+    r"|(?P<kana>[\u3040-\u30ff])"
+    r"|(?P<hangul>[\uac00-\ud7af\u1100-\u11ff])"
+    r"|(?P<cyrillic_word>[\u0400-\u04ff]+)"
+    r"|(?P<other_word>[\u0370-\u03ff\u0590-\u06ff\u0900-\u0dff\u0e00-\u0e7f]+)"
+    r"|(?P<newline>\n[ \t]*)"
+    r"|(?P<space>[ \t]+)"
+    r"|(?P<emoji>[\U0001f000-\U0001faff\u2600-\u27bf])"
+    r"|(?P<other>.)",
+    re.S,
+)
+
+# Word runs are priced per run plus per character (a long word is split into more pieces).
+WORD_RUNS = ("latin_word", "cyrillic_word", "other_word")
+FEATURES = (
+    "latin_word",
+    "latin_word_chars",
+    "cyrillic_word",
+    "cyrillic_word_chars",
+    "other_word",
+    "other_word_chars",
+    "digit",
+    "han",
+    "kana",
+    "hangul",
+    "newline",
+    "emoji",
+    "other",
+)
+
+# Tokens per feature unit, fitted by bench/tokens_estimator.py --fit (see the module docstring).
+PRICES: dict[str, float] = {
+    "latin_word": 0.115,
+    "latin_word_chars": 0.225,
+    "cyrillic_word": 2.294,
+    "cyrillic_word_chars": 0.0,
+    "other_word": 1.008,
+    "other_word_chars": 0.195,
+    "digit": 1.435,
+    "han": 0.916,
+    "kana": 0.68,
+    "hangul": 0.683,
+    "newline": 0.848,
+    "emoji": 2.785,
+    "other": 0.492,
+}
+
+
+def features(text: str) -> dict[str, int]:
+    """How many runs (and word characters) of each kind `text` has."""
+    counts = dict.fromkeys(FEATURES, 0)
+    for match in _RUN.finditer(text):
+        kind = match.lastgroup
+        if kind is None or kind == "space":
+            continue  # spaces join the word after them, as in BPE vocabularies
+        counts[kind] += 1
+        if kind in WORD_RUNS:
+            counts[f"{kind}_chars"] += len(match.group())
+    return counts
+
+
+def estimate_tokens(text: str, prices: dict[str, float] | None = None) -> int:
+    if not text:
+        return 0
+    prices = prices or PRICES
+    total = sum(prices[name] * n for name, n in features(text).items() if n)
+    return max(1, math.ceil(total))
