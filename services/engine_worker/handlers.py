@@ -4,7 +4,7 @@ An attempt publishes its final chunk and result only after claiming the request'
 marker (llmbus.fencing; how an attempt ends on the bus is services/engine_worker/ending.py): a
 zombie attempt (its worker declared dead, then back) cannot add a second result. Superseded
 attempts are also checked for while they run, and aborted.
-Engine errors: a dead engine or OOM restarts the engine; an upstream 4xx or a validation
+Engine errors: a dead engine restarts the engine (one request's OOM does not); an upstream 4xx or a validation
 error is the request's final error; a 429/503 cools this worker down and hands the request back.
 """
 

@@ -124,6 +124,9 @@ class SchedulerCore:
         if placement is None:
             return []  # unknown, or a stale attempt we already placed again
         decision = self.recovery.on_outcome(placement, status, error)
+        if isinstance(decision, Retry) and decision.reason == ErrorCode.ENGINE_OOM:
+            failed = self.fleet.workers.get(placement.worker_id)
+            decision.request.kv_blocks_free_over = failed.kv_blocks_free_est if failed is not None else 0
         if isinstance(decision, Retry) and error is not None and error.retry_after_ms:
             # Upstream busy: that worker cools down as told; the request tries elsewhere after a backoff.
             self.fleet.cool_down(placement.worker_id, now_ms + error.retry_after_ms)
@@ -207,6 +210,13 @@ class SchedulerCore:
                     ),
                 )
             ]
+        if request.kv_blocks_free_over is not None and not any(
+            w.serves(request.model) and w.kv_blocks_total > request.kv_blocks_free_over
+            for w in self.fleet.workers.values()
+        ):
+            free = request.kv_blocks_free_over
+            more = f"no worker can have more than the {free} free KV blocks it ran out of memory with"
+            return [self._final(request, ErrorInfo(code=ErrorCode.ENGINE_OOM, message=more, retryable=False))]
         if _has_fallback(request) and self._nobody_serves(request.model, now_ms):
             return [
                 self._final(

@@ -29,6 +29,9 @@ class SchedRequest:
     prefix_block_hashes: list[str] = field(default_factory=list)
     excluded_workers: set[str] = field(default_factory=set)  # workers that failed it
     not_before_ms: int = 0  # a retry after an upstream 429/503 waits (backoff) before it is placed again
+    # After an OOM: its one retry goes only to a worker with more free KV blocks than the one that failed it had.
+    oom_retries: int = 0
+    kv_blocks_free_over: int | None = None
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
 
     @property
