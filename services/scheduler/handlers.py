@@ -168,7 +168,9 @@ class SchedulerHandlers:
         async with self._lock:
             self.pool_stats.on_outcome(self.core.fleet.placement_of(outcome.request_id), now_ms())
             await self._publish(
-                self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
+                self.core.on_outcome(
+                    outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms(), outcome.prompt_tokens
+                )
             )
 
     async def run_timer(self, stop: asyncio.Event) -> None:

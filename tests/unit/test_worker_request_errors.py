@@ -196,6 +196,19 @@ async def test_an_oom_that_killed_the_engine_core_restarts_it() -> None:
     assert publisher.of(DispatchOutcome)[0].error.code == ErrorCode.ENGINE_OOM  # type: ignore[union-attr]
 
 
+async def test_an_admission_refusal_sends_the_workers_prompt_count_back() -> None:
+    from services.engine_worker.engines.base import AdmissionError
+
+    class TooLong(ScriptedEngine):
+        def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
+            raise AdmissionError(f"prompt {prompt_tokens} + max_tokens {max_tokens} > max_model_len 2")
+
+    handlers, publisher = worker(TooLong())
+    await handlers.on_dispatch(record())
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.prompt_tokens == 1  # "hello": one word here
+
+
 async def test_a_dead_engine_is_restarted() -> None:
     handlers, publisher = worker(ScriptedEngine(EngineDead("engine core died")))
     await handlers.on_dispatch(record())

@@ -1,4 +1,5 @@
-"""An OOM is retried once at most, and only on a worker with more free KV than the one it failed on."""
+"""How the scheduler ends what a worker could not run: an OOM is retried once at most, and only on a worker
+with more free KV than the one it failed on; a prompt the worker counted too long for every worker is final."""
 
 from __future__ import annotations
 
@@ -53,3 +54,28 @@ def test_oom_with_no_worker_that_could_ever_have_more_free_kv_is_final_at_once()
     [final] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
     assert isinstance(final, FinalError) and final.error.code == ErrorCode.ENGINE_OOM
     assert not final.error.retryable
+
+
+def test_a_worker_count_over_every_max_model_len_is_a_final_prompt_too_long_not_a_retry() -> None:
+    """The router estimated 5,000 tokens; the worker's tokenizer found 6,200: 6,200 + 3,000 fit no worker."""
+    c = _core()
+    c.on_heartbeat(hb("w1"), NOW_MS)
+    c.on_heartbeat(hb("w2"), NOW_MS)
+    [placed] = c.submit(req(request_id="r1", prompt_tokens=5000, max_tokens=3000), NOW_MS)
+    assert isinstance(placed, PlaceAction)
+    refused = ErrorInfo.of(ErrorCode.OVER_CAPACITY, "prompt 6200 + max_tokens 3000 > max_model_len 8192")
+    [final] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200)
+    assert isinstance(final, FinalError)
+    assert final.error.code == ErrorCode.PROMPT_TOO_LONG and not final.error.retryable
+
+
+def test_a_worker_count_that_a_longer_worker_fits_is_retried_there() -> None:
+    c = _core()
+    c.on_heartbeat(hb("w1"), NOW_MS)
+    [placed] = c.submit(req(request_id="r1", prompt_tokens=5000, max_tokens=3000), NOW_MS)
+    assert isinstance(placed, PlaceAction)
+    c.on_heartbeat(hb("long", max_model_len=32768), NOW_MS)
+    refused = ErrorInfo.of(ErrorCode.OVER_CAPACITY, "too long here")
+    [retry] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200)
+    assert isinstance(retry, PlaceAction) and retry.placement.worker_id == "long"
+    assert retry.request.prompt_tokens == 6200
