@@ -79,3 +79,15 @@ def test_a_worker_count_that_a_longer_worker_fits_is_retried_there() -> None:
     [retry] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200)
     assert isinstance(retry, PlaceAction) and retry.placement.worker_id == "long"
     assert retry.request.prompt_tokens == 6200
+
+
+def test_an_oom_on_a_worker_that_reports_no_kv_cache_is_retried_once_elsewhere() -> None:
+    c = _core()
+    c.on_heartbeat(hb("w1", kv_blocks_total=0, kv_blocks_free=0), NOW_MS)
+    [placed] = c.submit(req(request_id="r1"), NOW_MS)
+    assert isinstance(placed, PlaceAction)
+    c.on_heartbeat(hb("w2", kv_blocks_total=0, kv_blocks_free=0), NOW_MS)
+    [retry] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
+    assert isinstance(retry, PlaceAction) and retry.placement.worker_id == "w2"
+    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 20)
+    assert isinstance(final, FinalError) and final.error.code == ErrorCode.ENGINE_OOM

@@ -138,8 +138,11 @@ class SchedulerCore:
                 return [too_long, *self._release(now_ms)]
         decision = self.recovery.on_outcome(placement, status, error)
         if isinstance(decision, Retry) and decision.reason == ErrorCode.ENGINE_OOM:
+            # Only where more KV is free than the failed worker had; one that reports no KV cache sets
+            # no bound (its retry just goes elsewhere).
             failed = self.fleet.workers.get(placement.worker_id)
-            decision.request.kv_blocks_free_over = failed.kv_blocks_free_est if failed is not None else 0
+            known = failed is not None and failed.kv_blocks_total > 0
+            decision.request.kv_blocks_free_over = failed.kv_blocks_free_est if failed is not None and known else None
         if isinstance(decision, Retry) and error is not None and error.retry_after_ms:
             # Upstream busy: that worker cools down as told; the request tries elsewhere after a backoff.
             self.fleet.cool_down(placement.worker_id, now_ms + error.retry_after_ms)
