@@ -45,19 +45,19 @@ FEATURES = (
 
 # Tokens per feature unit, fitted by bench/tokens_estimator.py --fit (see the module docstring).
 PRICES: dict[str, float] = {
-    "latin_word": 0.115,
-    "latin_word_chars": 0.225,
+    "latin_word": 0.111,
+    "latin_word_chars": 0.226,
     "cyrillic_word": 2.294,
     "cyrillic_word_chars": 0.0,
     "other_word": 1.008,
     "other_word_chars": 0.195,
-    "digit": 1.435,
+    "digit": 1.446,
     "han": 0.916,
-    "kana": 0.68,
-    "hangul": 0.683,
-    "newline": 0.848,
-    "emoji": 2.785,
-    "other": 0.492,
+    "kana": 0.699,
+    "hangul": 0.7,
+    "emoji": 2.787,
+    "newline": 0.86,
+    "other": 0.488,
 }
 
 
