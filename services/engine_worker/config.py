@@ -26,6 +26,9 @@ class WorkerSettings(BaseSettings):
     chunk_max_tokens: int = 16  # ... or when this many tokens are waiting
     superseded_check_s: float = 1.0  # while generating, how often to ask whether a later attempt took over
     drain_grace_s: float = 20.0  # SIGTERM: finish in-flight work this long, then hand it back
+    # The served model's tokenizer (a llmbus.tokens reference: "pkg:<package>/<file>", a local
+    # tokenizer.json / directory), for the sim's and openai-http's counts; vllm counts with its own.
+    tokenizer: str | None = None
 
     # sim engine
     sim_profile: str = "llama-3.1-8b-h100"

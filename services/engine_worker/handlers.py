@@ -4,7 +4,7 @@ An attempt publishes its final chunk and result only after claiming the request'
 marker (llmbus.fencing; how an attempt ends on the bus is services/engine_worker/ending.py): a
 zombie attempt (its worker declared dead, then back) cannot add a second result. Superseded
 attempts are also checked for while they run, and aborted.
-Engine errors: a dead engine or OOM restarts the engine; an upstream 4xx or a validation
+Engine errors: a dead engine restarts the engine (one request's OOM does not); an upstream 4xx or a validation
 error is the request's final error; a 429/503 cools this worker down and hands the request back.
 """
 
@@ -144,10 +144,15 @@ class WorkerHandlers:
         routed = dispatch.routed
         request = routed.request
         prompt = request.prompt_text()
+        prompt_tokens = self.engine.count_tokens(prompt)
         try:
-            self.engine.check_admission(self.engine.count_tokens(prompt), request.max_tokens)
+            self.engine.check_admission(prompt_tokens, request.max_tokens)
         except AdmissionError as refused:
-            await self._retryable(dispatch, ErrorInfo.of(refused.code, str(refused)))
+            # The count goes back with it: counted by the model's tokenizer here, it tells the scheduler
+            # when no worker can take the prompt (a final prompt_too_long, not attempts until max_attempts).
+            await self._outcome(
+                dispatch, OutcomeStatus.RETRYABLE, ErrorInfo.of(refused.code, str(refused)), prompt_tokens
+            )
             return
         reply_topic = reply_topic_of(self.bus.topics, request.reply_topic)
         batcher = ChunkBatcher(
@@ -309,5 +314,7 @@ class WorkerHandlers:
     async def _retryable(self, dispatch: Dispatch, error: ErrorInfo) -> None:
         await self._outcome(dispatch, OutcomeStatus.RETRYABLE, error=error)
 
-    async def _outcome(self, dispatch: Dispatch, status: OutcomeStatus, error: ErrorInfo | None = None) -> None:
-        await self.end.outcome(dispatch, status, error=error)
+    async def _outcome(
+        self, dispatch: Dispatch, status: OutcomeStatus, error: ErrorInfo | None = None, prompt_tokens: int = 0
+    ) -> None:
+        await self.end.outcome(dispatch, status, error=error, prompt_tokens=prompt_tokens)

@@ -31,6 +31,7 @@ from llmbus.messages import (
 )
 from llmbus.replies import publish_error, publish_result, reply_topic_of
 from llmbus.tenancy import Refused
+from llmbus.tokens import try_load
 from services.router.budgets import BudgetBook
 from services.router.cache import RedisResponseCache
 from services.router.coalesce_relay import CoalesceRelay
@@ -254,7 +255,10 @@ class RouterHandlers:
             if record.key:
                 self.core.catalog.remove(record.key.decode())
             return
-        self.core.catalog.apply_spec(decode(record, ModelSpec))
+        spec = decode(record, ModelSpec)
+        # Load its tokenizer off the event loop (seconds for a large vocabulary); routing then finds it cached.
+        await asyncio.to_thread(try_load, spec.tokenizer)
+        self.core.catalog.apply_spec(spec)
 
     async def on_experiment(self, record: ConsumerRecord) -> None:
         if record.value is None:

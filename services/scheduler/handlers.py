@@ -98,8 +98,13 @@ class SchedulerHandlers:
 
     async def on_routed(self, record: ConsumerRecord) -> None:
         routed = decode(record, RoutedRequest)
+        spec = self.core.model_specs.get(routed.model)
         request = SchedRequest.from_routed(
-            routed, now_ms(), self.settings.prefix_block_tokens, self.settings.max_prefix_blocks
+            routed,
+            now_ms(),
+            self.settings.prefix_block_tokens,
+            self.settings.max_prefix_blocks,
+            spec.tokenizer if spec is not None else None,
         )
         restored = self.core.fleet.placement_of(request.request_id)
         if restored is not None and request.request_id in self._restored:
@@ -163,7 +168,9 @@ class SchedulerHandlers:
         async with self._lock:
             self.pool_stats.on_outcome(self.core.fleet.placement_of(outcome.request_id), now_ms())
             await self._publish(
-                self.core.on_outcome(outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms())
+                self.core.on_outcome(
+                    outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms(), outcome.prompt_tokens
+                )
             )
 
     async def run_timer(self, stop: asyncio.Event) -> None:

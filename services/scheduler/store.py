@@ -51,6 +51,8 @@ def encode(placement: Placement, instance_id: str) -> str:
             "placed_at_ms": placement.placed_at_ms,
             "uncached_tokens_est": placement.uncached_tokens_est,
             "excluded_workers": sorted(request.excluded_workers),
+            "oom_retries": request.oom_retries,
+            "kv_blocks_free_over": request.kv_blocks_free_over,
             "arrived_at_ms": request.arrived_at_ms,
             "routed": request.routed.model_dump(mode="json") if request.routed is not None else None,
         }
@@ -65,6 +67,8 @@ def decode_placement(raw: bytes | str, prefix_block_tokens: int, max_prefix_bloc
     request = SchedRequest.from_routed(routed, data["arrived_at_ms"], prefix_block_tokens, max_prefix_blocks)
     request.attempt = data["attempt"]
     request.excluded_workers = set(data["excluded_workers"])
+    request.oom_retries = data.get("oom_retries", 0)  # .get: claims written before these fields existed
+    request.kv_blocks_free_over = data.get("kv_blocks_free_over")
     return Placement(
         data["request_id"],
         data["attempt"],

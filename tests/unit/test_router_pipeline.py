@@ -16,6 +16,7 @@ from llmbus.messages import (
     Usage,
     Variant,
 )
+from llmbus.tokens import estimate_tokens
 from services.router.policy.cache_key import cache_key
 from services.router.policy.complexity import build_scorer
 from services.router.policy.config import RouterPolicy, TenantPolicy, load_policy
@@ -118,7 +119,7 @@ async def test_rate_limited_is_a_final_error_with_retry_after() -> None:
     out = await core(limiter=limiter).route(InferenceRequest(prompt="x" * 400, max_tokens=100, tenant="acme"))
     assert out.routed is None and out.result and out.result.error
     assert out.result.error.code == ErrorCode.RATE_LIMITED and out.result.error.retry_after_ms == 1234
-    assert limiter.calls == [("acme", 100 + 100)]  # prompt estimate + max_tokens
+    assert limiter.calls == [("acme", estimate_tokens("x" * 400) + 100)]  # prompt estimate + max_tokens
 
 
 async def test_over_budget_degrades_or_rejects_per_tenant() -> None:

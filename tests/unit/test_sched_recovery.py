@@ -69,11 +69,11 @@ def test_retry_goes_to_another_worker_then_max_attempts() -> None:
     c.on_heartbeat(hb("w1"), NOW_MS)
     c.on_heartbeat(hb("w2"), NOW_MS)
     [first] = c.submit(req(request_id="r1"), NOW_MS)
-    oom = ErrorInfo.of(ErrorCode.ENGINE_OOM, "oom")
-    [second] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, oom, NOW_MS + 10)
+    failed = ErrorInfo.of(ErrorCode.ENGINE_FAILED, "sampler hiccup")
+    [second] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, failed, NOW_MS + 10)
     assert isinstance(second, PlaceAction)
     assert second.placement.worker_id != first.placement.worker_id and second.placement.attempt == 2
-    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, oom, NOW_MS + 20)
+    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, failed, NOW_MS + 20)
     assert isinstance(final, FinalError) and final.error.code == ErrorCode.MAX_ATTEMPTS
 
 

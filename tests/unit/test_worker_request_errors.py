@@ -1,7 +1,7 @@
 """What one request's failure does to the worker (fakes for the bus and Redis; the engines' own
 classification is tested against real servers in tests/integration).
 
-- only a dead engine or OOM restarts the engine; a 4xx is the request's final error;
+- only a dead engine restarts the engine (one request's OOM does not); a 4xx is the request's final error;
   a 429/503 hands it back with Retry-After and cools the worker down;
 - an attempt superseded while it runs is aborted, and one whose final claim is refused publishes nothing.
 """
@@ -174,6 +174,39 @@ async def test_a_failed_stream_is_retried_elsewhere_without_restarting_the_engin
     assert not handlers.engine_failed.is_set()
     [outcome] = publisher.of(DispatchOutcome)
     assert outcome.status == OutcomeStatus.RETRYABLE and not publisher.of(InferenceResult)
+
+
+async def test_one_requests_oom_is_handed_back_without_restarting_the_engine() -> None:
+    """vLLM fails only the request that ran out of memory; a restart would abort every other one here."""
+    from services.engine_worker.engines.vllm_engine import classify_error
+
+    oom = classify_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    handlers, publisher = worker(ScriptedEngine(oom))
+    await handlers.on_dispatch(record())
+    assert not handlers.engine_failed.is_set()
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
+    assert outcome.error.code == ErrorCode.ENGINE_OOM and not publisher.of(InferenceResult)
+
+
+async def test_an_oom_that_killed_the_engine_core_restarts_it() -> None:
+    handlers, publisher = worker(ScriptedEngine(EngineDead("engine core died: out of memory", ErrorCode.ENGINE_OOM)))
+    await handlers.on_dispatch(record())
+    assert handlers.engine_failed.is_set()
+    assert publisher.of(DispatchOutcome)[0].error.code == ErrorCode.ENGINE_OOM  # type: ignore[union-attr]
+
+
+async def test_an_admission_refusal_sends_the_workers_prompt_count_back() -> None:
+    from services.engine_worker.engines.base import AdmissionError
+
+    class TooLong(ScriptedEngine):
+        def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
+            raise AdmissionError(f"prompt {prompt_tokens} + max_tokens {max_tokens} > max_model_len 2")
+
+    handlers, publisher = worker(TooLong())
+    await handlers.on_dispatch(record())
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.prompt_tokens == 1  # "hello": one word here
 
 
 async def test_a_dead_engine_is_restarted() -> None:

@@ -66,7 +66,7 @@ class EngineStats:
 class EngineError(Exception):
     """A failure the worker turns into an outcome. Three questions decide what happens next:
 
-    - `restarts_engine`: the engine itself is gone (dead core, OOM): restart it. Only then —
+    - `restarts_engine`: the engine itself is gone (a dead core, also after an OOM): restart it. Only then —
       one request's failure must not abort every other request on the worker.
     - `retryable`: another attempt elsewhere may succeed (scheduler retries); if not, the
       request gets its final error now (a 4xx, a validation error: retrying cannot help).
@@ -109,8 +109,11 @@ class UpstreamBusy(EngineError):
 
 
 class EngineOOM(EngineError):
+    """One request ran out of memory while the engine lives on (vLLM fails that request only):
+    no restart — it would abort every other request here. An OOM that kills the engine core is
+    an EngineDead with this code. The scheduler retries it once, on a worker with more free KV."""
+
     code = ErrorCode.ENGINE_OOM
-    restarts_engine = True
 
 
 class EngineDead(EngineError):

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from llmbus.tokens import estimate_tokens
+from llmbus.tokens import count_tokens
 from services.engine_worker.engines.base import (
     AdmissionError,
     EngineDead,
@@ -159,7 +159,7 @@ class OpenAIHttpEngine:
         return min(range(len(self._clients)), key=self._streams_on.__getitem__)
 
     def count_tokens(self, text: str) -> int:
-        return estimate_tokens(text)
+        return count_tokens(text, self.config.tokenizer)
 
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens + max_tokens > self.max_model_len:

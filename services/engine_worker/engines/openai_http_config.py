@@ -48,6 +48,9 @@ class OpenAIHttpConfig(_Strict):
     # clients, each keeping all its connections alive (see OpenAIHttpEngine.start).
     connections_per_pool: int = Field(default=4, ge=1)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    tokenizer: str | None = Field(
+        default=None, description="The upstream model's tokenizer (an llmbus.tokens reference); none: the estimate."
+    )
 
 
 class UpstreamsFile(_Strict):
@@ -73,10 +76,14 @@ def openai_config(settings: WorkerSettings) -> OpenAIHttpConfig:
                 f"{settings.openai_upstreams_file} has no upstream for model {settings.model!r}; "
                 f"it lists {sorted(upstreams)}"
             )
-        return upstreams[settings.model]
+        chosen = upstreams[settings.model]
+        if chosen.tokenizer is None and settings.tokenizer:  # the worker's own setting, where the file names none
+            return chosen.model_copy(update={"tokenizer": settings.tokenizer})
+        return chosen
     return OpenAIHttpConfig(
         model=settings.model,
         base_url=settings.openai_base_url,
         api_key=settings.openai_api_key,
         upstream_model=settings.openai_model or settings.model,
+        tokenizer=settings.tokenizer,
     )

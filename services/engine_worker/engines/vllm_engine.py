@@ -327,9 +327,9 @@ class VllmEngine:
             raise  # vLLM aborts the request itself when its generator is closed
         except Exception as exc:
             err = classify_error(exc)
-            if llm.errored and not err.restarts_engine:
-                err = EngineDead(f"vLLM engine core is dead: {err}")  # whatever the request saw, the core is gone
-            if isinstance(err, EngineDead | EngineOOM) and (llm.errored or isinstance(err, EngineDead)):
+            if llm.errored and not err.restarts_engine:  # whatever the request saw, the core is gone
+                err = EngineDead(f"vLLM engine core is dead: {err}", err.code if isinstance(err, EngineOOM) else None)
+            if isinstance(err, EngineDead):
                 self._dead = err
             raise err from exc
         finally:

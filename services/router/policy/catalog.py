@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmbus.messages import ModelSpec
+from llmbus.tokens import estimate_tokens, try_load
 from services.router.policy.config import ModelEntry, RouterPolicy
 
 
@@ -24,6 +27,12 @@ class ModelCatalog:
         entry = self.entry(model)
         return entry.max_prompt_tokens or entry.max_model_len - 1
 
+    def counter(self, model: str) -> tuple[Callable[[str], int], str | None]:
+        """How to count the model's prompt tokens, and the tokenizer reference that counts (None: the estimate)."""
+        ref = self.entry(model).tokenizer
+        tokenizer = try_load(ref)
+        return (tokenizer.count, ref) if tokenizer is not None else (estimate_tokens, None)
+
     def is_available(self, model: str) -> bool:
         return model not in self._unavailable
 
@@ -40,6 +49,7 @@ class ModelCatalog:
                 "max_output_tokens": spec.max_output_tokens,
                 "max_prompt_tokens": spec.max_prompt_tokens,
                 "hosted": spec.hosted,
+                "tokenizer": spec.tokenizer or base.tokenizer,
             }
         )
         self._unavailable.discard(spec.name)

@@ -33,6 +33,9 @@ class ModelEntry(_Strict):
     max_prompt_tokens: int | None = Field(default=None, ge=1, description="Defaults to the window minus 1 token.")
     cost_rank: int = Field(default=1, ge=0, description="Relative cost; lowest is where over-budget tenants degrade.")
     hosted: bool = False
+    tokenizer: str | None = Field(
+        default=None, description="Local tokenizer reference (llmbus.tokens); a ModelSpec's wins. None: the estimate."
+    )
 
 
 class RuleWhen(_Strict):

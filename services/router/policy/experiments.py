@@ -91,6 +91,7 @@ def shadow_copy(routed: RoutedRequest, experiment: Experiment) -> RoutedRequest:
         experiment_id=experiment.experiment_id,
         shadow=True,
         prompt_tokens_est=routed.prompt_tokens_est,
+        prompt_tokenizer=routed.prompt_tokenizer,
         trimmed_tokens=routed.trimmed_tokens,
         max_tokens_requested=routed.max_tokens_requested,
         received_at_ms=routed.received_at_ms,

@@ -85,6 +85,7 @@ class _Fitted:
     prompt_tokens: int
     trimmed_tokens: int
     max_tokens_requested: int | None  # set when max_tokens was lowered to the output cap
+    tokenizer: str | None = None  # what counted prompt_tokens (None: the per-script estimate)
 
 
 class RouterCore:
@@ -177,16 +178,18 @@ class RouterCore:
                 }
             )
         window = min(entry.max_model_len, self.catalog.max_prompt_tokens(model) + request.max_tokens)
-        trimmed = trim_to_window(request, window, request.max_tokens)
+        count, tokenizer = self.catalog.counter(model)  # the model's own tokenizer where it is known
+        trimmed = trim_to_window(request, window, request.max_tokens, count)
         if not trimmed.fits:
+            counted_by = f"counted with {tokenizer}" if tokenizer else "estimated"
             raise Refused(
                 ErrorCode.PROMPT_TOO_LONG,
-                f"prompt of ~{trimmed.prompt_tokens} tokens does not fit {model} "
+                f"prompt of {trimmed.prompt_tokens} tokens ({counted_by}) does not fit {model} "
                 f"(window {entry.max_model_len}, max_tokens {request.max_tokens})",
             )
         if trimmed.trimmed_tokens:
             request = request.model_copy(update={"messages": trimmed.messages})
-        return _Fitted(request, trimmed.prompt_tokens, trimmed.trimmed_tokens, capped_from)
+        return _Fitted(request, trimmed.prompt_tokens, trimmed.trimmed_tokens, capped_from, tokenizer)
 
     async def _route(self, request: InferenceRequest, received_at_ms: int) -> RouteOutcome:
         f = self.features(request)
@@ -229,6 +232,7 @@ class RouterCore:
             experiment_id=experiment_id,
             variant=variant,
             prompt_tokens_est=fitted.prompt_tokens,
+            prompt_tokenizer=fitted.tokenizer,
             trimmed_tokens=fitted.trimmed_tokens,
             max_tokens_requested=fitted.max_tokens_requested,
             received_at_ms=received_at_ms,
@@ -268,7 +272,8 @@ class RouterCore:
                 fitted = self.fit(routed.request, experiment.shadow_model)
             except Refused:
                 continue  # the candidate can't take this one; the primary is unaffected
-            base = routed.model_copy(update={"request": fitted.request, "prompt_tokens_est": fitted.prompt_tokens})
+            counted = {"prompt_tokens_est": fitted.prompt_tokens, "prompt_tokenizer": fitted.tokenizer}
+            base = routed.model_copy(update={"request": fitted.request} | counted)
             copies.append(shadow_copy(base, experiment))
         return copies
 

@@ -13,23 +13,25 @@ is over budget, the rule is:
    left to send: the request is refused with prompt_too_long. A plain `prompt` is
    never cut (there are no turns to drop); it is refused the same way.
 
-Token counts use llmbus.tokens.estimate_tokens on each turn as rendered by
-InferenceRequest.prompt_text, so the per-turn sum is an upper bound of the whole.
+Token counts use the model's tokenizer where the catalog knows it, else llmbus.tokens'
+per-script estimate, on each turn as rendered by InferenceRequest.prompt_text (the per-turn sum
+is an upper bound of the whole for the estimate, and within a token per turn for a BPE tokenizer).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmbus.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
 
-# "<|assistant|>\n" that prompt_text appends after the turns.
-_GENERATION_PROMPT_TOKENS = estimate_tokens("<|assistant|>\n")
+# What prompt_text appends after the turns.
+_GENERATION_PROMPT = "<|assistant|>\n"
 
 
-def turn_tokens(message: ChatMessage) -> int:
-    return estimate_tokens(f"<|{message.role}|>\n{message.content}\n")
+def turn_tokens(message: ChatMessage, count: Callable[[str], int] = estimate_tokens) -> int:
+    return count(f"<|{message.role}|>\n{message.content}\n")
 
 
 @dataclass(frozen=True)
@@ -40,18 +42,21 @@ class TrimResult:
     fits: bool
 
 
-def trim_to_window(request: InferenceRequest, max_model_len: int, max_tokens: int) -> TrimResult:
+def trim_to_window(
+    request: InferenceRequest, max_model_len: int, max_tokens: int, count: Callable[[str], int] = estimate_tokens
+) -> TrimResult:
     budget_tokens = max_model_len - max_tokens
     if request.prompt is not None:
-        tokens = estimate_tokens(request.prompt)
+        tokens = count(request.prompt)
         return TrimResult([], 0, tokens, tokens <= budget_tokens)
-    counts = [turn_tokens(m) for m in request.messages]
-    total = sum(counts) + _GENERATION_PROMPT_TOKENS
+    counts = [turn_tokens(m, count) for m in request.messages]
+    generation_prompt_tokens = count(_GENERATION_PROMPT)
+    total = sum(counts) + generation_prompt_tokens
     if total <= budget_tokens:
         return TrimResult(list(request.messages), 0, total, True)
 
     used = sum(c for m, c in zip(request.messages, counts, strict=True) if m.role == "system")
-    used += _GENERATION_PROMPT_TOKENS
+    used += generation_prompt_tokens
     keep = [m.role == "system" for m in request.messages]
     for i in range(len(request.messages) - 1, -1, -1):
         if keep[i]:

@@ -118,12 +118,31 @@ class SchedulerCore:
         self.model_specs[spec.name] = spec
 
     def on_outcome(
-        self, request_id: str, attempt: int, status: OutcomeStatus, error: ErrorInfo | None, now_ms: int
+        self,
+        request_id: str,
+        attempt: int,
+        status: OutcomeStatus,
+        error: ErrorInfo | None,
+        now_ms: int,
+        prompt_tokens: int = 0,
     ) -> list[Action]:
+        """`prompt_tokens`: the worker's count of the prompt (its engine's tokenizer), 0 when it sent none."""
         placement = self.fleet.finish(request_id, attempt, now_ms)
         if placement is None:
             return []  # unknown, or a stale attempt we already placed again
+        if status == OutcomeStatus.RETRYABLE and prompt_tokens > placement.request.prompt_tokens:
+            # The worker's count wins over the router's estimate: if no worker can take that many,
+            # retrying cannot help.
+            placement.request.prompt_tokens = prompt_tokens
+            if (too_long := self._too_long(placement.request)) is not None:
+                return [too_long, *self._release(now_ms)]
         decision = self.recovery.on_outcome(placement, status, error)
+        if isinstance(decision, Retry) and decision.reason == ErrorCode.ENGINE_OOM:
+            # Only where more KV is free than the failed worker had; one that reports no KV cache sets
+            # no bound (its retry just goes elsewhere).
+            failed = self.fleet.workers.get(placement.worker_id)
+            known = failed is not None and failed.kv_blocks_total > 0
+            decision.request.kv_blocks_free_over = failed.kv_blocks_free_est if failed is not None and known else None
         if isinstance(decision, Retry) and error is not None and error.retry_after_ms:
             # Upstream busy: that worker cools down as told; the request tries elsewhere after a backoff.
             self.fleet.cool_down(placement.worker_id, now_ms + error.retry_after_ms)
@@ -197,16 +216,15 @@ class SchedulerCore:
     def _admit(self, request: SchedRequest, now_ms: int, force: bool) -> list[Action]:
         if request.deadline_ms is not None and now_ms >= request.deadline_ms:
             return [self._final(request, ErrorInfo.of(ErrorCode.DEADLINE_EXCEEDED, "deadline passed before placement"))]
-        if never_fits(request, list(self.fleet.workers.values())):
-            return [
-                self._final(
-                    request,
-                    ErrorInfo.of(
-                        ErrorCode.PROMPT_TOO_LONG,
-                        f"{request.total_tokens} tokens exceed every worker's max model length or KV cache",
-                    ),
-                )
-            ]
+        if (too_long := self._too_long(request)) is not None:
+            return [too_long]
+        if request.kv_blocks_free_over is not None and not any(
+            w.serves(request.model) and w.kv_blocks_total > request.kv_blocks_free_over
+            for w in self.fleet.workers.values()
+        ):
+            free = request.kv_blocks_free_over
+            more = f"no worker can have more than the {free} free KV blocks it ran out of memory with"
+            return [self._final(request, ErrorInfo(code=ErrorCode.ENGINE_OOM, message=more, retryable=False))]
         if _has_fallback(request) and self._nobody_serves(request.model, now_ms):
             return [
                 self._final(
@@ -222,6 +240,15 @@ class SchedulerCore:
             return [self._final(request, ErrorInfo.of(ErrorCode.QUEUE_FULL, refused, retry_after_ms=1000))]
         self.stats.queued += 1
         return self._release(now_ms, models=[request.model])
+
+    def _too_long(self, request: SchedRequest) -> FinalError | None:
+        if not never_fits(request, list(self.fleet.workers.values())):
+            return None
+        message = (
+            f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} tokens exceed every worker's "
+            "max model length or KV cache"
+        )
+        return self._final(request, ErrorInfo.of(ErrorCode.PROMPT_TOO_LONG, message))
 
     def _expired_error(self, request: SchedRequest, now_ms: int) -> ErrorInfo:
         """Why a queued request ends unplaced: its own deadline passed (late), or it waited the whole

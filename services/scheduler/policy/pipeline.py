@@ -66,6 +66,11 @@ class Pipeline:
 
     def pick(self, state: CycleState, request: SchedRequest) -> PickResult:
         workers = list(state.fleet.workers.values())
+        if request.kv_blocks_free_over is not None:
+            # An OOM's retry, whatever the pipeline: only where more KV is free than where it failed.
+            workers = [w for w in workers if w.kv_blocks_free_est > request.kv_blocks_free_over]
+            if not workers:
+                return PickResult(None, 0, rejected_by="oom-more-free-kv")
         for f in self.filters:
             kept = f.filter(state, request, workers)
             if not kept:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmbus.messages import RoutedRequest, WorkerState
-from llmbus.tokens import estimate_tokens, prefix_block_hashes
+from llmbus.tokens import count_tokens, prefix_block_hashes
 
 
 def blocks_for(tokens: int, block_size_tokens: int) -> int:
@@ -29,6 +29,9 @@ class SchedRequest:
     prefix_block_hashes: list[str] = field(default_factory=list)
     excluded_workers: set[str] = field(default_factory=set)  # workers that failed it
     not_before_ms: int = 0  # a retry after an upstream 429/503 waits (backoff) before it is placed again
+    # After an OOM: its one retry goes only to a worker with more free KV blocks than the one that failed it had.
+    oom_retries: int = 0
+    kv_blocks_free_over: int | None = None
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
 
     @property
@@ -42,10 +45,12 @@ class SchedRequest:
         arrived_at_ms: int,
         prefix_block_tokens: int = 16,
         max_prefix_blocks: int | None = 512,
+        tokenizer: str | None = None,
     ) -> SchedRequest:
+        """`tokenizer`: the model's (its ModelSpec's), for a request the router did not count."""
         req = routed.request
         text = req.prompt_text()
-        prompt_tokens = routed.prompt_tokens_est or estimate_tokens(text)
+        prompt_tokens = routed.prompt_tokens_est or count_tokens(text, tokenizer)  # the router's count is kept
         return cls(
             request_id=req.request_id,
             model=routed.model,

@@ -53,6 +53,7 @@ def models_register(
     max_model_len: int = typer.Option(8192),
     max_output_tokens: int = typer.Option(4096),
     hosted: bool = typer.Option(False),
+    tokenizer: str | None = typer.Option(None, help="local tokenizer reference, e.g. pkg:<package>/<file>"),
 ) -> None:
     """Publish a ModelSpec (the router and scheduler pick it up from the compacted topic)."""
     spec = ModelSpec(
@@ -62,6 +63,7 @@ def models_register(
         max_model_len=max_model_len,
         max_output_tokens=max_output_tokens,
         hosted=hosted,
+        tokenizer=tokenizer,
     )
     asyncio.run(publish_record(BusSettings(), t.MODELS, name, spec))
     console.print(f"registered {name} v{version}")

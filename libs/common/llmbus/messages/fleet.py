@@ -107,6 +107,12 @@ class ModelSpec(Message):
     max_prompt_tokens: int | None = None
     formats: list[ModelFormat] = Field(default_factory=list)
     hosted: bool = False
+    tokenizer: str | None = Field(
+        default=None,
+        description="The model's tokenizer as a local reference (llmbus.tokens: 'pkg:<package>/<file>', a "
+        "tokenizer.json or a model directory); the router and scheduler count prompts with it. None: the "
+        "per-script estimate.",
+    )
 
 
 class OutcomeStatus(StrEnum):

@@ -76,6 +76,11 @@ class RoutedRequest(Message):
     variant: str | None = None
     shadow: bool = False
     prompt_tokens_est: int = 0
+    prompt_tokenizer: str | None = Field(
+        default=None,
+        description="The tokenizer reference that counted prompt_tokens_est (counted once, by the router); "
+        "None: llmbus.tokens' per-script estimate.",
+    )
     trimmed_tokens: int = 0
     max_tokens_requested: int | None = Field(
         default=None, ge=1, description="The client's max_tokens when the router lowered it to the model's output cap."

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from llmbus.tokens import estimate_tokens, prefix_block_hashes
+from llmbus.tokens import prefix_block_hashes, pseudo_tokens
 from services.engine_worker.engines.sim.kv_cache import BlockPool, HostKvTier
 from services.engine_worker.engines.sim.profiles import SimProfile
 from services.engine_worker.engines.sim.text import content_key
@@ -39,13 +39,22 @@ class SimRequest:
 
     @classmethod
     def from_text(
-        cls, request_id: str, prompt: str, max_tokens: int, seed: int | None = None, block_size: int = 16
+        cls,
+        request_id: str,
+        prompt: str,
+        max_tokens: int,
+        seed: int | None = None,
+        block_size: int = 16,
+        prompt_tokens: int | None = None,
     ) -> SimRequest:
+        """`prompt_tokens`: a real tokenizer's count; None: the sim's own pseudo-tokens (4 characters)."""
+        tokens = max(1, pseudo_tokens(prompt) if prompt_tokens is None else prompt_tokens)  # BOS at least
         return cls(
             request_id=request_id,
-            prompt_tokens=max(1, estimate_tokens(prompt)),  # an empty prompt still has its BOS token
+            prompt_tokens=tokens,
             max_tokens=max_tokens,
-            prompt_block_hashes=tuple(prefix_block_hashes(prompt, block_size)),
+            # never more hashed blocks than the prompt's tokens fill
+            prompt_block_hashes=tuple(prefix_block_hashes(prompt, block_size, tokens // block_size)),
             content_key=content_key(prompt, seed),
         )
 

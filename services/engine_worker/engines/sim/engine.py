@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from llmbus.tokens import estimate_tokens
+from llmbus.tokens import pseudo_tokens, try_load
 from services.engine_worker.engines.base import (
     AdmissionError,
     EngineDead,
@@ -76,6 +76,7 @@ class SimConfig:
     kv_offloading_gib: float = 0.0  # host-memory KV tier, as vLLM's --kv-offloading-size (0: none)
     speedup: float = 1.0  # 0 = take no time
     divergence: float = 0.0  # answer quality: share of tokens that differ from the reference answer
+    tokenizer: str | None = None  # a real tokenizer to count prompts with (llmbus.tokens); None: 4-char pseudo-tokens
     # Overrides of the profile's step-time coefficients (None: the profile's).
     step_base_us: float | None = None
     prefill_us_per_token: float | None = None
@@ -149,7 +150,8 @@ class SimEngine:
     # ---- requests ----------------------------------------------------------------
 
     def count_tokens(self, text: str) -> int:
-        return estimate_tokens(text)
+        tokenizer = try_load(self.config.tokenizer)
+        return tokenizer.count(text) if tokenizer is not None else pseudo_tokens(text)
 
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
         reason = self.core.refusal(max(1, prompt_tokens), max_tokens)
@@ -159,8 +161,14 @@ class SimEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if self._stopped:
             raise EngineDead("sim engine is stopped")
+        prompt_tokens = self.count_tokens(request.prompt) if self.config.tokenizer else None
         sim_request = SimRequest.from_text(
-            request.request_id, request.prompt, request.max_tokens, request.seed, self.config.kv_block_size
+            request.request_id,
+            request.prompt,
+            request.max_tokens,
+            request.seed,
+            self.config.kv_block_size,
+            prompt_tokens,
         )
         self.check_admission(sim_request.prompt_tokens, request.max_tokens)
         if request.request_id in self.core:

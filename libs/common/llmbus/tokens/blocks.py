@@ -1,22 +1,22 @@
-"""Token estimates and prefix block hashes, the same in router, scheduler and sim engine.
+"""Prefix block hashes, the same in router, scheduler and sim engine.
 
 Without the model's tokenizer, text is cut into pseudo-tokens of CHARS_PER_TOKEN
-characters (the usual ~4 characters per BPE token of English). Prefix blocks are
-`block_tokens` pseudo-tokens long and hashed in a chain, like vLLM's prefix cache:
-a block's hash covers every block before it, so equal hashes mean equal prefixes.
+characters. Prefix blocks are `block_tokens` pseudo-tokens long and hashed in a chain,
+like vLLM's prefix cache: a block's hash covers every block before it, so equal hashes
+mean equal prefixes. Only equality matters here, not the count (see estimate.py for that).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 
 CHARS_PER_TOKEN = 4
 DEFAULT_BLOCK_TOKENS = 16
 
 
-def estimate_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN)) if text else 0
+def pseudo_tokens(text: str) -> int:
+    """Pseudo-tokens of CHARS_PER_TOKEN characters: the unit the block hashes cut text in."""
+    return -(-len(text) // CHARS_PER_TOKEN)
 
 
 def prefix_block_hashes(
