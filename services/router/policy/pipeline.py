@@ -163,6 +163,11 @@ class RouterCore:
     def fit(self, request: InferenceRequest, model: str) -> _Fitted:
         """Step 6: cap max_tokens to the model's output limit, trim the conversation to its window."""
         entry = self.catalog.entry(model)
+        if request.max_tokens_auto:
+            # No limit asked: as much as the model may write in the window the prompt leaves (at
+            # least 1, so that a prompt filling the window is trimmed or refused below, not here).
+            room_tokens = entry.max_model_len - estimate_tokens(request.prompt_text())
+            request = request.model_copy(update={"max_tokens": max(1, min(entry.max_output_tokens, room_tokens))})
         capped_from = request.max_tokens if request.max_tokens > entry.max_output_tokens else None
         if capped_from is not None:
             if self.policy.limits.over_output_cap == OverCap.REJECT:

@@ -159,8 +159,10 @@ class SimEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if self._stopped:
             raise EngineDead("sim engine is stopped")
+        # A fill-in-the-middle suffix is prompt like the prefix: it costs prefill and KV the same.
+        prompt = request.prompt + (request.suffix or "")
         sim_request = SimRequest.from_text(
-            request.request_id, request.prompt, request.max_tokens, request.seed, self.config.kv_block_size
+            request.request_id, prompt, request.max_tokens, request.seed, self.config.kv_block_size
         )
         self.check_admission(sim_request.prompt_tokens, request.max_tokens)
         if request.request_id in self.core:
