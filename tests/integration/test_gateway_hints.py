@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
@@ -30,7 +31,7 @@ from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_s
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 SMALL, MID, DEFAULT, STRONG = "qwen2.5-coder-1.5b-instruct", "llama-3.3-70b-instruct", "gpt-4.1-mini", "gpt-4.1"
-ASK = [{"role": "user", "content": "fix this typo: teh"}]
+ASK: Any = [{"role": "user", "content": "fix this typo: teh"}]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
 
@@ -255,17 +256,17 @@ def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def test_cli_chat_auto_takes_the_hints_and_shows_errors(stack: Stack) -> None:
+    ask = ("fix this typo", "--max-tokens", "8")
     edit, budget, plain = await asyncio.gather(
-        asyncio.to_thread(_cli, stack, "fix this typo", "--category", "quick_edit", "--max-tokens", "8"),
-        asyncio.to_thread(_cli, stack, "fix this typo", "--token-budget", "900", "--session", "s-1", "--max-tokens", "8"),
-        asyncio.to_thread(_cli, stack, "fix this typo", "--max-tokens", "8"),
+        asyncio.to_thread(_cli, stack, *ask, "--category", "quick_edit"),
+        asyncio.to_thread(_cli, stack, *ask, "--token-budget", "900", "--session", "s-1"),
+        asyncio.to_thread(_cli, stack, *ask),
     )
     for done in (edit, budget, plain):
         assert done.returncode == 0, done.stdout + done.stderr
-    assert f"{SMALL} · usage" in edit.stdout
-    assert f"{MID} · usage" in budget.stdout
-    assert f"{DEFAULT} · usage" in plain.stdout  # `auto`, the default: the policy chose
+    assert f"{SMALL} (rule:editor_fast) · usage" in edit.stdout
+    assert f"{MID} (rule:token_budget_low) · usage" in budget.stdout
+    assert f"{DEFAULT} (default) · usage" in plain.stdout  # `auto`, the default: the policy chose
     failed = await asyncio.to_thread(_cli, stack, "fix this typo", "--model", "nobody-serves-this")
     assert failed.returncode == 1
     assert "error model_unavailable: no live worker serves 'nobody-serves-this'" in failed.stdout.replace("\n", " ")
-

@@ -48,8 +48,9 @@ async def show_stream(updates: AsyncIterator[TextUpdate], console: Console) -> S
                 console.print(f"[red]error {error.code}: {escape(error.message)}[/red]")
             usage = chunk.usage
             ttft = f"{(first - started) * 1000:.0f} ms" if first else "-"
+            route = f"{escape(model or '-')} ({escape(chunk.route_reason or '-')})"
             console.print(
-                f"[dim]{escape(model or '-')} · usage: prompt {usage.prompt_tokens if usage else 0}, completion "
+                f"[dim]{route} · usage: prompt {usage.prompt_tokens if usage else 0}, completion "
                 f"{usage.completion_tokens if usage else 0} tokens · attempt {chunk.attempt} · chunks {chunk.seq + 1}"
                 f" · TTFT {ttft} · total {(time.perf_counter() - started) * 1000:.0f} ms[/dim]"
             )

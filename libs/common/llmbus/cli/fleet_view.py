@@ -31,9 +31,9 @@ def fleet_table(fleet: list[WorkerStatus]) -> Table:
     return table
 
 
-def metrics_table(urls: dict[str, str]) -> Table:
-    """Where each process of the local stack serves /metrics."""
-    table = Table("service", "metrics", box=box.SIMPLE_HEAD, pad_edge=False, title="/metrics of the local stack")
+def metrics_table(urls: dict[str, str], answering: dict[str, bool]) -> Table:
+    """Where each process of the local stack serves /metrics, and whether it answered just now."""
+    table = Table("service", "metrics", "answers", box=box.SIMPLE_HEAD, pad_edge=False, title="/metrics")
     for name, url in sorted(urls.items()):
-        table.add_row(name, url)
+        table.add_row(name, url, "yes" if answering.get(name) else "[red]no[/red]")
     return table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import typer
 from rich.console import Console
@@ -121,7 +122,7 @@ def status() -> None:
     console.print(fleet_table(list(fleet.values())))
     scaling.print_scaling(console, BusSettings(), fleet)
     if urls := stack.metrics_urls():
-        console.print(metrics_table(urls))
+        console.print(metrics_table(urls, {name: _answers(url) for name, url in urls.items()}))
 
 
 @app.command()
@@ -129,6 +130,14 @@ def topics() -> None:
     """Create or verify every topic of the catalog."""
     created = asyncio.run(ensure_catalog(BusSettings()))
     console.print(f"created: {created or 'none'}; all {len(t.CATALOG)} catalog topics present")
+
+
+def _answers(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # our own loopback URLs
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 async def _read_fleet(settings: BusSettings) -> dict[str, WorkerStatus]:

@@ -193,6 +193,7 @@ class TokenChunk(Message):
     model: str | None = None
     shadow: bool = False
     attempt: int = 1
+    route_reason: str | None = Field(default=None, description="On the final chunk: the router's decision.")
 
 
 class Timings(Part):
