@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmbus.cli import stack_auth
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
 
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
@@ -40,7 +43,17 @@ def run_script(script: str, action: str, env: dict[str, str] | None = None) -> N
 def infra_up() -> None:
     run_script("deploy/kafka/kafka.sh", "start")
     # AOF (fsync every second): API keys, exactly-once markers and held results survive a restart.
-    run_script("deploy/redis/redis.sh", "start", {"REDIS_APPENDONLY": os.environ.get("REDIS_APPENDONLY", "yes")})
+    run_script("deploy/redis/redis.sh", "start", {"REDIS_APPENDONLY": "yes"})
+    asyncio.run(persist_redis(BusSettings()))
+
+
+async def persist_redis(settings: BusSettings) -> None:
+    """Turn the append-only file on in a Redis that was already running without it (`make test`'s)."""
+    client = redis_client(settings.redis_url, password=settings.redis_password)
+    try:
+        await client.config_set("appendonly", "yes")
+    finally:
+        await client.aclose()
     if stack_auth.secured():
         stack_auth.secure_broker(RUN_DIR)
 
