@@ -1,4 +1,5 @@
-"""The OpenAI surface reaches every tier of the default policy (real Kafka, Redis and services):
+"""The OpenAI surface reaches every tier of the default policy (real Kafka, Redis and services, the
+sim workers configured as `make up` configures them):
 routing hints through extra body fields and `x-llmbus-*` headers, max_tokens from the model's cap,
 response_format / tools passed to a hosted upstream and refused where the engine is the sim,
 fill-in-the-middle `suffix`; and `llmbus chat` on the bus with the same hints and `auto`."""
@@ -21,6 +22,7 @@ from llmbus import topics as t
 from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import decode
 from llmbus.bus.admin import ensure_catalog
+from llmbus.cli import stack as dev_stack
 from llmbus.client import TopicTail, collect_results
 from llmbus.messages import InferenceRequest, InferenceResult, RoutedRequest
 from llmbus.settings import BusSettings
@@ -64,8 +66,17 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
     port = free_port()
     log_dir = tmp_path_factory.mktemp("logs")
 
+    # The sim workers exactly as `make up` configures them (profile, window), but instant and
+    # without the stack's fixed /metrics ports.
+    fleet = {
+        proc.env["LLMBUS_WORKER_MODEL"]: proc.env
+        for proc in dev_stack.default_services(workers=0)
+        if proc.module == "services.engine_worker"
+    }
+
     def worker(worker_id: str, model: str, **more: str) -> ServiceProc:
-        env = {"LLMBUS_WORKER_WORKER_ID": worker_id, "LLMBUS_WORKER_MODEL": model, "LLMBUS_WORKER_SIM_SPEEDUP": "0"}
+        env = fleet[model] | {"LLMBUS_WORKER_WORKER_ID": worker_id, "LLMBUS_WORKER_SIM_SPEEDUP": "0"}
+        env["LLMBUS_METRICS_PORT"] = "0"
         return ServiceProc("services.engine_worker", settings, env | more, log_dir, worker_id).start()
 
     procs = [
