@@ -40,3 +40,16 @@ def test_every_process_serves_metrics_on_its_own_loopback_port() -> None:
     assert len(set(ports)) == len(procs) and all(int(p) > 0 for p in ports)
     assert {proc.env["LLMBUS_METRICS_HOST"] for proc in procs} == {"127.0.0.1"}
     assert not any("LLMBUS_ROUTER_DEFAULT_MODEL" in proc.env for proc in procs)  # the policy decides
+
+
+def test_the_autoscalers_workers_do_not_inherit_its_metrics_port() -> None:
+    """make up gives the autoscaler LLMBUS_METRICS_PORT; a worker it starts would die on EADDRINUSE."""
+    from services.autoscaler.actuators.local import LocalActuator
+    from services.autoscaler.policy.config import LocalSpec
+
+    worker = LocalActuator({stack.SIM_MODEL: LocalSpec()}).process(stack.SIM_MODEL, 3)
+    assert worker.env["LLMBUS_METRICS_PORT"] == "0"
+    assert (
+        LocalActuator({"m": LocalSpec(env={"LLMBUS_METRICS_PORT": "9200"})}).process("m", 1).env["LLMBUS_METRICS_PORT"]
+        == "9200"
+    )  # a pool may give its workers a port of their own
