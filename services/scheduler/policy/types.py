@@ -30,6 +30,7 @@ class SchedRequest:
     excluded_workers: set[str] = field(default_factory=set)  # workers that failed it
     not_before_ms: int = 0  # a retry after an upstream 429/503 waits (backoff) before it is placed again
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
+    engine_features: frozenset[str] = frozenset()  # what its engine must honour (JSON, tools, suffix)
 
     @property
     def total_tokens(self) -> int:
@@ -58,6 +59,7 @@ class SchedRequest:
             arrived_at_ms=arrived_at_ms,
             prefix_block_hashes=prefix_block_hashes(text, prefix_block_tokens, max_prefix_blocks),
             routed=routed,
+            engine_features=frozenset(req.engine_features()),
         )
 
 
@@ -88,6 +90,7 @@ class WorkerView:
     dispatch_topic: str = ""
     state: WorkerState = WorkerState.READY
     models: list[str] = field(default_factory=list)
+    engine: str = ""  # vllm | sim | openai-http: what it can honour (llmbus.engine_features)
     model_format: str | None = None
     formats_supported: list[str] = field(default_factory=list)
     compute_capability: str | None = None  # from the node's NodeProfile (first GPU)
