@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redis.exceptions import RedisError
+
 from llmbus.cli import stack_auth
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
@@ -52,6 +54,8 @@ async def persist_redis(settings: BusSettings) -> None:
     client = redis_client(settings.redis_url, password=settings.redis_password)
     try:
         await client.config_set("appendonly", "yes")
+    except RedisError as exc:  # e.g. CONFIG renamed away: the stack runs, without the guarantee
+        print(f"warning: could not turn Redis's append-only file on: {exc}", file=sys.stderr)
     finally:
         await client.aclose()
     if stack_auth.secured():
