@@ -30,7 +30,7 @@ infra: setup ## start local Kafka (KRaft, 127.0.0.1:9092) and Redis (127.0.0.1:6
 	@deploy/kafka/kafka.sh start
 	@deploy/redis/redis.sh start
 
-up: infra ## the whole stack: Kafka, Redis, topics, router, scheduler, shadow-comparator, 2 sim workers, and a streamed demo
+up: infra ## the whole stack: Kafka, Redis (AOF), topics, the services, a sim worker per policy tier, a streamed demo
 	@$(VENV)/bin/llmbus up
 
 demo: ## stream one answer through the running stack

@@ -19,6 +19,7 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import Bus, decode
 from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
+from llmbus.engine_features import missing_features, refusal
 from llmbus.fencing import RequestFence
 from llmbus.messages import (
     Control,
@@ -144,6 +145,11 @@ class WorkerHandlers:
         routed = dispatch.routed
         request = routed.request
         prompt = request.prompt_text()
+        if missing := missing_features(self.engine.name, request.engine_features()):
+            # Final: this engine would answer something else than asked (free text for JSON, ...).
+            refused = ErrorInfo.of(ErrorCode.INVALID_REQUEST, refusal(self.engine.name, routed.model, missing))
+            await self._answer_failure(dispatch, refused)
+            return
         prompt_tokens = self.engine.count_tokens(prompt)
         try:
             self.engine.check_admission(prompt_tokens, request.max_tokens)
@@ -173,6 +179,10 @@ class WorkerHandlers:
             seed=request.seed,
             stop=tuple(request.stop),
             priority=request.priority,
+            response_format=request.response_format.model_dump(exclude_none=True) if request.response_format else None,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+            suffix=request.suffix,
             trace_headers={k: v for k, v in headers.items() if k in (TRACEPARENT, TRACESTATE)},
             messages=tuple(request.messages) if request.prompt is None else (),
         )

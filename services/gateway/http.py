@@ -22,12 +22,14 @@ from llmbus import topics as t
 from llmbus.apikeys import ApiKeyStore
 from llmbus.bus.span_attrs import message_attributes
 from llmbus.chunks import RetryDiverged
-from llmbus.messages import new_request_id
+from llmbus.engine_features import missing_features, refusal
+from llmbus.messages import InferenceRequest, new_request_id
 from services.gateway import metrics
 from services.gateway.catalog import CatalogFollower, ModelCatalog
 from services.gateway.config import GatewaySettings
 from services.gateway.core import errors
 from services.gateway.core.feedback import FeedbackBody
+from services.gateway.core.hints import BadHint, routing_hints
 from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
 from services.gateway.core.translate import ResponseShape, finish_reason, to_request
 from services.gateway.relay import Exchange, Relay
@@ -104,6 +106,19 @@ def _parse(data: dict[str, object], model: type[BaseModel]) -> ChatCompletionBod
     return body
 
 
+def _check_engines_can(catalog: ModelCatalog, inference: InferenceRequest) -> None:
+    """A 400 now when no live engine of the named model can honour what the request asks for.
+
+    With `auto` the model is chosen later; the worker then refuses it the same way (a final
+    invalid_request, a 400 here too)."""
+    needed = inference.engine_features()
+    engines = catalog.engines_of(inference.model) if inference.model and needed else set()
+    if engines and all(missing_features(engine, needed) for engine in engines):
+        engine = sorted(engines)[0]
+        missing = missing_features(engine, needed)
+        raise errors.invalid(refusal(engine, inference.model or "", missing), missing[0], "unsupported_parameter")
+
+
 def _sse(data: object) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
@@ -177,15 +192,21 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
     if body.model != gw.settings.auto_model and not gw.catalog.knows(body.model):
         raise errors.model_not_found(body.model)
     try:
+        hints = routing_hints(body, request.headers)
+    except BadHint as exc:
+        raise errors.invalid(str(exc), param=exc.header) from exc
+    try:
         inference = to_request(
             body,
             request_id=request_id,
             tenant=tenant,
             reply_topic=gw.relay.reply_topic_base,
             auto_model=gw.settings.auto_model,
+            hints=hints,
         )
     except ValidationError as exc:
         raise _validation_error(exc) from exc
+    _check_engines_can(gw.catalog, inference)
     if gw.relay.in_flight >= gw.settings.max_in_flight:
         raise errors.unavailable("This gateway instance is at its limit of requests in flight.", retry_after_s=1)
     span = tracer.start_span(

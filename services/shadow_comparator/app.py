@@ -152,6 +152,6 @@ def main() -> None:
     setup_logging(t.COMPARATOR, settings.log_level, settings.log_json)
     setup_tracing(t.COMPARATOR, settings, console=settings.otel_console)
     if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+        start_http_server(settings.metrics_port, addr=settings.metrics_host)
     app, _, _ = build(settings, ComparatorSettings())
     asyncio.run(app.run())

@@ -93,8 +93,8 @@ async def _updates(chunks: list[TokenChunk]) -> AsyncIterator[TextUpdate]:
 
 async def test_the_cli_says_the_answer_restarts_and_returns_only_the_last_attempt() -> None:
     out = io.StringIO()
-    text = await show_stream(_updates(RETRIED), Console(file=out, width=200, color_system=None))
-    assert text == "Hello world"
+    shown_answer = await show_stream(_updates(RETRIED), Console(file=out, width=200, color_system=None))
+    assert shown_answer.text == "Hello world" and shown_answer.error is None
     shown = out.getvalue()
     assert "attempt 2: the answer restarts" in shown
     assert "ld?!" not in shown and shown.count("world") == 1

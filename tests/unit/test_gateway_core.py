@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from llmbus.engine_features import missing_features
 from llmbus.messages import (
     ErrorCode,
     ErrorInfo,
     FinishReason,
+    InferenceRequest,
     ModelSpec,
     Usage,
     WorkerState,
@@ -16,6 +18,7 @@ from llmbus.messages import (
 )
 from services.gateway.catalog import ModelCatalog
 from services.gateway.core import errors
+from services.gateway.core.hints import BadHint, routing_hints
 from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
 from services.gateway.core.translate import ResponseShape, to_request
 
@@ -53,7 +56,7 @@ def test_auto_model_lets_the_router_choose_and_completion_defaults() -> None:
     ("body", "param"),
     [
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
         ({"logprobs": True}, "logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
@@ -138,3 +141,73 @@ def test_finish_reason_is_kept() -> None:
     from services.gateway.core.translate import finish_reason
 
     assert finish_reason(FinishReason.LENGTH) == "length" and finish_reason(FinishReason.STOP) == "stop"
+
+
+def _chat(**more: object) -> ChatCompletionBody:
+    return ChatCompletionBody.model_validate({"model": "auto", "messages": [{"role": "user", "content": "x"}]} | more)
+
+
+def _request(body: ChatCompletionBody | CompletionBody, headers: dict[str, str] | None = None) -> InferenceRequest:
+    hints = routing_hints(body, headers or {})
+    return to_request(body, request_id="r", tenant="t", reply_topic="llm.replies.x", auto_model="auto", hints=hints)
+
+
+def test_routing_hints_from_extra_body_fields_and_headers() -> None:
+    req = _request(_chat(category="quick_edit", token_budget=4000, session_id="s-1", priority=2))
+    assert (req.category, req.token_budget, req.session_id, req.priority) == ("quick_edit", 4000, "s-1", 2)
+    headers = {
+        "x-llmbus-category": "tab_completion",
+        "x-llmbus-token-budget": "900",
+        "x-llmbus-session-id": "s-2",
+        "x-llmbus-priority": "1",
+        "x-llmbus-complexity": "0.9",
+    }
+    req = _request(_chat(), headers)
+    assert (req.category, req.token_budget, req.session_id, req.priority) == ("tab_completion", 900, "s-2", 1)
+    assert req.complexity == 0.9
+    assert _request(_chat(category="quick_edit"), headers).category == "quick_edit"  # the body wins
+    with pytest.raises(BadHint) as bad:
+        _request(_chat(), {"x-llmbus-token-budget": "lots"})
+    assert bad.value.header == "x-llmbus-token-budget"
+    with pytest.raises(ValidationError):
+        _request(_chat(), {"x-llmbus-priority": "12"})  # InferenceRequest's own range (0-9)
+
+
+def test_chat_without_max_tokens_leaves_the_cap_to_the_router() -> None:
+    req = _request(_chat())
+    assert req.max_tokens_auto is True  # the router sets the model's output cap
+    assert _request(_chat(max_tokens=7)).max_tokens_auto is None
+
+
+def test_response_format_tools_and_suffix_travel_on_the_request() -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    req = _request(
+        _chat(
+            response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            tool_choice="auto",
+        )
+    )
+    assert req.response_format is not None and req.response_format.json_schema == {"name": "r", "schema": schema}
+    assert req.tools and req.tool_choice == "auto" and req.engine_features() == {"response_format", "tools"}
+    with pytest.raises(ValidationError):
+        _chat(response_format={"type": "json_schema"})  # a schema is required
+    with pytest.raises(ValidationError):
+        _chat(response_format={"type": "xml"})
+    fim = _request(CompletionBody.model_validate({"model": "auto", "prompt": "def f(", "suffix": "\n    return x"}))
+    assert fim.suffix == "\n    return x" and fim.engine_features() == {"suffix"}
+    assert _request(_chat(response_format={"type": "text"})).engine_features() == set()
+
+
+def test_engine_features_decide_who_refuses() -> None:
+    assert missing_features("sim", {"response_format", "suffix"}) == ["response_format"]
+    assert missing_features("vllm", {"response_format"}) == []
+    assert missing_features("vllm", {"tools", "suffix"}) == ["suffix", "tools"]
+    assert missing_features("openai-http", {"response_format", "tools", "suffix"}) == []
+    assert missing_features("unknown", {"suffix"}) == ["suffix"]
+    catalog = ModelCatalog(worker_stale_s=30)
+    catalog.workers = {
+        "a": WorkerStatus(worker_id="a", node_id="n", state=WorkerState.READY, engine="sim", models=["m"]),
+        "b": WorkerStatus(worker_id="b", node_id="n", state=WorkerState.READY, engine="vllm", models=["m", "v"]),
+    }
+    assert catalog.engines_of("m") == {"sim", "vllm"} and catalog.engines_of("v") == {"vllm"}

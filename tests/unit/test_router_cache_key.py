@@ -40,3 +40,14 @@ def test_model_changes_the_key_and_messages_differ_from_prompt() -> None:
     assert cache_key(req(), "m1") != cache_key(req(), "m2")
     as_chat = req(prompt=None, messages=[{"role": "user", "content": "2+2?"}])
     assert cache_key(as_chat, "m") != cache_key(req(), "m")
+
+
+def test_the_output_shape_is_part_of_the_key_only_when_asked() -> None:
+    plain = cache_key(req(), "m")
+    json_mode = cache_key(req(response_format={"type": "json_object"}), "m")
+    fim = cache_key(req(suffix=" = 4"), "m")
+    tools = cache_key(req(tools=[{"type": "function", "function": {"name": "f"}}]), "m")
+    assert len({plain, json_mode, fim, tools}) == 4  # a JSON answer is never served for a text one
+    assert cache_key(req(response_format={"type": "text"}), "m") == plain  # text is the default shape
+    # Keys of requests without a shape are the ones computed before shapes existed: the cache stays warm.
+    assert plain == "acme:b9c5c065363809966845da91f78e7aa2b64dd1d62b38168e44a7ff73f30805b9"

@@ -87,6 +87,28 @@ async def test_max_tokens_capped_to_model_output_limit() -> None:
     assert within.routed and within.routed.max_tokens_requested is None
 
 
+async def test_max_tokens_not_given_is_the_models_cap_within_the_window() -> None:
+    """A chat from the OpenAI API without max_tokens: the model's output cap, never a fixed 256."""
+    out = await core().route(InferenceRequest(prompt="x", category="quick_edit", max_tokens_auto=True))
+    assert out.routed and out.routed.request.max_tokens == 1024  # qwen2.5-coder's max_output_tokens
+    assert out.routed.max_tokens_requested is None  # nothing was lowered: nothing was asked
+    out = await core().route(InferenceRequest(prompt="x", complexity=0.95, max_tokens_auto=True))
+    assert out.routed and out.routed.request.max_tokens == 32768  # gpt-4.1
+    # What the prompt leaves of qwen's 8,192 window (counted as the router counts it); none left: refused
+    long_prompt = "word " * 7400
+    out = await core().route(InferenceRequest(prompt=long_prompt, category="quick_edit", max_tokens_auto=True))
+    assert out.routed and out.routed.request.max_tokens == 8192 - estimate_tokens(long_prompt)
+    assert 500 < out.routed.request.max_tokens < 800
+    out = await core().route(InferenceRequest(prompt="word " * 8500, category="quick_edit", max_tokens_auto=True))
+    assert out.result and out.result.error and out.result.error.code == ErrorCode.PROMPT_TOO_LONG
+
+
+async def test_auto_on_the_bus_lets_the_policy_choose() -> None:
+    out = await core().route(InferenceRequest(prompt="fix this typo", model="auto", category="quick_edit"))
+    assert out.routed and out.routed.model == "qwen2.5-coder-1.5b-instruct"
+    assert out.routed.route_reason == "rule:editor_fast"
+
+
 async def test_max_tokens_reject_when_configured() -> None:
     raw = load_policy().model_dump(mode="json")
     raw["limits"]["over_output_cap"] = "reject"

@@ -7,7 +7,11 @@ from services.scheduler.policy.fleet import FleetView
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.plugins import CycleState
 from services.scheduler.policy.plugins.filters_health import FitsCapacityFilter, GpuHealthyFilter
-from services.scheduler.policy.plugins.filters_model import FormatSupportedFilter, ServesModelFilter
+from services.scheduler.policy.plugins.filters_model import (
+    EngineSupportsFilter,
+    FormatSupportedFilter,
+    ServesModelFilter,
+)
 from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
 from services.scheduler.policy.types import SchedRequest
 
@@ -142,6 +146,19 @@ def test_format_supported_uses_worker_list_and_compute_capability() -> None:
             )
         )
     assert run(FormatSupportedFilter(), state, req()) == ["a100bf", "h100"]
+
+
+def test_engine_supports_prefers_engines_that_honour_the_request() -> None:
+    state = state_of(hb("sim"), hb("gpu", engine="vllm"), hb("hosted", engine="openai-http"))
+    json_mode = frozenset({"response_format"})
+    assert run(EngineSupportsFilter(), state, req(engine_features=json_mode)) == ["gpu", "hosted"]
+    assert run(EngineSupportsFilter(), state, req(engine_features=frozenset({"tools"}))) == ["hosted"]
+    assert run(EngineSupportsFilter(), state, req()) == ["gpu", "hosted", "sim"]  # plain text: any
+    sims = state_of(hb("sim-1"), hb("sim-2"))
+    # Nobody can: all stay, and the worker's clear refusal ends the request instead of a long wait.
+    assert run(EngineSupportsFilter(), sims, req(engine_features=json_mode)) == ["sim-1", "sim-2"]
+    picked = Pipeline.load("default").pick(state, req(engine_features=json_mode)).worker
+    assert picked is not None and picked.worker_id in ("gpu", "hosted")
 
 
 def test_pipeline_reports_the_filter_that_emptied_the_candidates() -> None:

@@ -121,6 +121,7 @@ def final_chunk(result: InferenceResult, seq: int) -> TokenChunk:
         model=result.model,
         shadow=result.shadow,
         attempt=result.attempt,
+        route_reason=result.route_reason,
     )
 
 

@@ -55,6 +55,8 @@ class LocalActuator:
             "LLMBUS_WORKER_ENGINE": spec.engine,
             "LLMBUS_WORKER_MODEL": pool,
             "LLMBUS_WORKER_DRAIN_GRACE_S": str(max(1.0, spec.stop_grace_s - 5)),
+            # Not the autoscaler's own /metrics port, which its environment would hand down.
+            "LLMBUS_METRICS_PORT": "0",
         }
         return stack.ServiceProcess(worker_id, ENGINE_WORKER, env | spec.env)
 

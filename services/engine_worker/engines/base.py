@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode
 
@@ -19,6 +19,11 @@ class EngineRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     priority: int = 0
+    # OpenAI's shapes, for the engines that support them (llmbus.engine_features); None: not asked.
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    suffix: str | None = None
     trace_headers: dict[str, str] = field(default_factory=dict)
     # The chat as the client sent it (empty for a prompt request): engines that take messages (chat
     # APIs) get these, not `prompt`, which is the chat rendered as one text.

@@ -69,6 +69,22 @@ def _status_error(status: int, body: str, retry_after: str | None = None, cooldo
     return EngineError(msg)
 
 
+def _shape_fields(request: EngineRequest, chat: bool) -> dict[str, Any]:
+    """The request's response_format, tools and suffix, as OpenAI's API names them."""
+    fields: dict[str, Any] = {}
+    if request.response_format is not None:
+        fields["response_format"] = request.response_format
+    if request.tools:
+        fields["tools"] = request.tools
+        if request.tool_choice is not None:
+            fields["tool_choice"] = request.tool_choice
+    if request.suffix is not None:
+        if chat:  # only the completions API has fill-in-the-middle
+            raise RequestRejected("suffix needs a completions upstream (this request goes to the chat API)")
+        fields["suffix"] = request.suffix
+    return fields
+
+
 class OpenAIHttpEngine:
     name = "openai-http"
 
@@ -197,6 +213,7 @@ class OpenAIHttpEngine:
             body["seed"] = request.seed
         if request.stop:
             body["stop"] = list(request.stop)
+        body |= _shape_fields(request, chat)
         body.update(self.config.extra_body)
         return body
 

@@ -27,6 +27,7 @@ from services.engine_worker.engines.base import (
     EngineStats,
     RequestRejected,
 )
+from services.engine_worker.engines.structured import structured_outputs
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +290,7 @@ class VllmEngine:
             stop=list(request.stop) or None,
             ignore_eos=self.config.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            structured_outputs=structured_outputs(request.response_format),
         )
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:

@@ -1,8 +1,13 @@
 """The OpenAI request bodies the gateway accepts (what the official SDK sends).
 
 Parameters that would change the answer in ways llmbus cannot honour (several choices,
-tools, log-probabilities, echo) are refused with a 400 naming the parameter, instead of
-being silently ignored; harmless ones (penalties, logit bias, ...) are accepted and ignored.
+legacy functions, log-probabilities, echo) are refused with a 400 naming the parameter, instead
+of being silently ignored; harmless ones (penalties, logit bias, ...) are accepted and ignored.
+`response_format`, `tools` and `suffix` travel on the request to engines that support them
+(llmbus.engine_features); the others refuse them with a 400.
+
+llmbus's routing hints are extra body fields (the SDK's `extra_body`): `category`,
+`token_budget`, `session_id`, `priority`, `complexity` (see core/hints.py for the headers).
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llmbus.messages import ResponseFormat
 
 
 class Unsupported(ValueError):
@@ -37,6 +44,12 @@ class _Body(BaseModel):
     seed: int | None = None
     user: str | None = Field(default=None, max_length=256)
     metadata: dict[str, str] | None = None
+    # llmbus routing hints (InferenceRequest's fields of the same names)
+    category: str | None = Field(default=None, max_length=64)
+    token_budget: int | None = Field(default=None, ge=0)
+    session_id: str | None = Field(default=None, max_length=256)
+    priority: int | None = Field(default=None, ge=0, le=9)
+    complexity: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @field_validator("stop")
     @classmethod
@@ -85,17 +98,16 @@ class ChatMessageIn(BaseModel):
 class ChatCompletionBody(_Body):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
     logprobs: bool | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.tools or self.functions:
-            raise Unsupported("tools", "tool calling is not supported by this gateway")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise Unsupported("response_format", "only response_format type 'text' is supported")
+        if self.functions:
+            raise Unsupported("functions", "the legacy `functions` are not supported: send `tools`")
         if self.logprobs:
             raise Unsupported("logprobs", "logprobs are not supported")
 
@@ -117,8 +129,6 @@ class CompletionBody(_Body):
             raise Unsupported("prompt", "exactly one prompt per request is supported")
         if self.echo:
             raise Unsupported("echo", "echo is not supported")
-        if self.suffix:
-            raise Unsupported("suffix", "suffix is not supported")
         if self.logprobs is not None:
             raise Unsupported("logprobs", "logprobs are not supported")
         if self.best_of not in (None, 1):

@@ -18,12 +18,15 @@ def to_request(
     tenant: str,
     reply_topic: str,
     auto_model: str,
+    hints: dict[str, object] | None = None,
 ) -> InferenceRequest:
     """The bus request for an OpenAI body. The tenant comes from the API key, never from the body.
 
+    `hints` are the routing hints (core/hints.py). A chat without max_tokens gets the model's
+    output cap, bounded by the window the prompt leaves (the router sets it: it knows the model).
     Raises pydantic's ValidationError when the body asks for more than llmbus allows.
     """
-    fields: dict[str, object] = {
+    fields: dict[str, object] = (hints or {}) | {
         "request_id": request_id,
         "tenant": tenant,
         "reply_topic": reply_topic,
@@ -43,11 +46,19 @@ def to_request(
             ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in body.messages
         ]
         cap = body.output_cap_tokens()
+        if body.response_format is not None:
+            fields["response_format"] = body.response_format
+        if body.tools:
+            fields["tools"] = body.tools
+            fields["tool_choice"] = body.tool_choice
     else:
         fields["prompt"] = body.prompt_text()
-        cap = body.max_tokens
+        fields["suffix"] = body.suffix
+        cap = body.max_tokens  # OpenAI's default for completions is 16, not the model's cap
     if cap is not None:
         fields["max_tokens"] = cap
+    else:
+        fields["max_tokens_auto"] = True
     return InferenceRequest.model_validate(fields)
 
 

@@ -3,8 +3,9 @@
 Only deterministic requests are cacheable (temperature 0, or a fixed seed): anything
 else would replay one sample as if it were the answer. The key is a SHA-256 over a
 canonical JSON of everything that changes the output — tenant, model, the input
-(messages or prompt) and the generation parameters — and the tenant is also the key's
-namespace, so a hit can never cross tenants even if two tenants send the same bytes.
+(messages or prompt, suffix), the output's shape (JSON format, tools) and the generation
+parameters — and the tenant is also the key's namespace, so a hit can never cross tenants
+even if two tenants send the same bytes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def cacheable(request: InferenceRequest) -> bool:
 
 
 def cache_key(request: InferenceRequest, model: str) -> str:
-    material = {
+    material: dict[str, object] = {
         "tenant": request.tenant,
         "model": model,
         "messages": [[m.role, m.content] for m in request.messages],
@@ -31,5 +32,12 @@ def cache_key(request: InferenceRequest, model: str) -> str:
         "seed": request.seed,
         "stop": request.stop,
     }
+    if request.engine_features():  # only when asked, so that every other key stays what it was
+        material["shape"] = {
+            "response_format": request.response_format.model_dump() if request.response_format else None,
+            "tools": request.tools,
+            "tool_choice": request.tool_choice,
+            "suffix": request.suffix,
+        }
     digest = hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     return f"{request.tenant}:{digest}"

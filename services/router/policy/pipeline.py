@@ -164,6 +164,12 @@ class RouterCore:
     def fit(self, request: InferenceRequest, model: str) -> _Fitted:
         """Step 6: cap max_tokens to the model's output limit, trim the conversation to its window."""
         entry = self.catalog.entry(model)
+        count, tokenizer = self.catalog.counter(model)  # the model's own tokenizer where it is known
+        if request.max_tokens_auto:
+            # No limit asked: as much as the model may write in the window the prompt leaves (at
+            # least 1, so that a prompt filling the window is trimmed or refused below, not here).
+            room_tokens = entry.max_model_len - count(request.prompt_text())
+            request = request.model_copy(update={"max_tokens": max(1, min(entry.max_output_tokens, room_tokens))})
         capped_from = request.max_tokens if request.max_tokens > entry.max_output_tokens else None
         if capped_from is not None:
             if self.policy.limits.over_output_cap == OverCap.REJECT:
@@ -178,7 +184,6 @@ class RouterCore:
                 }
             )
         window = min(entry.max_model_len, self.catalog.max_prompt_tokens(model) + request.max_tokens)
-        count, tokenizer = self.catalog.counter(model)  # the model's own tokenizer where it is known
         trimmed = trim_to_window(request, window, request.max_tokens, count)
         if not trimmed.fits:
             counted_by = f"counted with {tokenizer}" if tokenizer else "estimated"

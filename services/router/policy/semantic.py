@@ -39,6 +39,7 @@ def eligible(request: InferenceRequest, policy: RouterPolicy) -> bool:
         sc.enabled
         and policy.cache.enabled
         and cacheable(request)
+        and not request.engine_features()  # a JSON-shaped or tool answer is not a similar prompt's
         and len(semantic_text(request)) <= sc.max_prompt_chars
     )
 

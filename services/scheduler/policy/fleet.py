@@ -32,6 +32,7 @@ class FleetView:
         view.dispatch_topic = status.dispatch_topic
         view.state = status.state
         view.models = list(status.models)
+        view.engine = status.engine
         view.model_format = status.model_format
         view.formats_supported = list(status.formats_supported)
         view.compute_capability = self._node_cc.get(status.node_id)

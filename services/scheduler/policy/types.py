@@ -33,6 +33,7 @@ class SchedRequest:
     oom_retries: int = 0
     kv_blocks_free_over: int | None = None
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
+    engine_features: frozenset[str] = frozenset()  # what its engine must honour (JSON, tools, suffix)
 
     @property
     def total_tokens(self) -> int:
@@ -63,6 +64,7 @@ class SchedRequest:
             arrived_at_ms=arrived_at_ms,
             prefix_block_hashes=prefix_block_hashes(text, prefix_block_tokens, max_prefix_blocks),
             routed=routed,
+            engine_features=frozenset(req.engine_features()),
         )
 
 
@@ -93,6 +95,7 @@ class WorkerView:
     dispatch_topic: str = ""
     state: WorkerState = WorkerState.READY
     models: list[str] = field(default_factory=list)
+    engine: str = ""  # vllm | sim | openai-http: what it can honour (llmbus.engine_features)
     model_format: str | None = None
     formats_supported: list[str] = field(default_factory=list)
     compute_capability: str | None = None  # from the node's NodeProfile (first GPU)

@@ -4,17 +4,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 
 from llmbus.chunks import TextUpdate
+from llmbus.messages import ErrorInfo
 
 RESTART_NOTICE = "[yellow]↻ attempt {attempt}: the answer restarts (the text above is void)[/yellow]"
 
 
-async def show_stream(updates: AsyncIterator[TextUpdate], console: Console) -> str:
-    """Print each update as it comes; returns the answer's text (the final attempt's only)."""
+@dataclass(frozen=True)
+class Shown:
+    text: str  # the final attempt's only
+    error: ErrorInfo | None
+    model: str | None
+
+
+async def show_stream(updates: AsyncIterator[TextUpdate], console: Console) -> Shown:
+    """Print each update as it comes, and an error result's code and message."""
     started = time.perf_counter()
+    error: ErrorInfo | None = None
+    model: str | None = None
     first: float | None = None
     text: list[str] = []
     async for update in updates:
@@ -31,13 +43,15 @@ async def show_stream(updates: AsyncIterator[TextUpdate], console: Console) -> s
         console.print(update.delta, end="", soft_wrap=True, highlight=False, markup=False)
         if update.final:
             console.print()
-            if chunk.error:
-                console.print(f"[red]error {chunk.error.code}: {chunk.error.message}[/red]")
+            error, model = chunk.error, chunk.model
+            if error is not None:
+                console.print(f"[red]error {error.code}: {escape(error.message)}[/red]")
             usage = chunk.usage
             ttft = f"{(first - started) * 1000:.0f} ms" if first else "-"
+            route = f"{escape(model or '-')} ({escape(chunk.route_reason or '-')})"
             console.print(
-                f"[dim]usage: prompt {usage.prompt_tokens if usage else 0}, completion "
+                f"[dim]{route} · usage: prompt {usage.prompt_tokens if usage else 0}, completion "
                 f"{usage.completion_tokens if usage else 0} tokens · attempt {chunk.attempt} · chunks {chunk.seq + 1}"
                 f" · TTFT {ttft} · total {(time.perf_counter() - started) * 1000:.0f} ms[/dim]"
             )
-    return "".join(text)
+    return Shown("".join(text), error, model)

@@ -29,3 +29,11 @@ def fleet_table(fleet: list[WorkerStatus]) -> Table:
             "-" if s.cold_start_s is None else f"{s.cold_start_s:.1f}",
         )
     return table
+
+
+def metrics_table(urls: dict[str, str], answering: dict[str, bool]) -> Table:
+    """Where each process of the local stack serves /metrics, and whether it answered just now."""
+    table = Table("service", "metrics", "answers", box=box.SIMPLE_HEAD, pad_edge=False, title="/metrics")
+    for name, url in sorted(urls.items()):
+        table.add_row(name, url, "yes" if answering.get(name) else "[red]no[/red]")
+    return table

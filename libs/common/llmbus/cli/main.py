@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 
 import typer
 from rich.console import Console
@@ -16,10 +17,10 @@ from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
 from llmbus.cli.feedback import feedback as feedback_command
-from llmbus.cli.fleet_view import fleet_table
+from llmbus.cli.fleet_view import fleet_table, metrics_table
 from llmbus.cli.router_cmds import router_app
 from llmbus.client import LlmbusClient, ready_workers
-from llmbus.messages import ChatMessage, InferenceRequest, WorkerStatus
+from llmbus.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
@@ -39,7 +40,7 @@ app.command("feedback")(feedback_command)
 
 @app.command()
 def up(
-    workers: int = typer.Option(2, help="sim engine-workers to start"),
+    workers: int = typer.Option(2, help=f"sim engine-workers of {stack.SIM_MODEL} (besides one per policy tier)"),
     sim_speedup: float = typer.Option(1.0, help="sim engine time compression (0 = no time)"),
     demo: bool = typer.Option(True, help="stream a demo answer once the stack is ready"),
 ) -> None:
@@ -52,16 +53,20 @@ def up(
     for proc in stack.default_services(workers, sim_speedup):
         pid = stack.start(proc)
         console.print(f"  {proc.name:<10} pid {pid:<7} log {proc.log_file}")
-    ready = asyncio.run(_wait_ready(settings, workers, timeout_s=120))
-    console.print(f"{ready} worker(s) ready")
+    ready = asyncio.run(_wait_ready(settings, workers + len(stack.TIER_FLEET), timeout_s=120))
+    console.print(f"{ready} worker(s) ready: every model of the default policy is served")
     if demo:
         stack.stack_auth.speak_as_tenant(stack.RUN_DIR)
         chat(
             "Explain in one sentence why Kafka suits LLM request routing.",
-            model="sim-llama-8b",
+            model=AUTO_MODEL,
             max_tokens=40,
             tenant="default",
             temperature=1.0,
+            category=None,
+            token_budget=None,
+            session=None,
+            priority=0,
         )
 
 
@@ -78,26 +83,36 @@ def down(infra: bool = typer.Option(True, help="also stop Kafka and Redis")) -> 
 @app.command()
 def chat(
     text: str,
-    model: str = typer.Option("sim-llama-8b", help="model to ask"),
+    model: str = typer.Option(AUTO_MODEL, help=f"model to ask; {AUTO_MODEL!r}: the router's policy chooses"),
     max_tokens: int = typer.Option(64),
     tenant: str = typer.Option("default"),
     temperature: float = typer.Option(1.0),
+    category: str | None = typer.Option(None, help="routing hint, e.g. chat, quick_edit, tab_completion"),
+    token_budget: int | None = typer.Option(None, help="routing hint: the caller's token budget"),
+    session: str | None = typer.Option(None, help="session id: its turns stay on one worker (prefix affinity)"),
+    priority: int = typer.Option(0, min=0, max=9, help="0 = most urgent"),
 ) -> None:
     """Send one request through the bus and stream the answer token by token."""
 
-    async def _chat() -> None:
+    async def _chat() -> bool:
         request = InferenceRequest(
             messages=[ChatMessage(role="user", content=text)],
             model=model,
             max_tokens=max_tokens,
             tenant=tenant,
             temperature=temperature,
+            category=category,
+            token_budget=token_budget,
+            session_id=session,
+            priority=priority,
         )
-        console.print(f"[dim]request {request.request_id} → {model}[/dim]")
+        console.print(f"[dim]request {request.request_id} → {request.model or 'the policy'}[/dim]")
         async with LlmbusClient() as client:
-            await show_stream(client.stream_text(request), console)
+            shown = await show_stream(client.stream_text(request), console)
+        return shown.error is None
 
-    asyncio.run(_chat())
+    if not asyncio.run(_chat()):
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -106,6 +121,8 @@ def status() -> None:
     fleet = asyncio.run(_read_fleet(BusSettings()))
     console.print(fleet_table(list(fleet.values())))
     scaling.print_scaling(console, BusSettings(), fleet)
+    if urls := stack.metrics_urls():
+        console.print(metrics_table(urls, {name: _answers(url) for name, url in urls.items()}))
 
 
 @app.command()
@@ -113,6 +130,14 @@ def topics() -> None:
     """Create or verify every topic of the catalog."""
     created = asyncio.run(ensure_catalog(BusSettings()))
     console.print(f"created: {created or 'none'}; all {len(t.CATALOG)} catalog topics present")
+
+
+def _answers(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # our own loopback URLs
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 async def _read_fleet(settings: BusSettings) -> dict[str, WorkerStatus]:

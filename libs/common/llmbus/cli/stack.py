@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -11,7 +12,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redis.exceptions import RedisError
+
 from llmbus.cli import stack_auth
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
 
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
@@ -33,13 +38,26 @@ class ServiceProcess:
         return RUN_DIR / f"{self.name}.log"
 
 
-def run_script(script: str, action: str) -> None:
-    subprocess.run([str(REPO / script), action], check=True, timeout=600)
+def run_script(script: str, action: str, env: dict[str, str] | None = None) -> None:
+    subprocess.run([str(REPO / script), action], check=True, timeout=600, env=os.environ | (env or {}))
 
 
 def infra_up() -> None:
     run_script("deploy/kafka/kafka.sh", "start")
-    run_script("deploy/redis/redis.sh", "start")
+    # AOF (fsync every second): API keys, exactly-once markers and held results survive a restart.
+    run_script("deploy/redis/redis.sh", "start", {"REDIS_APPENDONLY": "yes"})
+    asyncio.run(persist_redis(BusSettings()))
+
+
+async def persist_redis(settings: BusSettings) -> None:
+    """Turn the append-only file on in a Redis that was already running without it (`make test`'s)."""
+    client = redis_client(settings.redis_url, password=settings.redis_password)
+    try:
+        await client.config_set("appendonly", "yes")
+    except RedisError as exc:  # e.g. CONFIG renamed away: the stack runs, without the guarantee
+        print(f"warning: could not turn Redis's append-only file on: {exc}", file=sys.stderr)
+    finally:
+        await client.aclose()
     if stack_auth.secured():
         stack_auth.secure_broker(RUN_DIR)
 
@@ -99,32 +117,93 @@ def stop(proc: ServiceProcess, grace_s: float = 30.0) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class TierWorker:
+    """A sim worker standing in for one model of the default router policy."""
+
+    model: str
+    sim_profile: str
+    max_model_len: int  # the policy's window for the model, so that what the router admits fits
+
+
+# Every model a rule or the default of services/router/policies/default.yaml routes to, served
+# by a sim worker of that name (tests/integration/test_dev_fleet.py holds the two together).
+# Hosted models have no calibrated profile: they take the 8B model's step times.
+TIER_FLEET = (
+    TierWorker("gpt-4.1", "llama-3.1-8b-h100", 128_000),  # strong: complexity > 0.8
+    TierWorker("gpt-4.1-mini", "llama-3.1-8b-h100", 128_000),  # default
+    TierWorker("llama-3.3-70b-instruct", "llama-3.3-70b-h100-tp4", 32_768),  # mid: token budget < 5000
+    TierWorker("qwen2.5-coder-1.5b-instruct", "qwen2.5-7b-h100", 8192),  # small: quick_edit, tab_completion
+)
+SIM_MODEL = "sim-llama-8b"  # what benchmarks and the autoscaler's pool use
+# /metrics of each process on 127.0.0.1 (`llmbus status` lists them); workers from WORKER_METRICS_PORT.
+METRICS_PORTS = {
+    "router": 9101,
+    "scheduler": 9102,
+    "cost": 9103,
+    "comparator": 9104,
+    "gateway": 9105,
+    "autoscaler": 9106,
+}
+WORKER_METRICS_PORT = 9110
+
+
+def _worker(name: str, worker_id: str, model: str, sim_speedup: float, **more: str) -> ServiceProcess:
+    env = {
+        "LLMBUS_WORKER_WORKER_ID": worker_id,
+        "LLMBUS_WORKER_ENGINE": "sim",
+        "LLMBUS_WORKER_MODEL": model,
+        "LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup),
+    }
+    return ServiceProcess(name, "services.engine_worker", env | more)
+
+
 def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[ServiceProcess]:
-    # Only sim workers run locally: requests that name no model go to the sim model, not a hosted one.
-    router_env = {"LLMBUS_ROUTER_DEFAULT_MODEL": "sim-llama-8b"}
+    """The services, one sim worker per model of the default policy, and `workers` of the sim model."""
     procs = [
-        ServiceProcess("router", "services.router", router_env),
+        ServiceProcess("router", "services.router"),
         ServiceProcess("scheduler", "services.scheduler"),
         ServiceProcess("cost", "services.cost_accounting"),
         ServiceProcess("comparator", "services.shadow_comparator"),
+        # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
+        ServiceProcess("gateway", "services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}),
     ]
-    # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
-    procs.append(ServiceProcess("gateway", "services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}))
-    for i in range(1, workers + 1):
+    for tier in TIER_FLEET:
         procs.append(
-            ServiceProcess(
-                f"worker-{i}",
-                "services.engine_worker",
-                {
-                    "LLMBUS_WORKER_WORKER_ID": f"sim-{i}",
-                    "LLMBUS_WORKER_ENGINE": "sim",
-                    "LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup),
-                },
+            _worker(
+                f"worker-{tier.model}",
+                f"sim-{tier.model}",
+                tier.model,
+                sim_speedup,
+                LLMBUS_WORKER_SIM_PROFILE=tier.sim_profile,
+                LLMBUS_WORKER_SIM_MAX_MODEL_LEN=str(tier.max_model_len),
             )
         )
+    procs += [_worker(f"worker-{i}", f"sim-{i}", SIM_MODEL, sim_speedup) for i in range(1, workers + 1)]
     # Scales the pool beyond the static workers on queue wait and back (services/autoscaler).
     procs.append(ServiceProcess("autoscaler", "services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)}))
-    return procs
+    return [_with_metrics(proc, i) for i, proc in enumerate(procs)]
+
+
+def _with_metrics(proc: ServiceProcess, index: int) -> ServiceProcess:
+    port = METRICS_PORTS.get(proc.name, WORKER_METRICS_PORT + index)
+    env = proc.env | {"LLMBUS_METRICS_PORT": str(port), "LLMBUS_METRICS_HOST": "127.0.0.1"}
+    return ServiceProcess(proc.name, proc.module, env)
+
+
+def metrics_urls() -> dict[str, str]:
+    """/metrics of each running service of the stack, as started (name → URL)."""
+    running = {proc.name for proc in running_services()}
+    return {
+        proc.name: f"http://127.0.0.1:{proc.env['LLMBUS_METRICS_PORT']}/metrics"
+        for proc in default_services(workers=_static_sim_workers())
+        if proc.name in running
+    }
+
+
+def _static_sim_workers() -> int:
+    names = {p.name for p in running_services()}
+    return sum(1 for n in names if n.removeprefix("worker-").isdigit())
 
 
 def running_services() -> list[ServiceProcess]:

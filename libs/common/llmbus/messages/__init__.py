@@ -26,12 +26,14 @@ from llmbus.messages.fleet import (
     WorkerStatus,
 )
 from llmbus.messages.inference import (
+    AUTO_MODEL,
     DEFAULT_REPLY_TOPIC,
     ChatMessage,
     Dispatch,
     FinishReason,
     InferenceRequest,
     InferenceResult,
+    ResponseFormat,
     ResultStatus,
     RoutedRequest,
     Timings,
@@ -54,6 +56,7 @@ from llmbus.messages.ops import (
 from llmbus.messages.scaling import PoolStats
 
 __all__ = [
+    "AUTO_MODEL",
     "DEFAULT_REPLY_TOPIC",
     "RETRYABLE",
     "BookedTo",
@@ -90,6 +93,7 @@ __all__ = [
     "PoolStats",
     "PriceBookUpdate",
     "RampPlan",
+    "ResponseFormat",
     "ResultStatus",
     "RoutedRequest",
     "ScaleDecision",

@@ -3,19 +3,42 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmbus.messages.base import Message, Part, new_request_id, now_ms
 from llmbus.messages.errors import ErrorInfo
 
 DEFAULT_REPLY_TOPIC = "llm.tokens"
+# The model name that means "the router's policy chooses", on the bus as at the gateway.
+AUTO_MODEL = "auto"
 
 
 class ChatMessage(Part):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(max_length=2_000_000)
+
+
+class ResponseFormat(Part):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON that follows `json_schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="OpenAI's json_schema object: name, schema, strict (type json_schema only)."
+    )
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("`json_schema` is required with type json_schema, and only then")
+        if self.json_schema is not None and not isinstance(self.json_schema.get("schema"), dict):
+            raise ValueError("`json_schema.schema` must be a JSON schema object")
+        return self
+
+    @property
+    def constrains(self) -> bool:
+        return self.type != "text"
 
 
 class InferenceRequest(Message):
@@ -25,12 +48,19 @@ class InferenceRequest(Message):
     tenant: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     user_id: str | None = Field(default=None, max_length=256)
     session_id: str | None = Field(default=None, max_length=256)
-    model: str | None = Field(default=None, max_length=256, description="Explicit model; None lets the router choose.")
+    model: str | None = Field(
+        default=None, max_length=256, description=f"Explicit model; None or {AUTO_MODEL!r} lets the router choose."
+    )
     messages: list[ChatMessage] = Field(default_factory=list, max_length=10_000)
     prompt: str | None = Field(
         default=None, max_length=2_000_000, description="Plain completion prompt instead of messages."
     )
     max_tokens: int = Field(default=256, ge=1, le=1_000_000)
+    max_tokens_auto: bool | None = Field(
+        default=None,
+        description="The client set no max_tokens: the router sets it to the model's output cap, "
+        "bounded by the window the prompt leaves (the OpenAI API's behaviour).",
+    )
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
@@ -47,12 +77,37 @@ class InferenceRequest(Message):
     stream: bool = True
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at_ms: int = Field(default_factory=now_ms)
+    # Passed to engines that can honour them (llmbus.engine_features); the others refuse the request.
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128, description="OpenAI tool definitions.")
+    tool_choice: str | dict[str, Any] | None = None
+    suffix: str | None = Field(
+        default=None, max_length=2_000_000, description="Text after the insertion point (fill-in-the-middle)."
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _auto_is_no_model(cls, model: str | None) -> str | None:
+        return None if model == AUTO_MODEL else model
 
     @model_validator(mode="after")
     def _has_input(self) -> InferenceRequest:
         if not self.messages and self.prompt is None:
             raise ValueError("a request needs `messages` or `prompt`")
+        if self.suffix is not None and self.prompt is None:
+            raise ValueError("`suffix` needs a plain `prompt` (fill-in-the-middle)")
         return self
+
+    def engine_features(self) -> set[str]:
+        """What an engine must support to answer this request as asked."""
+        needed = set()
+        if self.response_format is not None and self.response_format.constrains:
+            needed.add("response_format")
+        if self.tools:
+            needed.add("tools")
+        if self.suffix is not None:
+            needed.add("suffix")
+        return needed
 
     def prompt_text(self) -> str:
         """The text the engine sees: a plain prompt, or the chat rendered as role-tagged turns."""
@@ -143,6 +198,7 @@ class TokenChunk(Message):
     model: str | None = None
     shadow: bool = False
     attempt: int = 1
+    route_reason: str | None = Field(default=None, description="On the final chunk: the router's decision.")
 
 
 class Timings(Part):

@@ -161,10 +161,12 @@ class SimEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if self._stopped:
             raise EngineDead("sim engine is stopped")
-        prompt_tokens = self.count_tokens(request.prompt) if self.config.tokenizer else None
+        # A fill-in-the-middle suffix is prompt like the prefix: it costs prefill and KV the same.
+        prompt = request.prompt + (request.suffix or "")
+        prompt_tokens = self.count_tokens(prompt) if self.config.tokenizer else None
         sim_request = SimRequest.from_text(
             request.request_id,
-            request.prompt,
+            prompt,
             request.max_tokens,
             request.seed,
             self.config.kv_block_size,

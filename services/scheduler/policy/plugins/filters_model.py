@@ -1,9 +1,11 @@
-"""Filters on what a worker is: serves the model and is ready; hardware runs the model's format."""
+"""Filters on what a worker is: serves the model and is ready; hardware runs the model's format;
+its engine honours what the request asks for."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmbus.engine_features import missing_features
 from llmbus.messages import WorkerState
 from services.scheduler.policy.plugins.base import FILTERS, CycleState, register
 from services.scheduler.policy.types import SchedRequest, WorkerView
@@ -64,3 +66,21 @@ class FormatSupportedFilter:
                     continue
             kept.append(w)
         return kept
+
+
+@register(FILTERS, "engine-supports")
+@dataclass
+class EngineSupportsFilter:
+    """Workers whose engine honours the request's response_format, tools or suffix, when any does.
+
+    When none does, all stay: the worker that gets it refuses it with a clear final error
+    (invalid_request), instead of the request waiting for a worker that will never come.
+    """
+
+    name: str = "engine-supports"
+
+    def filter(self, state: CycleState, request: SchedRequest, workers: list[WorkerView]) -> list[WorkerView]:
+        if not request.engine_features:
+            return workers
+        able = [w for w in workers if not missing_features(w.engine, request.engine_features)]
+        return able or workers

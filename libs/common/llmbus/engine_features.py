@@ -1,0 +1,29 @@
+"""What each engine can honour beyond plain text generation, read by the worker (which refuses a
+request its engine cannot answer as asked) and the gateway (which answers 400 before the bus).
+
+- `response_format` (JSON mode, JSON schema): vLLM's structured outputs, hosted APIs.
+- `tools`: hosted APIs only (vLLM's tool calling lives in its OpenAI server, not in AsyncLLM).
+- `suffix` (fill-in-the-middle): completion APIs upstream; the sim, which only counts it as prompt.
+
+The sim refuses `response_format` and `tools`: its text is synthetic, and JSON that merely looks
+right would be a stub answering like the real thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+ENGINE_FEATURES: dict[str, frozenset[str]] = {
+    "vllm": frozenset({"response_format"}),
+    "openai-http": frozenset({"response_format", "tools", "suffix"}),
+    "sim": frozenset({"suffix"}),
+}
+
+
+def missing_features(engine: str, needed: Iterable[str]) -> list[str]:
+    """The features of `needed` that `engine` lacks, sorted (an unknown engine lacks them all)."""
+    return sorted(set(needed) - ENGINE_FEATURES.get(engine, frozenset()))
+
+
+def refusal(engine: str, model: str, missing: list[str]) -> str:
+    return f"{', '.join(missing)} not supported by the {engine} engine serving {model!r}"
