@@ -169,6 +169,7 @@ class WorkerHandlers:
             stop=tuple(request.stop),
             priority=request.priority,
             trace_headers={k: v for k, v in headers.items() if k in (TRACEPARENT, TRACESTATE)},
+            messages=tuple(request.messages),
         )
         started_ms = time.time() * 1000
         first_token_ms: float | None = None

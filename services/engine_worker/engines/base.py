@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmbus.messages import RETRYABLE, ErrorCode
+from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode
 
 
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str
-    prompt: str
+    prompt: str  # a completion prompt, or a chat's plain-text rendering (InferenceRequest.prompt_text)
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -20,6 +20,9 @@ class EngineRequest:
     stop: tuple[str, ...] = ()
     priority: int = 0
     trace_headers: dict[str, str] = field(default_factory=dict)
+    # The chat as sent (empty for a completion prompt): engines that know the model's chat format
+    # (vLLM's chat template, a chat API) use it instead of `prompt`.
+    messages: tuple[ChatMessage, ...] = ()
 
 
 @dataclass(slots=True)
