@@ -223,7 +223,8 @@ def main(argv: list[str] | None = None, nvml: ModuleType | None = None) -> int:
     if not profile.gpus:
         print(
             "gpu-check: no NVIDIA GPU on this machine (NVML found none, or no driver): nothing checked, "
-            "no report written. Run it on a GPU host with `pip install vllm` (see README).",
+            "no report written. Run it on a GPU host with the GPU build (`pip install vllm`); see "
+            "services/engine_worker/README.md.",
             file=sys.stderr,
         )
         return NO_GPU_EXIT
