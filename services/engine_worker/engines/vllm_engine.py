@@ -3,7 +3,7 @@
 Stats come from vLLM itself: a StatLoggerBase passed as `stat_loggers` receives each step's
 SchedulerStats (running / waiting, KV usage, prefix cache queries / hits) and IterationStats
 (prompt / generation tokens, preemptions), the same numbers vLLM's own Prometheus logger
-exports. vLLM is imported lazily so that importing this module costs nothing where only the
+exports (vllm_stats.py). vLLM is imported lazily so that importing this module costs nothing where only the
 sim or openai-http engine runs.
 
 A chat is rendered the way vLLM's own chat entry points render it (`LLM.chat`, the OpenAI
@@ -32,6 +32,7 @@ from services.engine_worker.engines.base import (
     EngineStats,
     RequestRejected,
 )
+from services.engine_worker.engines.vllm_stats import StatsSink, stat_logger_factory
 
 log = logging.getLogger(__name__)
 
@@ -90,58 +91,6 @@ def classify_error(exc: BaseException) -> EngineError:
     return EngineError(f"vLLM generate failed: {text}")  # retried elsewhere; the engine lives on
 
 
-class _StatsSink:
-    """Latest scheduler gauges and running counters, written by the stat logger on every engine step."""
-
-    def __init__(self) -> None:
-        self.num_running = 0
-        self.num_waiting = 0
-        self.kv_cache_usage = 0.0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.external_prefix_hits = 0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.preemptions = 0
-        self.updated_at = 0.0
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        if scheduler_stats is not None:
-            self.num_running = scheduler_stats.num_running_reqs
-            self.num_waiting = scheduler_stats.num_waiting_reqs + getattr(
-                scheduler_stats, "num_skipped_waiting_reqs", 0
-            )
-            self.kv_cache_usage = scheduler_stats.kv_cache_usage
-            pcs = scheduler_stats.prefix_cache_stats
-            if pcs is not None:
-                self.prefix_queries += pcs.queries
-                self.prefix_hits += pcs.hits
-            ext = scheduler_stats.connector_prefix_cache_stats  # KV offloading / connector hits
-            if ext is not None:
-                self.external_prefix_hits += ext.hits
-        if iteration_stats is not None:
-            self.prompt_tokens += iteration_stats.num_prompt_tokens
-            self.generation_tokens += iteration_stats.num_generation_tokens
-            self.preemptions += iteration_stats.num_preempted_reqs
-        self.updated_at = time.monotonic()
-
-
-def _stat_logger_factory(sink: _StatsSink) -> Any:
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _SinkLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            self.engine_index = engine_index
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # type: ignore[no-untyped-def]
-            sink.record(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            return None
-
-    return _SinkLogger
-
-
 class VllmEngine:
     name = "vllm"
 
@@ -155,7 +104,7 @@ class VllmEngine:
         self._llm: Any = None
         self._tokenizer: Any = None
         self._last_encoding: tuple[str, list[int]] | None = None
-        self._sink = _StatsSink()
+        self._sink = StatsSink()
         self._block_size = 16
         self._blocks_total = 0
         self._active: set[str] = set()
@@ -216,7 +165,7 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM  # the first import takes seconds (torch and all)
 
         imported = time.monotonic()
-        self._sink = _StatsSink()
+        self._sink = StatsSink()
         self._dead = None
         # Building the engine blocks for the whole load (tens of seconds): do it off the event
         # loop so the worker keeps heartbeating "starting" meanwhile.
@@ -226,7 +175,7 @@ class VllmEngine:
             vllm_config = await asyncio.to_thread(self._engine_args().create_engine_config)
             configured = time.monotonic()
             self._llm = await asyncio.to_thread(
-                AsyncLLM.from_vllm_config, vllm_config, stat_loggers=[_stat_logger_factory(self._sink)]
+                AsyncLLM.from_vllm_config, vllm_config, stat_loggers=[stat_logger_factory(self._sink)]
             )
         except Exception as exc:
             # The engine core fails in its own process (weights, KV cache that does not fit):
