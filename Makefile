@@ -18,7 +18,7 @@ export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
-        compose-check clean reliability soak test-long bench-autoscaler test-security
+        compose-check clean reliability soak test-long bench-autoscaler test-security gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -83,6 +83,11 @@ plan: setup ## the capacity planner's case study (report + PNG in bench/reports/
 
 bench-autoscaler: setup ## the autoscaler's tidal-day benchmark alone (virtual time, no broker)
 	@$(PY) -m bench.autoscaler_bench
+
+# Not on `setup`: that installs the CPU build of vLLM, and a GPU host runs `pip install vllm` instead.
+GPU_CHECK_ARGS ?=
+gpu-check: ## on an NVIDIA GPU host: engine tests on the GPU, NVML profile, CUDA graphs, worker vs AsyncLLM → bench/reports/gpu_check.md
+	@PYTHONPATH=libs/common:. $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

@@ -234,7 +234,11 @@ async def direct_phase(case: ModelCase, repeats: int) -> tuple[list[dict[str, An
     for k, v in VLLM_ENV.items():
         os.environ.setdefault(k, v)
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    engine = VllmEngine(tiny_vllm_config(max_num_seqs=MAX_NUM_SEQS, model_path=str(build_tiny_llama(**case.sizes))))
+    # enforce_eager=None: the platform's default, as the worker's (eager on the CPU build, CUDA graphs on GPU).
+    config = tiny_vllm_config(
+        max_num_seqs=MAX_NUM_SEQS, model_path=str(build_tiny_llama(**case.sizes)), enforce_eager=None
+    )
+    engine = VllmEngine(config)
     t0 = time.perf_counter()
     await engine.start()
     if case.pinned:
@@ -475,6 +479,7 @@ async def main(case: ModelCase, repeats: int, profile: bool) -> None:
         + (" --pin" if case.pinned else "")
         + (" --profile" if profile else "")
         + (f" --repeats {repeats}" if repeats != 3 else "")
+        + (f" --report-suffix {case.report_suffix}" if case.report_suffix else "")
     )
     log(f"worker vs direct vLLM bench, {case.name} model: {repeats} repeats x {[s.name for s in case.shapes]}")
     runs, direct_info = await direct_phase(case, repeats)
@@ -527,6 +532,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one more worker run under cProfile")
     parser.add_argument("--pin", action="store_true", help="engine on CPU 1, everything else on CPU 0")
+    parser.add_argument("--report-suffix", default="", help="appended to the report names (e.g. _gpu)")
     args = parser.parse_args()
     for name in CASES if args.model == "all" else (args.model,):
-        asyncio.run(main(dataclasses.replace(CASES[name], pinned=args.pin), args.repeats, args.profile))
+        case = dataclasses.replace(CASES[name], pinned=args.pin, report_suffix=args.report_suffix)
+        asyncio.run(main(case, args.repeats, args.profile))

@@ -54,11 +54,12 @@ class ModelCase:
     # The engine's processes on CPU 1 only, everything else (front-end or worker, broker, bench) on
     # CPU 0, on both sides: the engine computes apart from the control plane, as on a GPU node.
     pinned: bool = False
+    report_suffix: str = ""  # e.g. "_gpu": a run elsewhere keeps this machine's reports
 
     @property
     def stem(self) -> str:
         base = "worker_vllm_bench" if self.name == "tiny" else f"worker_vllm_bench_{self.name}"
-        return base + ("_pinned" if self.pinned else "")
+        return base + ("_pinned" if self.pinned else "") + self.report_suffix
 
     @property
     def label(self) -> str:

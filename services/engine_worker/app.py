@@ -25,6 +25,7 @@ from services.engine_worker.lifecycle import Lifecycle
 from services.engine_worker.node.metrics import register_node_metrics
 from services.engine_worker.node.plan import plan_for
 from services.engine_worker.node.publish import profile_and_publish
+from services.engine_worker.status import cold_start_phases
 
 log = logging.getLogger(__name__)
 PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready
@@ -60,10 +61,19 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
 
     await life.set_state(WorkerState.WARMING)
+    engine_starts = time.monotonic()
     await engine.start()
+    warmup_starts = time.monotonic()
     await engine.warmup()
-    life.cold_start_s = round(time.monotonic() - PROCESS_STARTED, 3)
-    log.info("ready after %.2fs cold start", life.cold_start_s)
+    ready = time.monotonic()
+    life.cold_start_s = round(ready - PROCESS_STARTED, 3)
+    life.cold_start_phases_s = cold_start_phases(
+        engine_starts - PROCESS_STARTED,
+        warmup_starts - engine_starts,
+        ready - warmup_starts,
+        getattr(engine, "cold_start_phases_s", {}),  # only vllm splits its start
+    )
+    log.info("ready after %.2fs cold start: %s", life.cold_start_s, life.cold_start_phases_s)
 
     dispatches = make_consumer(settings, group_id=topics.group(t.WORKER, ws.worker_id), client_id=ws.worker_id)
     controls = make_consumer(

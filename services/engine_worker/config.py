@@ -39,17 +39,26 @@ class WorkerSettings(BaseSettings):
     sim_kv_offloading_gib: float = 0.0  # host-memory KV tier (vLLM's --kv-offloading-size); 0: none
     sim_divergence: float = Field(default=0.0, ge=0.0, le=1.0)  # answer quality knob (shadow/A-B experiments)
 
-    # vllm engine
+    # vllm engine (services/engine_worker/README.md lists what each reaches in vLLM's engine args)
     vllm_model_path: str = ""
-    vllm_max_model_len: int = 2048
-    vllm_max_num_seqs: int = 16
+    vllm_max_model_len: int = Field(default=2048, ge=16)
+    vllm_max_num_seqs: int = Field(default=16, ge=1)
     vllm_dtype: str = "auto"
     vllm_quantization: str | None = None  # set by the format choice when a ModelSpec is known
-    vllm_enforce_eager: bool = True
-    vllm_gpu_memory_utilization: float = 0.85
-    vllm_cpu_kvcache_space_gib: float | None = 1.0
+    vllm_enforce_eager: bool | None = None  # None: eager on the CPU build, CUDA graphs on GPU
+    vllm_gpu_memory_utilization: float = Field(default=0.80, gt=0.0, le=1.0)  # the memory pool's share of VRAM
+    vllm_cpu_kvcache_space_gib: float | None = Field(default=1.0, gt=0.0)
     vllm_enable_prefix_caching: bool = True
     vllm_ignore_eos: bool = False
+    vllm_tensor_parallel_size: int = Field(default=1, ge=1)
+    vllm_pipeline_parallel_size: int = Field(default=1, ge=1)
+    vllm_scheduling_policy: Literal["fcfs", "priority"] = "fcfs"  # priority: the request's priority, 0 first
+    vllm_block_size: int | None = Field(default=None, ge=1)  # None: the platform's (16 on GPU, 128 on CPU)
+    vllm_max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    vllm_kv_offloading_gib: float | None = Field(default=None, gt=0.0)  # host-memory KV tier; None: none
+    vllm_otlp_traces_endpoint: str | None = None  # vLLM's own spans join the request's trace there
+    vllm_warmup_iterations: int = Field(default=5, ge=0)
+    vllm_warmup_prompt_tokens: int = Field(default=1024, ge=1)
 
     # openai-http engine
     openai_base_url: str = "http://127.0.0.1:8000/v1"

@@ -33,6 +33,7 @@ class Lifecycle:
         self.plan = plan
         self.state = WorkerState.STARTING
         self.cold_start_s: float | None = None
+        self.cold_start_phases_s: dict[str, float] = {}
         self.started_at_ms = now_ms()
         self._rates = RateTracker()
         self.profile: NodeProfile | None = None  # the latest node profile (DCGM-named gauges read it)
@@ -53,6 +54,7 @@ class Lifecycle:
             time.monotonic(),
             cold_start_s=self.cold_start_s,
             started_at_ms=self.started_at_ms,
+            cold_start_phases_s=self.cold_start_phases_s,
             model_format=self.plan.model_format,
             gpu_healthy=self.plan.gpu_healthy,
             ecc_uncorrected=self.plan.ecc_uncorrected,

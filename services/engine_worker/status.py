@@ -30,6 +30,17 @@ class RateTracker:
         return prompt_rate, gen_rate
 
 
+def cold_start_phases(
+    startup_s: float, engine_start_s: float, warmup_s: float, engine_phases: dict[str, float]
+) -> dict[str, float]:
+    """The worker's phases, with the engine's own split of its start where it has one (vllm)."""
+    phases = {"startup": round(startup_s, 3)}
+    start_detail = {k: v for k, v in engine_phases.items() if k != "warmup"}
+    phases.update(start_detail or {"engine_start": round(engine_start_s, 3)})
+    phases["warmup"] = round(warmup_s, 3)
+    return phases
+
+
 def build_status(
     settings: WorkerSettings,
     engine: Engine,
@@ -40,6 +51,7 @@ def build_status(
     *,
     cold_start_s: float | None,
     started_at_ms: int,
+    cold_start_phases_s: dict[str, float] | None = None,
     model_format: str | None = None,
     gpu_healthy: bool = True,
     ecc_uncorrected: int = 0,
@@ -71,6 +83,7 @@ def build_status(
         generation_tokens_per_s=round(gen_rate, 3),
         prompt_tokens_per_s=round(prompt_rate, 3),
         cold_start_s=cold_start_s,
+        cold_start_phases_s=cold_start_phases_s or {},
         gpu_healthy=gpu_healthy,
         ecc_uncorrected=ecc_uncorrected,
         formats_supported=formats_supported or [],

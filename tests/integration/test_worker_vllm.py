@@ -17,12 +17,14 @@ import psutil
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
+from transformers import AutoTokenizer
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog, open_admin
 from llmbus.client import TopicTail
 from llmbus.messages import (
+    ChatMessage,
     Control,
     ControlAction,
     Dispatch,
@@ -58,8 +60,12 @@ class Harness:
             self.tails[base] = await TopicTail(self.settings, self.topics.name(base)).start()
         return self.tails[base]
 
-    async def dispatch(self, prompt: str, max_tokens: int, attempt: int = 1) -> str:
-        request = InferenceRequest(prompt=prompt, max_tokens=max_tokens, model="tiny-llama", tenant="acme")
+    async def dispatch(
+        self, prompt: str | None, max_tokens: int, attempt: int = 1, messages: list[ChatMessage] | None = None
+    ) -> str:
+        request = InferenceRequest(
+            prompt=prompt, messages=messages or [], max_tokens=max_tokens, model="tiny-llama", tenant="acme"
+        )
         routed = RoutedRequest(request=request, model="tiny-llama")
         await self.bus.publisher.publish(
             self.topics.dispatch(WORKER),
@@ -99,6 +105,8 @@ async def worker() -> AsyncIterator[Harness]:
             "LLMBUS_WORKER_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
             "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": "8",
             "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
+            "LLMBUS_WORKER_VLLM_WARMUP_ITERATIONS": "2",  # the plan's shape, small on 2 cores
+            "LLMBUS_WORKER_VLLM_WARMUP_PROMPT_TOKENS": "256",
             "LLMBUS_WORKER_DRAIN_GRACE_S": "0.3",
             "VLLM_CPU_KVCACHE_SPACE": "1",
             "VLLM_LOGGING_LEVEL": "WARNING",
@@ -166,6 +174,33 @@ async def test_streams_chunks_result_and_outcome(worker: Harness) -> None:
     assert result.usage.prompt_tokens > 0 and result.timings.ttft_ms is not None
     outcomes = await worker.collect(t.OUTCOMES, DispatchOutcome, for_request(rid))
     assert [o.status for o in outcomes if o.request_id == rid] == [OutcomeStatus.COMPLETED]
+
+
+async def test_a_chat_is_answered_from_its_chat_template_tokens_and_ready_shows_the_cold_start(
+    worker: Harness,
+) -> None:
+    chat = [
+        ChatMessage(role="system", content="you answer about the kafka cluster"),
+        ChatMessage(role="user", content="which broker?"),
+        ChatMessage(role="assistant", content="the leader"),
+        ChatMessage(role="user", content="and the offset?"),
+    ]
+    rid = await worker.dispatch(None, max_tokens=4, messages=chat)
+    [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
+    tokenizer = AutoTokenizer.from_pretrained(build_tiny_llama())
+    conversation = [m.model_dump() for m in chat]
+    expected = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False)
+    assert result.status == ResultStatus.OK and result.usage.prompt_tokens == len(expected)
+
+    def is_ready(status: WorkerStatus) -> bool:
+        return status.worker_id == WORKER and status.state == WorkerState.READY
+
+    seen = await worker.collect(t.WORKERS, WorkerStatus, lambda seen: any(is_ready(x) for x in seen))
+    ready = [x for x in seen if is_ready(x)][-1]
+    phases = ready.cold_start_phases_s
+    assert list(phases) == ["startup", "import", "config", "engine_core", "warmup"]
+    assert all(v > 0 for v in phases.values()) and ready.cold_start_s is not None
+    assert sum(phases.values()) == pytest.approx(ready.cold_start_s, rel=0.05)
 
 
 async def test_cancel_through_llm_control_aborts_mid_stream(worker: Harness) -> None:

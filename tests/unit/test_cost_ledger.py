@@ -29,8 +29,16 @@ BOOK = load_pricebook()
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % MS_PER_HOUR  # an hour boundary
 
 
-def heartbeat(worker: str, started: int, sent: int, cold_s: float | None, state: WorkerState) -> WorkerStatus:
+def heartbeat(
+    worker: str,
+    started: int,
+    sent: int,
+    cold_s: float | None,
+    state: WorkerState,
+    phases: dict[str, float] | None = None,
+) -> WorkerStatus:
     return WorkerStatus(
+        cold_start_phases_s=phases or {},
         worker_id=worker,
         node_id="n",
         state=state,
@@ -56,7 +64,14 @@ def result(rid: str, worker: str, start: int, end: int, prompt: int, completion:
 
 
 def run_life(
-    ledger: GpuLedger, worker: str, started: int, cold_ms: int, life_ms: int, reqs: list, hb_ms: int = 1000
+    ledger: GpuLedger,
+    worker: str,
+    started: int,
+    cold_ms: int,
+    life_ms: int,
+    reqs: list,
+    hb_ms: int = 1000,
+    phases: dict[str, float] | None = None,
 ) -> list:
     """Heartbeats every hb_ms (results fed in as they complete), then STOPPED; close far in the future."""
     records = []
@@ -66,7 +81,9 @@ def run_life(
     while t <= end:
         ready = t >= started + cold_ms
         state = WorkerState.STOPPED if t == end else (WorkerState.READY if ready else WorkerState.WARMING)
-        ledger.observe(heartbeat(worker, started, t, cold_ms / 1000 if ready else None, state))
+        ledger.observe(
+            heartbeat(worker, started, t, cold_ms / 1000 if ready else None, state, phases if ready else None)
+        )
         while pending and pending[0][1] <= t:
             rid, r_end, r_start, p, c = pending.pop(0)
             priced = price_result(result(rid, worker, r_start, r_end, p, c), BOOK)
@@ -144,6 +161,15 @@ def test_cold_start_amortised_and_wasted() -> None:
     assert shares == [2062, 2063]  # 8250 // 4 twice, remainders spread exactly
     assert by_kind[CostKind.COLD_START_WASTE] == cold_total - sum(shares)
     assert sum(by_kind.values()) == BOOK.pool_rate("sim").cost_micro(90_000)
+
+
+def test_the_cold_start_waste_record_carries_the_phases_of_the_start() -> None:
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000, cold_start_requests=4)
+    phases = {"startup": 2.0, "import": 8.0, "config": 1.0, "engine_core": 40.0, "warmup": 9.0}
+    records = run_life(ledger, "w5", T0, 60_000, 90_000, [("a", T0 + 70_000, T0 + 61_000, 100, 100)], phases=phases)
+    [waste] = [r for r in records if r.kind == CostKind.COLD_START_WASTE]
+    assert waste.cold_start_phases_s == phases
+    assert all(not r.cold_start_phases_s for r in records if r.kind != CostKind.COLD_START_WASTE)
 
 
 def test_result_after_the_life_closed_is_not_billed_twice() -> None:

@@ -55,6 +55,7 @@ class WorkerLife:
     cold_paid_requests: int = 0
     cold_paid_micro: int = 0
     waste_booked: bool = False
+    cold_start_phases_s: dict[str, float] = field(default_factory=dict)  # from the heartbeat, for the waste record
     pending: list[ServedRequest] = field(default_factory=list)
     running_micro: dict[str, int] = field(default_factory=dict)  # request id -> GPU share so far
     busy_ms: dict[str, float] = field(default_factory=dict)
@@ -150,6 +151,8 @@ class GpuLedger:
             return life  # a heartbeat of an earlier process with the same id: its life is closed
         if status.cold_start_s is not None and life.ready_at_ms is None:
             life.ready_at_ms = life.started_at_ms + round(status.cold_start_s * 1000)
+        if status.cold_start_phases_s:
+            life.cold_start_phases_s = dict(status.cold_start_phases_s)
         life.last_seen_ms = max(life.last_seen_ms, status.sent_at_ms)
         if status.state == WorkerState.STOPPED:
             life.ended = True
@@ -235,13 +238,15 @@ class GpuLedger:
             life.pending.clear()
             waste = life.cold_micro_total - life.cold_paid_micro
             if waste > 0:
-                yield self._platform_record(
+                record = self._platform_record(
                     life,
                     CostKind.COLD_START_WASTE,
                     waste,
                     f"waste:{life.worker_id}:{life.started_at_ms}",
                     life.started_at_ms,
                 )
+                # Which part of the start went unused (weights, CUDA graphs, warm-up) says what to shorten.
+                yield record.model_copy(update={"cold_start_phases_s": life.cold_start_phases_s})
 
     def _alive_ms(self, life: WorkerLife, a: int, b: int) -> int:
         """A live worker is alive through every interval it closes (its clock is past b + grace)."""

@@ -12,7 +12,7 @@ from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode
 @dataclass(frozen=True)
 class EngineRequest:
     request_id: str
-    prompt: str
+    prompt: str  # a completion prompt, or a chat's plain-text rendering (InferenceRequest.prompt_text)
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
@@ -25,8 +25,8 @@ class EngineRequest:
     tool_choice: str | dict[str, Any] | None = None
     suffix: str | None = None
     trace_headers: dict[str, str] = field(default_factory=dict)
-    # The chat as the client sent it (empty for a prompt request): engines that take messages (chat
-    # APIs) get these, not `prompt`, which is the chat rendered as one text.
+    # The chat as sent (empty for a completion prompt): engines that know the model's chat format
+    # (vLLM's chat template, a chat API) use it instead of `prompt`.
     messages: tuple[ChatMessage, ...] = ()
 
 

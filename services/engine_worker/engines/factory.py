@@ -38,6 +38,15 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 cpu_kvcache_space_gib=settings.vllm_cpu_kvcache_space_gib,
                 enable_prefix_caching=settings.vllm_enable_prefix_caching,
                 ignore_eos=settings.vllm_ignore_eos,
+                tensor_parallel_size=settings.vllm_tensor_parallel_size,
+                pipeline_parallel_size=settings.vllm_pipeline_parallel_size,
+                scheduling_policy=settings.vllm_scheduling_policy,
+                block_size=settings.vllm_block_size,
+                max_num_batched_tokens=settings.vllm_max_num_batched_tokens,
+                kv_offloading_gib=settings.vllm_kv_offloading_gib,
+                otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,
+                warmup_iterations=settings.vllm_warmup_iterations,
+                warmup_prompt_tokens=settings.vllm_warmup_prompt_tokens,
             )
         )
     from services.engine_worker.engines.openai_http import OpenAIHttpEngine

@@ -3,8 +3,12 @@
 Stats come from vLLM itself: a StatLoggerBase passed as `stat_loggers` receives each step's
 SchedulerStats (running / waiting, KV usage, prefix cache queries / hits) and IterationStats
 (prompt / generation tokens, preemptions), the same numbers vLLM's own Prometheus logger
-exports. vLLM is imported lazily so that importing this module costs nothing where only the
+exports (vllm_stats.py). vLLM is imported lazily so that importing this module costs nothing where only the
 sim or openai-http engine runs.
+
+A chat is rendered the way vLLM's own chat entry points render it (`LLM.chat`, the OpenAI
+server): the model's chat template with the generation prompt, through vLLM's renderer;
+a plain `prompt` is tokenized raw (vllm_inputs.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.engine_worker.engines import vllm_inputs
 from services.engine_worker.engines.base import (
     AdmissionError,
     EngineDead,
@@ -28,6 +33,7 @@ from services.engine_worker.engines.base import (
     RequestRejected,
 )
 from services.engine_worker.engines.structured import structured_outputs
+from services.engine_worker.engines.vllm_stats import StatsSink, stat_logger_factory
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +49,13 @@ class VllmConfig:
     max_model_len: int = 2048
     max_num_seqs: int = 16
     max_num_batched_tokens: int | None = None
-    enforce_eager: bool = True  # no CUDA graph / compile: faster cold start, what the CPU build needs
-    gpu_memory_utilization: float = 0.85
+    # True: no CUDA graphs / compile (faster cold start, what the CPU build needs). None: eager on
+    # the CPU build, CUDA graphs captured on GPU (decode steps without per-kernel launch cost).
+    enforce_eager: bool | None = None
+    gpu_memory_utilization: float = 0.80  # the memory pool: weights + activations + KV cache
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    kv_offloading_gib: float | None = None  # host-memory KV tier (vLLM's kv_offloading_size); None: none
     kv_cache_memory_bytes: int | None = None
     cpu_kvcache_space_gib: float | None = None  # sets VLLM_CPU_KVCACHE_SPACE (CPU build only); None: env as is
     enable_prefix_caching: bool = True
@@ -53,6 +64,8 @@ class VllmConfig:
     seed: int = 0
     ignore_eos: bool = False  # benchmarks want fixed-length outputs, like `vllm bench --ignore-eos`
     otlp_traces_endpoint: str | None = None  # without it vLLM drops the trace headers
+    warmup_iterations: int = 5  # before ready: this many dummy prompts, one after the other ...
+    warmup_prompt_tokens: int = 1024  # ... of this many tokens (capped to max_model_len)
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -79,58 +92,6 @@ def classify_error(exc: BaseException) -> EngineError:
     return EngineError(f"vLLM generate failed: {text}")  # retried elsewhere; the engine lives on
 
 
-class _StatsSink:
-    """Latest scheduler gauges and running counters, written by the stat logger on every engine step."""
-
-    def __init__(self) -> None:
-        self.num_running = 0
-        self.num_waiting = 0
-        self.kv_cache_usage = 0.0
-        self.prefix_queries = 0
-        self.prefix_hits = 0
-        self.external_prefix_hits = 0
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.preemptions = 0
-        self.updated_at = 0.0
-
-    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
-        if scheduler_stats is not None:
-            self.num_running = scheduler_stats.num_running_reqs
-            self.num_waiting = scheduler_stats.num_waiting_reqs + getattr(
-                scheduler_stats, "num_skipped_waiting_reqs", 0
-            )
-            self.kv_cache_usage = scheduler_stats.kv_cache_usage
-            pcs = scheduler_stats.prefix_cache_stats
-            if pcs is not None:
-                self.prefix_queries += pcs.queries
-                self.prefix_hits += pcs.hits
-            ext = scheduler_stats.connector_prefix_cache_stats  # KV offloading / connector hits
-            if ext is not None:
-                self.external_prefix_hits += ext.hits
-        if iteration_stats is not None:
-            self.prompt_tokens += iteration_stats.num_prompt_tokens
-            self.generation_tokens += iteration_stats.num_generation_tokens
-            self.preemptions += iteration_stats.num_preempted_reqs
-        self.updated_at = time.monotonic()
-
-
-def _stat_logger_factory(sink: _StatsSink) -> Any:
-    from vllm.v1.metrics.loggers import StatLoggerBase
-
-    class _SinkLogger(StatLoggerBase):
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            self.engine_index = engine_index
-
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):  # type: ignore[no-untyped-def]
-            sink.record(scheduler_stats, iteration_stats)
-
-        def log_engine_initialized(self) -> None:
-            return None
-
-    return _SinkLogger
-
-
 class VllmEngine:
     name = "vllm"
 
@@ -140,10 +101,11 @@ class VllmEngine:
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
         self.cold_start_s: float | None = None
+        self.cold_start_phases_s: dict[str, float] = {}  # "import", "config", "engine_core", "warmup"
         self._llm: Any = None
         self._tokenizer: Any = None
         self._last_encoding: tuple[str, list[int]] | None = None
-        self._sink = _StatsSink()
+        self._sink = StatsSink()
         self._block_size = 16
         self._blocks_total = 0
         self._active: set[str] = set()
@@ -151,6 +113,13 @@ class VllmEngine:
         self._dead: EngineError | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
+
+    def enforce_eager(self) -> bool:
+        if self.config.enforce_eager is not None:
+            return self.config.enforce_eager
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
 
     def _engine_args(self) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -163,8 +132,11 @@ class VllmEngine:
             "quantization": cfg.quantization,
             "max_model_len": cfg.max_model_len,
             "max_num_seqs": cfg.max_num_seqs,
-            "enforce_eager": cfg.enforce_eager,
+            "enforce_eager": self.enforce_eager(),
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "pipeline_parallel_size": cfg.pipeline_parallel_size,
+            "kv_offloading_size": cfg.kv_offloading_gib,
             "kv_cache_memory_bytes": cfg.kv_cache_memory_bytes,
             "enable_prefix_caching": cfg.enable_prefix_caching,
             "scheduling_policy": cfg.scheduling_policy,
@@ -184,19 +156,27 @@ class VllmEngine:
     async def start(self) -> None:
         if self._llm is not None:
             return
-        if self.config.cpu_kvcache_space_gib is not None:
-            # Read by the engine core process (inherits our environment); ignored on GPU.
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.cpu_kvcache_space_gib:g}"
-        from vllm.v1.engine.async_llm import AsyncLLM
-
         started = time.monotonic()
-        self._sink = _StatsSink()
+        if self.config.kv_cache_memory_bytes is not None:
+            # The CPU build's legacy variable would override an explicit size (vllm/platforms/cpu.py).
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        elif self.config.cpu_kvcache_space_gib is not None:
+            # Read when the engine config is made (CPU build only; ignored on GPU).
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{self.config.cpu_kvcache_space_gib:g}"
+        from vllm.v1.engine.async_llm import AsyncLLM  # the first import takes seconds (torch and all)
+
+        imported = time.monotonic()
+        self._sink = StatsSink()
         self._dead = None
         # Building the engine blocks for the whole load (tens of seconds): do it off the event
         # loop so the worker keeps heartbeating "starting" meanwhile.
         try:
+            # Two phases seen from here: the config (model files read, platform resolved), then the
+            # engine core (weights loaded, KV cache profiled and allocated, CUDA graphs captured).
+            vllm_config = await asyncio.to_thread(self._engine_args().create_engine_config)
+            configured = time.monotonic()
             self._llm = await asyncio.to_thread(
-                AsyncLLM.from_engine_args, self._engine_args(), stat_loggers=[_stat_logger_factory(self._sink)]
+                AsyncLLM.from_vllm_config, vllm_config, stat_loggers=[stat_logger_factory(self._sink)]
             )
         except Exception as exc:
             # The engine core fails in its own process (weights, KV cache that does not fit):
@@ -209,6 +189,11 @@ class VllmEngine:
         self._blocks_total = int(cache.num_gpu_blocks or 0)
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.cold_start_s = time.monotonic() - started
+        self.cold_start_phases_s = {
+            "import": round(imported - started, 3),
+            "config": round(configured - imported, 3),
+            "engine_core": round(time.monotonic() - configured, 3),
+        }
         log.info(
             "vLLM engine %s up in %.1f s: %d KV blocks of %d",
             self.model,
@@ -218,8 +203,23 @@ class VllmEngine:
         )
 
     async def warmup(self) -> None:
-        async for _ in self.generate(EngineRequest("llmbus-warmup", "warm up", max_tokens=4, temperature=0.0)):
-            pass
+        """The warm-up plan: `warmup_iterations` prefills of `warmup_prompt_tokens` dummy tokens.
+
+        Each iteration's tokens differ from the others', so none is served from the prefix cache.
+        """
+        llm = self._require_llm()
+        started = time.monotonic()
+        plan = vllm_inputs.warmup_plan(
+            self._tokenizer, self.config.warmup_iterations, self.config.warmup_prompt_tokens, self.max_model_len
+        )
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=vllm_inputs.WARMUP_OUTPUT_TOKENS, temperature=0.0, ignore_eos=True)
+        for i, prompt_ids in enumerate(plan):
+            (engine_input,) = await llm.renderer.render_cmpl_async([{"prompt_token_ids": prompt_ids}])
+            async for _ in llm.generate(engine_input, params, f"llmbus-warmup-{i}"):
+                pass
+        self.cold_start_phases_s["warmup"] = round(time.monotonic() - started, 3)
 
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
@@ -293,12 +293,28 @@ class VllmEngine:
             structured_outputs=structured_outputs(request.response_format),
         )
 
+    async def _admitted_input(self, llm: Any, request: EngineRequest) -> Any:
+        """The request's engine input (token ids), once its length is admitted."""
+        if not request.messages:
+            # Tokenized once here (admission needs the count) and handed over as token ids.
+            prompt_ids = self._encode(request.prompt)
+            self.check_admission(len(prompt_ids), request.max_tokens)
+            (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": prompt_ids}])
+            return engine_input
+        try:
+            engine_input = await vllm_inputs.render_chat(llm.renderer, request.messages)
+        except Exception as exc:
+            err = classify_error(exc)
+            if type(err) is EngineError:  # the template refused this chat: it would everywhere
+                err = RequestRejected(f"the model's chat template rejects the messages: {exc!r}")
+            raise err from exc
+        self.check_admission(len(engine_input["prompt_token_ids"]), request.max_tokens)
+        return engine_input
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         llm = self._require_llm()
-        prompt_ids = self._encode(request.prompt)
-        self.check_admission(len(prompt_ids), request.max_tokens)
-        # Tokenized once here (admission needs the count) and handed over as token ids.
-        (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": prompt_ids}])
+        engine_input = await self._admitted_input(llm, request)
+        prompt_ids = engine_input["prompt_token_ids"]
         completion_tokens = 0
         self._active.add(request.request_id)
         try:
@@ -324,6 +340,8 @@ class VllmEngine:
                     cached_prompt_tokens=out.num_cached_tokens or 0,
                     finished=out.finished,
                     finish_reason=comp.finish_reason if out.finished else None,
+                    # vLLM counts this request's PREEMPTED events (RequestStateStats, with stats on).
+                    preemptions=getattr(out.metrics, "num_preemptions", 0),
                 )
         except (asyncio.CancelledError, GeneratorExit):
             raise  # vLLM aborts the request itself when its generator is closed

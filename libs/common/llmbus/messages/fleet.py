@@ -51,6 +51,12 @@ class WorkerStatus(Message):
     generation_tokens_per_s: float = 0.0
     prompt_tokens_per_s: float = 0.0
     cold_start_s: float | None = None
+    cold_start_phases_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="cold start by phase, seconds: startup (process start to engine start: node profile, models"
+        " table), engine_start, or for vllm import, config and engine_core (weights loaded, KV cache profiled and"
+        " allocated, CUDA graphs captured), then warmup",
+    )
     gpu_healthy: bool = True
     ecc_uncorrected: int = 0
     formats_supported: list[str] = Field(default_factory=list)

@@ -118,6 +118,10 @@ class CostRecord(Message):
     booked_to: BookedTo = BookedTo.TENANT
     cost_micro_usd: int = 0
     cold_start_micro_usd: int = Field(default=0, description="Part of cost_micro_usd that amortises cold start.")
+    cold_start_phases_s: dict[str, float] = Field(
+        default_factory=dict,
+        description="cold_start_waste: the instance's cold start by phase, as its heartbeat reported it.",
+    )
     saving_micro_usd: int = Field(default=0, description="Cache hits: what the model would have cost.")
     output_cap_saving_micro_usd: int = Field(
         default=0,
