@@ -138,6 +138,12 @@ class Publisher:
         self._renewing = asyncio.Lock()
         self._retired: set[asyncio.Task[None]] = set()
         self._stopping: dict[AIOKafkaProducer, asyncio.Task[None]] = {}  # replaced producer → its stop
+        # Every topic written (full names): a service's tests compare them with its declared contract.
+        self.topics_written: set[str] = set()
+
+    def _acknowledged(self, topic: str) -> None:
+        _published(self._service, topic).inc()
+        self.topics_written.add(topic)
 
     @property
     def producer(self) -> AIOKafkaProducer:
@@ -230,7 +236,7 @@ class Publisher:
                     if self._abandoned(producer):
                         raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
                     log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
-                _published(self._service, topic).inc()
+                self._acknowledged(topic)
                 return
             except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
                 # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
@@ -243,20 +249,30 @@ class Publisher:
                 await asyncio.sleep(RETRY_PAUSE_S)
 
     async def send(
-        self, topic: str, value: Message, *, key: str | None, request_id: str | None = None, tenant: str | None = None
+        self,
+        topic: str,
+        value: Message,
+        *,
+        key: str | None,
+        request_id: str | None = None,
+        tenant: str | None = None,
+        payload: bytes | None = None,
     ) -> asyncio.Future[object]:
         """Enqueue without waiting for the broker: returns the delivery future (await it, bounded).
 
         Records of one key keep their order (same partition, idempotent producer), so a stream
-        of chunks can be sent this way and only the last one waited for.
+        of chunks can be sent this way and only the last one waited for. `payload`: `value`
+        already encoded (bytes that must be published exactly as staged elsewhere).
         """
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         encoded_key = key.encode() if key is not None else None
         producer = self._producer
         async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
-            delivery = await producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers)
+            delivery = await producer.send(
+                topic, value.to_bytes() if payload is None else payload, key=encoded_key, headers=headers
+            )
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
-        _published(self._service, topic).inc()
+        self._acknowledged(topic)
         return delivery
 
     def _check_delivery(self, producer: AIOKafkaProducer, delivery: asyncio.Future[object]) -> None:
@@ -304,7 +320,7 @@ class Publisher:
         except KafkaError as exc:
             await self._replace_broken(producer, exc)  # the caller's retry then goes out on a working one
             raise
-        _published(self._service, topic).inc()
+        self._acknowledged(topic)
 
 
 async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
