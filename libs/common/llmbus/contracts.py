@@ -37,7 +37,7 @@ COST = Contract(
     t.COST,
     reads=(
         Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, notes="the GPU ledger's worker lives"),
-        Reads("pricebook", (t.PRICEBOOK,), m.PriceBookUpdate, group=None, raw=True),
+        Reads("pricebook", (t.PRICEBOOK,), m.PriceBookUpdate, group=None),
         Reads("scaling", (t.SCALING,), m.ScaleDecision, group="scaling"),
         Reads("results", (t.RESULTS,), m.InferenceResult, group="results", batch_max_records=500, raw=True),
     ),

@@ -21,7 +21,7 @@ from llmbus.bus import headers as hdr
 from llmbus.bus.codec import decode
 from llmbus.bus.producer import Publisher
 from llmbus.bus.runtime import Bus
-from llmbus.bus.service import Binding, ServiceRuntime
+from llmbus.bus.service import Binding, ServiceRuntime, transient
 from llmbus.declarations import Contract
 from llmbus.messages import Message
 from llmbus.settings import BusSettings
@@ -34,6 +34,7 @@ M = TypeVar("M", bound=Message)
 class MemoryLog:
     records: list[ConsumerRecord] = field(default_factory=list)
     waiting: list[ConsumerRecord] = field(default_factory=list)
+    spies: dict[str, list[tuple[type[Message], list[Any]]]] = field(default_factory=dict)
     _offsets: dict[str, int] = field(default_factory=dict)
 
     def append(self, topic: str, value: bytes | None, key: str | None, headers: hdr.KafkaHeaders) -> None:
@@ -45,6 +46,8 @@ class MemoryLog:
         )
         self.records.append(record)
         self.waiting.append(record)
+        for model, seen in self.spies.get(topic, ()):
+            seen.append(decode(record, model))
 
 
 class MemoryPublisher(Publisher):
@@ -53,6 +56,9 @@ class MemoryPublisher(Publisher):
     def __init__(self, log: MemoryLog, service: str) -> None:
         super().__init__(None, service, send_timeout_s=1.0)  # type: ignore[arg-type]  # no producer
         self.log = log
+
+    async def close(self, timeout_s: float) -> None:
+        return None
 
     async def publish(
         self,
@@ -106,9 +112,12 @@ class MemoryBus:
         self.log = MemoryLog()
         self.runtimes: list[ServiceRuntime] = []
 
-    def runtime(self, contract: Contract) -> ServiceRuntime:
+    def runtime(self, contract: Contract, max_attempts: int = 3) -> ServiceRuntime:
+        """A service's runtime on this log. A transient failure is retried `max_attempts` times, then
+        raised out of `send`/`drain` (on Kafka the record would stay uncommitted: send it again)."""
         publisher = MemoryPublisher(self.log, contract.service)
-        runtime = ServiceRuntime(Bus(self.settings, contract.service, self.topics, publisher), contract)
+        bus = Bus(self.settings, contract.service, self.topics, publisher)
+        runtime = ServiceRuntime(bus, contract, max_attempts=max_attempts, retry_first_s=0.01)
         self.runtimes.append(runtime)
         return runtime
 
@@ -138,8 +147,16 @@ class MemoryBus:
         handler = runtime.record_handler(binding)
         try:
             await handler([record] if binding.reads.batch_max_records is not None else record)
-        except Exception as exc:  # noqa: BLE001 - as ConsumerLoop does: to the DLQ, never fatal
-            await runtime.dead_letter(record, exc)
+        except Exception as exc:
+            if transient(exc):
+                raise  # retried as often as allowed: left for the test to deliver again
+            await runtime.dead_letter(record, exc)  # as ConsumerLoop does: to the DLQ, never fatal
+
+    def spy(self, topic: str, model: type[M]) -> list[M]:
+        """A list that gets every message written to `topic` (a full name) from now on, decoded."""
+        seen: list[M] = []
+        self.log.spies.setdefault(topic, []).append((model, seen))
+        return seen
 
     def published(self, topic: str, model: type[M]) -> list[M]:
         """The messages on `topic` (a full name), decoded."""

@@ -149,6 +149,9 @@ class Publisher:
     def producer(self) -> AIOKafkaProducer:
         return self._producer
 
+    async def close(self, timeout_s: float) -> None:
+        await stop_producer(self._producer, timeout_s)
+
     async def _replace_broken(self, broken: AIOKafkaProducer, exc: BaseException) -> None:
         """A new producer in place of `broken` (once, however many sends saw it fail)."""
         if self._renew is None or not isinstance(exc, BROKEN_SEQUENCE):

@@ -15,7 +15,7 @@ from prometheus_client import start_http_server
 
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import send_to_dlq
-from llmbus.bus.producer import Publisher, make_producer, stop_producer
+from llmbus.bus.producer import Publisher, make_producer
 from llmbus.messages import ErrorCode
 from llmbus.profiling import cpu_profiled
 from llmbus.settings import BusSettings
@@ -51,7 +51,7 @@ class Bus:
         return self.publisher.producer
 
     async def stop(self) -> None:
-        await stop_producer(self.producer, self.settings.stop_timeout_s)
+        await self.publisher.close(self.settings.stop_timeout_s)
 
     async def send_dead_letter(
         self, record: ConsumerRecord, code: str, reason: str, request_id: str | None = None

@@ -90,7 +90,11 @@ class Timer:
 class ServiceRuntime:
     """The bindings, timers and life cycle of one service over a Bus (real, or llmbus.bus.memory's)."""
 
-    def __init__(self, bus: Bus, contract: Contract) -> None:
+    def __init__(
+        self, bus: Bus, contract: Contract, *, max_attempts: int | None = None, retry_first_s: float = RETRY_FIRST_S
+    ) -> None:
+        """`max_attempts`: a transient failure is raised after so many (None: retried until it
+        succeeds or the service stops; the in-memory double bounds it, and a test sees it)."""
         if contract.service != bus.service:
             raise ValueError(f"contract of {contract.service} on the bus of {bus.service}")
         self.bus = bus
@@ -101,6 +105,8 @@ class ServiceRuntime:
         self._joins: list[AIOKafkaConsumer] = []  # start at the log's end: started once assigned
         self._tasks: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        self._max_attempts = max_attempts
+        self._retry_first_s = retry_first_s
 
     @classmethod
     async def connect(cls, settings: BusSettings, contract: Contract) -> ServiceRuntime:
@@ -149,13 +155,15 @@ class ServiceRuntime:
         service = self.contract.service
 
         async def retried(arg: Any, topic: str) -> None:
-            delay_s = RETRY_FIRST_S
+            delay_s = self._retry_first_s
+            attempts = 0
             while True:
                 try:
                     await handler(arg)
                     return
                 except Exception as exc:
-                    if not transient(exc):
+                    attempts += 1
+                    if not transient(exc) or attempts == self._max_attempts:
                         raise
                     HANDLER_RETRIES.labels(service, topic).inc()
                     log.warning("%s on %s failed (%r): retrying in %.1fs", reads.name, topic, exc, delay_s)
