@@ -1,5 +1,7 @@
 """Every service's declared subscriptions and publications (llmbus.declarations).
 
+Concurrency and batch sizes are the defaults; a service's settings may change them (never the topics).
+
 The services subscribe through these (`ServiceRuntime.subscribe(contract.subscription(name), …)`
 or, for the services that run their own ConsumerLoops, the same names), their tests compare the
 topics their publisher wrote with `writes`, and the AsyncAPI documents, the topic catalog's
@@ -39,7 +41,7 @@ COST = Contract(
         Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, notes="the GPU ledger's worker lives"),
         Reads("pricebook", (t.PRICEBOOK,), m.PriceBookUpdate, group=None),
         Reads("scaling", (t.SCALING,), m.ScaleDecision, group="scaling"),
-        Reads("results", (t.RESULTS,), m.InferenceResult, group="results", batch_max_records=500, raw=True),
+        Reads("results", (t.RESULTS,), m.InferenceResult, group="results", batch_max_records=2000, raw=True),
     ),
     writes=(Writes(t.COSTS, m.CostRecord), Writes(t.BUDGETS, m.BudgetStatus), DLQ),
 )
@@ -65,8 +67,8 @@ ROUTER = Contract(
     t.ROUTER,
     reads=(
         # auth on: by pattern, llm.requests and every llm.requests.<tenant>
-        Reads("requests", (t.REQUESTS,), m.InferenceRequest),
-        Reads("results", (t.RESULTS,), m.InferenceResult, group="results", notes="fills the answer cache"),
+        Reads("requests", (t.REQUESTS,), m.InferenceRequest, max_in_flight=512),
+        Reads("results", (t.RESULTS,), m.InferenceResult, group="results", max_in_flight=256, notes="the cache"),
         Reads("models", (t.MODELS,), m.ModelSpec, group=None),
         Reads("experiments", (t.EXPERIMENTS,), m.Experiment, group=None),
         Reads("budgets", (t.BUDGETS,), m.BudgetStatus, group=None),
@@ -77,8 +79,8 @@ ROUTER = Contract(
 SCHEDULER = Contract(
     t.SCHEDULER,
     reads=(
-        Reads("routed", (t.ROUTED,), m.RoutedRequest),
-        Reads("outcomes", (t.OUTCOMES,), m.DispatchOutcome, group="outcomes.<instance>"),
+        Reads("routed", (t.ROUTED,), m.RoutedRequest, max_in_flight=10_000, notes="held: placed or waiting"),
+        Reads("outcomes", (t.OUTCOMES,), m.DispatchOutcome, group="outcomes.<instance>", max_in_flight=256),
         Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None),
         Reads("nodes", (t.NODES,), m.NodeProfile, group=None),
         Reads("models", (t.MODELS,), m.ModelSpec, group=None),
@@ -97,8 +99,8 @@ SCHEDULER = Contract(
 WORKER = Contract(
     t.WORKER,
     reads=(
-        Reads("dispatch", (t.DISPATCH_SPEC.name,), m.Dispatch, group="<worker_id>"),
-        Reads("control", (t.CONTROL,), m.Control, group=None),
+        Reads("dispatch", (t.DISPATCH_SPEC.name,), m.Dispatch, group="<worker_id>", max_in_flight=256),
+        Reads("control", (t.CONTROL,), m.Control, group=None, max_in_flight=16),
         Reads("models", (t.MODELS,), m.ModelSpec, group=None),
     ),
     writes=(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from contextvars import Token
 
@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
-from llmbus.bus.headers import REQUEST_ID, trace_context
+from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
 from llmbus.metric_children import children_of
@@ -302,7 +302,7 @@ class ConsumerLoop:
 
     async def _handle(self, tp: TopicPartition, record: ConsumerRecord, epoch: int) -> None:
         started = time.perf_counter()
-        request_id = _header(record.headers, REQUEST_ID)
+        request_id = header_value(record.headers, REQUEST_ID)
         request_id_var.set(request_id)  # each task has its own context: logs carry it
         try:
             with self._record_context(record, request_id):
@@ -359,16 +359,6 @@ class _Attached(AbstractContextManager[None]):
     def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
             otel_context.detach(self._token)
-
-
-def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
-    for key, raw in headers or ():
-        if key == name and raw is not None:
-            try:
-                return raw.decode()
-            except UnicodeDecodeError:
-                return None
-    return None
 
 
 async def wait_assigned(consumer: AIOKafkaConsumer, timeout_s: float) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "TRACESTATE",
     "KafkaHeaders",
     "as_dict",
+    "header_value",
     "outgoing",
     "trace_context",
 ]
@@ -62,6 +63,17 @@ def as_dict(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
         except UnicodeDecodeError:
             continue
     return result
+
+
+def header_value(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
+    """The first `name` header as text (None when absent or not UTF-8)."""
+    for key, raw in headers or ():
+        if key == name and raw is not None:
+            try:
+                return raw.decode()
+            except UnicodeDecodeError:
+                return None
+    return None
 
 
 def trace_context(headers: Iterable[tuple[str, bytes]] | None) -> otel_context.Context:
