@@ -108,10 +108,9 @@ class CostService:
         await self._send_all(topic, [(message, None, key) for message, key in items])
 
     async def _send_all(self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]) -> None:
-        """Send all, then wait (bounded) for every ack: a batch costs one round trip, not one per record."""
+        """One record batch per partition, then every ack awaited (bounded): one round trip per batch."""
         publisher = self.runtime.publisher
-        deliveries = [await publisher.send(topic, m, key=key, payload=payload) for m, payload, key in items]
-        await publisher.delivered(deliveries)
+        await publisher.delivered(await publisher.send_batch(topic, items))
 
     async def dlq(self, record: ConsumerRecord, exc: Exception) -> None:
         await self.runtime.dead_letter(record, exc)

@@ -1,4 +1,4 @@
-"""The service runtime on the real broker: a batch subscription, its commits, and a failing batch's DLQ."""
+"""The service runtime on the real broker: a batch subscription, its commits, a failing batch's DLQ; batch sends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import messages as m
 from llmbus import topics as t
-from llmbus.bus import Bus
+from llmbus.bus import Bus, make_consumer, stop_consumer
+from llmbus.bus import headers as hdr
 from llmbus.bus.codec import decode
 from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_log
@@ -85,3 +86,37 @@ async def test_batches_are_committed_after_the_handler_and_a_failing_batch_is_de
 
     await run_once(settings, handle_again, settled)
     assert again == []
+
+
+async def test_a_batch_send_puts_each_record_where_a_single_send_would_with_its_own_headers(
+    bus_settings: BusSettings,
+) -> None:
+    topics = t.Topics(bus_settings.topic_prefix)
+    topic = topics.name(t.COSTS)  # 4 partitions
+    bus = await Bus.start(bus_settings, t.COST)
+    records = [m.CostRecord(request_id=f"c{i}", tenant=f"tenant-{i % 7}", model="x", cost_usd=0.0) for i in range(60)]
+    try:
+        await bus.publisher.delivered(
+            await bus.publisher.send_batch(topic, [(r, r.to_bytes(), r.tenant) for r in records])
+        )
+        single = m.CostRecord(request_id="single", tenant="tenant-3", model="x", cost_usd=0.0)
+        await bus.publisher.delivered([await bus.publisher.send(topic, single, key=single.tenant)])
+    finally:
+        await bus.stop()
+    consumer = make_consumer(bus_settings, topic, group_id=None, client_id="batch-test")
+    await consumer.start()
+    seen: dict[str, ConsumerRecord] = {}
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(seen) < 61 and asyncio.get_running_loop().time() < deadline:
+            for part in (await consumer.getmany(timeout_ms=500)).values():
+                seen.update({decode(r, m.CostRecord).request_id: r for r in part})
+    finally:
+        await stop_consumer(consumer, 10)
+    assert len(seen) == 61
+    assert seen["single"].partition == seen["c3"].partition  # the same key, the same partition
+    assert len({r.partition for r in seen.values()}) > 1
+    for i in range(60):
+        headers = dict(seen[f"c{i}"].headers)
+        assert headers[hdr.REQUEST_ID] == f"c{i}".encode() and headers[hdr.TENANT] == f"tenant-{i % 7}".encode()
+        assert headers[hdr.SCHEMA] == m.CostRecord.schema_name().encode()

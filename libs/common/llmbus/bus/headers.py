@@ -27,6 +27,7 @@ __all__ = [
     "header_value",
     "outgoing",
     "trace_context",
+    "trace_headers_now",
 ]
 
 KafkaHeaders = list[tuple[str, bytes]]
@@ -42,8 +43,15 @@ def _producer_header(service: str) -> tuple[str, bytes]:
     return (PRODUCER, service.encode())
 
 
-def outgoing(value: Message, service: str, request_id: str | None = None, tenant: str | None = None) -> KafkaHeaders:
-    """Headers for a message published now, carrying the current span as `traceparent`."""
+def outgoing(
+    value: Message,
+    service: str,
+    request_id: str | None = None,
+    tenant: str | None = None,
+    trace: Iterable[tuple[str, bytes]] | None = None,
+) -> KafkaHeaders:
+    """Headers for a message published now, carrying the current span as `traceparent` (or `trace`:
+    the trace headers taken once for many records published in the same context)."""
     headers: KafkaHeaders = [_schema_header(type(value)), _producer_header(service)]
     request_id = request_id or getattr(value, "request_id", None)
     tenant = tenant or getattr(value, "tenant", None)
@@ -51,8 +59,13 @@ def outgoing(value: Message, service: str, request_id: str | None = None, tenant
         headers.append((REQUEST_ID, str(request_id).encode()))
     if tenant:
         headers.append((TENANT, str(tenant).encode()))
-    headers.extend(outgoing_trace_headers())
+    headers.extend(outgoing_trace_headers() if trace is None else trace)
     return headers
+
+
+def trace_headers_now() -> tuple[tuple[str, bytes], ...]:
+    """The current trace context as headers, once, for `outgoing(..., trace=...)` of many records."""
+    return tuple(outgoing_trace_headers())
 
 
 def as_dict(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -89,6 +90,11 @@ class MemoryPublisher(Publisher):
         delivery: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         delivery.set_result(None)
         return delivery
+
+    async def send_batch(
+        self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]
+    ) -> list[asyncio.Future[object]]:
+        return [await self.send(topic, value, key=key, payload=payload) for value, payload, key in items]
 
     async def publish_raw(
         self,

@@ -32,4 +32,3 @@ def kafka_auth(settings: BusSettings) -> dict[str, Any]:
     if (context := _ssl_context(settings)) is not None:
         options["ssl_context"] = context
     return options
-
