@@ -254,7 +254,10 @@ class ServiceRuntime:
         """Until `stop` is set or a loop fails (its error is raised after the others drained)."""
         stopper = asyncio.create_task(self._stop_on(stop))
         try:
-            await run_until_stopped(self._tasks, self._stop)
+            if self._tasks:
+                await run_until_stopped(self._tasks, self._stop)
+            else:  # nothing bound (a service of timers only that has none): until told to stop
+                await self._stop.wait()
         finally:
             stopper.cancel()
 
