@@ -6,8 +6,9 @@ The services subscribe through these (`ServiceRuntime.subscribe(contract.subscri
 or, for the services that run their own ConsumerLoops, the same names), their tests compare the
 topics their publisher wrote with `writes`, and the AsyncAPI documents, the topic catalog's
 readers and writers (schemas/topics.json) and the service ACLs are generated from here.
-`client` (the client library, the CLI, operators) and `analytics` (the stream jobs) are
-declared too: they are the catalog's other readers and writers.
+`client` (the client library, the CLI and its jobs) and `analytics` (the stream jobs) are
+declared too: they are the catalog's other readers and writers (operators' tools such as
+`llmbus trace` also read every topic of their namespace, under their prefixed ACL).
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ WORKER = Contract(
     t.WORKER,
     reads=(
         Reads("dispatch", (t.DISPATCH_SPEC.name,), m.Dispatch, group="<worker_id>", max_in_flight=256),
-        Reads("control", (t.CONTROL,), m.Control, group=None, max_in_flight=16),
-        Reads("models", (t.MODELS,), m.ModelSpec, group=None),
+        # its own group, from the log's end: a cancel or drain sent before it was ready is not its
+        Reads("control", (t.CONTROL,), m.Control, group="<worker_id>.control", from_earliest=False, max_in_flight=16),
+        Reads("models", (t.MODELS,), m.ModelSpec, group=None, notes="read once at start, as a table"),
     ),
     writes=(
         Writes(t.RESULTS, m.InferenceResult),
@@ -116,7 +118,7 @@ WORKER = Contract(
 GATEWAY = Contract(
     t.GATEWAY,
     reads=(
-        Reads("replies", (t.REPLIES_SPEC.name,), m.TokenChunk, group=None, notes="its own instance's"),
+        Reads("replies", (t.REPLIES_SPEC.name,), m.TokenChunk, group=None, from_earliest=False, notes="its own"),
         Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None),
         Reads("models", (t.MODELS,), m.ModelSpec, group=None),
     ),
@@ -131,9 +133,14 @@ GATEWAY = Contract(
 CLIENT = Contract(
     t.CLIENT,
     reads=(
-        Reads("tokens", (t.TOKENS,), m.TokenChunk, group=None),
+        Reads("tokens", (t.TOKENS,), m.TokenChunk, group=None, from_earliest=False),
         Reads("results", (t.RESULTS,), m.InferenceResult, group=None),
         Reads("decisions", (t.DECISIONS,), m.ExperimentDecision, group=None),
+        Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, notes="llmbus status, trace"),
+        Reads("scaling", (t.SCALING,), m.ScaleDecision, group=None, notes="llmbus scaling"),
+        # the router's retraining job (llmbus retrain): what was routed and the feedback on it
+        Reads("routed", (t.ROUTED,), m.RoutedRequest, group=None),
+        Reads("feedback", FEEDBACK_TOPICS, m.Feedback, group=None),
     ),
     writes=(
         Writes(t.REQUESTS, m.InferenceRequest),
