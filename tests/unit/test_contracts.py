@@ -75,3 +75,23 @@ def test_the_catalogs_readers_and_writers_are_the_declarations() -> None:
     assert t.AUTOSCALER not in t.BY_NAME[t.RESULTS].readers + t.BY_NAME[t.CONTROL].writers
     assert t.COST not in t.BY_NAME[t.COSTS].readers
     assert t.COMPARATOR not in t.BY_NAME[t.SHADOW_TOKENS].readers
+
+
+def test_the_declared_groups_are_the_groups_services_always_had() -> None:
+    """Committed offsets live under these names: a declaration that renamed one would restart a service
+    from its start position."""
+    topics = t.Topics("p.")
+    assert contracts.ROUTER.group_id("requests", topics) == topics.group(t.ROUTER)
+    assert contracts.ROUTER.group_id("results", topics) == topics.group(t.ROUTER, "results")
+    assert contracts.SCHEDULER.group_id("routed", topics) == topics.group(t.SCHEDULER)
+    assert contracts.SCHEDULER.group_id("outcomes", topics, instance="s1") == topics.group(t.SCHEDULER, "outcomes.s1")
+    assert contracts.WORKER.group_id("dispatch", topics, worker_id="w1") == topics.group(t.WORKER, "w1")
+    assert contracts.WORKER.group_id("control", topics, worker_id="w1") == topics.group(t.WORKER, "w1.control")
+    assert contracts.AUTOSCALER.group_id("pool_stats", topics) == topics.group(t.AUTOSCALER)
+    assert contracts.COST.group_id("scaling", topics) == topics.group(t.COST, "scaling")
+    assert contracts.COST.group_id("results", topics) == topics.group(t.COST, "results")
+    assert contracts.COMPARATOR.group_id("results", topics) == topics.group(t.COMPARATOR)
+    assert contracts.COMPARATOR.group_id("feedback", topics) == topics.group(t.COMPARATOR, "feedback")
+    assert contracts.COMPARATOR.group_id("experiments", topics) is None
+    with pytest.raises(ValueError, match="placeholder"):
+        contracts.WORKER.group_id("dispatch", topics)

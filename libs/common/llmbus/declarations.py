@@ -35,10 +35,16 @@ class Reads:
     raw: bool = False  # the handler takes the ConsumerRecord (tombstones, the record's topic, batches)
     notes: str = ""
 
-    def group_id(self, topics: t.Topics, service: str) -> str | None:
+    def group_id(self, topics: t.Topics, service: str, **names: str) -> str | None:
+        """The consumer group; `names` fill the declaration's placeholders (`<worker_id>`: worker_id=…)."""
         if self.group is None:
             return None
-        return topics.group(service, self.group)
+        group = self.group
+        for name, value in names.items():
+            group = group.replace(f"<{name}>", value)
+        if "<" in group:
+            raise ValueError(f"group {self.group!r} of {service}'s {self.name} needs a value for its placeholder")
+        return topics.group(service, group)
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,10 @@ class Contract:
             if reads.name == name:
                 return reads
         raise KeyError(f"{self.service} declares no subscription {name!r}")
+
+    def group_id(self, name: str, topics: t.Topics, **names: str) -> str | None:
+        """The consumer group of the declared subscription `name` (what its consumer must use)."""
+        return self.subscription(name).group_id(topics, self.service, **names)
 
     def read_topics(self) -> set[str]:
         return {topic for reads in self.reads for topic in reads.topics}
