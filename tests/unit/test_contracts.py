@@ -50,8 +50,10 @@ def test_a_subscription_reads_only_what_its_declaration_names() -> None:
     runtime = MemoryBus(SETTINGS).runtime(contracts.AUTOSCALER)
     with pytest.raises(KeyError, match="declares no subscription 'results'"):
         runtime.subscribe("results", lambda record: None)  # type: ignore[arg-type,return-value]
-    with pytest.raises(ValueError, match="topics its declaration names"):
+    with pytest.raises(ValueError, match="what its declaration names"):
         runtime.subscribe("workers", lambda record: None, topics=(t.RESULTS,))  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match="cannot change"):
+        runtime.subscribe("workers", lambda record: None, group="mine")  # type: ignore[arg-type,return-value]
 
 
 async def test_a_write_the_declaration_does_not_name_is_caught() -> None:

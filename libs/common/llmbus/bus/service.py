@@ -58,6 +58,7 @@ RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 5.0
 
 Job = Callable[[], Awaitable[object]]
+HOW_READ = {"batch_max_records", "max_in_flight"}  # what a service's settings may change in a declaration
 
 
 def transient(exc: BaseException) -> bool:
@@ -136,8 +137,8 @@ class ServiceRuntime:
         """Bind the declared subscription `name` to `handler` (a typed one gets the decoded message,
         a `raw` one the record, a batch one the list of records). `overrides` change how it is read
         (batch size, concurrency), never what: a subscription's topics are its declaration's."""
-        if "topics" in overrides:
-            raise ValueError("a subscription reads the topics its declaration names")
+        if unknown := set(overrides) - HOW_READ:
+            raise ValueError(f"a subscription reads what its declaration names: {sorted(unknown)} cannot change")
         reads = dataclasses.replace(self.contract.subscription(name), **overrides)
         self.bindings.append(Binding(reads, handler, pattern, dict(consumer_options or {})))
 
