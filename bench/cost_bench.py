@@ -4,7 +4,7 @@ Two measurements, side by side in one run:
   core     the pure path the service runs per result, in this process on one core: decode the
            InferenceResult JSON, price it (hosted / cache / shadow) or add it to the GPU ledger
            (self-hosted), close the ledger's intervals, encode the CostRecords. No I/O.
-  service  the FastStream service in this process against the real Kafka and Redis: a backlog of
+  service  the service (the bus runtime) in this process against the real Kafka and Redis: a backlog of
            N results already on llm.results (none of it held in this process), the service started,
            the clock stops when every result has been billed once and every CostRecord applied to
            the aggregates (Redis dedupe, outbox, atomic aggregate scripts, budgets, the ledger's

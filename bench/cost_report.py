@@ -67,7 +67,7 @@ def markdown(report: dict[str, Any]) -> list[str]:
             wall = _median([r["results_per_s"] for r in runs])
             label = f"old ({service.get('baseline_ref')})" if name == "baseline" else "current"
             lines.append(
-                f"| service (FastStream + real Kafka + Redis: backlog to billed aggregates) | {label} | {len(runs)} | "
+                f"| service (real Kafka + Redis: backlog to billed aggregates) | {label} | {len(runs)} | "
                 f"{runs[0]['results']:,} | {wall:,.0f} | {cpu_us:.1f} | {start_us:.1f} | {1e6 / cpu_us:,.0f} "
                 f"| {redis_us:.1f} |"
             )

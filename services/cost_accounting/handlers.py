@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 # (record, its encoded bytes, key) -> on llm.costs, every ack awaited
-PublishRecords = Callable[[Sequence[tuple[CostRecord, bytes, str | None]]], Awaitable[None]]
+Items = Sequence[tuple[CostRecord, bytes, str | None]]
+PublishRecords = Callable[[Items], Awaitable[None]]
 
 
 class CostHandlers:

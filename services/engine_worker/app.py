@@ -9,6 +9,7 @@ import time
 
 from prometheus_client import REGISTRY
 
+from llmbus import contracts
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
@@ -75,13 +76,16 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     )
     log.info("ready after %.2fs cold start: %s", life.cold_start_s, life.cold_start_phases_s)
 
-    dispatches = make_consumer(settings, group_id=topics.group(t.WORKER, ws.worker_id), client_id=ws.worker_id)
+    declared = contracts.WORKER
+    dispatches = make_consumer(
+        settings, group_id=declared.group_id("dispatch", topics, worker_id=ws.worker_id), client_id=ws.worker_id
+    )
     controls = make_consumer(
         settings,
         topics.name(t.CONTROL),
-        group_id=topics.group(t.WORKER, f"{ws.worker_id}.control"),
+        group_id=declared.group_id("control", topics, worker_id=ws.worker_id),
         client_id=f"{ws.worker_id}-control",
-        from_beginning=False,
+        from_beginning=declared.subscription("control").from_earliest,
     )
     dispatch_loop = ConsumerLoop(
         dispatches,

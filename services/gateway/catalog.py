@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
@@ -14,6 +15,7 @@ from llmbus.bus import BadMessage, decode, make_consumer, stop_consumer
 from llmbus.messages import ModelSpec, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 
+DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 log = logging.getLogger(__name__)
 
 
@@ -67,7 +69,7 @@ class ModelCatalog:
 class CatalogFollower:
     """Reads llm.models and llm.workers from the beginning, then follows them."""
 
-    def __init__(self, settings: BusSettings, catalog: ModelCatalog) -> None:
+    def __init__(self, settings: BusSettings, catalog: ModelCatalog, dead_letter: DeadLetter) -> None:
         topics = t.Topics(settings.topic_prefix)
         self.settings = settings
         self.catalog = catalog
@@ -75,6 +77,7 @@ class CatalogFollower:
         self.consumer: AIOKafkaConsumer = make_consumer(
             settings, self.models_topic, self.workers_topic, group_id=None, client_id="llmbus-gateway-catalog"
         )
+        self.dead_letter = dead_letter
         self.caught_up = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
 
@@ -82,7 +85,7 @@ class CatalogFollower:
         await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
         self.task = asyncio.create_task(self._follow())
 
-    def _apply(self, record: ConsumerRecord) -> None:
+    async def _apply(self, record: ConsumerRecord) -> None:
         try:
             if record.topic == self.models_topic:
                 spec = decode(record, ModelSpec)
@@ -90,8 +93,8 @@ class CatalogFollower:
             else:
                 status = decode(record, WorkerStatus)
                 self.catalog.workers[status.worker_id] = status
-        except BadMessage as exc:  # the owners of these topics dead-letter their own bad records
-            log.warning("skipping a record of %s: %s", record.topic, exc.reason)
+        except BadMessage as exc:  # the catalog goes on without it; llm.dlq says why (bounded, never fatal)
+            await self.dead_letter(record, exc)
 
     async def _follow(self) -> None:
         loop = asyncio.get_running_loop()
@@ -104,7 +107,7 @@ class CatalogFollower:
             for records in batches.values():
                 for record in records:
                     if record.value is not None:
-                        self._apply(record)
+                        await self._apply(record)
             if not self.caught_up.is_set():
                 positions = [await self.consumer.position(tp) for tp in tps]
                 if all(pos >= ends[tp] for tp, pos in zip(tps, positions, strict=True)):

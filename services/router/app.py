@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka.structs import ConsumerRecord
 from pydantic import SecretStr
 
-from llmbus import tenancy
+from llmbus import contracts, tenancy
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
@@ -102,7 +102,10 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     # With auth on, tenants write their own request topics: found by pattern (new ones within seconds).
     discovery_ms = router_settings.request_topic_discovery_ms if settings.auth_enabled else 300_000  # aiokafka's
     requests = make_consumer(
-        settings, group_id=topics.group(t.ROUTER), client_id="llmbus-router", metadata_max_age_ms=discovery_ms
+        settings,
+        group_id=contracts.ROUTER.group_id("requests", topics),
+        client_id="llmbus-router",
+        metadata_max_age_ms=discovery_ms,
     )
     request_loop = ConsumerLoop(
         requests,
@@ -117,7 +120,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     # Leaders' results answer their coalesced followers: that needs llm.results too.
     if (router_settings.cache_fill and policy.cache.enabled) or reporter is not None or coalescer is not None:
         # Earliest on a new group: a few stale results only miss their (expired) pending marks.
-        results = make_consumer(settings, group_id=topics.group(t.ROUTER, "results"), client_id="llmbus-router-results")
+        group = contracts.ROUTER.group_id("results", topics)
+        results = make_consumer(settings, group_id=group, client_id="llmbus-router-results")
         results_loop = ConsumerLoop(
             results, handlers.on_result, bus.dead_letter, settings, service=t.ROUTER, max_in_flight=256
         )

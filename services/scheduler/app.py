@@ -8,6 +8,7 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from llmbus import contracts
 from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.consumer import wait_assigned
@@ -87,12 +88,14 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         group_id=None,
         client_id="llmbus-scheduler-fleet",
     )
-    routed = make_consumer(settings, group_id=topics.group(t.SCHEDULER), client_id="llmbus-scheduler")
+    routed = make_consumer(
+        settings, group_id=contracts.SCHEDULER.group_id("routed", topics), client_id="llmbus-scheduler"
+    )
     # Every instance reads every outcome (its own group): the placement may be another instance's,
     # and whoever sees the outcome first releases it in Redis.
     outcomes = make_consumer(
         settings,
-        group_id=topics.group(t.SCHEDULER, f"outcomes.{sched.instance_id}"),
+        group_id=contracts.SCHEDULER.group_id("outcomes", topics, instance=sched.instance_id),
         client_id="llmbus-scheduler-outcomes",
     )
     loops = [

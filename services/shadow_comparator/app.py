@@ -1,7 +1,7 @@
-"""shadow-comparator wiring: a FastStream app with four subscribers and two timers.
+"""shadow-comparator wiring: four declared subscriptions (llmbus.contracts.COMPARATOR) and two timers.
 
-Subscribers (at-least-once: a record's offset is committed after its handler returned,
-a failing handler's record is delivered again — NACK_ON_ERROR):
+Subscriptions (at least once: a record's offset is committed after its handler returned; a
+transient failure is retried, a bad record goes to llm.dlq with the reason — llmbus.bus.service):
   llm.results      group llmbus.shadow-comparator          joins pairs, counts A/B variants
   llm.costs        group llmbus.shadow-comparator.costs    cost per A/B request
   llm.feedback     group llmbus.shadow-comparator.feedback feedback per A/B request (auth on: by
@@ -14,111 +14,66 @@ in one instance at a time (a Redis lease), so several comparators never ramp the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
 
-from faststream import FastStream
-from faststream.kafka import KafkaBroker
-from faststream.middlewares import AckPolicy
-from prometheus_client import start_http_server
-
-from llmbus import tenancy
+from llmbus import contracts, tenancy
 from llmbus import topics as t
-from llmbus.bus.security import faststream_security
+from llmbus.bus.service import ServiceRuntime
 from llmbus.messages import Comparison
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from llmbus.telemetry import setup_logging, setup_tracing
 from services.shadow_comparator.comparator import Comparator, ExperimentView
 from services.shadow_comparator.config import ComparatorSettings
-from services.shadow_comparator.handlers import BrokerPublisher, ComparatorHandlers
+from services.shadow_comparator.handlers import ComparatorHandlers
 from services.shadow_comparator.store import ComparatorStore
 
 log = logging.getLogger(__name__)
 
 
-def build(settings: BusSettings, cfg: ComparatorSettings) -> tuple[FastStream, KafkaBroker, ComparatorHandlers]:
-    topics = t.Topics(settings.topic_prefix)
-    broker = KafkaBroker(
-        settings.kafka_bootstrap,
-        client_id=f"llmbus-{t.COMPARATOR}",
-        security=faststream_security(settings),
-        acks="all",
-        enable_idempotence=True,
-        request_timeout_ms=settings.request_timeout_ms,
-        graceful_timeout=settings.stop_timeout_s,
-        log_level=logging.DEBUG,  # FastStream's per-message "Received/Processed" lines: debug only
-        # A new tenant's feedback topic joins the pattern subscription at the next metadata refresh.
-        metadata_max_age_ms=cfg.feedback_topic_discovery_ms if settings.auth_enabled else 300_000,  # aiokafka's
-    )
+def build(runtime: ServiceRuntime, cfg: ComparatorSettings) -> ComparatorHandlers:
+    settings, topics = runtime.settings, runtime.topics
     store = ComparatorStore(
         redis_client(settings.redis_url, password=settings.redis_password),
         f"{settings.topic_prefix}comparator",
         cfg.pair_ttl_s,
         cfg.done_ttl_s,
     )
-    publisher = BrokerPublisher(broker, t.COMPARATOR, settings.send_timeout_s)
 
     async def publish_comparison(comparison: Comparison) -> None:
-        await publisher.publish(
+        await runtime.publisher.publish(
             topics.name(t.COMPARISONS), comparison, key=comparison.experiment_id, request_id=comparison.request_id
         )
 
     comparator = Comparator(store, ExperimentView(), publish_comparison, max_text_chars=cfg.max_text_chars)
-    handlers = ComparatorHandlers(comparator, publisher, topics)
+    handlers = ComparatorHandlers(comparator, runtime.publisher, topics)
 
-    def at_least_once(
-        topic: str | None, group: str, handler: Callable[..., Awaitable[None]], pattern: str | None = None
-    ) -> None:
-        broker.subscriber(
-            *([topic] if topic else []),
-            pattern=pattern,
-            group_id=group,
-            auto_offset_reset="earliest",
-            ack_policy=AckPolicy.NACK_ON_ERROR,
-        )(handler)
-
-    # No group: every instance reads the whole compacted topic from the start and commits nothing.
-    broker.subscriber(topics.name(t.EXPERIMENTS), auto_offset_reset="earliest", ack_policy=AckPolicy.MANUAL)(
-        handlers.on_experiment
-    )
-    at_least_once(topics.name(t.RESULTS), topics.group(t.COMPARATOR), handlers.on_result)
-    at_least_once(topics.name(t.COSTS), topics.group(t.COMPARATOR, "costs"), handlers.on_cost)
-    feedback_group = topics.group(t.COMPARATOR, "feedback")
+    runtime.subscribe("experiments", handlers.on_experiment)
+    runtime.subscribe("results", handlers.on_result)
+    runtime.subscribe("costs", handlers.on_cost)
     if settings.auth_enabled:  # tenants write their own topics: the tenant of a record is its topic's
-        at_least_once(None, feedback_group, handlers.on_feedback, pattern=tenancy.feedback_topic_pattern(topics.prefix))
+        runtime.subscribe(
+            "feedback",
+            handlers.on_feedback,
+            pattern=tenancy.feedback_topic_pattern(topics.prefix),
+            # A new tenant's feedback topic joins the pattern subscription at the next metadata refresh.
+            consumer_options={"metadata_max_age_ms": cfg.feedback_topic_discovery_ms},
+        )
     else:
-        at_least_once(topics.name(t.FEEDBACK), feedback_group, handlers.on_feedback)
+        runtime.subscribe("feedback", handlers.on_feedback)
 
-    app = FastStream(broker)
-    timers: list[asyncio.Task[None]] = []
+    runtime.every(cfg.sweep_interval_s, "sweep", comparator.sweep)
+    if cfg.decide:
+        owner = f"{socket.gethostname()}-{os.getpid()}"
+        lease_s = cfg.decide_interval_s * 3
 
-    @app.after_startup
-    async def start_timers() -> None:
-        timers.append(asyncio.create_task(_every(cfg.sweep_interval_s, "sweep", comparator.sweep)))
-        if cfg.decide:
-            owner = f"{socket.gethostname()}-{os.getpid()}"
-            lease_s = cfg.decide_interval_s * 3
+        async def tick() -> None:
+            if await store.lead(owner, lease_s):
+                await decide_once(handlers)
 
-            async def tick() -> None:
-                if await store.lead(owner, lease_s):
-                    await decide_once(handlers)
-
-            timers.append(asyncio.create_task(_every(cfg.decide_interval_s, "decide", tick)))
-
-    @app.on_shutdown
-    async def stop_timers() -> None:
-        for task in timers:
-            task.cancel()
-        for task in timers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await store.close()
-
-    return app, broker, handlers
+        runtime.every(cfg.decide_interval_s, "decide", tick)
+    return handlers
 
 
 async def decide_once(handlers: ComparatorHandlers) -> None:
@@ -138,20 +93,12 @@ async def decide_once(handlers: ComparatorHandlers) -> None:
             handlers.comparator.experiments.apply(verdict.updated)
 
 
-async def _every(interval_s: float, name: str, job: Callable[[], Awaitable[object]]) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            await job()
-        except Exception:  # a failed tick (Redis or Kafka hiccup) is retried on the next one
-            log.exception("%s tick failed", name)
-
-
-def main() -> None:
-    settings = BusSettings()
-    setup_logging(t.COMPARATOR, settings.log_level, settings.log_json)
-    setup_tracing(t.COMPARATOR, settings, console=settings.otel_console)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr=settings.metrics_host)
-    app, _, _ = build(settings, ComparatorSettings())
-    asyncio.run(app.run())
+async def main(settings: BusSettings, stop: asyncio.Event) -> None:
+    runtime = await ServiceRuntime.connect(settings, contracts.COMPARATOR)
+    handlers = build(runtime, ComparatorSettings())
+    try:
+        await runtime.start()
+        await runtime.wait(stop)
+    finally:
+        await runtime.stop()
+        await handlers.comparator.store.close()

@@ -1,18 +1,18 @@
 """Two scheduler instances' PoolStats on the real llm.pool-stats topic: the autoscaler app merges them.
 
-The app (FastStream, real broker, no actuator) reads what two instances publish for one pool, and
+The app (the bus runtime, real broker, no actuator) reads what two instances publish for one pool, and
 the policy is evaluated on the pool as a whole: its ScaleDecision on llm.scaling carries the sum of
 both instances' queues and says that two instances were merged.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import pytest
 
+from llmbus import contracts
 from llmbus import topics as t
+from llmbus.bus import Bus
+from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_log
 from llmbus.messages import PoolStats, ScaleDecision, now_ms
 from llmbus.settings import BusSettings
@@ -30,12 +30,12 @@ async def test_two_instances_stats_are_merged_into_one_evaluation(bus_settings: 
     s = bus_settings
     topics = t.Topics(s.topic_prefix)
     actuator = NoActuator()
-    _, broker, handlers = build_app(s, AutoscalerSettings(actuator="none", stats_max_wait_s=60), actuator)
-    await asyncio.wait_for(broker.start(), 60)
+    runtime = await ServiceRuntime.connect(s, contracts.AUTOSCALER)
+    handlers = build_app(runtime, AutoscalerSettings(actuator="none", stats_max_wait_s=60), actuator)
+    scheduler = await Bus.start(s, t.SCHEDULER)  # the statistics' writer
     try:
-        # The statistics subscriber starts at the latest offset of its group: publish once it is assigned.
-        [stats_sub] = [sub for sub in broker.subscribers if topics.name(t.POOL_STATS) in str(sub.topics)]
-        await eventually(lambda: _assigned(stats_sub), timeout_s=60, interval_s=0.2)
+        # The statistics subscription starts at the latest offset of its group: start() returns once it is assigned.
+        await runtime.start()
         start = now_ms()
 
         async def report(instance: str, at_ms: int, queued: int) -> None:
@@ -49,7 +49,7 @@ async def test_two_instances_stats_are_merged_into_one_evaluation(bus_settings: 
                 oldest_wait_ms=400.0 if queued else 0.0,
                 sent_at_ms=at_ms,
             )
-            await asyncio.wait_for(broker.publish(stats.to_bytes(), topics.name(t.POOL_STATS), key=POOL.encode()), 30)
+            await scheduler.publisher.publish(topics.name(t.POOL_STATS), stats, key=POOL)
 
         # Idle: a alone is evaluated at once (hold); b joins; a's next report completes the round (hold).
         await report("sched-a", start, 0)
@@ -71,11 +71,7 @@ async def test_two_instances_stats_are_merged_into_one_evaluation(bus_settings: 
         assert decision.signals["arrival_rate_per_s"] == 1.0  # (2 + 3) arrivals over the 5 s window
         assert handlers.merger.instances(POOL) == ["sched-a", "sched-b"]
         assert await actuator.replicas(POOL) == 1
+        assert not runtime.contract.undeclared(topics, runtime.publisher.topics_written)
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(broker.stop(), 30)
-
-
-async def _assigned(subscriber: object) -> bool:
-    consumer = getattr(subscriber, "consumer", None)
-    return consumer is not None and bool(consumer.assignment())
+        await runtime.stop()
+        await scheduler.stop()

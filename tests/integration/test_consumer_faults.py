@@ -43,7 +43,7 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> None:
 
 async def make_topic(settings: BusSettings, partitions: int, name: str = "faults.test") -> str:
     topic = f"{settings.topic_prefix}{name}"
-    await ensure_topics(settings, [(topic, TopicSpec(topic, "k", InferenceRequest, (), (), partitions=partitions))])
+    await ensure_topics(settings, [(topic, TopicSpec(topic, "k", InferenceRequest, partitions=partitions))])
     return topic
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.kafka
 
 async def make_topic(settings: BusSettings, partitions: int) -> str:
     name = f"{settings.topic_prefix}loop.test"
-    await ensure_topics(settings, [(name, TopicSpec(name, "k", InferenceRequest, (), (), partitions=partitions))])
+    await ensure_topics(settings, [(name, TopicSpec(name, "k", InferenceRequest, partitions=partitions))])
     return name
 
 

@@ -1,4 +1,4 @@
-"""Cost-accounting handlers in memory (FastStream TestKafkaBroker) with the real Redis (namespaced keys)."""
+"""Cost-accounting handlers in memory (llmbus.bus.memory) with the real Redis (namespaced keys)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from faststream.kafka import TestKafkaBroker
 
+from llmbus import contracts
 from llmbus import topics as t
+from llmbus.bus.memory import MemoryBus
 from llmbus.bus.producer import PublishTimeout
 from llmbus.messages import (
     BudgetState,
@@ -51,35 +52,28 @@ async def service(redis_up: None, tmp_path: Path):  # type: ignore[no-untyped-de
     budgets = tmp_path / "budgets.yaml"
     budgets.write_text("tenants:\n  small: {limit_usd: 0.01, period: day}\n")
     settings = BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False)
-    svc = CostService(settings, CostSettings(budgets_path=str(budgets), interval_s=60, grace_s=1, settle_s=0))
-    costs: list[CostRecord] = []
-    statuses: list[BudgetStatus] = []
-
-    @svc.broker.subscriber(svc.topics.name(t.COSTS), group_id="test-spy")
-    async def spy_costs(record: CostRecord) -> None:
-        costs.append(record)
-
-    @svc.broker.subscriber(svc.topics.name(t.BUDGETS))
-    async def spy_budgets(status: BudgetStatus) -> None:
-        statuses.append(status)
-
-    async with TestKafkaBroker(svc.broker) as broker:
-        yield svc, broker, costs, statuses
+    bus = MemoryBus(settings)
+    cost = CostSettings(budgets_path=str(budgets), interval_s=60, grace_s=1, settle_s=0)
+    svc = CostService(settings, cost, bus.runtime(contracts.COST))
+    costs = bus.spy(svc.topics.name(t.COSTS), CostRecord)
+    statuses = bus.spy(svc.topics.name(t.BUDGETS), BudgetStatus)
+    yield svc, bus, costs, statuses
+    assert not svc.runtime.contract.undeclared(svc.topics, svc.runtime.publisher.topics_written)
     async for key in svc.redis.scan_iter(match=f"{settings.topic_prefix}*"):
         await svc.redis.delete(key)
     await svc.redis.aclose()
 
 
-async def send_result(svc: CostService, broker, result: InferenceResult) -> None:  # type: ignore[no-untyped-def]
-    await broker.publish(result.to_bytes(), svc.topics.name(t.RESULTS), key=result.request_id.encode())
+async def send_result(svc: CostService, bus: MemoryBus, result: InferenceResult) -> None:
+    await bus.send(svc.topics.name(t.RESULTS), result, key=result.request_id)
 
 
 async def test_hosted_cache_shadow_and_dedupe(service) -> None:  # type: ignore[no-untyped-def]
-    svc, broker, costs, _ = service
-    await send_result(svc, broker, hosted("r1"))
-    await send_result(svc, broker, hosted("r1"))  # redelivered: billed once
-    await send_result(svc, broker, hosted("r2", cached=True, model="gpt-4.1-mini"))
-    await send_result(svc, broker, hosted("r3", shadow=True, experiment_id="exp1", variant="cand"))
+    svc, bus, costs, _ = service
+    await send_result(svc, bus, hosted("r1"))
+    await send_result(svc, bus, hosted("r1"))  # redelivered: billed once
+    await send_result(svc, bus, hosted("r2", cached=True, model="gpt-4.1-mini"))
+    await send_result(svc, bus, hosted("r3", shadow=True, experiment_id="exp1", variant="cand"))
     by_id = {c.request_id: c for c in costs}
     assert len(costs) == 3
     # 800 x $2 + 200 x $0.50 + 500 x $8 per 1M tokens = 5,700 µUSD
@@ -103,16 +97,16 @@ async def test_outbox_billed_as_staged_before_anything_else(service) -> None:  #
     """A run that staged a record and stopped (before or after publishing it): the next run publishes
     and applies exactly the staged bytes, even if the price book changed since, and the result they
     price is not priced again when it comes back."""
-    svc, broker, costs, _ = service
+    svc, bus, costs, _ = service
     staged = price_result(hosted("o1"), svc.handlers.book)
     assert isinstance(staged, CostRecord) and staged.cost_micro_usd == 5700
     await svc.store.stage([staged], [staged.to_bytes()])
     svc.handlers._recover = True  # as after a restart
     book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
     book["hosted"]["gpt-4.1"]["output_per_1m"] = 16.0
-    await broker.publish(PriceBookUpdate(book=book).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
-    await send_result(svc, broker, hosted("o1"))  # the batch comes again after the crash
-    await send_result(svc, broker, hosted("o2"))
+    await bus.send(svc.topics.name(t.PRICEBOOK), PriceBookUpdate(book=book), key="pricebook")
+    await send_result(svc, bus, hosted("o1"))  # the batch comes again after the crash
+    await send_result(svc, bus, hosted("o2"))
     assert [(c.request_id, c.cost_micro_usd) for c in costs] == [("o1", 5700), ("o2", 1600 + 100 + 8000)]
     assert costs[0].to_bytes() == staged.to_bytes()
     day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
@@ -121,10 +115,10 @@ async def test_outbox_billed_as_staged_before_anything_else(service) -> None:  #
 
 
 async def test_budget_alerts_once_per_threshold(service) -> None:  # type: ignore[no-untyped-def]
-    svc, broker, _, statuses = service
+    svc, bus, _, statuses = service
     # $0.01 a day; each request 5,700 µUSD: 57 % then 114 %, then nothing new
     for rid in ("b1", "b2", "b3"):
-        await send_result(svc, broker, hosted(rid, tenant="small"))
+        await send_result(svc, bus, hosted(rid, tenant="small"))
     assert [(s.state, s.threshold_perc) for s in statuses] == [(BudgetState.WARN, 50), (BudgetState.OVER, 100)]
     assert statuses[-1].spent_usd == pytest.approx(0.0114)  # published when 100 % was crossed
 
@@ -144,16 +138,16 @@ def sim_heartbeat(worker_id: str, state: WorkerState, started_at_ms: int, sent_a
 
 
 async def test_self_hosted_priced_when_interval_closes(service) -> None:  # type: ignore[no-untyped-def]
-    svc, broker, costs, _ = service
+    svc, bus, costs, _ = service
     start = NOW - NOW % 60_000
     beat = sim_heartbeat("sim-1", WorkerState.READY, start, sent_at_ms=start + 1000)
-    await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-1")
+    await bus.send(svc.topics.name(t.WORKERS), beat, key="sim-1")
     result = hosted("s1", model="sim-llama-8b", worker_id="sim-1", completed_at_ms=start + 30_000)
     result.timings.engine_ms = 20_000
-    await send_result(svc, broker, result)
+    await send_result(svc, bus, result)
     assert costs == []  # held until the interval closes
     stopped = beat.model_copy(update={"state": WorkerState.STOPPED, "sent_at_ms": start + 60_000})
-    await broker.publish(stopped.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-1")
+    await bus.send(svc.topics.name(t.WORKERS), stopped, key="sim-1")
     await svc.handlers.tick(start + 120_000, 60_000)
     kinds = {c.kind: c.cost_micro_usd for c in costs}
     rate = svc.ledger.book.pool_rate("sim")
@@ -164,20 +158,20 @@ async def test_self_hosted_priced_when_interval_closes(service) -> None:  # type
 
 
 async def test_price_book_overridden_at_runtime(service) -> None:  # type: ignore[no-untyped-def]
-    svc, broker, costs, _ = service
+    svc, bus, costs, _ = service
     book = yaml.safe_load(DEFAULT_PRICEBOOK_PATH.read_text())
     book["hosted"]["gpt-4.1"]["output_per_1m"] = 16.0
-    await broker.publish(PriceBookUpdate(book=book).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
+    await bus.send(svc.topics.name(t.PRICEBOOK), PriceBookUpdate(book=book), key="pricebook")
     broken = book | {"pools": {"x": {"gpu": "no-such-gpu", "models": ["m"]}}}
-    await broker.publish(PriceBookUpdate(book=broken).to_bytes(), svc.topics.name(t.PRICEBOOK), key=b"pricebook")
-    await send_result(svc, broker, hosted("p1"))
+    await bus.send(svc.topics.name(t.PRICEBOOK), PriceBookUpdate(book=broken), key="pricebook")
+    await send_result(svc, bus, hosted("p1"))
     # 800 x 2 + 200 x 0.5 + 500 x 16: the valid update applies, the invalid one is refused
     assert costs[-1].cost_micro_usd == 1600 + 100 + 8000
 
 
 async def test_failed_publish_billed_from_the_outbox_first(service) -> None:  # type: ignore[no-untyped-def]
     """Kafka fails after a batch is staged: the next batch first bills what was staged, once."""
-    svc, broker, costs, _ = service
+    svc, bus, costs, _ = service
     publish = svc.handlers.publish_records
 
     async def kafka_away(items: object) -> None:
@@ -185,11 +179,11 @@ async def test_failed_publish_billed_from_the_outbox_first(service) -> None:  # 
 
     svc.handlers.publish_records = kafka_away
     with pytest.raises(PublishTimeout):
-        await send_result(svc, broker, hosted("f1"))
+        await send_result(svc, bus, hosted("f1"))
     assert costs == [] and len(await svc.store.staged()) == 1
     svc.handlers.publish_records = publish
-    await send_result(svc, broker, hosted("f2"))
-    await send_result(svc, broker, hosted("f1"))  # the failed batch again: already billed from the outbox
+    await send_result(svc, bus, hosted("f2"))
+    await send_result(svc, bus, hosted("f1"))  # the failed batch again: already billed from the outbox
     assert [c.request_id for c in costs] == ["f1", "f2"]
     day_total = read_totals(await svc.store.totals(agg_key(svc.topics.prefix, "day", NOW, "total")))["all"]
     assert (day_total["requests"], day_total["cost"]) == (2, 2 * 5700)
@@ -199,10 +193,10 @@ async def test_failed_publish_billed_from_the_outbox_first(service) -> None:  # 
 async def test_ledger_record_applied_before_is_not_billed_again(service) -> None:  # type: ignore[no-untyped-def]
     """A restart closes an interval again from an older cursor: a record applied before (maybe priced
     differently now) is neither published nor added again."""
-    svc, broker, costs, _ = service
+    svc, bus, costs, _ = service
     start = NOW - NOW % 60_000
     beat = sim_heartbeat("sim-2", WorkerState.STOPPED, start, sent_at_ms=start + 60_000)
-    await broker.publish(beat.to_bytes(), svc.topics.name(t.WORKERS), key=b"sim-2")
+    await bus.send(svc.topics.name(t.WORKERS), beat, key="sim-2")
     await svc.handlers.tick(start + 120_000, 60_000)
     billed = list(costs)
     assert {c.kind for c in billed} == {CostKind.IDLE}

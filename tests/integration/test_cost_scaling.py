@@ -1,6 +1,6 @@
 """Cost-accounting sees the autoscaler: scale decisions on llm.scaling counted per pool, once each.
 
-The handler runs in memory (FastStream TestKafkaBroker) against the real Redis, where the
+The handler runs in memory (llmbus.bus.memory) against the real Redis, where the
 once-only marker and the aggregates live; `llmbus costs --view pool` reads the same report.
 """
 
@@ -10,9 +10,10 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
-from faststream.kafka import TestKafkaBroker
 
+from llmbus import contracts
 from llmbus import topics as t
+from llmbus.bus.memory import MemoryBus
 from llmbus.messages import ScaleDecision
 from llmbus.settings import BusSettings
 from services.cost_accounting.app import CostService
@@ -26,11 +27,11 @@ pytestmark = [pytest.mark.redis]
 
 
 @pytest.fixture
-async def service(redis_up: None) -> AsyncIterator[tuple[CostService, TestKafkaBroker]]:
+async def service(redis_up: None) -> AsyncIterator[tuple[CostService, MemoryBus]]:
     settings = BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False)
-    svc = CostService(settings, CostSettings(settle_s=0))
-    async with TestKafkaBroker(svc.broker) as broker:
-        yield svc, broker
+    bus = MemoryBus(settings)
+    svc = CostService(settings, CostSettings(settle_s=0), bus.runtime(contracts.COST))
+    yield svc, bus
     async for key in svc.redis.scan_iter(match=f"{settings.topic_prefix}*"):
         await svc.redis.delete(key)
     await svc.redis.aclose()
@@ -49,8 +50,8 @@ def decision(current: int, desired: int, at_ms: int, pool: str = "sim-llama-8b")
     )
 
 
-async def test_scale_events_counted_per_pool_once_each(service: tuple[CostService, TestKafkaBroker]) -> None:
-    svc, broker = service
+async def test_scale_events_counted_per_pool_once_each(service: tuple[CostService, MemoryBus]) -> None:
+    svc, bus = service
     topic = svc.topics.name(t.SCALING)
     for d in [
         decision(0, 1, NOW),
@@ -58,8 +59,8 @@ async def test_scale_events_counted_per_pool_once_each(service: tuple[CostServic
         decision(3, 3, NOW + 90_000),
         decision(3, 0, NOW + 900_000),
     ]:
-        await broker.publish(d.to_bytes(), topic, key=d.pool.encode())
-    await broker.publish(decision(1, 3, NOW + 60_000).to_bytes(), topic, key=b"sim-llama-8b")  # redelivered
+        await bus.send(topic, d, key=d.pool)
+    await bus.send(topic, decision(1, 3, NOW + 60_000), key="sim-llama-8b")  # redelivered
 
     report = await cost_report(svc.redis, svc.topics.prefix, load_pricebook(None), NOW)
     row = report["today"]["pool"]["sim-llama-8b"]

@@ -453,7 +453,7 @@ async def test_catalog_names_every_topic_the_services_really_use(stack: Stack) -
         spec = topics.spec_of(topic)
         if service not in (spec.writers if verb == "writes" else spec.readers):
             wrong.append(f"{service} {verb} {spec.name}")
-    assert not wrong, f"the catalog (llmbus/topics.py) does not say: {wrong}"
+    assert not wrong, f"the declarations (llmbus/contracts.py) do not say: {wrong}"
 
 
 async def worker_of(dispatches: dict[str, TopicTail], request_id: str, timeout_s: float = 20) -> str:

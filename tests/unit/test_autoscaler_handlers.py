@@ -1,11 +1,12 @@
-"""The autoscaler's FastStream app in memory (TestKafkaBroker): statistics in, a ScaleDecision out."""
+"""The autoscaler's wiring in memory (llmbus.bus.memory): statistics in, a ScaleDecision out."""
 
 from __future__ import annotations
 
-from faststream.kafka import TestKafkaBroker
-
+from llmbus import contracts
 from llmbus import topics as t
-from llmbus.messages import PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
+from llmbus.bus.codec import decode
+from llmbus.bus.memory import MemoryBus
+from llmbus.messages import DeadLetter, PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from services.autoscaler.actuators import NoActuator
 from services.autoscaler.app import build_app
@@ -13,42 +14,52 @@ from services.autoscaler.config import AutoscalerSettings
 
 
 async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_published() -> None:
-    settings = BusSettings(topic_prefix="unit.")
+    bus = MemoryBus(BusSettings(topic_prefix="unit."))
+    runtime = bus.runtime(contracts.AUTOSCALER)
     actuator = NoActuator()
-    _, broker, handlers = build_app(settings, AutoscalerSettings(actuator="none"), actuator)
-    topics = t.Topics(settings.topic_prefix)
-    decisions: list[ScaleDecision] = []
-
-    @broker.subscriber(topics.name(t.SCALING))
-    async def seen(decision: ScaleDecision) -> None:
-        decisions.append(decision)
-
-    async with TestKafkaBroker(broker):
-        now = now_ms()
-        await broker.publish(
-            WorkerStatus(
-                worker_id="w1",
-                node_id="n",
-                state=WorkerState.STOPPED,  # gone: the pool is at zero; its measurements stay
-                engine="sim",
-                models=["sim-llama-8b"],
-                cold_start_s=4.5,
-                max_num_seqs=16,
-            ).model_dump(mode="json"),
-            topics.name(t.WORKERS),
-        )
-        stats = PoolStats(
-            pool="sim-llama-8b", window_start_ms=now - 5000, window_s=5.0, arrivals=1, queued=1, oldest_wait_ms=900
-        )
-        await broker.publish(stats.model_dump(mode="json"), topics.name(t.POOL_STATS))
-        await broker.publish(
-            stats.model_copy(update={"pool": "not-managed"}).model_dump(mode="json"), topics.name(t.POOL_STATS)
-        )
+    handlers = build_app(runtime, AutoscalerSettings(actuator="none"), actuator)
+    topics = bus.topics
+    now = now_ms()
+    await bus.send(
+        topics.name(t.WORKERS),
+        WorkerStatus(
+            worker_id="w1",
+            node_id="n",
+            state=WorkerState.STOPPED,  # gone: the pool is at zero; its measurements stay
+            engine="sim",
+            models=["sim-llama-8b"],
+            cold_start_s=4.5,
+            max_num_seqs=16,
+        ),
+    )
+    stats = PoolStats(
+        pool="sim-llama-8b", window_start_ms=now - 5000, window_s=5.0, arrivals=1, queued=1, oldest_wait_ms=900
+    )
+    await bus.send(topics.name(t.POOL_STATS), stats)
+    await bus.send(topics.name(t.POOL_STATS), stats.model_copy(update={"pool": "not-managed"}))
 
     assert await actuator.replicas("sim-llama-8b") == 1
-    (decision,) = decisions
+    (decision,) = bus.published(topics.name(t.SCALING), ScaleDecision)
     assert decision.pool == "sim-llama-8b" and decision.policy == "threshold" and decision.action == "up"
     assert decision.current_replicas == 0 and decision.desired_replicas == 1
     assert decision.signals["queued"] == 1 and decision.signals["cold_start_s"] == 4.5
     assert decision.actuator == "none"
     assert handlers.fleet.slots["sim-llama-8b"] == 16
+    assert not runtime.contract.undeclared(topics, runtime.publisher.topics_written)
+
+
+async def test_a_bad_heartbeat_goes_to_the_dlq_with_its_reason_and_the_next_one_is_read() -> None:
+    bus = MemoryBus(BusSettings(topic_prefix="unit."))
+    runtime = bus.runtime(contracts.AUTOSCALER)
+    handlers = build_app(runtime, AutoscalerSettings(actuator="none"), NoActuator())
+    workers = bus.topics.name(t.WORKERS)
+    await bus.send(workers, b'{"worker_id": "w1", "state": "nonsense"}', key="w1")
+    status = WorkerStatus(
+        worker_id="w2", node_id="n", state=WorkerState.READY, engine="sim", models=["sim-llama-8b"], max_num_seqs=8
+    )
+    await bus.send(workers, status, key="w2")
+    (letter,) = [decode(r, DeadLetter) for r in bus.log.records if r.topic == bus.topics.name(t.DLQ)]
+    assert letter.source_topic == workers and letter.error_code == "invalid_request" and "state" in letter.error
+    assert letter.service == t.AUTOSCALER
+    assert handlers.fleet.slots["sim-llama-8b"] == 8
+    assert not runtime.contract.undeclared(bus.topics, runtime.publisher.topics_written)

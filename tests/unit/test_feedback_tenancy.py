@@ -6,10 +6,10 @@ import re
 from dataclasses import dataclass, field
 
 import pytest
-from aiokafka.structs import ConsumerRecord
 
-from llmbus import tenancy
+from llmbus import contracts, tenancy
 from llmbus import topics as t
+from llmbus.bus.memory import MemoryBus
 from llmbus.client import LlmbusClient
 from llmbus.messages import (
     DeadLetter,
@@ -17,7 +17,6 @@ from llmbus.messages import (
     Feedback,
     InferenceRequest,
     InferenceResult,
-    Message,
     ResultStatus,
     RoutedRequest,
 )
@@ -103,35 +102,18 @@ class FakeComparator:
         self.refused.append(reason)
 
 
-@dataclass
-class FakePublisher:
-    service: str = t.COMPARATOR
-    sent: list[tuple[str, Message]] = field(default_factory=list)
-
-    async def publish(self, topic: str, value: Message, *, key: str | None, request_id: str | None = None) -> None:
-        self.sent.append((topic, value))
-
-
-@dataclass
-class Msg:
-    raw_message: ConsumerRecord  # type: ignore[type-arg]
-
-
-def record(topic: str, feedback: Feedback) -> ConsumerRecord:  # type: ignore[type-arg]
-    value = feedback.to_bytes()
-    key = feedback.request_id.encode()
-    return ConsumerRecord(topic, 0, 7, 0, 0, key, value, None, len(key), len(value), ())
-
-
 async def test_the_handler_takes_the_tenant_from_the_topic_and_dead_letters_a_false_claim() -> None:
-    comparator, publisher = FakeComparator(), FakePublisher()
-    handlers = ComparatorHandlers(comparator, publisher, t.Topics("p."))  # type: ignore[arg-type]
-    await handlers.on_feedback(Msg(record("p.llm.feedback.acme", Feedback(request_id="r1", tenant="acme", score=1))))
-    await handlers.on_feedback(Msg(record("p.llm.feedback.acme", Feedback(request_id="r2", score=1))))
-    await handlers.on_feedback(Msg(record("p.llm.feedback", Feedback(request_id="r3", tenant="globex", score=1))))
+    bus = MemoryBus(BusSettings(topic_prefix="p."))
+    runtime = bus.runtime(contracts.COMPARATOR)
+    comparator = FakeComparator()
+    handlers = ComparatorHandlers(comparator, runtime.publisher, bus.topics)  # type: ignore[arg-type]
+    runtime.subscribe("feedback", handlers.on_feedback, pattern=tenancy.feedback_topic_pattern("p."))
+    await bus.send("p.llm.feedback.acme", Feedback(request_id="r1", tenant="acme", score=1), key="r1")
+    await bus.send("p.llm.feedback.acme", Feedback(request_id="r2", score=1), key="r2")
+    await bus.send("p.llm.feedback", Feedback(request_id="r3", tenant="globex", score=1), key="r3")
     assert [(f.request_id, f.tenant) for f in comparator.counted] == [("r1", "acme"), ("r3", "globex")]
     assert len(comparator.refused) == 1 and "claims tenant 'default'" in comparator.refused[0]
-    [(topic, letter)] = publisher.sent
-    assert topic == "p.llm.dlq" and isinstance(letter, DeadLetter)
+    assert runtime.publisher.topics_written == {"p.llm.dlq"}
+    [letter] = bus.published("p.llm.dlq", DeadLetter)
     assert letter.error_code == ErrorCode.FORBIDDEN and letter.request_id == "r2"
     assert letter.source_topic == "p.llm.feedback.acme" and "feedback topic of 'acme'" in letter.error

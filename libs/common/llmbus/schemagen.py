@@ -1,4 +1,7 @@
-"""Generates schemas/ from the models: JSON Schema per message, AsyncAPI per service, topic catalog.
+"""Generates schemas/ from the code: JSON Schema per message, AsyncAPI per service, topic catalog.
+
+The AsyncAPI documents and the catalog's readers and writers come from the services' declared
+subscriptions and publications (llmbus.contracts), which the services subscribe through.
 
 `python -m llmbus.schemagen --out schemas` writes them; `--check` fails (exit 1) when
 the committed files differ from what the code would write — `make test` runs the check.
@@ -13,8 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from llmbus import contracts
 from llmbus import messages as m
 from llmbus import topics as t
+from llmbus.declarations import Contract, Reads
 
 ASYNCAPI_VERSION = "3.0.0"
 
@@ -44,54 +49,103 @@ def topic_catalog() -> list[dict[str, object]]:
     ]
 
 
-def asyncapi_for(service: str) -> dict[str, object]:
-    """AsyncAPI 3 document: the channels a service sends to and receives from."""
+def _spec(topic: str) -> t.TopicSpec:
+    return t.BY_NAME.get(topic) or next(spec for spec in t.PATTERN_SPECS if spec.name == topic)
+
+
+def _channel_id(topic: str) -> str:
+    return topic.replace(".", "_").replace("<", "").replace(">", "")
+
+
+def _channel(spec: t.TopicSpec) -> dict[str, object]:
+    name = spec.value.__name__
+    return {
+        "address": spec.name,
+        "description": f"key: {spec.key}. {spec.notes}".strip(),
+        "messages": {name: {"$ref": f"#/components/messages/{name}"}},
+        "bindings": {
+            "kafka": {
+                "partitions": spec.partitions,
+                "topicConfiguration": {
+                    "cleanup.policy": ["compact" if spec.compacted else "delete"],
+                    "retention.ms": spec.retention_ms,
+                },
+            }
+        },
+    }
+
+
+def _message(model: type[m.Message]) -> dict[str, object]:
+    name = model.__name__
+    return {
+        "name": name,
+        "contentType": "application/json",
+        "headers": {
+            "type": "object",
+            "properties": {
+                "llmbus-schema": {"type": "string", "const": model.schema_name()},
+                "traceparent": {"type": "string", "description": "W3C trace context"},
+                "llmbus-request-id": {"type": "string"},
+                "llmbus-tenant": {"type": "string"},
+            },
+        },
+        "payload": {"$ref": f"../messages/{name}.json"},
+    }
+
+
+def _receive(contract: Contract, reads: Reads, channel_id: str) -> dict[str, object]:
+    """One subscription as AsyncAPI: its group (or none), where it starts, how it is handled."""
+    group = "llmbus." + contract.service + (f".{reads.group}" if reads.group else "")
+    handling = f"batches of up to {reads.batch_max_records}" if reads.batch_max_records else "one record at a time"
+    if reads.max_in_flight > 1:
+        handling = f"up to {reads.max_in_flight} records at once, committed in offset order"
+    where = "from the earliest offset" if reads.from_earliest else "from the latest offset"
+    delivery = (
+        "nothing committed: read in full at every start" if reads.group is None else "committed after the handler"
+    )
+    delivery += " (at least once)"
+    summary = f"{reads.name}: {'no group, every instance reads all' if reads.group is None else 'group ' + group}"
+    operation: dict[str, object] = {
+        "action": "receive",
+        "channel": {"$ref": f"#/channels/{channel_id}"},
+        "summary": summary,
+        "description": f"{where}; {handling}; {delivery}. {reads.notes}".strip(),
+    }
+    if reads.group is not None:
+        operation["bindings"] = {"kafka": {"groupId": {"type": "string", "const": group}}}
+    return operation
+
+
+def asyncapi_for(contract: Contract) -> dict[str, object]:
+    """AsyncAPI 3 document of one service, from its declared subscriptions and publications."""
     channels: dict[str, object] = {}
     operations: dict[str, object] = {}
     components: dict[str, object] = {}
-    for spec in (*t.CATALOG, *t.PATTERN_SPECS):
-        sends, receives = service in spec.writers, service in spec.readers
-        if not (sends or receives):
-            continue
-        channel_id = spec.name.replace(".", "_").replace("<", "").replace(">", "")
-        name = spec.value.__name__
-        channels[channel_id] = {
-            "address": spec.name,
-            "description": f"key: {spec.key}. {spec.notes}".strip(),
-            "messages": {name: {"$ref": f"#/components/messages/{name}"}},
-            "bindings": {
-                "kafka": {
-                    "partitions": spec.partitions,
-                    "topicConfiguration": {
-                        "cleanup.policy": ["compact" if spec.compacted else "delete"],
-                        "retention.ms": spec.retention_ms,
-                    },
-                }
-            },
-        }
-        components[name] = {
-            "name": name,
-            "contentType": "application/json",
-            "headers": {
-                "type": "object",
-                "properties": {
-                    "llmbus-schema": {"type": "string", "const": spec.value.schema_name()},
-                    "traceparent": {"type": "string", "description": "W3C trace context"},
-                    "llmbus-request-id": {"type": "string"},
-                    "llmbus-tenant": {"type": "string"},
-                },
-            },
-            "payload": {"$ref": f"../messages/{name}.json"},
-        }
-        for action, applies in (("send", sends), ("receive", receives)):
-            if applies:
-                operations[f"{action}_{channel_id}"] = {
-                    "action": action,
-                    "channel": {"$ref": f"#/channels/{channel_id}"},
-                }
+
+    def channel(topic: str, model: type[m.Message]) -> str:
+        channel_id = _channel_id(topic)
+        channels[channel_id] = _channel(_spec(topic))
+        components[model.__name__] = _message(model)
+        return channel_id
+
+    for reads in contract.reads:
+        for topic in reads.topics:
+            channel_id = channel(topic, reads.model)
+            suffix = "" if len(reads.topics) == 1 else f"_{channel_id}"
+            operations[f"receive_{reads.name}{suffix}"] = _receive(contract, reads, channel_id)
+    for writes in contract.writes:
+        channel_id = channel(writes.topic, writes.model)
+        operation: dict[str, object] = {"action": "send", "channel": {"$ref": f"#/channels/{channel_id}"}}
+        if writes.notes:
+            operation["description"] = writes.notes
+        operations[f"send_{channel_id}"] = operation
     return {
         "asyncapi": ASYNCAPI_VERSION,
-        "info": {"title": f"llmbus {service}", "version": "1"},
+        "info": {
+            "title": f"llmbus {contract.service}",
+            "version": "1",
+            "description": "Generated from the service's declared subscriptions and publications (llmbus.contracts).",
+        },
         "defaultContentType": "application/json",
         "servers": {"local": {"host": "127.0.0.1:9092", "protocol": "kafka"}},
         "channels": channels,
@@ -107,8 +161,8 @@ def render() -> dict[str, str]:
         schema["$id"] = f"https://llmbus.dev/schemas/{model.schema_name()}"
         files[f"messages/{model.__name__}.json"] = _dump_json(schema)
     files["topics.json"] = _dump_json(topic_catalog())
-    for service in t.ALL_SERVICES:
-        files[f"asyncapi/{service}.yaml"] = yaml.safe_dump(asyncapi_for(service), sort_keys=False, width=120)
+    for contract in contracts.SERVICES:
+        files[f"asyncapi/{contract.service}.yaml"] = yaml.safe_dump(asyncapi_for(contract), sort_keys=False, width=120)
     return files
 
 

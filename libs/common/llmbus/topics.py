@@ -18,13 +18,24 @@ class TopicSpec:
     name: str
     key: str
     value: type[m.Message]
-    writers: tuple[str, ...]
-    readers: tuple[str, ...]
     partitions: int = 4
     retention_ms: int = 7 * DAY_MS
     compacted: bool = False
     notes: str = ""
     extra_config: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def writers(self) -> tuple[str, ...]:
+        """Who declares writing it (llmbus.contracts: the services' declarations, not a list kept here)."""
+        from llmbus.contracts import writers_of  # the contracts name the catalog's topics: imported late
+
+        return writers_of(self.name)
+
+    @property
+    def readers(self) -> tuple[str, ...]:
+        from llmbus.contracts import readers_of
+
+        return readers_of(self.name)
 
     def config(self) -> dict[str, str]:
         cfg = {"retention.ms": str(self.retention_ms)}
@@ -72,8 +83,6 @@ CATALOG: tuple[TopicSpec, ...] = (
         REQUESTS,
         "session id, else request id",
         m.InferenceRequest,
-        (CLIENT, GATEWAY),
-        (ROUTER,),
         partitions=8,
         notes="replayable log of what clients asked",
     ),
@@ -81,8 +90,6 @@ CATALOG: tuple[TopicSpec, ...] = (
         ROUTED,
         "target model",
         m.RoutedRequest,
-        (ROUTER, SCHEDULER),  # the scheduler re-publishes a request it hands to a fallback model
-        (SCHEDULER,),
         partitions=8,
         notes="keyed by model so one scheduler instance owns a model",
     ),
@@ -90,8 +97,6 @@ CATALOG: tuple[TopicSpec, ...] = (
         TOKENS,
         "request id",
         m.TokenChunk,
-        (WORKER, ROUTER, SCHEDULER),  # router and scheduler write final chunks of requests they end
-        (CLIENT,),
         partitions=8,
         retention_ms=DAY_MS,
         notes="default reply topic; chunks batched, ordered by seq",
@@ -100,8 +105,6 @@ CATALOG: tuple[TopicSpec, ...] = (
         SHADOW_TOKENS,
         "request id",
         m.TokenChunk,
-        (WORKER, ROUTER, SCHEDULER),
-        (COMPARATOR,),
         partitions=4,
         retention_ms=DAY_MS,
         notes="reply topic of shadow copies; never read by clients",
@@ -110,8 +113,6 @@ CATALOG: tuple[TopicSpec, ...] = (
         RESULTS,
         "request id",
         m.InferenceResult,
-        (WORKER, ROUTER, SCHEDULER),
-        (ROUTER, COMPARATOR, COST, AUTOSCALER, ANALYTICS, CLIENT),  # the router fills its cache from results
         partitions=8,
         notes="exactly one final result per request id",
     ),
@@ -119,8 +120,6 @@ CATALOG: tuple[TopicSpec, ...] = (
         OUTCOMES,
         "request id",
         m.DispatchOutcome,
-        (WORKER,),
-        (SCHEDULER,),
         partitions=4,
         notes="one per dispatch attempt: completed, failed, retryable",
     ),
@@ -128,22 +127,16 @@ CATALOG: tuple[TopicSpec, ...] = (
         WORKERS,
         "worker id",
         m.WorkerStatus,
-        (WORKER,),
-        (SCHEDULER, AUTOSCALER, COST, GATEWAY),
         partitions=1,
         compacted=True,
         notes="heartbeats",
     ),
-    TopicSpec(NODES, "node id", m.NodeProfile, (WORKER,), (SCHEDULER, COST), partitions=1, compacted=True),
-    TopicSpec(
-        MODELS, "model name", m.ModelSpec, (CLIENT,), (ROUTER, SCHEDULER, WORKER, GATEWAY), partitions=1, compacted=True
-    ),
+    TopicSpec(NODES, "node id", m.NodeProfile, partitions=1, compacted=True),
+    TopicSpec(MODELS, "model name", m.ModelSpec, partitions=1, compacted=True),
     TopicSpec(
         EXPERIMENTS,
         "experiment id",
         m.Experiment,
-        (CLIENT, COMPARATOR),
-        (ROUTER, COMPARATOR),
         partitions=1,
         compacted=True,
     ),
@@ -151,43 +144,35 @@ CATALOG: tuple[TopicSpec, ...] = (
         FEEDBACK,
         "request id",
         m.Feedback,
-        (CLIENT, GATEWAY),
-        (COMPARATOR,),
         partitions=4,
         notes="dev mode: every client; auth on: the gateway's alone (tenants write llm.feedback.<tenant>)",
     ),
-    TopicSpec(COMPARISONS, "experiment id", m.Comparison, (COMPARATOR,), (ANALYTICS,), partitions=1),
+    TopicSpec(COMPARISONS, "experiment id", m.Comparison, partitions=1),
     TopicSpec(
         DECISIONS,
         "experiment id",
         m.ExperimentDecision,
-        (COMPARATOR,),
-        (CLIENT, ANALYTICS),
         partitions=1,
         retention_ms=30 * DAY_MS,
         notes="promote / hold / rollback with the evidence behind each",
     ),
-    TopicSpec(SCALING, "pool", m.ScaleDecision, (AUTOSCALER,), (COST, ANALYTICS), partitions=1),
+    TopicSpec(SCALING, "pool", m.ScaleDecision, partitions=1),
     TopicSpec(
         POOL_STATS,
         "pool",
         m.PoolStats,
-        (SCHEDULER,),
-        (AUTOSCALER,),
         partitions=1,
         retention_ms=DAY_MS,
         notes="per-pool queue wait, arrivals, in flight: the scaling signal",
     ),
-    TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (COST, COMPARATOR, ANALYTICS), partitions=4),  # cost: aggregates
-    TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
-    TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, (CLIENT,), (COST,), partitions=1, compacted=True),
-    TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER, GATEWAY), (WORKER, SCHEDULER), partitions=1),
+    TopicSpec(COSTS, "tenant", m.CostRecord, partitions=4),
+    TopicSpec(BUDGETS, "tenant", m.BudgetStatus, partitions=1, compacted=True),
+    TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, partitions=1, compacted=True),
+    TopicSpec(CONTROL, "target id", m.Control, partitions=1),
     TopicSpec(
         DLQ,
         "original key",
         m.DeadLetter,
-        ALL_SERVICES,
-        (ANALYTICS,),
         partitions=1,
         retention_ms=30 * DAY_MS,
         notes="nothing is dropped silently",
@@ -198,8 +183,6 @@ DISPATCH_SPEC = TopicSpec(
     DISPATCH_PREFIX + "<worker_id>",
     "request id",
     m.Dispatch,
-    (SCHEDULER,),
-    (WORKER,),
     partitions=1,
     retention_ms=DAY_MS,
     notes="one topic per worker; never key-hashed",
@@ -209,8 +192,6 @@ REPLIES_SPEC = TopicSpec(
     REPLIES_PREFIX + "<instance>",
     "request id",
     m.TokenChunk,
-    (WORKER, ROUTER, SCHEDULER),
-    (GATEWAY,),
     partitions=4,
     retention_ms=DAY_MS,
     notes="reply topic of one gateway instance: the chunks of the requests it sent",
@@ -220,8 +201,6 @@ FEEDBACK_TENANT_SPEC = TopicSpec(
     FEEDBACK + ".<tenant>",
     "request id",
     m.Feedback,
-    (CLIENT,),
-    (COMPARATOR,),
     partitions=1,
     notes="auth on: one tenant's feedback, written by that tenant only; its tenant is the topic's",
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from contextvars import Token
 
@@ -28,7 +28,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
-from llmbus.bus.headers import REQUEST_ID, trace_context
+from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
 from llmbus.metric_children import children_of
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")
 
 Handler = Callable[[ConsumerRecord], Awaitable[None]]
+BatchHandler = Callable[[list[ConsumerRecord]], Awaitable[None]]
 ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 
 CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
@@ -102,9 +103,15 @@ class ConsumerLoop:
         max_in_flight: int = 1,
         commit_offsets: bool = True,
         drain_grace_s: float | None = None,
+        batch_handler: BatchHandler | None = None,
+        batch_max_records: int = 500,
     ) -> None:
         self._consumer = consumer
         self._handler = handler
+        # A batch handler takes every record of one fetch at once (one batch in flight per slot);
+        # a batch that raises goes to `on_error` record by record, like single records.
+        self._batch_handler = batch_handler
+        self._batch_max_records = batch_max_records
         self._on_error = on_error
         self._settings = settings
         self._service = service
@@ -196,13 +203,14 @@ class ConsumerLoop:
                 if self._saturated:
                     self._consumer.resume(*self._consumer.paused())
                     self._saturated = False
-                batches = await self._consumer.getmany(
-                    timeout_ms=self._settings.poll_timeout_ms,
-                    max_records=min(free, self._settings.max_poll_records),
-                )
+                wanted = self._batch_max_records if self._batch_handler else min(free, self._settings.max_poll_records)
+                batches = await self._consumer.getmany(timeout_ms=self._settings.poll_timeout_ms, max_records=wanted)
+                if self._batch_handler is not None:
+                    self._start_batch(batches)
                 for tp, records in batches.items():
-                    for record in records:
-                        self._start(tp, record)
+                    if self._batch_handler is None:
+                        for record in records:
+                            self._start(tp, record)
                     if records and (high := self._consumer.highwater(tp)) is not None:
                         _lag(self._service, tp.topic, str(tp.partition)).set(max(0, high - records[-1].offset - 1))
             if time.monotonic() >= next_commit:
@@ -214,6 +222,60 @@ class ConsumerLoop:
         task = asyncio.create_task(self._handle(tp, record, self._epochs.get(tp, 0)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _start_batch(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        records = [record for part in batches.values() for record in part]
+        if not records:
+            return
+        epochs = {tp: self._epochs.get(tp, 0) for tp in batches}
+        for tp, part in batches.items():
+            for record in part:
+                self._tracker.started(tp, record.offset)
+        task = asyncio.create_task(self._handle_batch(batches, records, epochs))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle_batch(
+        self,
+        batches: dict[TopicPartition, list[ConsumerRecord]],
+        records: list[ConsumerRecord],
+        epochs: dict[TopicPartition, int],
+    ) -> None:
+        assert self._batch_handler is not None
+        started = time.perf_counter()
+        outcome = "ok"
+        try:
+            with self._record_context(records[0], None):
+                await self._batch_handler(records)
+        except asyncio.CancelledError:
+            return  # not done: stays uncommitted and is redelivered
+        except Exception as exc:  # noqa: BLE001 - every failure is routed, none dropped
+            outcome = "dead_letter"
+            for record in records:
+                if not await self._route_error(record, exc):
+                    outcome = "dead_letter_failed"
+        _handle_seconds(self._service, records[0].topic).observe(time.perf_counter() - started)
+        for tp, part in batches.items():
+            _consumed(self._service, tp.topic, outcome).inc(len(part))
+            if self._epochs.get(tp, 0) == epochs[tp]:
+                for record in part:
+                    self._tracker.done(tp, record.offset)
+        self._slot_freed.set()
+
+    async def _route_error(self, record: ConsumerRecord, exc: Exception) -> bool:
+        """`on_error` for a record whose handler raised; False (logged) if that failed too."""
+        try:
+            await self._on_error(record, exc)
+            return True
+        except Exception:
+            # Never fatal: the restarted service would meet the same record and stop again.
+            log.exception(
+                "could not dead-letter %s[%d]@%d: skipped (it stays in its topic until its retention)",
+                record.topic,
+                record.partition,
+                record.offset,
+            )
+            return False
 
     def _record_context(self, record: ConsumerRecord, request_id: str | None) -> AbstractContextManager[object]:
         """The trace context a record is handled in: its CONSUMER span, child of the producer's.
@@ -240,7 +302,7 @@ class ConsumerLoop:
 
     async def _handle(self, tp: TopicPartition, record: ConsumerRecord, epoch: int) -> None:
         started = time.perf_counter()
-        request_id = _header(record.headers, REQUEST_ID)
+        request_id = header_value(record.headers, REQUEST_ID)
         request_id_var.set(request_id)  # each task has its own context: logs carry it
         try:
             with self._record_context(record, request_id):
@@ -249,18 +311,7 @@ class ConsumerLoop:
         except asyncio.CancelledError:
             return  # not done: stays uncommitted and is redelivered
         except Exception as exc:  # noqa: BLE001 - every failure is routed, none dropped
-            try:
-                await self._on_error(record, exc)
-                outcome = "dead_letter"
-            except Exception:
-                # Never fatal: the restarted service would meet the same record and stop again.
-                log.exception(
-                    "could not dead-letter %s[%d]@%d: skipped (it stays in its topic until its retention)",
-                    record.topic,
-                    record.partition,
-                    record.offset,
-                )
-                outcome = "dead_letter_failed"
+            outcome = "dead_letter" if await self._route_error(record, exc) else "dead_letter_failed"
         _handle_seconds(self._service, record.topic).observe(time.perf_counter() - started)
         _consumed(self._service, record.topic, outcome).inc()
         if self._epochs.get(tp, 0) == epoch:
@@ -308,16 +359,6 @@ class _Attached(AbstractContextManager[None]):
     def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
             otel_context.detach(self._token)
-
-
-def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
-    for key, raw in headers or ():
-        if key == name and raw is not None:
-            try:
-                return raw.decode()
-            except UnicodeDecodeError:
-                return None
-    return None
 
 
 async def wait_assigned(consumer: AIOKafkaConsumer, timeout_s: float) -> None:

@@ -24,8 +24,10 @@ __all__ = [
     "TRACESTATE",
     "KafkaHeaders",
     "as_dict",
+    "header_value",
     "outgoing",
     "trace_context",
+    "trace_headers_now",
 ]
 
 KafkaHeaders = list[tuple[str, bytes]]
@@ -41,8 +43,15 @@ def _producer_header(service: str) -> tuple[str, bytes]:
     return (PRODUCER, service.encode())
 
 
-def outgoing(value: Message, service: str, request_id: str | None = None, tenant: str | None = None) -> KafkaHeaders:
-    """Headers for a message published now, carrying the current span as `traceparent`."""
+def outgoing(
+    value: Message,
+    service: str,
+    request_id: str | None = None,
+    tenant: str | None = None,
+    trace: Iterable[tuple[str, bytes]] | None = None,
+) -> KafkaHeaders:
+    """Headers for a message published now, carrying the current span as `traceparent` (or `trace`:
+    the trace headers taken once for many records published in the same context)."""
     headers: KafkaHeaders = [_schema_header(type(value)), _producer_header(service)]
     request_id = request_id or getattr(value, "request_id", None)
     tenant = tenant or getattr(value, "tenant", None)
@@ -50,8 +59,13 @@ def outgoing(value: Message, service: str, request_id: str | None = None, tenant
         headers.append((REQUEST_ID, str(request_id).encode()))
     if tenant:
         headers.append((TENANT, str(tenant).encode()))
-    headers.extend(outgoing_trace_headers())
+    headers.extend(outgoing_trace_headers() if trace is None else trace)
     return headers
+
+
+def trace_headers_now() -> tuple[tuple[str, bytes], ...]:
+    """The current trace context as headers, once, for `outgoing(..., trace=...)` of many records."""
+    return tuple(outgoing_trace_headers())
 
 
 def as_dict(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
@@ -62,6 +76,17 @@ def as_dict(headers: Sequence[tuple[str, bytes]] | None) -> dict[str, str]:
         except UnicodeDecodeError:
             continue
     return result
+
+
+def header_value(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | None:
+    """The first `name` header as text (None when absent or not UTF-8)."""
+    for key, raw in headers or ():
+        if key == name and raw is not None:
+            try:
+                return raw.decode()
+            except UnicodeDecodeError:
+                return None
+    return None
 
 
 def trace_context(headers: Iterable[tuple[str, bytes]] | None) -> otel_context.Context:

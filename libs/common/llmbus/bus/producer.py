@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
+    MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
     ProducerClosed,
     UnknownProducerId,
@@ -138,10 +140,19 @@ class Publisher:
         self._renewing = asyncio.Lock()
         self._retired: set[asyncio.Task[None]] = set()
         self._stopping: dict[AIOKafkaProducer, asyncio.Task[None]] = {}  # replaced producer → its stop
+        # Every topic written (full names): a service's tests compare them with its declared contract.
+        self.topics_written: set[str] = set()
+
+    def _acknowledged(self, topic: str, records: int = 1) -> None:
+        _published(self._service, topic).inc(records)
+        self.topics_written.add(topic)
 
     @property
     def producer(self) -> AIOKafkaProducer:
         return self._producer
+
+    async def close(self, timeout_s: float) -> None:
+        await stop_producer(self._producer, timeout_s)
 
     async def _replace_broken(self, broken: AIOKafkaProducer, exc: BaseException) -> None:
         """A new producer in place of `broken` (once, however many sends saw it fail)."""
@@ -230,7 +241,7 @@ class Publisher:
                     if self._abandoned(producer):
                         raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
                     log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
-                _published(self._service, topic).inc()
+                self._acknowledged(topic)
                 return
             except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
                 # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
@@ -243,21 +254,73 @@ class Publisher:
                 await asyncio.sleep(RETRY_PAUSE_S)
 
     async def send(
-        self, topic: str, value: Message, *, key: str | None, request_id: str | None = None, tenant: str | None = None
+        self,
+        topic: str,
+        value: Message,
+        *,
+        key: str | None,
+        request_id: str | None = None,
+        tenant: str | None = None,
+        payload: bytes | None = None,
     ) -> asyncio.Future[object]:
         """Enqueue without waiting for the broker: returns the delivery future (await it, bounded).
 
         Records of one key keep their order (same partition, idempotent producer), so a stream
-        of chunks can be sent this way and only the last one waited for.
+        of chunks can be sent this way and only the last one waited for. `payload`: `value`
+        already encoded (bytes that must be published exactly as staged elsewhere).
         """
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         encoded_key = key.encode() if key is not None else None
         producer = self._producer
         async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
-            delivery = await producer.send(topic, value.to_bytes(), key=encoded_key, headers=headers)
+            delivery = await producer.send(
+                topic, value.to_bytes() if payload is None else payload, key=encoded_key, headers=headers
+            )
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
-        _published(self._service, topic).inc()
+        self._acknowledged(topic)
         return delivery
+
+    async def send_batch(
+        self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]
+    ) -> list[asyncio.Future[object]]:
+        """Enqueue many records (message, its bytes or None, key) as one record batch per partition,
+        without waiting for the broker: returns the batches' delivery futures (await `delivered`).
+
+        For thousands of records at once (cost-accounting's CostRecords): a `send` per record costs a
+        partitioner step, an accumulator step and a future each. Each record keeps its own key (its
+        partition, as `send` would pick it), request id and tenant; the trace context is taken once.
+        """
+        if not items:
+            return []
+        producer = self._producer
+        trace_headers = hdr.trace_headers_now()
+        sent: list[asyncio.Future[object]] = []
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                partitions = sorted(await producer.partitions_for(topic))
+                batches: dict[int, Any] = {}
+                for value, payload, key in items:
+                    key_bytes = key.encode() if key is not None else None
+                    partition = partition_for(key_bytes, partitions, partitions)  # the producer's own choice
+                    data = value.to_bytes() if payload is None else payload
+                    fields: dict[str, Any] = {"key": key_bytes, "value": data, "timestamp": None}
+                    fields["headers"] = hdr.outgoing(value, self._service, trace=trace_headers)
+                    batch = batches.get(partition)
+                    if batch is not None and batch.append(**fields) is not None:
+                        continue
+                    if batch is not None:  # full: it goes now, the record starts the next one
+                        sent.append(await producer.send_batch(batch, topic, partition=partition))
+                    batch = batches[partition] = producer.create_batch()
+                    if batch.append(**fields) is None:
+                        raise MessageSizeTooLargeError(f"a record of {len(data)} bytes for {topic}")
+                for partition, batch in batches.items():  # each holds at least one record
+                    sent.append(await producer.send_batch(batch, topic, partition=partition))
+        except TimeoutError as exc:
+            raise PublishTimeout(f"Kafka did not take {len(items)} records for {topic} in time") from exc
+        for delivery in sent:
+            delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
+        self._acknowledged(topic, len(items))
+        return sent
 
     def _check_delivery(self, producer: AIOKafkaProducer, delivery: asyncio.Future[object]) -> None:
         """A send whose ack is awaited elsewhere may still show that its producer needs replacing."""
@@ -304,7 +367,7 @@ class Publisher:
         except KafkaError as exc:
             await self._replace_broken(producer, exc)  # the caller's retry then goes out on a working one
             raise
-        _published(self._service, topic).inc()
+        self._acknowledged(topic)
 
 
 async def stop_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:

@@ -15,7 +15,8 @@ from prometheus_client import start_http_server
 
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import send_to_dlq
-from llmbus.bus.producer import Publisher, make_producer, stop_producer
+from llmbus.bus.headers import REQUEST_ID, header_value
+from llmbus.bus.producer import Publisher, make_producer
 from llmbus.messages import ErrorCode
 from llmbus.profiling import cpu_profiled
 from llmbus.settings import BusSettings
@@ -51,7 +52,7 @@ class Bus:
         return self.publisher.producer
 
     async def stop(self) -> None:
-        await stop_producer(self.producer, self.settings.stop_timeout_s)
+        await self.publisher.close(self.settings.stop_timeout_s)
 
     async def send_dead_letter(
         self, record: ConsumerRecord, code: str, reason: str, request_id: str | None = None
@@ -75,7 +76,9 @@ class Bus:
             await self.send_dead_letter(record, exc.code, exc.reason, exc.request_id)
         else:
             log.exception("handler failed on %s[%d]@%d", record.topic, record.partition, record.offset, exc_info=exc)
-            await self.send_dead_letter(record, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+            # The record decoded (it was handled): its request id header says which request it was.
+            request_id = header_value(record.headers, REQUEST_ID)
+            await self.send_dead_letter(record, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", request_id)
 
 
 ServiceMain = Callable[[BusSettings, asyncio.Event], Awaitable[None]]

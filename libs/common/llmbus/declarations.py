@@ -1,0 +1,90 @@
+"""What a service reads and writes, declared once: the runtime subscribes from it, schemagen documents it.
+
+A `Reads` is one subscription (its topic or topics, consumer group, start position, concurrency
+within a partition, single records or batches, the message model it decodes); a `Writes` is one
+topic a service publishes to. A service's `Contract` holds both. The bus runtime
+(llmbus.bus.service) only subscribes through a declared `Reads`, and its publisher records every
+topic written, so a test compares what a service really did with what it declared
+(`Contract.undeclared`). The AsyncAPI documents and the topic catalog's readers and writers come
+from the contracts (llmbus.contracts), never from a list kept beside them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from llmbus import topics as t
+from llmbus.messages import Message
+
+
+@dataclass(frozen=True)
+class Reads:
+    """One subscription. `topics` are catalog names (a pattern spec's name such as
+    `llm.dispatch.<worker_id>` for a topic named per instance or tenant)."""
+
+    name: str
+    topics: tuple[str, ...]
+    model: type[Message]
+    # None: no group; every instance reads the whole topic and commits nothing (compacted state).
+    # "": the service's own group (`<prefix>llmbus.<service>`); else `<prefix>llmbus.<service>.<group>`.
+    group: str | None = ""
+    from_earliest: bool = True
+    max_in_flight: int = 1  # records (or batches) handled at once; commits stay in offset order
+    batch_max_records: int | None = None  # a batch handler: the records of one fetch, up to this many
+    raw: bool = False  # the handler takes the ConsumerRecord (tombstones, the record's topic, batches)
+    notes: str = ""
+
+    def group_id(self, topics: t.Topics, service: str, **names: str) -> str | None:
+        """The consumer group; `names` fill the declaration's placeholders (`<worker_id>`: worker_id=…)."""
+        if self.group is None:
+            return None
+        group = self.group
+        for name, value in names.items():
+            group = group.replace(f"<{name}>", value)
+        if "<" in group:
+            raise ValueError(f"group {self.group!r} of {service}'s {self.name} needs a value for its placeholder")
+        return topics.group(service, group)
+
+
+@dataclass(frozen=True)
+class Writes:
+    topic: str
+    model: type[Message]
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Contract:
+    service: str
+    reads: tuple[Reads, ...] = ()
+    writes: tuple[Writes, ...] = ()
+
+    def subscription(self, name: str) -> Reads:
+        for reads in self.reads:
+            if reads.name == name:
+                return reads
+        raise KeyError(f"{self.service} declares no subscription {name!r}")
+
+    def group_id(self, name: str, topics: t.Topics, **names: str) -> str | None:
+        """The consumer group of the declared subscription `name` (what its consumer must use)."""
+        return self.subscription(name).group_id(topics, self.service, **names)
+
+    def read_topics(self) -> set[str]:
+        return {topic for reads in self.reads for topic in reads.topics}
+
+    def write_topics(self) -> set[str]:
+        return {writes.topic for writes in self.writes}
+
+    def undeclared(self, topics: t.Topics, written: Iterable[str]) -> set[str]:
+        """The catalog names of `written` (full topic names) that this contract does not declare."""
+        declared = self.write_topics()
+        return {name for name in (catalog_name(topics, topic) for topic in written) if name not in declared}
+
+
+def catalog_name(topics: t.Topics, topic: str) -> str:
+    """`llm.dispatch.w-1` under its namespace → `llm.dispatch.<worker_id>`; a catalog topic → its name."""
+    try:
+        return topics.spec_of(topic).name
+    except KeyError:
+        return topic.removeprefix(topics.prefix)
