@@ -20,6 +20,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 kv_blocks_total=settings.sim_kv_blocks_total,
                 kv_offloading_gib=settings.sim_kv_offloading_gib,
                 divergence=settings.sim_divergence,
+                tokenizer=settings.tokenizer,
             )
         )
     if settings.engine == "vllm":
