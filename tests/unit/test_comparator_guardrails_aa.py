@@ -16,7 +16,7 @@ import numpy as np
 
 from llmbus.lifecycle import create, to_step
 from llmbus.messages import Guardrails, RampPlan
-from services.shadow_comparator.core.aggregates import VariantStats
+from services.shadow_comparator.core.aggregates import PairStats, VariantStats
 from services.shadow_comparator.core.decide import StepEvidence, decide
 from services.shadow_comparator.core.sequential import Moments
 from services.shadow_comparator.core.sketch import _LOG_GROWTH, MIN_MS, LatencyHistogram
@@ -112,3 +112,70 @@ def test_a_candidate_that_only_failed_is_not_promoted_even_where_no_guardrail_fo
     verdict = decide(exp, StepEvidence(control=control.stats(), candidate=candidate.stats()), exp.step_started_at_ms)
     assert verdict is not None and verdict.decision.decision == "hold" and verdict.updated is None
     assert any("no answer" in r for r in verdict.decision.reasons)
+
+
+# --- shadow steps: the same criteria for pairs (control answer, candidate's shadow answer) -------
+SHADOW_GUARDRAILS = GUARDRAILS.model_copy(update={"min_similarity": 0.5, "max_format_failure_rate": 0.10})
+SHADOW = create(
+    "sh", "ctrl", "cand", ramp=RampPlan(min_samples_per_step=10**9, min_step_s=0), guardrails=SHADOW_GUARDRAILS
+)
+FORMAT_FAILURE_RATE = 0.07
+SIMILARITY_MEAN, SIMILARITY_SD = 0.6, 0.2
+
+
+def _bins(log_ms: np.ndarray) -> dict[int, int]:
+    bins = np.floor((log_ms - math.log(MIN_MS)) / _LOG_GROWTH).astype(int)
+    return {int(b): int(c) for b, c in zip(*np.unique(bins, return_counts=True), strict=True)}
+
+
+def shadow_rolled_back_share(candidate_error_rate: float, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    rolled = 0
+    looks = [SHADOW_GUARDRAILS.min_samples, *range(LOOK_EVERY, N_MAX + 1, LOOK_EVERY)]
+    for _ in range(RUNS):
+        fields: dict[str, float] = {}
+        done = 0
+        for look in looks:
+            size = look - done
+            done = look
+            ctrl_err = rng.random(size) < BASE_ERROR_RATE
+            cand_err = rng.random(size) < candidate_error_rate
+            both = ~ctrl_err & ~cand_err
+            sim = np.clip(rng.normal(SIMILARITY_MEAN, SIMILARITY_SD, size), 0.0, 1.0)[both]
+            ctrl_ms = rng.normal(LOG_MS_MEAN, LOG_MS_SD, size)
+            cand_ms = rng.normal(LOG_MS_MEAN, LOG_MS_SD, size)
+            d = (cand_ms - ctrl_ms)[~cand_err]
+            add = {
+                "n": size,
+                "ctrl_err": ctrl_err.sum(),
+                "cand_err": cand_err.sum(),
+                "cand_fmt_fail": (rng.random(size) < FORMAT_FAILURE_RATE).sum(),
+                "sim_n": len(sim),
+                "sim_sum": sim.sum(),
+                "sim_sq": (sim * sim).sum(),
+                "d_n": len(d),
+                "d_sum": d.sum(),
+                "d_sq": (d * d).sum(),
+            }
+            add |= {f"hc:{b}": c for b, c in _bins(ctrl_ms[~cand_err]).items()}
+            add |= {f"hk:{b}": c for b, c in _bins(cand_ms[~cand_err]).items()}
+            for k, v in add.items():
+                fields[k] = fields.get(k, 0.0) + float(v)
+            verdict = decide(SHADOW, StepEvidence(pairs=PairStats.from_fields(fields)), SHADOW.step_started_at_ms)
+            assert verdict is not None
+            if verdict.decision.decision == "rollback":
+                rolled += 1
+                break
+    return rolled / RUNS
+
+
+def test_shadow_an_identical_candidate_is_rarely_rolled_back() -> None:
+    share = shadow_rolled_back_share(BASE_ERROR_RATE, seed=23)
+    print(f"shadow A/A: rolled back in {share:.1%} of {RUNS} runs")
+    assert share <= 0.05
+
+
+def test_shadow_a_candidate_with_half_again_the_errors_is_rolled_back() -> None:
+    share = shadow_rolled_back_share(BASE_ERROR_RATE * 1.5, seed=29)
+    print(f"shadow +50 % errors: rolled back in {share:.1%} of {RUNS} runs")
+    assert share >= 0.90
