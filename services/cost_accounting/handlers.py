@@ -17,12 +17,24 @@ Self-hosted results are held durably (and marked seen) before the ledger takes t
 records go through the same three steps, except that a record already applied (a restart closing
 an interval again from an older cursor) is neither published nor applied again.
 Replaying llm.results from the start into an empty namespace gives the same totals.
+
+Replicas: each worker's GPU time is priced by exactly one replica, the holder of the worker's lease
+in Redis (renewed every tick, `lease_s`). A worker's results are keyed by request id, so they land
+on every replica's partitions; each replica holds what it reads in the worker's Redis hash, and the
+owner prices all of them from there (the rest are never in another replica's intervals: two replicas
+pricing a whole interval each over their own share of requests billed 1.97x). Why a lease and not
+the partition of the worker's key: no partition of llm.results carries all of a worker's requests,
+and a rebalance of llm.results moves none of this state -- the owner's inputs (the held results,
+the cursor saved after each release) are in Redis, so a new owner (a lease that expired: its replica
+died or stalled) takes over from the cursor exactly as a restart does, and if two replicas ever
+close the same interval (an owner stalled past its lease), each record id is applied once.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -71,6 +83,7 @@ class CostHandlers:
         dead_letter: DeadLetter,
         batch_full_records: int = 500,
         settle_s: float = 2.0,
+        lease_s: float = 10.0,
     ) -> None:
         self.book = book
         self.ledger = ledger
@@ -90,21 +103,18 @@ class CostHandlers:
         self.batch_full_records = batch_full_records
         self.settle_s = settle_s
         self._busy_until_s = time.monotonic() + settle_s
+        self.replica_id = uuid.uuid4().hex
+        self.lease_ms = int(lease_s * 1000)
+        self._owned: set[str] = set()  # workers whose GPU time this replica prices (their leases)
+        self._adopt: set[str] = set()  # owned since the last tick: state taken from Redis first
         # Set at start and when billing failed midway: the outbox is published and applied before
         # anything else is billed.
         self._recover = True
 
     async def restore(self) -> None:
-        """After the heartbeat table is read: the outbox billed, held self-hosted results and ledger cursors back in."""
+        """After the heartbeat table is read: the outbox billed. Held results and cursors come back per
+        worker when this replica takes the worker's lease (the first tick, for a single replica)."""
         await self.recover()
-        held, cursors = await self.store.load_held()
-        for worker_id, cursor in cursors.items():
-            self.ledger.restore(worker_id, cursor)
-        for result in held:
-            priced = price_result(result, self.book)
-            if isinstance(priced, ServedRequest):
-                self.ledger.add(priced)
-        log.info("restored %d held results, %d worker cursors", len(held), len(cursors))
 
     def on_worker(self, status: WorkerStatus) -> None:
         self.ledger.observe(status)
@@ -159,7 +169,9 @@ class CostHandlers:
                 outcomes[priced.kind.value] += 1
         # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
         await self.store.hold([(s.result, payloads[s.result.request_id]) for s in served])
-        late = [record for s in served for record in self.ledger.add(s)]
+        # A worker another replica prices: its owner reads the result from where it is held.
+        mine = [s for s in served if s.worker_id in self._owned or s.worker_id not in self.ledger.workers]
+        late = [record for s in mine for record in self.ledger.add(s)]
         await self._bill(costed, ledger=False)
         if late:
             await self._bill(late, ledger=True)
@@ -168,18 +180,40 @@ class CostHandlers:
             metrics.RESULTS.labels(outcome).inc(n)
 
     async def tick(self, now_ms: int, expiry_ms: int) -> int:
-        """Close the ledger's final intervals; bill what they priced. Returns records billed."""
+        """Close the ledger's final intervals of the workers this replica owns; bill what they priced.
+        Returns records billed."""
+        known = sorted({life.worker_id for life in [*self.ledger.retired, *self.ledger.workers.values()]})
+        owned = await self.store.lease(known, self.replica_id, self.lease_ms)
+        self._adopt = (self._adopt | (owned - self._owned)) & owned
+        self._owned = owned
         if time.monotonic() < self._busy_until_s:
             return 0
         await self.recover()
-        records = self.ledger.close(now_ms, expiry_ms)
+        for worker_id in sorted(self._adopt):  # a restart, or taking over from another replica
+            self.ledger.forget(worker_id)
+            if (cursor := await self.store.cursor(worker_id)) is not None:
+                self.ledger.restore(worker_id, cursor)
+        self._adopt = set()
+        records = await self._take_held(sorted(owned))
+        records += self.ledger.close(now_ms, expiry_ms, owns=owned.__contains__)
         if records:
             await self._bill(records, ledger=True)
-            lives = [*self.ledger.retired, *self.ledger.workers.values()]
+            # Only the owned workers' cursors: another replica's are that replica's to save.
+            lives = [life for life in [*self.ledger.retired, *self.ledger.workers.values()] if life.worker_id in owned]
             await self.store.release(records, {life.worker_id: life.cursor() for life in lives})
         metrics.LATE_RESULTS.inc(self.ledger.late_results - self._late_reported)
         self._late_reported = self.ledger.late_results
         return len(records)
+
+    async def _take_held(self, worker_ids: list[str]) -> list[CostRecord]:
+        """The owned workers' results held by any replica and not yet in this ledger (late ones priced now)."""
+        records: list[CostRecord] = []
+        for worker_id, held in (await self.store.held_ids(worker_ids)).items():
+            if new_ids := sorted(held - self.ledger.pending_ids(worker_id)):
+                for result in await self.store.held_results(worker_id, new_ids):
+                    if isinstance(priced := price_result(result, self.book), ServedRequest):
+                        records += self.ledger.add(priced)
+        return records
 
     async def recover(self) -> None:
         """Bill the outbox: records staged by a run (or an attempt) that stopped before applying them.

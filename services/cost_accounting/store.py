@@ -11,6 +11,7 @@ from redis.typing import EncodableT, FieldT
 from llmbus.messages import CostKind, CostRecord, InferenceResult
 from llmbus.state import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
+from services.cost_accounting.core.gpu_ledger import Cursor
 
 # A cost record is applied once: its marker and its increments in one atomic step.
 _APPLY = """
@@ -74,6 +75,16 @@ end
 return out
 """
 
+# One replica prices a worker's GPU time: it holds the worker's lease (renewed each tick) or takes a
+# free one. KEYS[1]: the lease. ARGV: this replica's id, the lease's life in ms. 1: this replica owns it.
+_LEASE = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
 # Results' dedupe markers, all of a batch in one command (SET has no multi-key form with a TTL).
 _MARK = """
 for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
@@ -98,6 +109,7 @@ class CostStore:
         self._bill_one = client.register_script(_BILL_ONE)
         self._mark = client.register_script(_MARK)
         self._present = client.register_script(_PRESENT)
+        self._lease = client.register_script(_LEASE)
 
     def _seen(self, request_id: str) -> str:
         return f"{self.ns}cost:seen:{request_id}"
@@ -132,7 +144,7 @@ class CostStore:
             await self._mark(keys=[self._seen(r.request_id) for r, _ in results], args=[self.ttl_s], client=pipe)
             await pipe.execute()
 
-    async def release(self, records: list[CostRecord], cursors: dict[str, dict[str, int | bool]]) -> None:
+    async def release(self, records: list[CostRecord], cursors: dict[str, Cursor]) -> None:
         """After the ledger's records are published: drop them from pending, save the cursors."""
         done: dict[str, list[str]] = {}
         for r in records:
@@ -145,7 +157,36 @@ class CostStore:
                 pipe.hset(f"{self.ns}cost:cursor", worker_id, json.dumps(cursor))
             await pipe.execute()
 
-    async def load_held(self) -> tuple[list[InferenceResult], dict[str, dict[str, int | bool]]]:
+    # -- GPU ledger ownership: one replica per worker ------------------------------------------
+    async def lease(self, worker_ids: list[str], replica_id: str, lease_ms: int) -> set[str]:
+        """The workers whose GPU time this replica prices now (leases renewed, free ones taken)."""
+        if not worker_ids:
+            return set()
+        async with self.client.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                await self._lease(keys=[f"{self.ns}cost:owner:{worker_id}"], args=[replica_id, lease_ms], client=pipe)
+            replies = await pipe.execute()
+        return {w for w, owned in zip(worker_ids, replies, strict=True) if owned}
+
+    async def held_ids(self, worker_ids: list[str]) -> dict[str, set[str]]:
+        """The request ids held for each worker, whichever replica took them."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hkeys(self._pending(worker_id))
+            replies = await pipe.execute()
+        return {w: {text_of(k) for k in keys} for w, keys in zip(worker_ids, replies, strict=True)}
+
+    async def held_results(self, worker_id: str, request_ids: list[str]) -> list[InferenceResult]:
+        if not request_ids:
+            return []
+        raw = await self.client.hmget(self._pending(worker_id), request_ids)
+        return [InferenceResult.model_validate_json(v) for v in raw if v is not None]
+
+    async def cursor(self, worker_id: str) -> Cursor | None:
+        raw = await self.client.hget(f"{self.ns}cost:cursor", worker_id)
+        return json.loads(raw) if raw is not None else None
+
+    async def load_held(self) -> tuple[list[InferenceResult], dict[str, Cursor]]:
         held: list[InferenceResult] = []
         async for key in self.client.scan_iter(match=f"{self.ns}cost:pending:*", count=500):
             for raw in (await self.client.hgetall(key)).values():

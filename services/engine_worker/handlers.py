@@ -71,6 +71,9 @@ class WorkerHandlers:
         self.cooldown_until_s = 0.0  # monotonic: upstream said 429/503, take nothing new until then
         self.draining = False
         self.running: dict[str, int] = {}  # request id → attempt handled here now (claimed before any await)
+        # request id → when its engine span began (the result's engine_ms counts from here): the
+        # heartbeat says the oldest, so cost-accounting keeps the intervals it ran in open until it ends.
+        self.engine_started_ms: dict[str, float] = {}
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
@@ -187,6 +190,24 @@ class WorkerHandlers:
             messages=tuple(request.messages) if request.prompt is None else (),
         )
         started_ms = time.time() * 1000
+        self.engine_started_ms[request.request_id] = started_ms
+        try:
+            await self._generate(dispatch, engine_request, reply_topic, batcher, started_ms)
+        finally:
+            self.engine_started_ms.pop(request.request_id, None)
+
+    def oldest_running_started_at_ms(self) -> int | None:
+        return int(min(self.engine_started_ms.values())) if self.engine_started_ms else None
+
+    async def _generate(
+        self,
+        dispatch: Dispatch,
+        engine_request: EngineRequest,
+        reply_topic: str,
+        batcher: ChunkBatcher,
+        started_ms: float,
+    ) -> None:
+        request = dispatch.routed.request
         first_token_ms: float | None = None
         text: list[str] = []
         last: EngineOutput | None = None

@@ -59,6 +59,7 @@ class Lifecycle:
             gpu_healthy=self.plan.gpu_healthy,
             ecc_uncorrected=self.plan.ecc_uncorrected,
             formats_supported=self.plan.formats_supported,
+            oldest_running_started_at_ms=self.handlers.oldest_running_started_at_ms(),
         )
         metrics.export(status)
         await self.bus.publisher.publish(self.bus.topics.name(t.WORKERS), status, key=self.settings.worker_id)

@@ -56,6 +56,7 @@ def build_status(
     gpu_healthy: bool = True,
     ecc_uncorrected: int = 0,
     formats_supported: list[str] | None = None,
+    oldest_running_started_at_ms: int | None = None,
 ) -> WorkerStatus:
     stats = engine.stats()
     prompt_rate, gen_rate = rates.rates(stats, now_s)
@@ -79,6 +80,7 @@ def build_status(
         kv_cache_usage_perc=min(1.0, max(0.0, stats.kv_cache_usage_perc)),
         num_requests_running=stats.num_requests_running,
         num_requests_waiting=stats.num_requests_waiting,
+        oldest_running_started_at_ms=oldest_running_started_at_ms,
         prefix_cache_hit_rate=min(1.0, hit_rate),
         generation_tokens_per_s=round(gen_rate, 3),
         prompt_tokens_per_s=round(prompt_rate, 3),

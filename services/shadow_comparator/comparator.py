@@ -38,6 +38,7 @@ from services.shadow_comparator.core.aggregates import (
 from services.shadow_comparator.core.compare import compare
 from services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
 from services.shadow_comparator.core.join import feedback_belongs, pair_ref
+from services.shadow_comparator.core.samples import not_a_sample, variant_model
 from services.shadow_comparator.store import ComparatorStore
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,10 @@ class Comparator:
 
     async def _count_variant(self, result: InferenceResult) -> None:
         assert result.experiment_id and result.variant
+        experiment = self.experiments.by_id.get(result.experiment_id)
+        if (why := not_a_sample(result, variant_model(experiment, result.variant))) is not None:
+            await self.store.count(**{f"not_a_sample_{why}": 1})
+            return
         step = self.experiments.step_of(result.experiment_id)
         agg = self.store.agg_key(result.experiment_id, step, result.variant)
         if await self.store.apply_once("result", result.request_id, agg, variant_increments(result)):

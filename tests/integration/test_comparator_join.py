@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis.asyncio as redis
 
@@ -9,9 +11,12 @@ from llmbus.lifecycle import create, to_step
 from llmbus.messages import (
     Comparison,
     CostRecord,
+    ErrorCode,
+    ErrorInfo,
     Experiment,
     Feedback,
     InferenceResult,
+    RampPlan,
     ResultStatus,
     Timings,
     Usage,
@@ -128,6 +133,7 @@ async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: red
     for i in range(10):
         variant = "candidate" if i % 2 else "control"
         r = res(f"r{i}", experiment_id="exp", variant=variant)
+        r = r.model_copy(update={"model": "cand" if i % 2 else "ctrl"})  # each variant's model answered
         await h.comparator.on_result(r)
         await h.comparator.on_result(r)  # redelivered
         cost = CostRecord(request_id=f"r{i}", tenant="t", model="m", cost_usd=0.01 * (1 + i % 2))
@@ -150,7 +156,7 @@ async def test_feedback_from_another_tenant_is_not_counted_and_does_not_preempt_
     view.apply(to_step(create("exp", "ctrl", "cand"), 2))
     h = Harness(client, namespace, view)
     await h.comparator.on_result(
-        res("r", experiment_id="exp", variant="candidate").model_copy(update={"tenant": "globex"})
+        res("r", experiment_id="exp", variant="candidate").model_copy(update={"tenant": "globex", "model": "cand"})
     )
     await h.comparator.on_feedback(Feedback(request_id="r", tenant="acme", score=0.0))  # first, but not globex's
     await h.comparator.on_feedback(Feedback(request_id="r", tenant="globex", score=1.0))
@@ -178,3 +184,39 @@ async def test_one_decider_at_a_time(client: redis.Redis, namespace: str) -> Non
     h = Harness(client, namespace, ExperimentView())
     assert await h.store.lead("a", 5) and await h.store.lead("a", 5)
     assert not await h.store.lead("b", 5)
+
+
+async def test_only_answers_of_the_variants_own_model_are_its_samples(client: redis.Redis, namespace: str) -> None:
+    """A tenant picks its buckets and its prompts: cache hits, coalesced answers, another model's
+    answers (the candidate has no workers: the scheduler fell back) and the caller's own errors in
+    the candidate's bucket are not the candidate's samples. With only those it holds, not promotes."""
+    exp = to_step(create("exp", "ctrl", "cand", ramp=RampPlan(min_samples_per_step=20, min_step_s=0)), 2)
+    view = ExperimentView()
+    view.apply(exp)
+    h = Harness(client, namespace, view)
+    ab: dict[str, Any] = {"experiment_id": "exp"}
+    for i in range(40):
+        await h.comparator.on_result(res(f"c{i}", variant="control", **ab))
+        steers: list[dict[str, Any]] = [
+            {"model": "cand", "cached": True, "route_reason": "cache_hit:default"},
+            {"model": "cand", "route_reason": "coalesced:c0:default", "produced_by": "router"},
+            {"model": "ctrl", "route_reason": "fallback:cand->ctrl:model_unavailable"},
+            {"model": "ctrl"},  # served by another model, whatever the route said
+            {"model": "cand", "status": ResultStatus.ERROR, "error": ErrorInfo.of(ErrorCode.RATE_LIMITED, "slow down")},
+        ]
+        steer = steers[i % 5]
+        await h.comparator.on_result(res(f"k{i}", variant="candidate", **ab).model_copy(update=steer))
+    cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
+    assert cand.n == 0
+    stats = await h.store.stats()
+    assert (stats["not_a_sample_not_generated"], stats["not_a_sample_other_model"]) == (16, 16)
+    assert stats["not_a_sample_caller_error"] == 8
+    (verdict,) = await h.comparator.decide_all()
+    assert verdict.decision.decision == "hold" and verdict.updated is None
+
+    # the candidate's own answers and its own errors (no worker took it) are its samples
+    await h.comparator.on_result(res("own", variant="candidate", **ab).model_copy(update={"model": "cand"}))
+    failed = {"model": "cand", "status": ResultStatus.ERROR, "error": ErrorInfo.of(ErrorCode.DEADLINE_EXCEEDED, "x")}
+    await h.comparator.on_result(res("own-err", variant="candidate", **ab).model_copy(update=failed))
+    cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
+    assert (cand.n, cand.ok, cand.errors) == (2, 1, 1)

@@ -243,7 +243,8 @@ def test_shadow_that_holds_is_promoted_to_the_first_ab_step_with_its_evidence() 
     [
         (_pairs(60, similar=False), "similarity"),
         (_pairs(60, slow=2.0), "p95 latency"),
-        (_pairs(60, errors=12), "error rate"),
+        # a breach is evidence that stays valid under peeking: 20 % errors over 400 pairs, not 60
+        (_pairs(400, errors=80), "error rate"),
     ],
 )
 def test_a_broken_shadow_guardrail_rolls_back_at_once(evidence: StepEvidence, reason: str) -> None:

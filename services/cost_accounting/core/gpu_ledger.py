@@ -21,9 +21,14 @@ COLD_START_WASTE record. Over a worker's life:
 
 When intervals close (finalisation): an interval [a, b) closes once the worker's own clock
 (heartbeat sent_at_ms) has passed b + grace_ms — results of requests active in it have had
-`grace_ms` to arrive — or, for a worker that stopped (STOPPED heartbeat) or fell silent
-(no heartbeat for expiry), once the caller's clock has passed its end + grace_ms; then
-everything up to its end closes and its cold-start waste is booked. A request's record is
+`grace_ms` to arrive — and a heartbeat sent at some t >= b, itself grace_ms old, says no request
+that started before b was still running then (`oldest_running_started_at_ms` >= b, or none):
+a request longer than interval + grace holds the intervals it runs in open until its result
+can be there, so it pays for every interval it ran in, not only its last (held at most
+`max_hold_ms`: an engine stuck on a request does not stop billing). For a worker that stopped
+(STOPPED heartbeat) or fell silent (no heartbeat for expiry), intervals close once the
+caller's clock has passed its end + grace_ms; then everything up to its end closes and its
+cold-start waste is booked. A request's record is
 published when the interval holding its completion closes. A result that arrives for an
 interval already closed is a late result: it is priced at the cost of its cold-start share
 only and counted (`late_results`), because that GPU time was already booked (after the
@@ -32,13 +37,16 @@ worker's life has closed, the cold start is booked too, so it is priced at 0).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmbus.messages import BookedTo, CostKind, CostRecord, WorkerState, WorkerStatus
 from services.cost_accounting.core.costing import PLATFORM_TENANT, ServedRequest, base_record
 from services.cost_accounting.core.money import split, usd
 from services.cost_accounting.core.prices import MS_PER_HOUR, PriceBook, SelfHostedRate
+
+Cursor = dict[str, Any]
 
 
 @dataclass
@@ -59,9 +67,12 @@ class WorkerLife:
     pending: list[ServedRequest] = field(default_factory=list)
     running_micro: dict[str, int] = field(default_factory=dict)  # request id -> GPU share so far
     busy_ms: dict[str, float] = field(default_factory=dict)
+    # (heartbeat sent_at_ms, oldest running request's start or None), from closed_until_ms on
+    running_log: list[tuple[int, int | None]] = field(default_factory=list)
 
-    def cursor(self) -> dict[str, int | bool]:
-        """What must survive a restart (the rest comes back from heartbeats and pending results)."""
+    def cursor(self) -> Cursor:
+        """What must survive a restart or a change of owner (the rest comes back from heartbeats and
+        the held results): with the GPU time already priced for requests whose last interval is open."""
         return {
             "started_at_ms": self.started_at_ms,
             "closed_until_ms": self.closed_until_ms,
@@ -69,6 +80,7 @@ class WorkerLife:
             "cold_paid_requests": self.cold_paid_requests,
             "cold_paid_micro": self.cold_paid_micro,
             "waste_booked": self.waste_booked,
+            "running": {rid: [micro, self.busy_ms.get(rid, 0.0)] for rid, micro in self.running_micro.items()},
         }
 
 
@@ -115,6 +127,7 @@ class GpuLedger:
         prefill_token_weight: float = 0.25,
         decode_token_weight: float = 1.0,
         keep_bills: bool = False,
+        max_hold_ms: int = 1_800_000,
     ) -> None:
         if interval_ms <= 0 or MS_PER_HOUR % interval_ms:
             raise ValueError("interval_ms must divide an hour (3,600,000 ms)")
@@ -124,6 +137,7 @@ class GpuLedger:
         self.cold_start_requests = cold_start_requests
         self.prefill_w = prefill_token_weight
         self.decode_w = decode_token_weight
+        self.max_hold_ms = max_hold_ms
         self.workers: dict[str, WorkerLife] = {}
         self.keep_bills = keep_bills  # tests check every closed interval; the service does not keep them
         self.bills: list[IntervalBill] = []
@@ -153,6 +167,8 @@ class GpuLedger:
             life.ready_at_ms = life.started_at_ms + round(status.cold_start_s * 1000)
         if status.cold_start_phases_s:
             life.cold_start_phases_s = dict(status.cold_start_phases_s)
+        if not life.running_log or status.sent_at_ms > life.running_log[-1][0]:
+            life.running_log.append((status.sent_at_ms, status.oldest_running_started_at_ms))
         life.last_seen_ms = max(life.last_seen_ms, status.sent_at_ms)
         if status.state == WorkerState.STOPPED:
             life.ended = True
@@ -187,7 +203,7 @@ class GpuLedger:
             )
         return life
 
-    def restore(self, worker_id: str, cursor: dict[str, int | bool]) -> None:
+    def restore(self, worker_id: str, cursor: Cursor) -> None:
         life = self.workers.get(worker_id)
         if life is None or life.started_at_ms != cursor["started_at_ms"]:
             return
@@ -196,14 +212,40 @@ class GpuLedger:
         life.cold_paid_requests = int(cursor["cold_paid_requests"])
         life.cold_paid_micro = int(cursor["cold_paid_micro"])
         life.waste_booked = bool(cursor["waste_booked"])
+        running = cursor.get("running", {})
+        life.running_micro = {rid: int(micro) for rid, (micro, _) in running.items()}
+        life.busy_ms = {rid: float(busy) for rid, (_, busy) in running.items()}
+
+    def forget(self, worker_id: str) -> None:
+        """Another replica owns this worker now: what was held for it here is theirs (and in Redis)."""
+        for life in [*self.retired, *self.workers.values()]:
+            if life.worker_id == worker_id:
+                life.pending.clear()
+                life.running_micro.clear()
+                life.busy_ms.clear()
+
+    def pending_ids(self, worker_id: str) -> set[str]:
+        return {
+            r.result.request_id
+            for life in [*self.retired, *self.workers.values()]
+            if life.worker_id == worker_id
+            for r in life.pending
+        }
 
     # -- closing -------------------------------------------------------------------------------
-    def close(self, now_ms: int, expiry_ms: int = 30_000) -> list[CostRecord]:
-        """Close every interval that is final at `now_ms`; return the records now complete."""
+    def close(
+        self, now_ms: int, expiry_ms: int = 30_000, owns: Callable[[str], bool] | None = None
+    ) -> list[CostRecord]:
+        """Close every interval that is final at `now_ms`; return the records now complete.
+
+        `owns`: which workers this ledger prices (one owner per worker among replicas); None: all."""
         records: list[CostRecord] = []
         for life in [*self.retired, *self.workers.values()]:
             if not life.ended and now_ms - life.last_seen_ms > expiry_ms:
                 life.ended = True
+            if owns is not None and not owns(life.worker_id):
+                self.forget(life.worker_id)  # its owner reads them from where they are held
+                continue
             if life.ended:
                 if now_ms < life.last_seen_ms + self.grace_ms:
                     continue
@@ -211,7 +253,13 @@ class GpuLedger:
             else:
                 limit = life.last_seen_ms - self.grace_ms
             records.extend(self._close_worker(life, limit))
-        self.retired = [life for life in self.retired if not life.waste_booked]
+        # A retired life another replica owns is closed there: dropped here once it surely has been.
+        self.retired = [
+            life
+            for life in self.retired
+            if not life.waste_booked
+            and (owns is None or owns(life.worker_id) or now_ms - life.last_seen_ms < expiry_ms + 2 * self.grace_ms)
+        ]
         stale = [r for r in self.orphans if now_ms - r.end_ms > expiry_ms + self.grace_ms]
         if stale:  # a worker never seen on llm.workers: its results cannot be priced by GPU time
             self.orphans = [r for r in self.orphans if now_ms - r.end_ms <= expiry_ms + self.grace_ms]
@@ -222,14 +270,24 @@ class GpuLedger:
     def _floor(self, t_ms: int) -> int:
         return t_ms - t_ms % self.interval_ms
 
+    def _settled(self, life: WorkerLife, b: int, limit_ms: int) -> bool:
+        """No request that started before b can still end without its result being here by limit_ms."""
+        if life.ended or limit_ms - b >= self.max_hold_ms:
+            return True
+        return any(b <= sent <= limit_ms and (oldest is None or oldest >= b) for sent, oldest in life.running_log)
+
     def _close_worker(self, life: WorkerLife, limit_ms: int) -> Iterator[CostRecord]:
         end_ms = life.last_seen_ms
-        while life.closed_until_ms + self.interval_ms <= limit_ms or (
-            life.ended and life.closed_until_ms < end_ms and limit_ms >= end_ms
-        ):
+        while (
+            life.closed_until_ms + self.interval_ms <= limit_ms
+            and self._settled(life, life.closed_until_ms + self.interval_ms, limit_ms)
+        ) or (life.ended and life.closed_until_ms < end_ms and limit_ms >= end_ms):
             start = life.closed_until_ms
             yield from self._close_interval(life, start, start + self.interval_ms)
             life.closed_until_ms = start + self.interval_ms
+        if len(life.running_log) > 1:  # only heartbeats from the first open interval's end on can settle it
+            keep_from = life.closed_until_ms + self.interval_ms
+            life.running_log = [e for e in life.running_log[:-1] if e[0] >= keep_from] + life.running_log[-1:]
         if life.ended and life.closed_until_ms >= end_ms and not life.waste_booked:
             life.waste_booked = True
             for served in life.pending:  # results of the dead worker that arrived after all closed

@@ -2,12 +2,19 @@
 
 Rules, in order:
  1. an ended experiment gets no verdict;
- 2. rollback at once when a guardrail breaks: on the point estimate once the step has
-    `min_samples`, or earlier when the sequential test already shows the candidate worse
-    (its always-valid p-value ≤ alpha, so looking every tick does not make this trigger-happy);
+ 2. rollback at once when a guardrail breaks. The loop looks every tick, so a guardrail breaks
+    only on evidence that stays valid under peeking: once the step has `min_samples`, an
+    always-valid confidence bound (the mixture confidence sequence of core/sequential.py) past the
+    limit -- the candidate's error rate's lower bound above `max_error_rate`, similarity's upper
+    bound below its floor, ... -- and for p95 latency the point regression over the limit *and*
+    the always-valid test showing the candidate slower. The guardrails share `alpha` (each gets
+    alpha / their number), so an identical candidate is rolled back in at most alpha of runs
+    however often it is looked at; point estimates checked every tick rolled one back in 21-53 %
+    of A/A runs;
  3. promote (next step) when the experiment runs, ramps automatically, the step has
     `min_samples_per_step` candidate samples (and at least the guardrails' `min_samples`, so every
-    guardrail was evaluated) and `min_step_s` seconds, and the guardrails hold;
+    guardrail was evaluated) of which some are answers (a candidate that produced only errors, or
+    nothing, is not healthy) and `min_step_s` seconds, and the guardrails hold;
  4. hold otherwise, saying what is missing.
 """
 
@@ -53,6 +60,29 @@ class Verdict:
     breaches: list[str] = field(default_factory=list)
 
 
+# Checks that can roll back an A/B step (error rate, p95, negative feedback, early error test) and a
+# shadow step (error rate, similarity, format failures, p95, early error test): alpha is split among them.
+AB_CHECKS = 4
+SHADOW_CHECKS = 5
+TAU_SIMILARITY = 0.1
+
+
+def _rate_above(events: int, n: int, ceiling: float, alpha: float) -> bool:
+    """The rate's always-valid lower confidence bound is above `ceiling` (n >= 1)."""
+    p = (events + 0.5) / (n + 1)  # smoothed: the variance stays off zero before any event
+    return msprt(events / n - ceiling, p * (1 - p) / n, TAU_PROPORTION, alpha).ci_low > 0
+
+
+# A sample variance of 0 (every value alike) would make the bounds infinitely wide (msprt treats
+# no variance as no evidence): a floor of a 1 % standard deviation per observation.
+MIN_VAR = 1e-4
+
+
+def _mean_below(m: Moments, floor: float, alpha: float) -> bool:
+    """The mean's always-valid upper confidence bound is below `floor`."""
+    return m.n >= 2 and msprt(m.mean - floor, max(m.var, MIN_VAR) / m.n, TAU_SIMILARITY, alpha).ci_high < 0
+
+
 def _evidence(test: SequentialResult, metric: str) -> StatEvidence:
     return StatEvidence(
         metric=metric,
@@ -94,23 +124,29 @@ def _shadow_checks(
 ) -> tuple[list[str], list[str], list[VariantEvidence], list[StatEvidence], int]:
     g = experiment.guardrails
     alpha = g.alpha
+    each = alpha / SHADOW_CHECKS
     breaches: list[str] = []
     early: list[str] = []
     ctrl_p95, cand_p95 = p.control_latency.percentile(95), p.candidate_latency.percentile(95)
-    errors = msprt_proportions(p.control_errors, p.n, p.candidate_errors, p.n, TAU_PROPORTION, alpha)
+    errors = msprt_proportions(p.control_errors, p.n, p.candidate_errors, p.n, TAU_PROPORTION, each)
     d = p.log_latency_delta
     latency = msprt(d.mean, d.var / d.n, TAU_LOG_LATENCY, alpha) if d.n >= 2 else msprt(0.0, 0.0, 1.0, alpha)
     tests = [_evidence(errors, "error_rate"), _evidence(latency, "log_latency_paired")]
     if p.n >= g.min_samples:
-        if (rate := p.candidate_error_rate) is not None and rate > g.max_error_rate:
-            breaches.append(f"candidate error rate {rate:.3f} > {g.max_error_rate}")
-        if (sim := p.similarity_mean) is not None and sim < g.min_similarity:
-            breaches.append(f"similarity {sim:.3f} < floor {g.min_similarity}")
-        if (fmt := p.format_failure_rate) is not None and fmt > g.max_format_failure_rate:
-            breaches.append(f"format failures {fmt:.3f} > {g.max_format_failure_rate}")
-        if (reg := _p95_regression(ctrl_p95, cand_p95)) is not None and reg > g.max_p95_regression:
+        rate = p.candidate_error_rate
+        if rate is not None and _rate_above(p.candidate_errors, p.n, g.max_error_rate, each):
+            breaches.append(f"candidate error rate {rate:.3f} > {g.max_error_rate} (always-valid bound)")
+        sim = p.similarity_mean
+        if sim is not None and _mean_below(p.similarity, g.min_similarity, each):
+            breaches.append(f"similarity {sim:.3f} < floor {g.min_similarity} (always-valid bound)")
+        fmt = p.format_failure_rate
+        if fmt is not None and _rate_above(p.candidate_format_failures, p.n, g.max_format_failure_rate, each):
+            breaches.append(f"format failures {fmt:.3f} > {g.max_format_failure_rate} (always-valid bound)")
+        reg = _p95_regression(ctrl_p95, cand_p95)
+        slower = msprt(d.mean, max(d.var, MIN_VAR) / d.n, TAU_LOG_LATENCY, each) if d.n >= 2 else None
+        if reg is not None and reg > g.max_p95_regression and slower and slower.rejects(each) and d.mean > 0:
             breaches.append(f"p95 latency +{reg:.0%} > +{g.max_p95_regression:.0%}")
-    if errors.rejects(alpha) and errors.ci_low > g.max_error_rate_increase:
+    if errors.rejects(each) and errors.ci_low > g.max_error_rate_increase:
         early.append(f"error rate higher by {errors.estimate:+.3f} (always-valid p={errors.p_value:.4f})")
     variants = [
         VariantEvidence(
@@ -143,9 +179,10 @@ def _ab_checks(
 ) -> tuple[list[str], list[str], list[VariantEvidence], list[StatEvidence], int]:
     g = experiment.guardrails
     alpha = g.alpha
+    each = alpha / AB_CHECKS
     breaches: list[str] = []
     early: list[str] = []
-    errors = msprt_proportions(c.errors, c.n, k.errors, k.n, TAU_PROPORTION, alpha)
+    errors = msprt_proportions(c.errors, c.n, k.errors, k.n, TAU_PROPORTION, each)
     completion = msprt_proportions(c.stopped, c.n, k.stopped, k.n, TAU_PROPORTION, alpha)
     latency = msprt_means(c.log_latency, k.log_latency, TAU_LOG_LATENCY, alpha)
     tests = [
@@ -160,18 +197,26 @@ def _ab_checks(
         tests.append(_evidence(negative, "negative_feedback_rate"))
     ctrl_p95, cand_p95 = c.latency.percentile(95), k.latency.percentile(95)
     if k.n >= g.min_samples:
-        if (rate := k.error_rate) is not None and rate > g.max_error_rate:
-            breaches.append(f"candidate error rate {rate:.3f} > {g.max_error_rate}")
+        if (rate := k.error_rate) is not None and _rate_above(k.errors, k.n, g.max_error_rate, each):
+            breaches.append(f"candidate error rate {rate:.3f} > {g.max_error_rate} (always-valid bound)")
+        reg = _p95_regression(ctrl_p95, cand_p95)
+        slower = msprt_means(c.log_latency, k.log_latency, TAU_LOG_LATENCY, each)
         if (
             c.n >= g.min_samples
-            and (reg := _p95_regression(ctrl_p95, cand_p95)) is not None
+            and reg is not None
             and reg > g.max_p95_regression
+            and slower.rejects(each)
+            and slower.estimate > 0
         ):
             breaches.append(f"p95 latency +{reg:.0%} > +{g.max_p95_regression:.0%}")
     neg = k.negative_feedback_rate
-    if k.feedback_n >= g.min_samples and neg is not None and neg > g.max_negative_feedback_rate:
-        breaches.append(f"negative feedback {neg:.3f} > {g.max_negative_feedback_rate}")
-    if errors.rejects(alpha) and errors.ci_low > g.max_error_rate_increase:
+    if (
+        k.feedback_n >= g.min_samples
+        and neg is not None
+        and _rate_above(k.feedback_negative, k.feedback_n, g.max_negative_feedback_rate, each)
+    ):
+        breaches.append(f"negative feedback {neg:.3f} > {g.max_negative_feedback_rate} (always-valid bound)")
+    if errors.rejects(each) and errors.ci_low > g.max_error_rate_increase:
         early.append(f"error rate higher by {errors.estimate:+.3f} (always-valid p={errors.p_value:.4f})")
     variants = [
         _variant("control", experiment.control_model or "", c),
@@ -227,6 +272,8 @@ def decide(experiment: Experiment, evidence: StepEvidence, now_ms: int) -> Verdi
     needed = max(plan.min_samples_per_step, experiment.guardrails.min_samples)
     if samples < needed:
         missing.append(f"{samples}/{needed} samples at this step")
+    if evidence.pairs is None and evidence.candidate is not None and evidence.candidate.ok == 0:
+        missing.append("no answer from the candidate's model at this step")
     held_s = (now_ms - experiment.step_started_at_ms) / 1000
     if held_s < plan.min_step_s:
         missing.append(f"{held_s:.0f}/{plan.min_step_s:.0f} s at this step")

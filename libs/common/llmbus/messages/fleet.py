@@ -45,6 +45,10 @@ class WorkerStatus(Message):
     kv_cache_usage_perc: float = Field(default=0.0, ge=0.0, le=1.0)
     num_requests_running: int = 0
     num_requests_waiting: int = 0
+    oldest_running_started_at_ms: int | None = Field(
+        default=None,
+        description="when the longest-running request now on the engine started (ms); None: none running",
+    )
     prefix_cache_hit_rate: float = Field(
         default=0.0, ge=0.0, le=1.0, description="prompt tokens served from the GPU cache or the offloading tier"
     )
