@@ -186,6 +186,8 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
         )
     except ValidationError as exc:
         raise _validation_error(exc) from exc
+    if not gw.relay.healthy():  # its answer could never be read: refuse now, as /ready does
+        raise errors.unavailable("This gateway instance lost its reply stream.", retry_after_s=1)
     if gw.relay.in_flight >= gw.settings.max_in_flight:
         raise errors.unavailable("This gateway instance is at its limit of requests in flight.", retry_after_s=1)
     span = tracer.start_span(

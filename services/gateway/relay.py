@@ -12,14 +12,15 @@ import asyncio
 import contextlib
 import logging
 
+from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
 from llmbus import semconv as sc
 from llmbus import topics as t
-from llmbus.bus import Bus
+from llmbus.bus import BadMessage, Bus
 from llmbus.chunks import ChunkAssembler, unshown
 from llmbus.client import ReplyRouter, TopicTail
-from llmbus.messages import Control, ControlAction, InferenceRequest, TokenChunk
+from llmbus.messages import Control, ControlAction, ErrorCode, ErrorInfo, InferenceRequest, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,17 @@ class Exchange:
         self.span.end()
 
 
+# Past every real chunk: the ending is accepted whatever the request's attempts have sent.
+_ENDING_SEQ = 2**31 - 1
+
+
+def _ending(key: bytes, reason: str) -> TokenChunk:
+    """A final error chunk the gateway makes itself for a request whose reply it cannot read."""
+    error = ErrorInfo(code=ErrorCode.INTERNAL, message=reason[:2000], retryable=True, retry_after_ms=1000)
+    request_id = key.decode(errors="replace")
+    return TokenChunk(request_id=request_id, tenant="", seq=_ENDING_SEQ, final=True, error=error, attempt=0)
+
+
 class Relay:
     def __init__(self, bus: Bus, replies: ReplyRouter, reply_topic_base: str) -> None:
         self.bus = bus
@@ -97,10 +109,28 @@ class Relay:
     @classmethod
     async def start(cls, bus: Bus, instance_id: str) -> Relay:
         tail = await TopicTail(bus.settings, bus.topics.replies(instance_id)).start()
-        return cls(bus, ReplyRouter(tail), t.replies_base(instance_id))
+        relay = cls(bus, ReplyRouter(tail), t.replies_base(instance_id))
+        relay.replies.on_bad = relay.on_bad_chunk
+        relay.replies.task.add_done_callback(relay._tail_ended)
+        return relay
 
     def healthy(self) -> bool:
         return not self.replies.task.done()
+
+    async def on_bad_chunk(self, record: ConsumerRecord, bad: BadMessage) -> None:
+        """The record to llm.dlq; its request ends now with an error (its text has a hole), not after 300 s."""
+        queue = self.replies.queues.get(record.key) if record.key is not None else None
+        if queue is not None:
+            queue.put_nowait(_ending(record.key, f"a reply chunk could not be read: {bad.reason}"))
+        await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
+
+    def _tail_ended(self, task: asyncio.Task[None]) -> None:
+        """The reply tail died (not stopped): /ready turns 503 and every waiting request ends now."""
+        if task.cancelled():
+            return
+        log.error("the reply tail ended; this gateway is not ready", exc_info=task.exception())
+        for key, queue in list(self.replies.queues.items()):
+            queue.put_nowait(_ending(key, "this gateway lost its reply stream"))
 
     async def open(self, request: InferenceRequest, span: trace.Span = trace.INVALID_SPAN) -> Exchange:
         """Listen for the request's chunks, then publish it (so not even the first chunk is missed).
