@@ -74,6 +74,7 @@ def build_app(
         publish,
         FleetTable(stale_ms=int(cfg.worker_stale_s * 1000)),
         PoolStatsMerger(stale_s=cfg.stats_instance_stale_s, max_wait_s=cfg.stats_max_wait_s),
+        stats_max_age_s=cfg.stats_max_age_s,
     )
 
     # Heartbeats: the compacted table from its start, no group (every instance needs all of it).

@@ -52,3 +52,33 @@ async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_publi
     assert decision.signals["queued"] == 1 and decision.signals["cold_start_s"] == 4.5
     assert decision.actuator == "none"
     assert handlers.fleet.slots["sim-llama-8b"] == 16
+
+
+async def test_statistics_replayed_from_an_hour_ago_are_not_acted_on() -> None:
+    settings = BusSettings(topic_prefix="unit.")
+    actuator = NoActuator()
+    _, broker, _ = build_app(settings, AutoscalerSettings(actuator="none"), actuator)
+    topics = t.Topics(settings.topic_prefix)
+    decisions: list[ScaleDecision] = []
+
+    @broker.subscriber(topics.name(t.SCALING))
+    async def seen(decision: ScaleDecision) -> None:
+        decisions.append(decision)
+
+    async with TestKafkaBroker(broker):
+        hour_ago = now_ms() - 3600 * 1000
+        waiting = PoolStats(
+            pool="sim-llama-8b",
+            window_start_ms=hour_ago - 5000,
+            window_s=5.0,
+            arrivals=1,
+            queued=1,
+            oldest_wait_ms=900,
+            sent_at_ms=hour_ago,
+        )
+        await broker.publish(waiting.model_dump(mode="json"), topics.name(t.POOL_STATS))
+        assert decisions == [] and await actuator.replicas("sim-llama-8b") == 0
+        # The same queue reported now wakes the pool: only the age kept it asleep.
+        fresh = waiting.model_copy(update={"sent_at_ms": now_ms(), "window_start_ms": now_ms() - 5000})
+        await broker.publish(fresh.model_dump(mode="json"), topics.name(t.POOL_STATS))
+    assert [d.action for d in decisions] == ["up"]
