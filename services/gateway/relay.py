@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
@@ -104,7 +106,7 @@ class Relay:
         self.replies = replies
         self.reply_topic_base = reply_topic_base  # what requests name; the tail reads it in the namespace
         self.in_flight = 0
-        self._cancels: set[asyncio.Task[None]] = set()
+        self._cancels: set[asyncio.Future[object]] = set()  # and dead letters: sends the caller must not wait on
 
     @classmethod
     async def start(cls, bus: Bus, instance_id: str) -> Relay:
@@ -118,11 +120,20 @@ class Relay:
         return not self.replies.task.done()
 
     async def on_bad_chunk(self, record: ConsumerRecord, bad: BadMessage) -> None:
-        """The record to llm.dlq; its request ends now with an error (its text has a hole), not after 300 s."""
+        """The record to llm.dlq; its request ends now with an error (its text has a hole), not after 300 s.
+
+        The dead letter goes out in its own task: through a broker outage it is retried for a while,
+        and every other stream waits on the reply tail meanwhile."""
         queue = self.replies.queues.get(record.key) if record.key is not None else None
         if queue is not None:
             queue.put_nowait(_ending(record.key, f"a reply chunk could not be read: {bad.reason}"))
-        await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
+        self._in_background(self._dead_letter(record, bad))
+
+    async def _dead_letter(self, record: ConsumerRecord, bad: BadMessage) -> None:
+        try:
+            await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
+        except Exception:
+            log.exception("could not dead-letter the chunk at %s@%d", record.topic, record.offset)
 
     def _tail_ended(self, task: asyncio.Task[None]) -> None:
         """The reply tail died (not stopped): /ready turns 503 and every waiting request ends now."""
@@ -161,7 +172,10 @@ class Relay:
 
     def cancel_later(self, request_id: str, reason: str) -> None:
         """Publish the cancel in its own task: the caller may be a response being torn down."""
-        task = asyncio.create_task(self._cancel(request_id, reason))
+        self._in_background(self._cancel(request_id, reason))
+
+    def _in_background(self, send: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.ensure_future(send)
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 

@@ -76,7 +76,8 @@ async def front(bus_settings: BusSettings) -> AsyncIterator[Front]:
     await ensure_topics(bus_settings, [(reply_topic, t.REPLIES_SPEC)])
     relay = await Relay.start(bus, INSTANCE)
     catalog = ModelCatalog(settings.worker_stale_s)
-    gateway = Gateway(settings, relay, None, catalog, CatalogFollower(bus_settings, catalog))
+    follower = CatalogFollower(bus_settings, catalog)  # not started: /ready is not what these tests ask
+    gateway = Gateway(settings, relay, None, catalog, follower)
     server = _Server(server_config(create_app(gateway), settings, stop_timeout_s=2))
     serving = asyncio.create_task(server.serve())
 
@@ -90,6 +91,7 @@ async def front(bus_settings: BusSettings) -> AsyncIterator[Front]:
         server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(serving, 10)
+        await follower.stop()
         await relay.stop()
         await bus.stop()
 
@@ -187,3 +189,18 @@ async def test_request_counts_are_labelled_by_route_not_by_raw_path(front: Front
     exposed = generate_latest().decode()
     assert minted not in exposed
     assert 'llmbus_gateway_requests_total{endpoint="/v1/models/{model:path}",status="404"}' in exposed
+
+
+async def test_a_gateway_without_its_reply_tail_refuses_new_requests(front: Front) -> None:
+    await front.relay.replies.tail.consumer.stop()  # the tail's reads now fail: its task ends with an error
+
+    async def tail_gone() -> bool:
+        return not front.relay.healthy()
+
+    await eventually(tail_gone, timeout_s=10, interval_s=0.05)
+    async with httpx.AsyncClient(base_url=front.base_url) as http:
+        refused = await http.post("/v1/chat/completions", json=CHAT, timeout=10)
+        ready = await http.get("/ready", timeout=10)
+    assert refused.status_code == 503 and "reply stream" in refused.text, "not accepted, to wait 300 s for a 504"
+    assert ready.status_code == 503 and ready.json()["reply_tail"] is False
+    assert front.relay.in_flight == 0
