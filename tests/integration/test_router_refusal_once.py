@@ -14,10 +14,9 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.fencing import RequestFence
 from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, ResultStatus
-from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
-from tests.unit.test_router_answers_once import CacheHitCore, EveryTopicExists
-from tests.unit.test_worker_request_errors import FakeBus, RecordingPublisher
+from tests.unit.test_router_answers_once import router
+from tests.unit.test_worker_request_errors import RecordingPublisher
 
 pytestmark = pytest.mark.redis
 
@@ -33,22 +32,13 @@ def refused_copy(request_id: str) -> ConsumerRecord:
 
 
 def router_on(fence: RequestFence) -> tuple[RouterHandlers, RecordingPublisher]:
-    publisher = RecordingPublisher()
-    bus = FakeBus(publisher)
-    bus.send_dead_letter = _dead_letter  # type: ignore[attr-defined]
-    handlers = RouterHandlers(
-        bus,  # type: ignore[arg-type]
-        RouterSettings(),
-        CacheHitCore(),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        fence=fence,
-        directory=EveryTopicExists(),
-    )
+    handlers, publisher = router(fence)  # type: ignore[arg-type]
+    handlers.bus.send_dead_letter = _dead_letter  # type: ignore[method-assign]
     return handlers, publisher
 
 
-async def _dead_letter(*_: object) -> None:
-    return None
+async def _dead_letter(*_: object) -> bool:
+    return True
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from faststream.kafka import TestKafkaBroker
+from faststream.kafka import KafkaBroker, TestKafkaBroker
 
 from llmbus import topics as t
 from llmbus.messages import PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
@@ -10,9 +10,11 @@ from llmbus.settings import BusSettings
 from services.autoscaler.actuators import NoActuator
 from services.autoscaler.app import build_app
 from services.autoscaler.config import AutoscalerSettings
+from services.autoscaler.handlers import AutoscalerHandlers
 
 
-async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_published() -> None:
+def app_in_memory() -> tuple[KafkaBroker, AutoscalerHandlers, NoActuator, t.Topics, list[ScaleDecision]]:
+    """The app with no actuator, and the decisions it publishes."""
     settings = BusSettings(topic_prefix="unit.")
     actuator = NoActuator()
     _, broker, handlers = build_app(settings, AutoscalerSettings(actuator="none"), actuator)
@@ -22,6 +24,12 @@ async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_publi
     @broker.subscriber(topics.name(t.SCALING))
     async def seen(decision: ScaleDecision) -> None:
         decisions.append(decision)
+
+    return broker, handlers, actuator, topics, decisions
+
+
+async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_published() -> None:
+    broker, handlers, actuator, topics, decisions = app_in_memory()
 
     async with TestKafkaBroker(broker):
         now = now_ms()
@@ -55,15 +63,7 @@ async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_publi
 
 
 async def test_statistics_replayed_from_an_hour_ago_are_not_acted_on() -> None:
-    settings = BusSettings(topic_prefix="unit.")
-    actuator = NoActuator()
-    _, broker, _ = build_app(settings, AutoscalerSettings(actuator="none"), actuator)
-    topics = t.Topics(settings.topic_prefix)
-    decisions: list[ScaleDecision] = []
-
-    @broker.subscriber(topics.name(t.SCALING))
-    async def seen(decision: ScaleDecision) -> None:
-        decisions.append(decision)
+    broker, _, actuator, topics, decisions = app_in_memory()
 
     async with TestKafkaBroker(broker):
         hour_ago = now_ms() - 3600 * 1000
