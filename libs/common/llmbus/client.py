@@ -47,12 +47,19 @@ class TopicTail:
         )
 
     async def start(self) -> TopicTail:
+        """Started and positioned at the end; if any step fails the consumer is stopped, not left open."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> TopicTail:
         await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.admin_timeout_s
         while not (tps := sorted(self.consumer.assignment())):
             if loop.time() > deadline:
-                await self.stop()
                 raise LookupError(f"topic {self.topic} has no partitions (does it exist?)")
             await asyncio.sleep(0.05)
         await asyncio.wait_for(self.consumer.seek_to_end(*tps), self.settings.admin_timeout_s)
