@@ -132,6 +132,9 @@ class LlmbusClient:
         self.topics = t.Topics(self.settings.topic_prefix)
         self._bus: Bus | None = None
         self._replies: dict[str, ReplyRouter] = {}
+        # Streams started together must share one tail per reply topic: without the lock each
+        # started its own and all but the last were never stopped (7 unclosed consumers per CI run).
+        self._replies_lock = asyncio.Lock()
 
     async def __aenter__(self) -> LlmbusClient:
         self._bus = await Bus.start(self.settings, t.CLIENT)
@@ -177,9 +180,10 @@ class LlmbusClient:
         await self._bus.publisher.publish(topic, feedback, key=feedback.request_id, request_id=feedback.request_id)
 
     async def _reply_router(self, reply_topic: str) -> ReplyRouter:
-        if reply_topic not in self._replies:
-            self._replies[reply_topic] = ReplyRouter(await TopicTail(self.settings, reply_topic).start())
-        return self._replies[reply_topic]
+        async with self._replies_lock:
+            if reply_topic not in self._replies:
+                self._replies[reply_topic] = ReplyRouter(await TopicTail(self.settings, reply_topic).start())
+            return self._replies[reply_topic]
 
     async def stream(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TokenChunk]:
         """Send `request` and yield its chunks in arrival order until the final one."""
