@@ -55,6 +55,7 @@ def build_app(runtime: ServiceRuntime, cfg: AutoscalerSettings, actuator: Actuat
         publish,
         FleetTable(stale_ms=int(cfg.worker_stale_s * 1000)),
         PoolStatsMerger(stale_s=cfg.stats_instance_stale_s, max_wait_s=cfg.stats_max_wait_s),
+        stats_max_age_s=cfg.stats_max_age_s,
     )
     # Heartbeats: the compacted table from its start, no group (every instance needs all of it).
     runtime.subscribe("workers", handlers.on_worker)

@@ -19,3 +19,6 @@ class AutoscalerSettings(BaseSettings):
     # stats_instance_stale_s is no longer waited for. Both a little above the scheduler's interval (5 s).
     stats_max_wait_s: float = 7.5
     stats_instance_stale_s: float = 15.0
+    # Statistics older than this (by their sent_at_ms) are not acted on: a restarted autoscaler
+    # resuming from its committed offsets would otherwise scale on a past hour's queues.
+    stats_max_age_s: float = 30.0

@@ -40,12 +40,14 @@ class AutoscalerHandlers:
         publish: PublishDecision,
         fleet: FleetTable,
         merger: PoolStatsMerger | None = None,
+        stats_max_age_s: float = 30.0,
     ) -> None:
         self.pools = {name: Pool(name, spec, spec.build_policy()) for name, spec in pools.pools.items()}
         self.actuator = actuator
         self.publish = publish
         self.fleet = fleet
         self.merger = merger or PoolStatsMerger()
+        self.stats_max_age_ms = int(stats_max_age_s * 1000)
         self._lock = asyncio.Lock()  # one evaluation and its actuation at a time
 
     async def on_worker(self, status: WorkerStatus) -> None:
@@ -55,6 +57,11 @@ class AutoscalerHandlers:
         pool = self.pools.get(stats.pool)
         if pool is None:
             return None  # not a pool this autoscaler manages
+        age_ms = now_ms() - stats.sent_at_ms
+        if age_ms > self.stats_max_age_ms:
+            # Replayed after a restart or a lag: an hour-old queue is not a reason to scale now.
+            log.info("%s: statistics %.0f s old skipped", stats.pool, age_ms / 1000)
+            return None
         merged = self.merger.add(stats)
         if merged is None:
             return None  # another scheduler instance has yet to report this period

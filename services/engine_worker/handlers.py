@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiokafka.structs import ConsumerRecord
@@ -70,6 +71,9 @@ class WorkerHandlers:
         self.fence = fence
         self.cooldown_until_s = 0.0  # monotonic: upstream said 429/503, take nothing new until then
         self.draining = False
+        # Called when Control(drain) arrives: the lifecycle heartbeats DRAINING at once, so the
+        # scheduler stops placing here (each refused dispatch would burn one of the request's attempts).
+        self.on_drain: Callable[[], Awaitable[None]] | None = None
         self.running: dict[str, int] = {}  # request id → attempt handled here now (claimed before any await)
         # request id → when its engine span began (the result's engine_ms counts from here): the
         # heartbeat says the oldest, so cost-accounting keeps the intervals it ran in open until it ends.
@@ -138,6 +142,8 @@ class WorkerHandlers:
             await self.engine.abort(control.target_id)
         elif control.action == ControlAction.DRAIN and control.target_id == self.settings.worker_id:
             self.draining = True
+            if self.on_drain is not None:
+                await self.on_drain()
 
     async def abort_all(self) -> None:
         """Drain's last step: whatever still runs is aborted and handed back to the scheduler."""

@@ -37,6 +37,15 @@ class Lifecycle:
         self.started_at_ms = now_ms()
         self._rates = RateTracker()
         self.profile: NodeProfile | None = None  # the latest node profile (DCGM-named gauges read it)
+        handlers.on_drain = self.drained_by_control
+
+    async def drained_by_control(self) -> None:
+        """Control(drain): out of placement now; the process keeps running (and finishing) until stopped."""
+        log.info("drained by control: taking no new work")
+        try:
+            await self.set_state(WorkerState.DRAINING)
+        except Exception:  # the next periodic heartbeat says it
+            log.warning("draining heartbeat failed", exc_info=True)
 
     def reported_state(self) -> WorkerState:
         engine = self.handlers.engine
@@ -65,6 +74,8 @@ class Lifecycle:
         await self.bus.publisher.publish(self.bus.topics.name(t.WORKERS), status, key=self.settings.worker_id)
 
     async def set_state(self, state: WorkerState) -> None:
+        if self.handlers.draining and state in (WorkerState.WARMING, WorkerState.READY, WorkerState.UNHEALTHY):
+            state = WorkerState.DRAINING  # a drained worker stays drained (an engine restart included)
         self.state = state
         await self.beat()
 

@@ -19,6 +19,7 @@ from services.gateway.catalog import CatalogFollower, ModelCatalog
 from services.gateway.config import GatewaySettings
 from services.gateway.http import Gateway, create_app
 from services.gateway.relay import Relay
+from services.gateway.server import server_config
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +46,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     keys = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix)) if redis is not None else None
     if keys is None:
         log.warning("API keys are off: every request belongs to tenant %r", gw_settings.anonymous_tenant)
-    server = _Server(
-        uvicorn.Config(
-            create_app(Gateway(gw_settings, relay, keys, catalog, follower)),
-            host=gw_settings.host,
-            port=gw_settings.port,
-            log_config=None,
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=int(settings.stop_timeout_s),
-        )
-    )
+    app = create_app(Gateway(gw_settings, relay, keys, catalog, follower))
+    server = _Server(server_config(app, gw_settings, settings.stop_timeout_s))
     try:
         await follower.start()
         serving = asyncio.create_task(server.serve())

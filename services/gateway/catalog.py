@@ -82,7 +82,11 @@ class CatalogFollower:
         self.task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
+        try:
+            await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
+        except BaseException:  # not left open: the caller may not call stop() on a follower that never started
+            await stop_consumer(self.consumer, self.settings.stop_timeout_s)
+            raise
         self.task = asyncio.create_task(self._follow())
 
     async def _apply(self, record: ConsumerRecord) -> None:

@@ -26,6 +26,9 @@ class GatewaySettings(BaseSettings):
     # The model name that lets the router's policy choose (OpenAI requires a model in every request).
     auto_model: str = "auto"
     max_body_bytes: int = 4 * 1024 * 1024
+    # A client must send a request's headers, then its body, within these (slowloris holds a connection open).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
     max_in_flight: int = 2048
     # The first chunk may wait for a queue and a cold worker; later chunks come every few ms.
     first_chunk_timeout_s: float = 300.0

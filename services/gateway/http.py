@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import Literal
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -69,15 +69,22 @@ class Gateway:
         return key.tenant
 
 
-async def read_json(request: Request, limit_bytes: int) -> dict[str, object]:
+async def read_json(request: Request, limit_bytes: int, timeout_s: float) -> dict[str, object]:
+    """The body as a JSON object, within `timeout_s` (a client sending it a byte at a time holds a slot)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise errors.too_large(limit_bytes)
     raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > limit_bytes:
-            raise errors.too_large(limit_bytes)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for part in request.stream():
+                raw += part
+                if len(raw) > limit_bytes:
+                    raise errors.too_large(limit_bytes)
+    except TimeoutError:
+        raise errors.ApiError(
+            408, "The request body did not arrive in time.", "invalid_request_error", "timeout"
+        ) from None
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -163,23 +170,26 @@ async def _sse_events(
 
 async def _collect(gw: Gateway, exchange: Exchange) -> None:
     while not exchange.finished:
-        await exchange.next_chunk(gw.settings.chunk_gap_timeout_s)
+        try:
+            await exchange.next_chunk(gw.settings.chunk_gap_timeout_s)
+        except TimeoutError:  # the documented answer to a stalled request, as when streaming
+            raise errors.ApiError(504, "The answer stalled past the time limit.", "timeout", "timeout") from None
 
 
-async def _until_done_or_gone(gw: Gateway, request: Request, exchange: Exchange) -> None:
-    """Collect the whole answer; a client that hangs up cancels the request."""
-    collect = asyncio.create_task(_collect(gw, exchange))
+async def _unless_gone(gw: Gateway, request: Request, waiting: Coroutine[Any, Any, object]) -> None:
+    """Wait for `waiting`; a client that hangs up meanwhile cancels the request (and frees its slot) now."""
+    task = asyncio.ensure_future(waiting)
     try:
-        while not collect.done():
-            await asyncio.wait({collect}, timeout=gw.settings.disconnect_poll_s)
-            if not collect.done() and await request.is_disconnected():
+        while not task.done():
+            await asyncio.wait({task}, timeout=gw.settings.disconnect_poll_s)
+            if not task.done() and await request.is_disconnected():
                 metrics.CANCELLED.inc()
-                collect.cancel()
+                task.cancel()
                 raise errors.ApiError(499, "client closed the request", "cancelled", "cancelled")
-        collect.result()
+        task.result()
     finally:
-        if not collect.done():
-            collect.cancel()
+        if not task.done():
+            task.cancel()
 
 
 async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
@@ -187,7 +197,8 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
     request_id = request.state.request_id
     tenant = await gw.tenant_of(request)
     body = _parse(
-        await read_json(request, gw.settings.max_body_bytes), ChatCompletionBody if kind == "chat" else CompletionBody
+        await read_json(request, gw.settings.max_body_bytes, gw.settings.body_timeout_s),
+        ChatCompletionBody if kind == "chat" else CompletionBody,
     )
     if body.model != gw.settings.auto_model and not gw.catalog.knows(body.model):
         raise errors.model_not_found(body.model)
@@ -206,6 +217,8 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
         )
     except ValidationError as exc:
         raise _validation_error(exc) from exc
+    if not gw.relay.healthy():  # its answer could never be read: refuse now, as /ready does
+        raise errors.unavailable("This gateway instance lost its reply stream.", retry_after_s=1)
     _check_engines_can(gw.catalog, inference)
     if gw.relay.in_flight >= gw.settings.max_in_flight:
         raise errors.unavailable("This gateway instance is at its limit of requests in flight.", retry_after_s=1)
@@ -224,7 +237,7 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
     handed_over = False
     try:
         try:
-            await exchange.next_chunk(gw.settings.first_chunk_timeout_s)
+            await _unless_gone(gw, request, exchange.next_chunk(gw.settings.first_chunk_timeout_s))
         except TimeoutError:
             raise errors.ApiError(504, "No answer started within the time limit.", "timeout", "timeout") from None
         final = exchange.assembler.final
@@ -238,7 +251,7 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
                 media_type="text/event-stream",
                 headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
             )
-        await _until_done_or_gone(gw, request, exchange)
+        await _unless_gone(gw, request, _collect(gw, exchange))
         final = exchange.assembler.final
         assert final is not None
         if final.error is not None:
@@ -256,7 +269,9 @@ async def give_feedback(gw: Gateway, request: Request) -> JSONResponse:
     """Onto the shared llm.feedback (the gateway's alone when auth is on) as the API key's tenant."""
     tenant = await gw.tenant_of(request)
     try:
-        body = FeedbackBody.model_validate(await read_json(request, gw.settings.max_body_bytes))
+        body = FeedbackBody.model_validate(
+            await read_json(request, gw.settings.max_body_bytes, gw.settings.body_timeout_s)
+        )
     except ValidationError as exc:
         raise _validation_error(exc) from exc
     bus = gw.relay.bus
@@ -294,14 +309,19 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
+def _endpoint(request: Request) -> str:
+    """The route's template (`/v1/models/{model:path}`), never the raw path: any client could mint series."""
+    route = request.scope.get("route")
+    return str(getattr(route, "path", "unmatched"))
+
+
 def create_app(gw: Gateway) -> FastAPI:
     app = FastAPI(title="llmbus gateway", version="1", docs_url=None, redoc_url=None)
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(errors.ApiError)
     async def api_error(request: Request, exc: errors.ApiError) -> JSONResponse:
-        endpoint = request.url.path
-        metrics.HTTP_REQUESTS.labels(endpoint, str(exc.status)).inc()
+        metrics.HTTP_REQUESTS.labels(_endpoint(request), str(exc.status)).inc()
         return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())
 
     @app.exception_handler(StarletteHTTPException)
@@ -341,19 +361,19 @@ def create_app(gw: Gateway) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         response = await complete(gw, request, "chat")
-        metrics.HTTP_REQUESTS.labels(request.url.path, str(response.status_code)).inc()
+        metrics.HTTP_REQUESTS.labels(_endpoint(request), str(response.status_code)).inc()
         return response
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         response = await complete(gw, request, "completion")
-        metrics.HTTP_REQUESTS.labels(request.url.path, str(response.status_code)).inc()
+        metrics.HTTP_REQUESTS.labels(_endpoint(request), str(response.status_code)).inc()
         return response
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Response:
         response = await give_feedback(gw, request)
-        metrics.HTTP_REQUESTS.labels(request.url.path, str(response.status_code)).inc()
+        metrics.HTTP_REQUESTS.labels(_endpoint(request), str(response.status_code)).inc()
         return response
 
     return app

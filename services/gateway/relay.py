@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
+from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
 from llmbus import semconv as sc
 from llmbus import topics as t
-from llmbus.bus import Bus
+from llmbus.bus import BadMessage, Bus
 from llmbus.chunks import ChunkAssembler, unshown
 from llmbus.client import ReplyRouter, TopicTail
-from llmbus.messages import Control, ControlAction, InferenceRequest, TokenChunk
+from llmbus.messages import Control, ControlAction, ErrorCode, ErrorInfo, InferenceRequest, TokenChunk
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +89,59 @@ class Exchange:
         self.span.end()
 
 
+# Past every real chunk: the ending is accepted whatever the request's attempts have sent.
+_ENDING_SEQ = 2**31 - 1
+
+
+def _ending(key: bytes, reason: str) -> TokenChunk:
+    """A final error chunk the gateway makes itself for a request whose reply it cannot read."""
+    error = ErrorInfo(code=ErrorCode.INTERNAL, message=reason[:2000], retryable=True, retry_after_ms=1000)
+    request_id = key.decode(errors="replace")
+    return TokenChunk(request_id=request_id, tenant="", seq=_ENDING_SEQ, final=True, error=error, attempt=0)
+
+
 class Relay:
     def __init__(self, bus: Bus, replies: ReplyRouter, reply_topic_base: str) -> None:
         self.bus = bus
         self.replies = replies
         self.reply_topic_base = reply_topic_base  # what requests name; the tail reads it in the namespace
         self.in_flight = 0
-        self._cancels: set[asyncio.Task[None]] = set()
+        self._cancels: set[asyncio.Future[object]] = set()  # and dead letters: sends the caller must not wait on
 
     @classmethod
     async def start(cls, bus: Bus, instance_id: str) -> Relay:
         tail = await TopicTail(bus.settings, bus.topics.replies(instance_id)).start()
-        return cls(bus, ReplyRouter(tail), t.replies_base(instance_id))
+        relay = cls(bus, ReplyRouter(tail), t.replies_base(instance_id))
+        relay.replies.on_bad = relay.on_bad_chunk
+        relay.replies.task.add_done_callback(relay._tail_ended)
+        return relay
 
     def healthy(self) -> bool:
         return not self.replies.task.done()
+
+    async def on_bad_chunk(self, record: ConsumerRecord, bad: BadMessage) -> None:
+        """The record to llm.dlq; its request ends now with an error (its text has a hole), not after 300 s.
+
+        The dead letter goes out in its own task: through a broker outage it is retried for a while,
+        and every other stream waits on the reply tail meanwhile."""
+        queue = self.replies.queues.get(record.key) if record.key is not None else None
+        if queue is not None:
+            queue.put_nowait(_ending(record.key, f"a reply chunk could not be read: {bad.reason}"))
+        self._in_background(self._dead_letter(record, bad))
+
+    async def _dead_letter(self, record: ConsumerRecord, bad: BadMessage) -> None:
+        try:
+            await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
+        except Exception:
+            log.exception("could not dead-letter the chunk at %s@%d", record.topic, record.offset)
+
+    def _tail_ended(self, task: asyncio.Task[None]) -> None:
+        """The reply tail died (not stopped): /ready turns 503 and every waiting request ends now."""
+        if task.cancelled():
+            return
+        log.error("the reply tail ended; this gateway is not ready", exc_info=task.exception())
+        for key, queue in list(self.replies.queues.items()):
+            queue.put_nowait(_ending(key, "this gateway lost its reply stream"))
 
     async def open(self, request: InferenceRequest, span: trace.Span = trace.INVALID_SPAN) -> Exchange:
         """Listen for the request's chunks, then publish it (so not even the first chunk is missed).
@@ -131,7 +172,10 @@ class Relay:
 
     def cancel_later(self, request_id: str, reason: str) -> None:
         """Publish the cancel in its own task: the caller may be a response being torn down."""
-        task = asyncio.create_task(self._cancel(request_id, reason))
+        self._in_background(self._cancel(request_id, reason))
+
+    def _in_background(self, send: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.ensure_future(send)
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 

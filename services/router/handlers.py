@@ -146,8 +146,17 @@ class RouterHandlers:
         return request if tenant == request.tenant else request.model_copy(update={"tenant": tenant})
 
     async def _refuse(self, record: ConsumerRecord, request: InferenceRequest, refused: Refused) -> None:
-        """DLQ (the audit trail of refusals) and a final error on the tenant's default reply topic."""
+        """DLQ (the audit trail of refusals) and a final error on the tenant's default reply topic.
+
+        The error claims the final marker like every other answer: a refused copy of a request id
+        that a worker answers (or already did) is not a second result, which cost-accounting would
+        bill ($0) in place of the real one."""
         await self.bus.send_dead_letter(record, ErrorCode.FORBIDDEN, refused.reason, request.request_id)
+        if not await self._claim_answer(request.request_id):
+            log.info(
+                "%s: refused copy of a request answered (or in flight) already; no second result", request.request_id
+            )
+            return
         try:
             source = tenancy.source_of(record.topic.removeprefix(self.bus.topics.prefix))
         except Refused:  # not a request topic we know a tenant of: answer on llm.results only
@@ -163,6 +172,7 @@ class RouterHandlers:
             attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
         )
+        await self._answered(request.request_id)
 
     def _authenticated_tenant(self, record: ConsumerRecord) -> str | None:
         try:

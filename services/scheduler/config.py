@@ -31,3 +31,5 @@ class SchedulerSettings(BaseSettings):
     placement_ttl_s: int = 24 * 3600  # a claim whose outcome never comes expires (bounded Redis keys)
     seed: int | None = None
     pool_stats_interval_s: float = 5.0  # how often per-pool statistics go to llm.pool-stats
+    # A pool (a model name, which clients choose) idle this long is no longer reported or kept.
+    pool_stats_forget_after_s: float = 900.0

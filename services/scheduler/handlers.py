@@ -67,7 +67,9 @@ class SchedulerHandlers:
         self._delivering: set[str] = set()  # request ids whose Dispatch awaits its ack (`_deliver`)
         self._later: set[asyncio.Task[None]] = set()  # final errors waiting for a lease; acks being confirmed
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
-        self.pool_stats = PoolStatsRecorder(settings.instance_id)  # the autoscaler's signals
+        self.pool_stats = PoolStatsRecorder(
+            settings.instance_id, settings.pool_stats_forget_after_s
+        )  # the autoscaler's signals
 
     async def restore(self) -> int:
         placements = await self.store.load(self.settings.prefix_block_tokens, self.settings.max_prefix_blocks)

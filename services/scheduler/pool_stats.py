@@ -9,6 +9,7 @@ KEDA ScaledObjects in deploy/k8s/ query.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import statistics
 from dataclasses import dataclass, field
@@ -53,9 +54,19 @@ def _quantile(sorted_values: list[float], q: float) -> float:
 
 
 class PoolStatsRecorder:
-    def __init__(self, instance_id: str = "") -> None:
+    """Per-pool windows, and the pools' metric series, for pools with recent traffic only.
+
+    A pool is a model name a client chose: one idle (no arrivals, placements, outcomes, nothing
+    queued or in flight) for `forget_after_s` is forgotten, statistics and series, else every name
+    ever sent would be kept and republished forever. The default outlasts the autoscaler's idle
+    window (10 min to scale down), so it sees a pool go quiet before the pool goes silent.
+    """
+
+    def __init__(self, instance_id: str = "", forget_after_s: float = 900.0) -> None:
         self.instance_id = instance_id
+        self.forget_after_ms = int(forget_after_s * 1000)
         self._windows: dict[str, _Window] = {}
+        self._last_busy_ms: dict[str, int] = {}
         self._window_start_ms: int | None = None  # the last snapshot: where every pool's window starts
 
     def _window(self, pool: str, now: int) -> _Window:
@@ -92,9 +103,31 @@ class PoolStatsRecorder:
         """
         pools = set(self._windows) | set(core.queues.by_model)
         stats = [self._stats_of(pool, core, now) for pool in sorted(pools)]
-        self._windows = {pool: _Window(now) for pool in pools}
+        for s in stats:
+            if s.arrivals or s.placed or s.completed or s.queued or s.in_flight:
+                self._last_busy_ms[s.pool] = now
+        kept = {pool for pool in pools if now - self._last_busy_ms.get(pool, now) < self.forget_after_ms}
+        if gone := pools - kept:
+            self._forget(gone)
+        self._windows = {pool: _Window(now) for pool in kept}
         self._window_start_ms = now
         return stats
+
+    def _forget(self, pools: set[str]) -> None:
+        for pool in pools:
+            self._last_busy_ms.pop(pool, None)
+            for metric in (QUEUED, IN_FLIGHT, ARRIVALS_TOTAL, QUEUE_WAIT_SECONDS):
+                with contextlib.suppress(KeyError):
+                    metric.remove(pool)
+        # The remembered children would point at removed series: look them up afresh.
+        _arrivals.cache_clear()  # type: ignore[attr-defined]
+        _queue_wait.cache_clear()  # type: ignore[attr-defined]
+        log.info("pool statistics of %d idle pools forgotten: %s", len(pools), sorted(pools)[:10])
+
+    @property
+    def pools(self) -> set[str]:
+        """The pools with a window now (for tests and tools)."""
+        return set(self._windows)
 
     def _stats_of(self, pool: str, core: SchedulerCore, now: int) -> PoolStats:
         window = self._windows.get(pool) or _Window(now)

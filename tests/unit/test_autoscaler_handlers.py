@@ -63,3 +63,28 @@ async def test_a_bad_heartbeat_goes_to_the_dlq_with_its_reason_and_the_next_one_
     assert letter.service == t.AUTOSCALER
     assert handlers.fleet.slots["sim-llama-8b"] == 8
     assert not runtime.contract.undeclared(bus.topics, runtime.publisher.topics_written)
+
+
+async def test_statistics_replayed_from_an_hour_ago_are_not_acted_on() -> None:
+    bus = MemoryBus(BusSettings(topic_prefix="unit."))
+    runtime = bus.runtime(contracts.AUTOSCALER)
+    actuator = NoActuator()
+    build_app(runtime, AutoscalerSettings(actuator="none"), actuator)
+    topics = bus.topics
+    hour_ago = now_ms() - 3600 * 1000
+    waiting = PoolStats(
+        pool="sim-llama-8b",
+        window_start_ms=hour_ago - 5000,
+        window_s=5.0,
+        arrivals=1,
+        queued=1,
+        oldest_wait_ms=900,
+        sent_at_ms=hour_ago,
+    )
+    await bus.send(topics.name(t.POOL_STATS), waiting)
+    assert bus.published(topics.name(t.SCALING), ScaleDecision) == []
+    assert await actuator.replicas("sim-llama-8b") == 0
+    # The same queue reported now wakes the pool: only the age kept it asleep.
+    fresh = waiting.model_copy(update={"sent_at_ms": now_ms(), "window_start_ms": now_ms() - 5000})
+    await bus.send(topics.name(t.POOL_STATS), fresh)
+    assert [d.action for d in bus.published(topics.name(t.SCALING), ScaleDecision)] == ["up"]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from prometheus_client import generate_latest
+
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
 from services.scheduler.policy.core import PlaceAction, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.types import SchedRequest
-from services.scheduler.pool_stats import PoolStatsRecorder
+from services.scheduler.pool_stats import ARRIVALS_TOTAL, PoolStatsRecorder
 
 
 def status(worker_id: str, state: WorkerState, sent_at_ms: int) -> WorkerStatus:
@@ -51,3 +53,24 @@ def test_pool_stats_window() -> None:
     assert stats.workers_ready == 1 and stats.workers_warming == 1
     (empty,) = recorder.snapshot(core, 3000)  # a new window
     assert empty.arrivals == 0 and empty.queue_wait_ms_p50 is None and empty.queued == 1
+
+
+def test_pools_of_client_chosen_names_are_forgotten_once_idle() -> None:
+    """Model names come from clients: a pool idle for forget_after_s is no longer kept, reported or exported."""
+    core = SchedulerCore(Pipeline.load("default"))
+    recorder = PoolStatsRecorder("i1", forget_after_s=60)
+    minted = [f"minted-{i}" for i in range(200)]
+    recorder.snapshot(core, 1000)
+    for name in minted:
+        recorder.on_arrival(name, 1100)
+    assert {s.pool for s in recorder.snapshot(core, 2000)} == set(minted)
+    recorder.on_arrival("m", 30_000)  # a pool still in use is kept
+    recorder.snapshot(core, 31_000)
+    assert len(recorder.snapshot(core, 61_000)) == 201  # idle 59 s: still reported (as idle)
+    assert len(recorder.snapshot(core, 62_000)) == 201 and recorder.pools == {"m"}  # a last idle report
+    assert [s.pool for s in recorder.snapshot(core, 63_000)] == ["m"]
+    exposed = generate_latest().decode()
+    assert "minted-" not in exposed
+    assert 'llmbus_scheduler_arrivals_total{model_name="m"}' in exposed
+    recorder.on_arrival("minted-7", 64_000)  # a name that comes back counts again
+    assert ARRIVALS_TOTAL.labels("minted-7")._value.get() == 1

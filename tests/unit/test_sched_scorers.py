@@ -91,11 +91,36 @@ def test_default_pipeline_weighs_prefix_against_load() -> None:
     assert pipeline.pick(state, req(prefix_block_hashes=["z1", "z2"])).worker.worker_id == "b"
 
 
+def pipeline_with(**changes: object) -> dict[str, object]:
+    return {"name": "p", "filters": [{"type": "serves-model"}], "scorers": [{"type": "kv-usage"}]} | changes
+
+
 def test_unknown_plugin_and_negative_weight_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown scorer"):
-        Pipeline.from_dict({"scorers": [{"type": "nope"}]})
-    with pytest.raises(ValueError, match="negative"):
-        Pipeline.from_dict({"scorers": [{"type": "kv-usage", "weight": -1}]})
+        Pipeline.from_dict(pipeline_with(scorers=[{"type": "nope"}]))
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        Pipeline.from_dict(pipeline_with(scorers=[{"type": "kv-usage", "weight": -1}]))
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        # `filter:` for `filters:` used to load as a pipeline with no filters: any worker, any model.
+        ({"filter": [{"type": "serves-model"}], "filters": None}, "filter"),
+        ({"filters": [{"type": "gpu-healthy"}]}, "must include 'serves-model'"),
+        ({"filters": [{"type": "serves-model", "params": {"strict_exclud": True}}]}, "unknown params"),
+        (
+            {"filters": [{"type": "serves-model"}, {"type": "fits-capacity", "params": {"kv_headroom": "1"}}]},
+            "kv_headroom",
+        ),
+        ({"scorers": [{"type": "kv-usage", "wieght": 2}]}, "wieght"),
+        ({"picker": {"type": "max-score", "param": {}}}, "param"),
+    ],
+)
+def test_a_pipeline_file_with_a_mistake_is_refused_at_load(broken: dict[str, object], reason: str) -> None:
+    cfg = {k: v for k, v in (pipeline_with() | broken).items() if v is not None}
+    with pytest.raises(ValueError, match=reason):
+        Pipeline.from_dict(cfg)
 
 
 def test_prefill_backlog_prefers_the_shorter_wait_counting_prefix_hits() -> None:

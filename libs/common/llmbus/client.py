@@ -11,17 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord
 
 from llmbus import tenancy
 from llmbus import topics as t
-from llmbus.bus import Bus, decode
+from llmbus.bus import BadMessage, Bus, decode
 from llmbus.bus.security import kafka_auth
 from llmbus.chunks import ChunkAssembler, TextUpdate
 from llmbus.messages import Feedback, InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
+
+log = logging.getLogger(__name__)
 
 
 class TopicTail:
@@ -43,12 +47,19 @@ class TopicTail:
         )
 
     async def start(self) -> TopicTail:
+        """Started and positioned at the end; if any step fails the consumer is stopped, not left open."""
+        try:
+            return await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> TopicTail:
         await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.admin_timeout_s
         while not (tps := sorted(self.consumer.assignment())):
             if loop.time() > deadline:
-                await self.stop()
                 raise LookupError(f"topic {self.topic} has no partitions (does it exist?)")
             await asyncio.sleep(0.05)
         await asyncio.wait_for(self.consumer.seek_to_end(*tps), self.settings.admin_timeout_s)
@@ -70,20 +81,43 @@ class TopicTail:
             await asyncio.wait_for(self.consumer.stop(), self.settings.stop_timeout_s)
 
 
-class ReplyRouter:
-    """One tail of a reply topic shared by every stream of a client: chunks go to their request's queue."""
+OnBadChunk = Callable[[ConsumerRecord, BadMessage], Awaitable[None]]
 
-    def __init__(self, tail: TopicTail) -> None:
+
+class ReplyRouter:
+    """One tail of a reply topic shared by every stream of a client: chunks go to their request's queue.
+
+    A record that does not decode (a newer schema during a rolling upgrade, a stray writer) goes to
+    `on_bad` and the tail goes on: one bad record must not end the only task every stream waits on.
+    """
+
+    def __init__(self, tail: TopicTail, on_bad: OnBadChunk | None = None) -> None:
         self.tail = tail
         self.queues: dict[bytes, asyncio.Queue[TokenChunk]] = {}
+        self.on_bad = on_bad
         self.task = asyncio.create_task(self._route())
 
     async def _route(self) -> None:
         while True:
             async for record in self.tail.records(3600):
                 queue = self.queues.get(record.key)  # type: ignore[attr-defined]
-                if queue is not None:
-                    queue.put_nowait(decode(record, TokenChunk))  # type: ignore[arg-type]
+                if queue is None:
+                    continue
+                try:
+                    chunk = decode(record, TokenChunk)  # type: ignore[arg-type]
+                except BadMessage as bad:
+                    await self._bad(record, bad)  # type: ignore[arg-type]
+                    continue
+                queue.put_nowait(chunk)
+
+    async def _bad(self, record: ConsumerRecord, bad: BadMessage) -> None:
+        log.warning("undecodable chunk on %s[%d]@%d: %s", record.topic, record.partition, record.offset, bad.reason)
+        if self.on_bad is None:
+            return
+        try:
+            await self.on_bad(record, bad)
+        except Exception:  # the dead letter is best effort; the tail is what every stream needs
+            log.exception("could not hand on the undecodable chunk at %s@%d", record.topic, record.offset)
 
     async def stop(self) -> None:
         self.task.cancel()
@@ -98,6 +132,9 @@ class LlmbusClient:
         self.topics = t.Topics(self.settings.topic_prefix)
         self._bus: Bus | None = None
         self._replies: dict[str, ReplyRouter] = {}
+        # Streams started together must share one tail per reply topic: without the lock each
+        # started its own and all but the last were never stopped (7 unclosed consumers per CI run).
+        self._replies_lock = asyncio.Lock()
 
     async def __aenter__(self) -> LlmbusClient:
         self._bus = await Bus.start(self.settings, t.CLIENT)
@@ -143,9 +180,10 @@ class LlmbusClient:
         await self._bus.publisher.publish(topic, feedback, key=feedback.request_id, request_id=feedback.request_id)
 
     async def _reply_router(self, reply_topic: str) -> ReplyRouter:
-        if reply_topic not in self._replies:
-            self._replies[reply_topic] = ReplyRouter(await TopicTail(self.settings, reply_topic).start())
-        return self._replies[reply_topic]
+        async with self._replies_lock:
+            if reply_topic not in self._replies:
+                self._replies[reply_topic] = ReplyRouter(await TopicTail(self.settings, reply_topic).start())
+            return self._replies[reply_topic]
 
     async def stream(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TokenChunk]:
         """Send `request` and yield its chunks in arrival order until the final one."""

@@ -2,8 +2,10 @@
 
 `metric.labels(...)` takes the metric's lock, validates and stringifies the values and looks
 the child up again on every call: about a microsecond, paid on every record consumed or
-produced. A child never changes for given label values (llmbus never removes children), so
-the lookup is remembered; there is at most one entry per child the metric already holds.
+produced. A child never changes for given label values, so the lookup is remembered; there is
+at most one entry per child the metric already holds. Code that removes a metric's children
+(label values that expire, like client-chosen model names) clears the remembered ones too
+(`cache_clear()`), or it would keep counting on series no longer exported.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from services.scheduler.policy.config import PipelineConfig, build_plugin
 from services.scheduler.policy.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
 from services.scheduler.policy.types import SchedRequest, WorkerView
 
@@ -30,13 +31,6 @@ class PickResult:
     scores: dict[str, float] = field(default_factory=dict)
 
 
-def _build(registry: dict[str, Any], spec: dict[str, Any], kind: str) -> Any:
-    kind_name = spec.get("type")
-    if kind_name not in registry:
-        raise ValueError(f"unknown {kind} plugin {kind_name!r}; known: {sorted(registry)}")
-    return registry[kind_name](**(spec.get("params") or {}))
-
-
 class Pipeline:
     def __init__(self, name: str, filters: list[Filter], scorers: list[tuple[Scorer, float]], picker: Picker) -> None:
         self.name = name
@@ -46,15 +40,11 @@ class Pipeline:
 
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> Pipeline:
-        filters = [_build(FILTERS, f, "filter") for f in cfg.get("filters", [])]
-        scorers = []
-        for s in cfg.get("scorers", []):
-            weight = float(s.get("weight", 1.0))
-            if weight < 0:
-                raise ValueError(f"scorer {s.get('type')!r} has a negative weight")
-            scorers.append((_build(SCORERS, s, "scorer"), weight))
-        picker = _build(PICKERS, cfg.get("picker", {"type": "max-score"}), "picker")
-        return cls(str(cfg.get("name", "unnamed")), filters, scorers, picker)
+        """Built from a validated PipelineConfig: a bad file fails here, at start-up, with the reason."""
+        spec = PipelineConfig.model_validate(cfg)
+        filters = [build_plugin(FILTERS, f, "filter") for f in spec.filters]
+        scorers = [(build_plugin(SCORERS, s, "scorer"), s.weight) for s in spec.scorers]
+        return cls(spec.name, filters, scorers, build_plugin(PICKERS, spec.picker, "picker"))
 
     @classmethod
     def load(cls, name_or_path: str) -> Pipeline:

@@ -39,9 +39,9 @@ async def read_namespace(settings: BusSettings, timeout_s: float = 120.0) -> lis
         max_partition_fetch_bytes=8 * 1024 * 1024,
         **kafka_auth(settings),
     )
-    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     seen: list[Seen] = []
-    try:
+    try:  # a start that fails (times out) is stopped too: an unstopped consumer keeps its connections
+        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         if not partitions:
             return seen
         consumer.assign(partitions)

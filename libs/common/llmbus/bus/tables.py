@@ -52,9 +52,9 @@ async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: fl
         request_timeout_ms=settings.request_timeout_ms,
         **kafka_auth(settings),
     )
-    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     log: list[tuple[str, M | None]] = []
-    try:
+    try:  # a start that fails (times out) is stopped too: an unstopped consumer keeps its connections
+        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not consumer.assignment() and loop.time() < deadline:

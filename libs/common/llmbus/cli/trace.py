@@ -48,10 +48,10 @@ async def read_lineage(settings: BusSettings, request_id: str, since_s: float, t
         request_timeout_ms=settings.request_timeout_ms,
         **kafka_auth(settings),
     )
-    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     lineage = Lineage(request_id)
     control_topic = topics.name(t.CONTROL)
-    try:
+    try:  # a start that fails (times out) is stopped too: an unstopped consumer keeps its connections
+        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         consumer.assign(tps)
         ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
         since_ms = int((time.time() - since_s) * 1000)

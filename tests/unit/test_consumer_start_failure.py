@@ -1,0 +1,72 @@
+"""A consumer whose start fails (no broker answers, a timeout) is stopped, not left open.
+
+aiokafka warns "Unclosed AIOKafkaConsumer" for each one never stopped, and it keeps its
+connections until it is collected. Against an address nobody listens on, start() fails at once.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+
+from llmbus.bus import consumer as bus_consumer
+from llmbus.bus import tables
+from llmbus.client import TopicTail
+from llmbus.messages import ModelSpec
+from llmbus.settings import BusSettings
+from services.gateway.catalog import CatalogFollower, ModelCatalog
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[AIOKafkaConsumer]:
+    """Every consumer the code under test makes."""
+    made: list[AIOKafkaConsumer] = []
+
+    class Recorded(AIOKafkaConsumer):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            made.append(self)
+
+    for module in (tables, bus_consumer):
+        monkeypatch.setattr(module, "AIOKafkaConsumer", Recorded)
+    monkeypatch.setattr("llmbus.client.AIOKafkaConsumer", Recorded)
+    return made
+
+
+@pytest.fixture
+def nobody() -> BusSettings:
+    return BusSettings(kafka_bootstrap=f"127.0.0.1:{unused_port()}", admin_timeout_s=2, stop_timeout_s=2)
+
+
+async def test_a_topic_tail_that_cannot_start_is_stopped(made: list[AIOKafkaConsumer], nobody: BusSettings) -> None:
+    with pytest.raises(Exception):  # noqa: B017 - aiokafka's connection error or the timeout, either is a failure
+        await TopicTail(nobody, "t.llm.results").start()
+    assert [c._closed for c in made] == [True]
+
+
+async def test_reading_a_table_with_no_broker_leaves_no_consumer_open(
+    made: list[AIOKafkaConsumer], nobody: BusSettings
+) -> None:
+    with pytest.raises(Exception):  # noqa: B017
+        await tables.read_log(nobody, "t.llm.models", ModelSpec)
+    assert [c._closed for c in made] == [True]
+
+
+async def test_a_catalog_follower_that_cannot_start_is_stopped(
+    made: list[AIOKafkaConsumer], nobody: BusSettings
+) -> None:
+    async def no_dead_letters(record: object, exc: Exception) -> None:  # never reached: it cannot start
+        raise AssertionError(exc)
+
+    follower = CatalogFollower(nobody, ModelCatalog(30), no_dead_letters)
+    with pytest.raises(Exception):  # noqa: B017
+        await follower.start()
+    assert [c._closed for c in made] == [True]
