@@ -76,7 +76,8 @@ async def front(bus_settings: BusSettings) -> AsyncIterator[Front]:
     await ensure_topics(bus_settings, [(reply_topic, t.REPLIES_SPEC)])
     relay = await Relay.start(bus, INSTANCE)
     catalog = ModelCatalog(settings.worker_stale_s)
-    follower = CatalogFollower(bus_settings, catalog, bus.dead_letter)  # not started: /ready is not what these tests ask
+    # Not started: /ready is not what these tests ask.
+    follower = CatalogFollower(bus_settings, catalog, bus.dead_letter)
     gateway = Gateway(settings, relay, None, catalog, follower)
     server = _Server(server_config(create_app(gateway), settings, stop_timeout_s=2))
     serving = asyncio.create_task(server.serve())
