@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -37,15 +38,45 @@ def redis_up() -> None:
         pytest.fail("Redis is not answering on 127.0.0.1:6379: run `make test` (it starts it) or `make infra`")
 
 
-@pytest.fixture(scope="session", autouse=True)
-async def sweep_test_namespaces() -> AsyncIterator[None]:
+def pytest_configure(config: pytest.Config) -> None:
     """`make test` (LLMBUS_TEST_SWEEP=1) first drops test topics that earlier killed runs left behind.
 
     Off by default: a sweep would also drop the topics of another test run going on at the same time.
+    Done here, once, before any test starts: under pytest-xdist this runs in the controller before the
+    workers exist (a worker sweeping would drop the namespaces its siblings are using).
     """
-    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and _answers("127.0.0.1", 9092):
-        await delete_topics_matching(BusSettings(), TEST_NAMESPACE)
-    yield
+    is_xdist_worker = hasattr(config, "workerinput")
+    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker and _answers("127.0.0.1", 9092):
+        asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))
+
+
+# Tests that share one expensive session resource run on one pytest-xdist worker (`--dist loadgroup`):
+# one vLLM engine per run (and no second engine competing with it for the cores), one secured broker.
+_SHARED_BY_FIXTURE = {"vllm_engine": "vllm", "secured_kafka": "secured-kafka"}
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    names = set(getattr(item, "fixturenames", ()))
+    for fixture, group in _SHARED_BY_FIXTURE.items():
+        if fixture in names:
+            return group
+    if item.get_closest_marker("vllm") is not None:
+        return "vllm"
+    # A module-scoped fixture (a stack of services, a private Redis) is built once per worker that runs
+    # one of the module's tests: keep the module on one worker so it is built once.
+    definitions = getattr(item, "_fixtureinfo", None)
+    if definitions is not None:
+        for defs in definitions.name2fixturedefs.values():
+            if any(d.scope == "module" for d in defs):
+                return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks to name the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None and (group := _xdist_group(item)) is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
