@@ -12,6 +12,7 @@ import pytest
 
 from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
+from tests import xdist_groups
 from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
@@ -48,35 +49,27 @@ def pytest_configure(config: pytest.Config) -> None:
     is_xdist_worker = hasattr(config, "workerinput")
     if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker and _answers("127.0.0.1", 9092):
         asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))
+    xdist_groups.name_groups_dir(config)
 
 
-# Tests that share one expensive session resource run on one pytest-xdist worker (`--dist loadgroup`):
-# one vLLM engine per run (and no second engine competing with it for the cores), one secured broker.
-_SHARED_BY_FIXTURE = {"vllm_engine": "vllm", "secured_kafka": "secured-kafka"}
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    result = yield  # after deselection (-m, -k): the table lists the tests this run has
+    xdist_groups.write_groups(config, items)
+    return result
 
 
-def _xdist_group(item: pytest.Item) -> str | None:
-    names = set(getattr(item, "fixturenames", ()))
-    for fixture, group in _SHARED_BY_FIXTURE.items():
-        if fixture in names:
-            return group
-    if item.get_closest_marker("vllm") is not None:
-        return "vllm"
-    # A module-scoped fixture (a stack of services, a private Redis) is built once per worker that runs
-    # one of the module's tests: keep the module on one worker so it is built once.
-    definitions = getattr(item, "_fixtureinfo", None)
-    if definitions is not None:
-        for defs in definitions.name2fixturedefs.values():
-            if any(d.scope == "module" for d in defs):
-                return item.nodeid.split("::", 1)[0]
-    return None
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadgroup`: tests that share the vLLM engine, the secured broker or a module's stack stay on one
+    worker (tests/xdist_groups.py says why xdist's own loadgroup cannot do it under pytest 9)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return xdist_groups.SharedResourceScheduling(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks to name the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None and (group := _xdist_group(item)) is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_unconfigure(config: pytest.Config) -> None:
+    xdist_groups.remove_groups_dir(config)
 
 
 @pytest.fixture
