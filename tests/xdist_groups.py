@@ -3,7 +3,8 @@
 `make test` runs the suite on several xdist workers (`-n N --dist loadgroup`). Tests that share
 one expensive session or module resource run on one worker, so it is built once:
 
-- every test that uses the `vllm_engine` fixture (one vLLM engine per run),
+- every test that uses the `vllm_engine` fixture (one vLLM engine per run), and the vllm-marked
+  tests of its modules (they import vLLM: cheap where the engine runs),
 - every test that uses the `secured_kafka` fixture (one private secured broker per run),
 - all tests of a module that has a module-scoped fixture (a stack of services, a private Redis),
 - tests marked `xdist_group("name")` by hand, by that name.
@@ -12,7 +13,9 @@ pytest-xdist's own loadgroup scheduler names a group by appending "@name" to the
 pytest 9 no longer lets a plugin do (`Node.nodeid` is computed from a structured id), so every test
 would land wherever. Instead each worker writes its test → group table to a directory the
 controller names (LLMBUS_XDIST_GROUPS_DIR), and the controller's scheduler reads it once all
-workers have collected (they collect the same tests), before it hands out any work.
+workers have collected (they collect the same tests), before it hands out any work. The workers
+also order their tests slowest first (the vLLM group, then tests marked slow), which is the order
+the controller hands them out in.
 """
 
 from __future__ import annotations
@@ -44,8 +47,12 @@ def group_of(item: pytest.Item) -> str | None:
     # A module-scoped fixture is built once per worker that runs one of the module's tests.
     info = getattr(item, "_fixtureinfo", None)
     if info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
-        return item.nodeid.split("::", 1)[0]
+        return _module_of(item.nodeid)
     return None
+
+
+def _module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 def name_groups_dir(config: pytest.Config) -> None:
@@ -61,13 +68,34 @@ def remove_groups_dir(config: pytest.Config) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _start_rank(item: pytest.Item, group: str | None) -> int:
+    """When to hand a test out: the vLLM engine's group (the longest chain) first, then tests marked slow
+    and the secured broker's group, then the other groups, then the rest, which fill the gaps. Handed out
+    in suite order, a slow test near the end of the suite (tests/reliability) would start last and finish
+    minutes after everything else."""
+    if group == SHARED_BY_FIXTURE["vllm_engine"]:
+        return 0
+    if item.get_closest_marker("slow") is not None or group in SHARED_BY_FIXTURE.values():
+        return 1  # the secured broker's group: a JVM to start before its first test
+    return 2 if group is not None else 3
+
+
 def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a worker: this worker's table of grouped tests, written whole (rename) for the controller."""
+    """In a worker: order the tests slowest first and write this worker's table of grouped tests, whole
+    (rename), for the controller. Every worker orders the same way, so their collections stay identical."""
     workerinput = getattr(config, "workerinput", None)
     directory = os.environ.get(GROUPS_DIR_ENV)
     if workerinput is None or not directory:
         return
     groups = {item.nodeid: group for item in items if (group := group_of(item)) is not None}
+    # A vllm-marked test beside the engine's users (test_error_classification) imports vLLM and torch:
+    # ~5-40 s on a worker that has not, nothing on the one that runs the engine.
+    engine = SHARED_BY_FIXTURE["vllm_engine"]
+    engine_modules = {_module_of(nodeid) for nodeid, group in groups.items() if group == engine}
+    for item in items:
+        if item.get_closest_marker("vllm") is not None and _module_of(item.nodeid) in engine_modules:
+            groups.setdefault(item.nodeid, engine)
+    items.sort(key=lambda item: _start_rank(item, groups.get(item.nodeid)))  # stable: a group keeps its order
     target = Path(directory) / f"{workerinput['workerid']}.json"
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(groups))
@@ -77,11 +105,12 @@ def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
 class SharedResourceScheduling(LoadScopeScheduling):
     """xdist's loadscope scheduling with a scope per group (a test outside every group is its own scope).
 
-    Scopes go out largest first, so the groups start at once on their workers and the single
-    tests fill the gaps.
+    Scopes go out in the order the workers collected them (write_groups put the slow ones first),
+    not largest first: a group of many fast tests is no reason to start early.
     """
 
     def __init__(self, config: pytest.Config, log: object | None = None) -> None:
+        config.option.loadscopereorder = False
         super().__init__(config, log)  # type: ignore[arg-type]
         self._groups: dict[str, str] | None = None
 
