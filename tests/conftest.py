@@ -61,9 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """`--dist loadgroup`: tests that share the vLLM engine, the secured broker or a module's stack stay on one
-    worker (tests/xdist_groups.py says why xdist's own loadgroup cannot do it under pytest 9)."""
-    if config.getvalue("dist") != "loadgroup":
+    """`-n N` (xdist's default `--dist load`) or `--dist loadgroup`: tests that share the vLLM engine, the secured
+    broker or a module's stack stay on one worker (tests/xdist_groups.py says why xdist's own loadgroup cannot
+    do it under pytest 9). Other modes (loadfile, loadscope, each, worksteal) are xdist's own."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     return xdist_groups.SharedResourceScheduling(config, log)
 
