@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,7 @@ import pytest
 
 from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
+from tests import xdist_groups
 from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
@@ -37,15 +39,38 @@ def redis_up() -> None:
         pytest.fail("Redis is not answering on 127.0.0.1:6379: run `make test` (it starts it) or `make infra`")
 
 
-@pytest.fixture(scope="session", autouse=True)
-async def sweep_test_namespaces() -> AsyncIterator[None]:
+def pytest_configure(config: pytest.Config) -> None:
     """`make test` (LLMBUS_TEST_SWEEP=1) first drops test topics that earlier killed runs left behind.
 
     Off by default: a sweep would also drop the topics of another test run going on at the same time.
+    Done here, once, before any test starts: under pytest-xdist this runs in the controller before the
+    workers exist (a worker sweeping would drop the namespaces its siblings are using).
     """
-    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and _answers("127.0.0.1", 9092):
-        await delete_topics_matching(BusSettings(), TEST_NAMESPACE)
-    yield
+    is_xdist_worker = hasattr(config, "workerinput")
+    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker and _answers("127.0.0.1", 9092):
+        asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))
+    xdist_groups.name_groups_dir(config)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    result = yield  # after deselection (-m, -k): the table lists the tests this run has
+    xdist_groups.write_groups(config, items)
+    return result
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`-n N` (xdist's default `--dist load`) or `--dist loadgroup`: tests that share the vLLM engine, the secured
+    broker or a module's stack stay on one worker (tests/xdist_groups.py says why xdist's own loadgroup cannot
+    do it under pytest 9). Other modes (loadfile, loadscope, each, worksteal) are xdist's own."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    return xdist_groups.SharedResourceScheduling(config, log)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    xdist_groups.remove_groups_dir(config)
 
 
 @pytest.fixture

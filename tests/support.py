@@ -11,11 +11,13 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psutil
+import redis.asyncio as redis
 
 from llmbus.bus.admin import delete_topics_matching
 from llmbus.client import ready_workers
@@ -109,6 +111,25 @@ async def wait_workers_ready(settings: BusSettings, worker_ids: set[str], timeou
     ready = await ready_workers(settings, lambda seen: worker_ids <= seen, timeout_s)
     if not worker_ids <= ready:
         raise TimeoutError(f"workers {worker_ids - ready} not ready within {timeout_s}s")
+
+
+# Redis SCAN's default COUNT is 10: walking a keyspace of ~20k keys (a shared dev Redis, or one a long
+# run filled) that way takes ~2,000 round trips, seconds per test teardown. 1,000 takes ~20.
+SCAN_COUNT = 1000
+
+
+async def redis_keys(client: redis.Redis, pattern: str) -> list[bytes]:
+    """The keys matching `pattern` (SCAN, never KEYS: the Redis may be shared with other work)."""
+    return [key async for key in client.scan_iter(match=pattern, count=SCAN_COUNT)]
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10, interval_s: float = 0.01) -> None:
+    """Wait for a condition on in-process state (no I/O to await), with a deadline."""
+
+    async def check() -> bool:
+        return condition()
+
+    await eventually(check, timeout_s=timeout_s, interval_s=interval_s)
 
 
 async def eventually(predicate, timeout_s: float = 30, interval_s: float = 0.1) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
+from tests.support import redis_keys
 
 
 @pytest.fixture
@@ -26,6 +27,6 @@ async def namespace(client: redis.Redis) -> AsyncIterator[str]:
     """A fresh namespace (keys `llmbus:<namespace>:...`); its keys are deleted afterwards."""
     ns = f"test-{uuid.uuid4().hex[:10]}"
     yield ns
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}:*")]
+    keys = await redis_keys(client, f"llmbus:{ns}:*")
     if keys:
         await client.delete(*keys)

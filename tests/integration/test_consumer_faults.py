@@ -19,7 +19,7 @@ from llmbus.messages import InferenceRequest
 from llmbus.settings import BusSettings
 from llmbus.topics import TopicSpec
 from tests.integration.test_consumer_loop import produce
-from tests.support import drop_namespace, eventually, fresh_settings
+from tests.support import drop_namespace, eventually, fresh_settings, until
 
 pytestmark = pytest.mark.kafka
 
@@ -32,13 +32,6 @@ async def kafka_settings(kafka_up: None) -> AsyncIterator[BusSettings]:
     settings = fresh_settings()
     yield settings
     await drop_namespace(settings)
-
-
-async def until(condition: Callable[[], bool], timeout_s: float) -> None:
-    async def check() -> bool:
-        return condition()
-
-    await eventually(check, timeout_s=timeout_s, interval_s=0.02)
 
 
 async def make_topic(settings: BusSettings, partitions: int, name: str = "faults.test") -> str:

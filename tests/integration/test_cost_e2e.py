@@ -39,7 +39,7 @@ from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
-from tests.support import ServiceProc, eventually, wait_workers_ready
+from tests.support import ServiceProc, eventually, redis_keys, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 BOOK = load_pricebook()
@@ -175,7 +175,7 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
             cache_key_prefix = f"llmbus:{bus_settings.topic_prefix}router:cache:*"
 
             async def cache_filled() -> bool:
-                return bool([k async for k in redis.scan_iter(match=cache_key_prefix)])
+                return bool(await redis_keys(redis, cache_key_prefix))
 
             await eventually(cache_filled, timeout_s=20)
             again = asks[0].model_copy(update={"request_id": f"{run}-again"})

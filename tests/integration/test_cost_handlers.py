@@ -31,6 +31,7 @@ from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.costing import price_result
 from services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
+from tests.support import redis_keys
 
 NOW = 1_780_000_000_000
 
@@ -59,8 +60,8 @@ async def service(redis_up: None, tmp_path: Path):  # type: ignore[no-untyped-de
     statuses = bus.spy(svc.topics.name(t.BUDGETS), BudgetStatus)
     yield svc, bus, costs, statuses
     assert not svc.runtime.contract.undeclared(svc.topics, svc.runtime.publisher.topics_written)
-    async for key in svc.redis.scan_iter(match=f"{settings.topic_prefix}*"):
-        await svc.redis.delete(key)
+    if keys := await redis_keys(svc.redis, f"{settings.topic_prefix}*"):
+        await svc.redis.delete(*keys)
     await svc.redis.aclose()
 
 

@@ -20,6 +20,7 @@ from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.prices import load_pricebook
 from services.cost_accounting.report import cost_report
+from tests.support import redis_keys
 
 NOW = 1_780_000_000_000
 
@@ -32,8 +33,8 @@ async def service(redis_up: None) -> AsyncIterator[tuple[CostService, MemoryBus]
     bus = MemoryBus(settings)
     svc = CostService(settings, CostSettings(settle_s=0), bus.runtime(contracts.COST))
     yield svc, bus
-    async for key in svc.redis.scan_iter(match=f"{settings.topic_prefix}*"):
-        await svc.redis.delete(key)
+    if keys := await redis_keys(svc.redis, f"{settings.topic_prefix}*"):
+        await svc.redis.delete(*keys)
     await svc.redis.aclose()
 
 

@@ -11,6 +11,7 @@ import redis.asyncio as redis
 from llmbus.fencing import RequestFence, Superseded
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers
+from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.redis
 async def fence(client: redis.Redis) -> AsyncIterator[RequestFence]:
     namespace = f"test-fence-{uuid.uuid4().hex[:10]}"
     yield RequestFence(client, namespace, final_ttl_s=3600, claim_lease_s=5)
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{namespace}:*")]
+    keys = await redis_keys(client, f"llmbus:{namespace}:*")
     if keys:
         await client.delete(*keys)
 

@@ -24,6 +24,7 @@ from llmbus.state import redis_client
 from services.router.coalesce_relay import CoalesceRelay
 from services.router.coalescing import RedisCoalescer
 from services.router.policy.config import CoalescePolicy
+from tests.support import redis_keys
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 pytestmark = pytest.mark.redis
@@ -35,7 +36,7 @@ async def store() -> AsyncIterator[RedisCoalescer]:
     client = redis_client(BusSettings().redis_url)
     namespace = f"test-relay-{uuid.uuid4().hex[:10]}"
     yield RedisCoalescer(client, namespace, lead_ttl_s=30, max_wait_s=30, claim_lease_s=30)
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{namespace}:*")]
+    keys = await redis_keys(client, f"llmbus:{namespace}:*")
     if keys:
         await client.delete(*keys)
     await client.aclose()

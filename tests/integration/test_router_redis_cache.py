@@ -14,6 +14,7 @@ from services.router.policy.cache_key import cache_key
 from services.router.policy.complexity import build_scorer
 from services.router.policy.config import load_policy
 from services.router.policy.pipeline import RouterCore
+from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.redis
 async def cache(client: redis.Redis) -> AsyncIterator[RedisResponseCache]:
     namespace = f"test-router-{uuid.uuid4().hex[:10]}"
     yield RedisResponseCache(client, namespace, ttl_s=60, pending_ttl_s=60)
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{namespace}:*")]
+    keys = await redis_keys(client, f"llmbus:{namespace}:*")
     if keys:
         await client.delete(*keys)
 

@@ -11,12 +11,13 @@ from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.router.limits import RedisRateLimiter
 from services.router.policy.config import TenantPolicy
+from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis
 
 
 async def _cleanup(client: redis.Redis, namespace: str) -> None:
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{namespace}:*")]
+    keys = await redis_keys(client, f"llmbus:{namespace}:*")
     if keys:
         await client.delete(*keys)
 

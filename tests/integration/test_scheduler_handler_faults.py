@@ -35,6 +35,7 @@ from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.policy.core import FinalError
 from services.scheduler.policy.types import SchedRequest
 from services.scheduler.store import PlacementStore
+from tests.support import redis_keys, until
 
 pytestmark = pytest.mark.redis
 PREFIX = "x."
@@ -74,7 +75,7 @@ class FakeBus:
 async def namespace(client: redis.Redis) -> AsyncIterator[str]:
     ns = f"t{uuid.uuid4().hex[:10]}."
     yield ns
-    keys = [k async for k in client.scan_iter(match=f"llmbus:{ns}*")]
+    keys = await redis_keys(client, f"llmbus:{ns}*")
     if keys:
         await client.delete(*keys)
 
@@ -114,6 +115,15 @@ async def add_worker(handlers: SchedulerHandlers, worker_id: str = "w1") -> None
 
 def publisher(handlers: SchedulerHandlers) -> FlakyPublisher:
     return handlers.bus.publisher  # type: ignore[return-value]
+
+
+async def deferred_errors_settled(handlers: SchedulerHandlers, timeout_s: float = 10) -> None:
+    """Wait until every final error put off for a pending claim has been tried again to its end (sent or
+    dropped): the sentinel a negative check needs, where a fixed window would miss a slower defect."""
+    assert handlers._later, "a final error was put off for the pending claim"
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while handlers._later:  # a retry that finds the claim still pending puts itself off again
+        await asyncio.wait_for(asyncio.gather(*handlers._later), max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
 @pytest.mark.parametrize("failing", ["redis-claim", "kafka-dispatch"])
@@ -165,8 +175,8 @@ async def test_revoked_partitions_are_handed_over_and_the_old_owner_never_answer
     # No worker yet: on the old owner the request waits (its record open), with a short deadline.
     waiting = asyncio.create_task(old.on_routed(routed_record("r3", partition=0, deadline_ms=now_ms() + 300)))
     other = asyncio.create_task(old.on_routed(routed_record("r4", partition=1)))
-    await asyncio.sleep(0.2)
-    assert not waiting.done() and old.core.queues.holds("m", "r3")
+    await until(lambda: old.core.queues.holds("m", "r3") and old.core.queues.holds("m", "r4"))
+    assert not waiting.done()
     # Rebalance: partition 0 goes to the new owner, which places r3 (attempt 1, its own claim).
     assert old.hand_over({TopicPartition(f"{PREFIX}llm.routed", 0)}) == 1
     with pytest.raises(asyncio.CancelledError):
@@ -176,8 +186,8 @@ async def test_revoked_partitions_are_handed_over_and_the_old_owner_never_answer
     await asyncio.wait_for(new.on_routed(routed_record("r3", partition=0)), 5)
     assert await client.get(new.store.key("r3", 1)) is not None
     # Past r3's deadline the old owner's timer finds nothing of r3: no DEADLINE_EXCEEDED, claim intact.
-    await asyncio.sleep(0.4)
-    await old._publish(old.core.tick(now_ms()))
+    # (The timer is told the time: 400 ms on, past the 300 ms deadline, without waiting for it.)
+    await old._publish(old.core.tick(now_ms() + 400))
     assert not [r for r in publisher(old).of(InferenceResult) if r.request_id == "r3"]
     assert await client.get(new.store.key("r3", 1)) is not None
     other.cancel()
@@ -196,7 +206,7 @@ async def test_a_final_error_waits_for_a_pending_claim_instead_of_leaving_the_re
     async with handlers._lock:
         await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
     assert not publisher(handlers).of(InferenceResult)  # the attempt may still publish within its lease
-    await asyncio.sleep(0.8)
+    await deferred_errors_settled(handlers)
     [result] = publisher(handlers).of(InferenceResult)
     assert result.error is not None and result.error.code == ErrorCode.MAX_ATTEMPTS
     assert await handlers.fence.holder("r5") == "done:scheduler"
@@ -212,7 +222,7 @@ async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanw
     async with handlers._lock:
         await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
     await handlers.fence.final_published("r6", 1)  # the attempt's result went out after all
-    await asyncio.sleep(0.8)
+    await deferred_errors_settled(handlers)
     assert not publisher(handlers).of(InferenceResult)
 
 
@@ -224,14 +234,17 @@ async def test_the_next_request_is_placed_while_a_dispatch_awaits_its_ack(client
     ack = asyncio.Event()
     real_publish = publisher(handlers).publish
 
+    awaiting_ack = asyncio.Event()
+
     async def slow_first_dispatch(topic: str, value: object, **kw: object) -> None:
         if isinstance(value, Dispatch) and value.request_id == "slow":
+            awaiting_ack.set()
             await ack.wait()
         await real_publish(topic, value, **kw)
 
     publisher(handlers).publish = slow_first_dispatch  # type: ignore[method-assign]
     slow = asyncio.create_task(handlers.on_routed(routed_record("slow")))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(awaiting_ack.wait(), 5)
     await asyncio.wait_for(handlers.on_routed(routed_record("fast", partition=1)), 5)
     assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["fast"]
     assert not slow.done(), "its record stays open until its Dispatch is acknowledged"
@@ -252,14 +265,17 @@ async def test_the_next_request_is_placed_while_a_first_attempts_claim_is_at_red
     claimed = asyncio.Event()
     real_claim = handlers.store.claim
 
+    at_redis = asyncio.Event()
+
     async def slow_first_claim(placement):  # type: ignore[no-untyped-def]
         if placement.request_id == "slow":
+            at_redis.set()
             await claimed.wait()
         return await real_claim(placement)
 
     handlers.store.claim = slow_first_claim  # type: ignore[method-assign]
     slow = asyncio.create_task(handlers.on_routed(routed_record("slow")))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(at_redis.wait(), 5)
     await asyncio.wait_for(handlers.on_routed(routed_record("fast", partition=1)), 5)
     assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["fast"]
     assert handlers.core.fleet.placement_of("slow") is not None, "counted on its worker while it is claimed"

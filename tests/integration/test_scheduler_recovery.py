@@ -14,7 +14,7 @@ import pytest
 
 from llmbus import topics as t
 from llmbus.bus import Bus, decode
-from llmbus.bus.admin import ensure_topics
+from llmbus.bus.admin import ensure_topics, open_admin
 from llmbus.client import TopicTail, collect_results
 from llmbus.messages import (
     Dispatch,
@@ -30,7 +30,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc
+from tests.support import ServiceProc, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 MODEL = "m-test"
@@ -111,6 +111,15 @@ class ScriptedFleet:
                 await self._task
         for tail in self.tails.values():
             await tail.stop()
+
+
+async def routed_committed(settings: BusSettings, records: int) -> bool:
+    """The scheduler's group has committed `records` records of llm.routed (in a fresh namespace offsets
+    start at 0, so the committed offsets add up to the records handled)."""
+    topics = t.Topics(settings.topic_prefix)
+    async with open_admin(settings) as admin:
+        committed = await asyncio.wait_for(admin.list_consumer_group_offsets(topics.group(t.SCHEDULER)), 10)
+    return sum(meta.offset for tp, meta in committed.items() if tp.topic == topics.name(t.ROUTED)) >= records
 
 
 async def send_routed(bus: Bus, n: int, model: str = MODEL, **request_fields: object) -> list[str]:
@@ -232,15 +241,20 @@ async def test_placements_survive_a_scheduler_restart(bus_settings: BusSettings,
         ids = await send_routed(bus, 2)
         first = await fleet.dispatches(2, timeout_s=40)
         assert sorted(d.request_id for d in first) == sorted(ids)
-        await asyncio.sleep(1.0)  # let the routed offsets be committed
+        await eventually(lambda: routed_committed(bus_settings, len(ids)), timeout_s=30, interval_s=0.2)
         scheduler = services[-1]
         scheduler.kill()
         scheduler.start()
-        await asyncio.sleep(3.0)
+        # A sentinel, not a fixed window: once a request sent after the restart is placed, the new process
+        # has restored its placements and is consuming, and nothing placed before may have come again.
+        [sentinel] = await send_routed(bus, 1)
+        since_restart = await fleet.dispatches(1, timeout_s=60)
+        assert [d.request_id for d in since_restart] == [sentinel], "a restart places nothing twice"
         assert await fleet.dispatches(1, timeout_s=1) == [], "a restart places nothing twice"
+        ids.append(sentinel)
         await fleet.add("w2")
         fleet.kill("w1")
-        again = await fleet.dispatches(2, timeout_s=30)
+        again = await fleet.dispatches(len(ids), timeout_s=30)
         assert sorted(d.request_id for d in again) == sorted(ids)
         assert {(d.worker_id, d.attempt) for d in again} == {("w2", 2)}
 
