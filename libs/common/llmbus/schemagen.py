@@ -2,6 +2,7 @@
 
 `python -m llmbus.schemagen --out schemas` writes them; `--check` fails (exit 1) when
 the committed files differ from what the code would write — `make test` runs the check.
+`schemas/previous/` (the released contract, llmbus.contract.compat) is not generated here.
 """
 
 from __future__ import annotations
@@ -100,11 +101,32 @@ def asyncapi_for(service: str) -> dict[str, object]:
     }
 
 
+def _open_to_additions(schema: object) -> None:
+    """Drop every `additionalProperties: false`: readers of internal topics ignore unknown fields."""
+    if isinstance(schema, dict):
+        if schema.get("additionalProperties") is False:
+            del schema["additionalProperties"]
+        for value in schema.values():
+            _open_to_additions(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _open_to_additions(value)
+
+
+def message_schema(model: type[m.Message]) -> dict[str, object]:
+    """A message's JSON Schema: versioned (`$id`, `x-llmbus-schema-version`), closed only for client input."""
+    schema = model.model_json_schema()
+    if not model.STRICT_INPUT:
+        _open_to_additions(schema)
+    schema["$id"] = f"https://llmbus.dev/schemas/{model.schema_name()}"
+    schema["x-llmbus-schema-version"] = model.SCHEMA_VERSION
+    return schema
+
+
 def render() -> dict[str, str]:
     files: dict[str, str] = {}
     for model in message_models():
-        schema = model.model_json_schema()
-        schema["$id"] = f"https://llmbus.dev/schemas/{model.schema_name()}"
+        schema = message_schema(model)
         files[f"messages/{model.__name__}.json"] = _dump_json(schema)
     files["topics.json"] = _dump_json(topic_catalog())
     for service in t.ALL_SERVICES:
@@ -119,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = render()
     if args.check:
-        existing = {str(p.relative_to(args.out)) for p in args.out.rglob("*") if p.is_file() and p.name != "README.md"}
+        existing = {
+            str(p.relative_to(args.out))
+            for p in args.out.rglob("*")
+            if p.is_file() and p.name != "README.md" and p.relative_to(args.out).parts[0] != "previous"
+        }
         drift = sorted(
             name
             for name, text in files.items()
