@@ -19,6 +19,7 @@ from llmbus import topics as t
 from llmbus.bus import headers as hdr
 from llmbus.bus.partitioner import partition_for
 from llmbus.bus.producer import PublishTimeout, make_producer
+from llmbus.contract.cloudevents import cloudevent_headers, is_cloudevent_header
 from llmbus.messages import CostRecord
 from llmbus.settings import BusSettings
 
@@ -43,7 +44,7 @@ class CostsPublisher:
         # The headers hdr.outgoing gives a record, with the trace context taken once: every record of
         # the batch is published in the same context (the handler's).
         common = hdr.outgoing(CostRecord(request_id="", tenant="", model="", cost_usd=0.0), t.COST)
-        common = [(k, v) for k, v in common if k not in (hdr.REQUEST_ID, hdr.TENANT)]
+        common = [(k, v) for k, v in common if k not in (hdr.REQUEST_ID, hdr.TENANT) and not is_cloudevent_header(k)]
         sent: list[asyncio.Future[Any]] = []
         try:
             async with asyncio.timeout(self.settings.send_timeout_s):
@@ -54,6 +55,7 @@ class CostsPublisher:
                     partition = partition_for(key_bytes, partitions, partitions)  # the producer's own choice
                     headers = [(hdr.REQUEST_ID, record.request_id.encode()), (hdr.TENANT, record.tenant.encode())]
                     headers += common
+                    headers += cloudevent_headers(record, t.COST)
                     batch = batches.get(partition)
                     if batch is None:
                         batch = batches[partition] = producer.create_batch()

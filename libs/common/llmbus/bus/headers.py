@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from opentelemetry import context as otel_context
 
 from llmbus.bus.trace_headers import TRACEPARENT, TRACESTATE, incoming_trace_context, outgoing_trace_headers
+from llmbus.contract.cloudevents import cloudevent_headers
 from llmbus.messages import Message
 
 SCHEMA = "llmbus-schema"
@@ -51,6 +52,7 @@ def outgoing(value: Message, service: str, request_id: str | None = None, tenant
     if tenant:
         headers.append((TENANT, str(tenant).encode()))
     headers.extend(outgoing_trace_headers())
+    headers.extend(cloudevent_headers(value, service))  # ce_* on what analytics reads (CloudEvents binary mode)
     return headers
 
 
