@@ -129,7 +129,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         "worker id",
         m.WorkerStatus,
         (WORKER,),
-        (SCHEDULER, AUTOSCALER, COST, GATEWAY),
+        (SCHEDULER, AUTOSCALER, COST, GATEWAY, ANALYTICS),
         partitions=1,
         compacted=True,
         notes="heartbeats",
@@ -179,7 +179,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         notes="per-pool queue wait, arrivals, in flight: the scaling signal",
     ),
     TopicSpec(COSTS, "tenant", m.CostRecord, (COST,), (COST, COMPARATOR, ANALYTICS), partitions=4),  # cost: aggregates
-    TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER,), partitions=1, compacted=True),
+    TopicSpec(BUDGETS, "tenant", m.BudgetStatus, (COST,), (ROUTER, ANALYTICS), partitions=1, compacted=True),
     TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, (CLIENT,), (COST,), partitions=1, compacted=True),
     TopicSpec(CONTROL, "target id", m.Control, (CLIENT, AUTOSCALER, GATEWAY), (WORKER, SCHEDULER), partitions=1),
     TopicSpec(
@@ -187,7 +187,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         "original key",
         m.DeadLetter,
         ALL_SERVICES,
-        (ANALYTICS,),
+        (CLIENT,),  # operators: a dead letter may hold a prompt, which analytics does not read
         partitions=1,
         retention_ms=30 * DAY_MS,
         notes="nothing is dropped silently",
