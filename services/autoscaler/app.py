@@ -12,6 +12,7 @@ from faststream.kafka import KafkaBroker
 from llmbus import topics as t
 from llmbus.bus import headers as hdr
 from llmbus.bus.security import faststream_security
+from llmbus.contract.tolerant import tolerant_decoder
 from llmbus.messages import PoolStats, ScaleDecision, WorkerStatus
 from llmbus.settings import BusSettings
 from services.autoscaler.actuators import Actuator, NoActuator
@@ -77,13 +78,19 @@ def build_app(
     )
 
     # Heartbeats: the compacted table from its start, no group (every instance needs all of it).
-    @broker.subscriber(topics.name(t.WORKERS), auto_offset_reset="earliest", title="workers")
+    @broker.subscriber(
+        topics.name(t.WORKERS), auto_offset_reset="earliest", title="workers", decoder=tolerant_decoder(WorkerStatus)
+    )
     async def on_worker(status: WorkerStatus) -> None:
         await handlers.on_worker(status)
 
     # Statistics: only fresh ones matter; a group so a restart resumes where it stopped.
     @broker.subscriber(
-        topics.name(t.POOL_STATS), group_id=topics.group(t.AUTOSCALER), auto_offset_reset="latest", title="pool-stats"
+        topics.name(t.POOL_STATS),
+        group_id=topics.group(t.AUTOSCALER),
+        auto_offset_reset="latest",
+        title="pool-stats",
+        decoder=tolerant_decoder(PoolStats),
     )
     async def on_pool_stats(stats: PoolStats) -> None:
         await handlers.on_pool_stats(stats)

@@ -37,6 +37,7 @@ from llmbus.bus.dlq import DEAD_LETTERS, dead_letter
 from llmbus.bus.producer import PublishTimeout
 from llmbus.bus.security import faststream_security
 from llmbus.bus.tables import read_table
+from llmbus.contract.tolerant import tolerant_decoder
 from llmbus.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
@@ -113,7 +114,9 @@ class CostService:
         }
 
         # No group: every replica reads the whole compacted heartbeat table.
-        @self.broker.subscriber(topics.name(t.WORKERS), auto_offset_reset="earliest")
+        @self.broker.subscriber(
+            topics.name(t.WORKERS), auto_offset_reset="earliest", decoder=tolerant_decoder(WorkerStatus)
+        )
         async def on_worker(status: WorkerStatus) -> None:
             handlers.on_worker(status)
 
@@ -126,7 +129,10 @@ class CostService:
 
         # The autoscaler's decisions: scale events per pool, beside the cold starts they cost.
         @self.broker.subscriber(
-            topics.name(t.SCALING), group_id=topics.group(t.COST, "scaling"), auto_offset_reset="earliest"
+            topics.name(t.SCALING),
+            group_id=topics.group(t.COST, "scaling"),
+            auto_offset_reset="earliest",
+            decoder=tolerant_decoder(ScaleDecision),
         )
         async def on_scaling(decision: ScaleDecision) -> None:
             await handlers.on_scaling(decision)

@@ -52,3 +52,14 @@ async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_publi
     assert decision.signals["queued"] == 1 and decision.signals["cold_start_s"] == 4.5
     assert decision.actuator == "none"
     assert handlers.fleet.slots["sim-llama-8b"] == 16
+
+
+async def test_a_heartbeat_from_a_newer_worker_with_an_unknown_field_is_still_read() -> None:
+    settings = BusSettings(topic_prefix="unit.")
+    _, broker, handlers = build_app(settings, AutoscalerSettings(actuator="none"), NoActuator())
+    status = WorkerStatus(
+        worker_id="w1", node_id="n", state=WorkerState.READY, engine="sim", models=["sim-llama-8b"], max_num_seqs=8
+    ).model_dump(mode="json")
+    async with TestKafkaBroker(broker):
+        await broker.publish(status | {"npu_temperature_c": 41.0}, t.Topics(settings.topic_prefix).name(t.WORKERS))
+    assert handlers.fleet.slots["sim-llama-8b"] == 8

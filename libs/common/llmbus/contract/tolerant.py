@@ -7,6 +7,7 @@ service reading an internal topic ignores what a newer writer added. Client inpu
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import Counter
@@ -52,3 +53,32 @@ def without_unknown_fields(data: dict[str, Any], model: type[Message], exc: Vali
         return None
     UNKNOWN_FIELDS.labels(model.schema_name()).inc(len(dropped))
     return dropped
+
+
+Decoded = Any
+OriginalDecoder = Callable[[Any], Awaitable[Decoded]]
+
+
+def tolerant_decoder(model: type[Message]) -> Callable[[Any, OriginalDecoder], Awaitable[Decoded]]:
+    """A FastStream `decoder=` for a handler typed with `model`: what codec.decode does for raw records.
+
+    FastStream validates a typed handler's body with the model as it is (unknown fields refused);
+    this hands it the message already validated, unknown fields dropped and counted. A body that
+    is still invalid is passed on untouched, so FastStream reports it as before.
+    """
+
+    async def decode(message: Any, original: OriginalDecoder) -> Decoded:
+        body = await original(message)
+        if not isinstance(body, dict):
+            return body
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            if without_unknown_fields(body, model, exc) is None:
+                return body
+        try:
+            return model.model_validate(body)
+        except ValidationError:
+            return body
+
+    return decode
