@@ -16,6 +16,7 @@ import yaml
 
 from llmbus import messages as m
 from llmbus import topics as t
+from llmbus.contract.cloudevents import event_type
 
 ASYNCAPI_VERSION = "3.0.0"
 
@@ -45,6 +46,19 @@ def topic_catalog() -> list[dict[str, object]]:
     ]
 
 
+def cloudevent_header_schema(ce_type: str) -> dict[str, object]:
+    """The CloudEvents (Kafka binary mode) headers of a message analytics reads (schemas/README.md)."""
+    return {
+        "ce_specversion": {"type": "string", "const": "1.0"},
+        "ce_id": {"type": "string", "description": "the record's idempotency id: deduplicate on it"},
+        "ce_source": {"type": "string", "description": "/llmbus/<service>"},
+        "ce_type": {"type": "string", "const": ce_type},
+        "ce_time": {"type": "string", "format": "date-time"},
+        "ce_subject": {"type": "string", "description": "the tenant (experiment id, pool where there is none)"},
+        "content-type": {"type": "string", "const": "application/json"},
+    }
+
+
 def asyncapi_for(service: str) -> dict[str, object]:
     """AsyncAPI 3 document: the channels a service sends to and receives from."""
     channels: dict[str, object] = {}
@@ -70,18 +84,18 @@ def asyncapi_for(service: str) -> dict[str, object]:
                 }
             },
         }
+        headers: dict[str, object] = {
+            "llmbus-schema": {"type": "string", "const": spec.value.schema_name()},
+            "traceparent": {"type": "string", "description": "W3C trace context"},
+            "llmbus-request-id": {"type": "string"},
+            "llmbus-tenant": {"type": "string"},
+        }
+        if (ce_type := event_type(spec.value)) is not None:
+            headers |= cloudevent_header_schema(ce_type)
         components[name] = {
             "name": name,
             "contentType": "application/json",
-            "headers": {
-                "type": "object",
-                "properties": {
-                    "llmbus-schema": {"type": "string", "const": spec.value.schema_name()},
-                    "traceparent": {"type": "string", "description": "W3C trace context"},
-                    "llmbus-request-id": {"type": "string"},
-                    "llmbus-tenant": {"type": "string"},
-                },
-            },
+            "headers": {"type": "object", "properties": headers},
             "payload": {"$ref": f"../messages/{name}.json"},
         }
         for action, applies in (("send", sends), ("receive", receives)):
