@@ -167,3 +167,13 @@ def test_a_removed_message_fails(released: Path, capsys: pytest.CaptureFixture[s
     (released / "messages" / "Comparison.json").unlink()
     assert compat.main(["--schemas", str(released)]) == 1
     assert "Comparison: message removed from the contract" in capsys.readouterr().err
+
+
+def test_an_external_validator_with_the_released_schema_accepts_a_newer_record() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    released = json.loads((SCHEMAS / "previous" / "messages" / "CostRecord.json").read_text())
+    later = NextCostRecord(request_id="r1", tenant="acme", model="m", cost_usd=0.1, region="eu-west")
+    jsonschema.validate(json.loads(later.to_bytes()), released)  # raises if refused
+    client = json.loads((SCHEMAS / "previous" / "messages" / "InferenceRequest.json").read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"prompt": "hi", "tempreature": 0}, client)
