@@ -17,7 +17,7 @@ export KAFKA_TLS := 1
 export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif
-.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check bench plan \
+.PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check schemas-release bench plan \
         compose-check clean reliability soak test-long bench-autoscaler test-security gpu-check
 
 help: ## list the targets
@@ -69,8 +69,12 @@ lint: setup ## ruff (lint + format check) and mypy
 schemas: setup ## regenerate schemas/ (JSON Schema, AsyncAPI per service, topic catalog) from the models
 	@$(PY) -m llmbus.schemagen --out schemas
 
-schemas-check: setup ## fail if schemas/ drifted from the models
+schemas-check: setup ## fail if schemas/ drifted from the models, or broke the released ones (schemas/README.md)
 	@$(PY) -m llmbus.schemagen --out schemas --check
+	@$(PY) -m llmbus.contract.compat --schemas schemas
+
+schemas-release: setup ## record schemas/messages as the released contract (schemas/previous/), if compatible
+	@$(PY) -m llmbus.contract.compat --schemas schemas --accept
 
 bench: infra ## all benchmarks; reports (JSON, Markdown with the command, PNG) land in bench/reports/
 	@for b in $$(ls bench/*_bench.py | sed 's#bench/\(.*\)\.py#\1#'); do echo "== bench.$$b"; $(PY) -m bench.$$b || exit 1; done

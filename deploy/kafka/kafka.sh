@@ -8,7 +8,7 @@
 # Secured broker (README "Security"): KAFKA_AUTH=scram kafka.sh start
 #   clients: SASL_PLAINTEXT + SCRAM-SHA-512 on $PORT; controller listener: SASL PLAIN (admin only);
 #   StandardAuthorizer, super user `admin`, allow.everyone.if.no.acl.found=false (no ACL, no access).
-#   SCRAM users are created when the storage is formatted: admin, one per service, `operator`, and
+#   SCRAM users are created when the storage is formatted: admin, one per service, `operator`, `analytics`, and
 #   `tenant-<name>` for each of KAFKA_TENANTS. Their passwords are generated once into
 #   $RUN_DIR/$NAME.credentials (user=password lines, mode 600) unless that file already exists.
 #   kafka.sh add-user NAME [PASSWORD]: a user more on a running secured broker (a new tenant).
@@ -35,7 +35,7 @@ PROPERTIES=$RUN_DIR/$NAME.server.properties
 READY_TIMEOUT_S=${KAFKA_READY_TIMEOUT_S:-90}
 AUTH=${KAFKA_AUTH:-none}  # none | scram
 CREDENTIALS=${KAFKA_CREDENTIALS:-$RUN_DIR/$NAME.credentials}
-SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway operator"
+SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway operator analytics"
 TENANTS=${KAFKA_TENANTS:-acme globex}
 TLS=${KAFKA_TLS:-0}
 TLS_PORT=${KAFKA_TLS_PORT:-$((PORT + 2))}

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import ClusterAuthorizationFailedError, KafkaConnectionError, TopicAuthorizationFailedError
 
 from llmbus import topics as t
 from llmbus.acls import all_acls, tenant_topics
@@ -336,3 +336,43 @@ async def test_the_retrain_reader_takes_each_feedbacks_tenant_from_its_topic(
     await produce_as(secured_kafka, "tenant-globex", prefix, "llm.feedback.globex", own, rid)
     read = await read_feedback(secured_kafka.settings("operator", prefix), timeout_s=20)
     assert sorted((f.tenant, f.score) for f in read if f.request_id == rid) == [("acme", 0.0), ("globex", 1.0)]
+
+
+async def test_analytics_reads_results_in_its_own_group_but_no_prompts_and_writes_nothing(
+    secured_kafka: SecuredKafka, prefix: str
+) -> None:
+    result = InferenceResult(request_id=f"a-{uuid.uuid4().hex[:6]}", tenant="acme", status=ResultStatus.OK)
+    await produce_as(secured_kafka, "admin", prefix, t.RESULTS, result, key=result.request_id)
+    await produce_as(secured_kafka, "admin", prefix, t.REQUESTS, InferenceRequest(prompt="a prompt"), key="r")
+    assert result.to_bytes() in await read_as(secured_kafka, "analytics", prefix, t.RESULTS)
+    consumer = AIOKafkaConsumer(  # a job commits its progress in its own consumer group
+        t.Topics(prefix).name(t.RESULTS),
+        group_id=f"{prefix}llmbus.analytics.cost-table",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        bootstrap_servers=secured_kafka.bootstrap,
+        **kafka_auth(secured_kafka.settings("analytics", prefix)),
+    )
+    await asyncio.wait_for(consumer.start(), 30)
+    try:
+        record = await asyncio.wait_for(consumer.getone(), 30)
+        await asyncio.wait_for(consumer.commit(), 10)
+        assert record.value is not None
+    finally:
+        await asyncio.wait_for(consumer.stop(), 10)
+    for prompts in (t.REQUESTS, t.DLQ):
+        with pytest.raises(TopicAuthorizationFailedError):
+            await read_as(secured_kafka, "analytics", prefix, prompts)
+    # The project's idempotent producer does not even start: no write right anywhere means no IdempotentWrite.
+    with pytest.raises(ClusterAuthorizationFailedError):
+        await produce_as(secured_kafka, "analytics", prefix, t.RESULTS, result, key="k")
+    producer = AIOKafkaProducer(  # a plain one reaches the topics, and each refuses it
+        bootstrap_servers=secured_kafka.bootstrap, **kafka_auth(secured_kafka.settings("analytics", prefix))
+    )
+    await asyncio.wait_for(producer.start(), 30)
+    try:
+        for topic in (t.RESULTS, t.COSTS, t.CONTROL, t.REQUESTS):
+            with pytest.raises(TopicAuthorizationFailedError):
+                await asyncio.wait_for(producer.send_and_wait(t.Topics(prefix).name(topic), b"{}", partition=0), 20)
+    finally:
+        await stop_producer(producer, 10)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from llmbus import acls as a
@@ -70,3 +73,32 @@ def test_a_tenants_topics_include_its_feedback_topic() -> None:
         "llm.feedback.acme",
     ]
     assert t.Topics("p.").spec_of("p.llm.feedback.acme") is t.FEEDBACK_TENANT_SPEC
+
+
+ANALYTICS_TOPICS = {t.RESULTS, t.COSTS, t.COMPARISONS, t.DECISIONS, t.SCALING, t.BUDGETS, t.WORKERS}
+
+
+def test_analytics_reads_what_it_needs_and_nothing_else() -> None:
+    mine = [x for x in a.all_acls("p.", ["acme"]) if x.principal == a.ANALYTICS]
+    reads = {x.name.removeprefix("p.") for x in mine if x.operation == "read" and x.resource_type == "topic"}
+    assert reads == ANALYTICS_TOPICS
+    assert all(x.pattern == "literal" for x in mine if x.resource_type == "topic")  # no prefix reaching prompts
+    assert {(x.resource_type, x.pattern, x.name, x.operation) for x in mine if x.resource_type == "group"} == {
+        ("group", "prefixed", "p.llmbus.analytics", "read")
+    }
+    assert not [x for x in mine if x.operation in ("write", "create")]
+    assert a.ANALYTICS in a.principals([]) and a.ANALYTICS != a.OPERATOR
+
+
+def test_nobody_but_operators_and_the_router_reads_prompts() -> None:
+    acls = a.all_acls("p.", ["acme"])
+    prompt_topics = {"p." + t.REQUESTS, "p." + t.ROUTED, "p." + t.DLQ}
+    readers = {x.principal for x in acls if x.operation == "read" and x.name in prompt_topics}
+    assert a.ANALYTICS not in readers and a.OPERATOR in readers
+
+
+def test_kafka_sh_creates_every_principal_but_tenants_and_admin() -> None:
+    script = (Path(__file__).resolve().parents[2] / "deploy" / "kafka" / "kafka.sh").read_text()
+    users = re.search(r'^SERVICE_USERS="([^"]*)"', script, re.M)
+    assert users is not None
+    assert set(users.group(1).split()) == set(a.principals([])) - {"admin"}

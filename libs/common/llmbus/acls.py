@@ -6,7 +6,9 @@ them and `llmbus acl print|apply` shows and applies them.
 Principals (SCRAM users created by deploy/kafka/kafka.sh): one per service (its catalog
 role name: `router`, `engine-worker`, ...), `operator` (people and CLIs: the catalog's
 `client` writes to llm.control, llm.models, llm.experiments, llm.pricebook, and every read),
-and `tenant-<name>` per tenant, which may only:
+`analytics` (stream-analytics jobs: reads the catalog's `analytics` topics -- results, costs,
+comparisons, decisions, scaling, budgets, workers -- never a prompt, and writes nothing; its
+consumer groups are `llmbus.analytics*`), and `tenant-<name>` per tenant, which may only:
   - write its own request topic `llm.requests.<tenant>` and feedback topic `llm.feedback.<tenant>`
     (the shared `llm.requests` and `llm.feedback` only the gateway writes, which knows the API key);
   - read its own replies `llm.replies.<tenant>` and `llm.replies.<tenant>.<suffix>`.
@@ -29,8 +31,9 @@ Operation = Literal["read", "write", "describe", "create"]
 OPERATOR = "operator"
 TENANT_PRINCIPAL_PREFIX = tenancy.TENANT_PRINCIPAL_PREFIX
 GATEWAY_INSTANCE_PREFIX = tenancy.RESERVED_TENANT_PREFIXES[0]  # gateway reply topics: llm.replies.gw-*
+ANALYTICS = t.ANALYTICS
 # Catalog roles that are people or their tools, not services: their rights go to `operator`.
-OPERATOR_ROLES = (t.CLIENT, t.ANALYTICS)
+OPERATOR_ROLES = (t.CLIENT,)
 # Shared topics a tenant writes through its own copy (<name>.<tenant>) when auth is on.
 TENANT_WRITTEN = (t.REQUESTS, t.FEEDBACK)
 
@@ -81,7 +84,7 @@ def service_acls(prefix: str) -> list[Acl]:
     }
     feedback = t.FEEDBACK_TENANT_SPEC
     acls.update(_topic_acls(prefix, "prefixed", tenancy.TENANT_FEEDBACK_PREFIX, (), feedback.readers))
-    for service in t.ALL_SERVICES:  # consumer groups live in the namespace: <prefix>llmbus.<service>[.<suffix>]
+    for service in (*t.ALL_SERVICES, ANALYTICS):  # consumer groups in the namespace: <prefix>llmbus.<name>[.<suffix>]
         acls.add(Acl(service, "group", "prefixed", f"{prefix}llmbus.{service}", "read"))
     # Operators see every topic of the namespace (trace, audit, fleet status) and create the catalog.
     acls |= {
@@ -119,7 +122,7 @@ def all_acls(prefix: str, tenants: list[str]) -> list[Acl]:
 
 def principals(tenants: list[str]) -> list[str]:
     """Every SCRAM user a stack needs (deploy/kafka/kafka.sh creates the same list)."""
-    return ["admin", *t.ALL_SERVICES, OPERATOR, *[tenant_principal(tenant) for tenant in tenants]]
+    return ["admin", *t.ALL_SERVICES, OPERATOR, ANALYTICS, *[tenant_principal(tenant) for tenant in tenants]]
 
 
 def tenant_topics(tenant: str) -> list[tuple[str, t.TopicSpec]]:

@@ -141,6 +141,8 @@ CLIENT = Contract(
         # the router's retraining job (llmbus retrain): what was routed and the feedback on it
         Reads("routed", (t.ROUTED,), m.RoutedRequest, group=None),
         Reads("feedback", FEEDBACK_TOPICS, m.Feedback, group=None),
+        # operators only: a dead letter may hold a prompt, which analytics does not read
+        Reads("dlq", (t.DLQ,), m.DeadLetter, group=None, notes="llmbus trace, audit"),
     ),
     writes=(
         Writes(t.REQUESTS, m.InferenceRequest),
@@ -163,7 +165,8 @@ ANALYTICS = Contract(
             (t.DECISIONS, m.ExperimentDecision),
             (t.SCALING, m.ScaleDecision),
             (t.COSTS, m.CostRecord),
-            (t.DLQ, m.DeadLetter),
+            (t.BUDGETS, m.BudgetStatus),
+            (t.WORKERS, m.WorkerStatus),
         )
     ),
 )

@@ -5,6 +5,7 @@ subscriptions and publications (llmbus.contracts), which the services subscribe 
 
 `python -m llmbus.schemagen --out schemas` writes them; `--check` fails (exit 1) when
 the committed files differ from what the code would write — `make test` runs the check.
+`schemas/previous/` (the released contract, llmbus.contract.compat) is not generated here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import yaml
 from llmbus import contracts
 from llmbus import messages as m
 from llmbus import topics as t
+from llmbus.contract.cloudevents import event_type
 from llmbus.declarations import Contract, Reads
 
 ASYNCAPI_VERSION = "3.0.0"
@@ -49,6 +51,19 @@ def topic_catalog() -> list[dict[str, object]]:
     ]
 
 
+def cloudevent_header_schema(ce_type: str) -> dict[str, object]:
+    """The CloudEvents (Kafka binary mode) headers of a message analytics reads (schemas/README.md)."""
+    return {
+        "ce_specversion": {"type": "string", "const": "1.0"},
+        "ce_id": {"type": "string", "description": "the record's idempotency id: deduplicate on it"},
+        "ce_source": {"type": "string", "description": "/llmbus/<service>"},
+        "ce_type": {"type": "string", "const": ce_type},
+        "ce_time": {"type": "string", "format": "date-time"},
+        "ce_subject": {"type": "string", "description": "the tenant (experiment id, pool where there is none)"},
+        "content-type": {"type": "string", "const": "application/json"},
+    }
+
+
 def _spec(topic: str) -> t.TopicSpec:
     return t.BY_NAME.get(topic) or next(spec for spec in t.PATTERN_SPECS if spec.name == topic)
 
@@ -77,18 +92,18 @@ def _channel(spec: t.TopicSpec) -> dict[str, object]:
 
 def _message(model: type[m.Message]) -> dict[str, object]:
     name = model.__name__
+    headers: dict[str, object] = {
+        "llmbus-schema": {"type": "string", "const": model.schema_name()},
+        "traceparent": {"type": "string", "description": "W3C trace context"},
+        "llmbus-request-id": {"type": "string"},
+        "llmbus-tenant": {"type": "string"},
+    }
+    if (ce_type := event_type(model)) is not None:
+        headers |= cloudevent_header_schema(ce_type)
     return {
         "name": name,
         "contentType": "application/json",
-        "headers": {
-            "type": "object",
-            "properties": {
-                "llmbus-schema": {"type": "string", "const": model.schema_name()},
-                "traceparent": {"type": "string", "description": "W3C trace context"},
-                "llmbus-request-id": {"type": "string"},
-                "llmbus-tenant": {"type": "string"},
-            },
-        },
+        "headers": {"type": "object", "properties": headers},
         "payload": {"$ref": f"../messages/{name}.json"},
     }
 
@@ -154,11 +169,32 @@ def asyncapi_for(contract: Contract) -> dict[str, object]:
     }
 
 
+def _open_to_additions(schema: object) -> None:
+    """Drop every `additionalProperties: false`: readers of internal topics ignore unknown fields."""
+    if isinstance(schema, dict):
+        if schema.get("additionalProperties") is False:
+            del schema["additionalProperties"]
+        for value in schema.values():
+            _open_to_additions(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _open_to_additions(value)
+
+
+def message_schema(model: type[m.Message]) -> dict[str, object]:
+    """A message's JSON Schema: versioned (`$id`, `x-llmbus-schema-version`), closed only for client input."""
+    schema = model.model_json_schema()
+    if not model.STRICT_INPUT:
+        _open_to_additions(schema)
+    schema["$id"] = f"https://llmbus.dev/schemas/{model.schema_name()}"
+    schema["x-llmbus-schema-version"] = model.SCHEMA_VERSION
+    return schema
+
+
 def render() -> dict[str, str]:
     files: dict[str, str] = {}
     for model in message_models():
-        schema = model.model_json_schema()
-        schema["$id"] = f"https://llmbus.dev/schemas/{model.schema_name()}"
+        schema = message_schema(model)
         files[f"messages/{model.__name__}.json"] = _dump_json(schema)
     files["topics.json"] = _dump_json(topic_catalog())
     for contract in contracts.SERVICES:
@@ -173,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = render()
     if args.check:
-        existing = {str(p.relative_to(args.out)) for p in args.out.rglob("*") if p.is_file() and p.name != "README.md"}
+        existing = {
+            str(p.relative_to(args.out))
+            for p in args.out.rglob("*")
+            if p.is_file() and p.name != "README.md" and p.relative_to(args.out).parts[0] != "previous"
+        }
         drift = sorted(
             name
             for name, text in files.items()

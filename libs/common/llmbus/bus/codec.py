@@ -1,4 +1,8 @@
-"""Turning records into messages; anything that does not decode becomes a BadMessage."""
+"""Turning records into messages; anything that does not decode becomes a BadMessage.
+
+Readers of internal topics ignore fields they do not know (llmbus.contract.tolerant); client
+input (`STRICT_INPUT` models) refuses them.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from typing import TypeVar
 from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
+from llmbus.contract.tolerant import without_unknown_fields
 from llmbus.messages import ErrorCode, Message
 
 M = TypeVar("M", bound=Message)
@@ -102,6 +107,11 @@ def _decode_slowly(raw: bytes, model: type[M], max_bytes: int | None, required: 
             tenant,
         )
     try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        if without_unknown_fields(data, model, exc) is None:  # strict client input, or no unknown field
+            raise BadMessage(ErrorCode.INVALID_REQUEST, _validation_reason(exc), request_id, tenant) from exc
+    try:  # a newer writer's additions dropped: what this reader knows must still be valid
         return model.model_validate(data)
     except ValidationError as exc:
         raise BadMessage(ErrorCode.INVALID_REQUEST, _validation_reason(exc), request_id, tenant) from exc

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from opentelemetry import context as otel_context
 
 from llmbus.bus.trace_headers import TRACEPARENT, TRACESTATE, incoming_trace_context, outgoing_trace_headers
+from llmbus.contract.cloudevents import cloudevent_headers
 from llmbus.messages import Message
 
 SCHEMA = "llmbus-schema"
@@ -60,6 +61,7 @@ def outgoing(
     if tenant:
         headers.append((TENANT, str(tenant).encode()))
     headers.extend(outgoing_trace_headers() if trace is None else trace)
+    headers.extend(cloudevent_headers(value, service))  # ce_* on what analytics reads (CloudEvents binary mode)
     return headers
 
 

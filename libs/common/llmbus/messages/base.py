@@ -29,11 +29,16 @@ class Message(BaseModel):
     `SCHEMA_VERSION` is bumped on any incompatible change; readers accept every version up
     to their own (fields added later have defaults), and the version travels in the
     `llmbus-schema` header as `<Name>/<version>`.
+
+    Models are strict when built in code (a misspelt field is a bug). On the wire, readers
+    ignore fields they do not know (llmbus.bus.codec), except on client input: a model with
+    `STRICT_INPUT` refuses them, and its JSON Schema says `additionalProperties: false`.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=False, populate_by_name=True)
 
     SCHEMA_VERSION: ClassVar[int] = 1
+    STRICT_INPUT: ClassVar[bool] = False
     schema_version: int = 1
 
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -43,6 +43,8 @@ class ResponseFormat(Part):
 
 class InferenceRequest(Message):
     """What a client produces onto llm.requests (key: session id, else request id)."""
+
+    STRICT_INPUT: ClassVar[bool] = True  # client input: an unknown field is refused
 
     request_id: str = Field(default_factory=new_request_id, min_length=1, max_length=128)
     tenant: str = Field(default="default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -44,6 +44,8 @@ class Experiment(Message):
 
 
 class Feedback(Message):
+    STRICT_INPUT: ClassVar[bool] = True  # client input: an unknown field is refused
+
     request_id: str
     tenant: str = "default"
     score: float = Field(ge=0.0, le=1.0)

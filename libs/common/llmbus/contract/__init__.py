@@ -1,0 +1,1 @@
+"""The contract's evolution rules: tolerant readers, schema compatibility, CloudEvents headers."""
