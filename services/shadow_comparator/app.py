@@ -151,7 +151,7 @@ def main() -> None:
     settings = BusSettings()
     setup_logging(t.COMPARATOR, settings.log_level, settings.log_json)
     setup_tracing(t.COMPARATOR, settings, console=settings.otel_console)
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port)
+    if settings.metrics_port:  # on LLMBUS_METRICS_HOST (loopback unless set), as every service
+        start_http_server(settings.metrics_port, addr=settings.metrics_host)
     app, _, _ = build(settings, ComparatorSettings())
     asyncio.run(app.run())
