@@ -7,12 +7,14 @@
 #   kafka-run.sh format   once, with every principal's password mounted (/run/secrets/*): formats the
 #                         storage with a SCRAM user per principal (skipped when already formatted)
 #   kafka-run.sh serve    the broker, which reads only the admin password
+#   kafka-run.sh config   print the broker's configuration (tests/unit/test_compose_stack.py checks it)
 set -eu
+SECRETS_DIR=${SECRETS_DIR:-/run/secrets}
 PORT=${KAFKA_PORT:?} CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:?}
 DATA_DIR=${KAFKA_DATA_DIR:-/var/lib/kafka/data}
 LIBS=${KAFKA_LIBS:-/opt/kafka/libs}
-PROPERTIES=/tmp/server.properties
-admin_pw=$(cat /run/secrets/admin)
+PROPERTIES=${KAFKA_PROPERTIES:-/tmp/server.properties}
+admin_pw=$(cat "$SECRETS_DIR/admin")
 umask 077
 cat >"$PROPERTIES" <<PROPS
 process.roles=broker,controller
@@ -58,10 +60,12 @@ case "${1:-serve}" in
   format)
     if [ -f "$DATA_DIR/meta.properties" ]; then echo "storage already formatted"; exit 0; fi
     set --
-    for file in /run/secrets/*; do
+    users=0
+    for file in "$SECRETS_DIR"/*; do
       user=$(basename "$file")
       [ "$user" = redis ] && continue
       set -- "$@" --add-scram "SCRAM-SHA-512=[name=$user,password=$(cat "$file")]"
+      users=$((users + 1))
     done
     # A random cluster id (16 bytes, base64url) that does not start with "-" (the tool takes it for an option).
     cluster_id=-
@@ -69,8 +73,9 @@ case "${1:-serve}" in
       cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
     done
     java_run "" kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$PROPERTIES" "$@" >/dev/null
-    echo "storage formatted (cluster $cluster_id, $# SCRAM arguments)"
+    echo "storage formatted (cluster $cluster_id, $users SCRAM users)"
     ;;
   serve) java_run exec kafka.Kafka "$PROPERTIES" ;;
-  *) echo "usage: $0 format|serve" >&2; exit 2 ;;
+  config) cat "$PROPERTIES" ;;
+  *) echo "usage: $0 format|serve|config" >&2; exit 2 ;;
 esac

@@ -1,0 +1,385 @@
+"""`make compose-up` and `make compose-smoke`: the compose stack on a real Docker engine.
+
+    python deploy/compose/stack.py up      engine, images, the whole secured stack, healthy; left running
+    python deploy/compose/stack.py smoke   the same under its own project and free ports, then through the
+                                           gateway with the official `openai` SDK a streamed and a plain
+                                           chat, `llmbus status`, `llmbus costs` (the requests billed), a
+                                           Redis restart that loses no key, Prometheus scraping every
+                                           target; then `down -v`
+    python deploy/compose/stack.py down    `down -v` of the `up` stack, and the engine if this script started it
+
+Every step prints its duration; a failed step prints the state and logs of the services that failed.
+Runs with the project's venv (openai, redis); needs root only when no Docker engine runs yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
+FILES = ["-f", str(HERE / "docker-compose.yml"), "-f", str(HERE / "local-images.yml")]
+# The ports the stack binds, after its one-digit prefix (docker-compose.yml, deploy/prometheus/prometheus.yml).
+PORT_SUFFIXES = ["9092", "9093", "6379", "8000", "9090", "9101", "9102", "9104", "9105", "9106"] + [
+    f"91{n}" for n in (11, 12, 13, 14, 15, 21, 22, 23, 24)
+]
+WORKER_METRICS = {
+    "sim-strong-1": "9111",
+    "sim-default-1": "9112",
+    "sim-mid-1": "9113",
+    "sim-small-1": "9114",
+    "sim-1": "9115",
+}
+ONE_SHOT = {"kafka-format", "topics", "secrets-init", "cli"}
+TIMINGS: list[tuple[str, float]] = []
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+@contextlib.contextmanager
+def step(name: str) -> Iterator[None]:
+    say(f"==> {name}")
+    started = time.monotonic()
+    yield
+    took = time.monotonic() - started
+    TIMINGS.append((name, took))
+    say(f"    ok in {took:.1f} s")
+
+
+def run(cmd: list[str], *, env: dict[str, str] | None = None, timeout_s: float = 600, check: bool = True) -> str:
+    done = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL
+    )
+    if check and done.returncode != 0:
+        raise StepFailed(f"{' '.join(cmd[:6])} … exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def wait_for(
+    what: str, ready: Callable[[], bool], timeout_s: float, fail: Callable[[], str | None] = lambda: None
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if reason := fail():
+            raise StepFailed(f"{what}: {reason}")
+        time.sleep(1.0)
+    raise StepFailed(f"{what}: not after {timeout_s:.0f} s")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_prefix() -> str:
+    for prefix in "2345":
+        if all(port_free(int(prefix + suffix)) for suffix in PORT_SUFFIXES):
+            return prefix
+    raise StepFailed("no port prefix (2-5) with all the stack's ports free on 127.0.0.1")
+
+
+def compose_binary() -> list[str]:
+    """Compose v2 (plugin, or built from its Go module into the cache), else Debian's docker-compose 1.29."""
+    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0:
+        return ["docker", "compose"]
+    built = CACHE / "bin" / "docker-compose"
+    if not built.exists() and shutil.which("go"):
+        with step("compose v2 from its Go module (once)"):
+            run([str(HERE / "compose-v2.sh")], timeout_s=900)
+    if built.exists():
+        return [str(built)]
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    raise StepFailed("neither compose v2 nor docker-compose is installed")
+
+
+class Stack:
+    def __init__(self, project: str, prefix: str, secrets_dir: Path) -> None:
+        self.project = project
+        self.prefix = prefix
+        self.secrets_dir = secrets_dir
+        self.env = os.environ | {"LLMBUS_PORT_PREFIX": prefix, "LLMBUS_SECRETS_DIR": str(secrets_dir)}
+        self.compose = [*compose_binary(), "-p", project, *FILES]
+
+    def __call__(self, *args: str, timeout_s: float = 600, check: bool = True) -> str:
+        return run([*self.compose, *args], env=self.env, timeout_s=timeout_s, check=check)
+
+    def port(self, suffix: str) -> int:
+        return int(self.prefix + suffix)
+
+    def containers(self) -> dict[str, dict[str, Any]]:
+        """Service name → the engine's state of its container (status, health, exit code)."""
+        ids = self("ps", "-a", "-q").split()
+        if not ids:
+            return {}
+        inspected = json.loads(run(["docker", "inspect", *ids]))
+        return {c["Config"]["Labels"]["com.docker.compose.service"]: c["State"] for c in inspected}
+
+    def failed_services(self) -> list[str]:
+        failed = []
+        for name, state in self.containers().items():
+            health = state.get("Health", {}).get("Status")
+            exited_badly = state["Status"] == "exited" and (name not in ONE_SHOT or state["ExitCode"] != 0)
+            if exited_badly or state.get("Restarting") or health == "unhealthy" or state.get("RestartCount", 0):
+                failed.append(name)
+        return failed
+
+    def print_failures(self) -> None:
+        say(self("ps", "-a", check=False))
+        failed = self.failed_services() or [name for name in self.containers() if name not in ONE_SHOT]
+        for name in failed:
+            say(f"---- logs of {name} (last 60 lines)")
+            say(self("logs", "--no-color", "--tail", "60", name, check=False))
+
+    def cli(self, *args: str) -> str:
+        """An `llmbus` command in the image, as the operator principal."""
+        return self("run", "--rm", "-T", "cli", "llmbus", *args, timeout_s=120)
+
+    def up(self) -> None:
+        with step("secrets (secrets-init: one password per principal)"):
+            self("run", "--rm", "-T", "secrets-init")
+        with step("up -d: Kafka, Redis, topics + ACLs, 6 services, 5 sim workers, autoscaler, Prometheus"):
+            self("up", "-d", "--no-build", timeout_s=600)
+        with step("healthy: gateway ready, every worker ready, every service's /metrics answers"):
+            wait_for("gateway healthy", self.gateway_healthy, 180, self.fail_reason)
+            for worker, suffix in WORKER_METRICS.items():
+                wait_for(f"{worker} ready", functools.partial(self.worker_ready, suffix), 120, self.fail_reason)
+            for suffix in ("9101", "9102", "9104", "9105", "9106"):
+                wait_for(f"/metrics on {self.port(suffix)}", functools.partial(self.metrics_answer, suffix), 60)
+
+    def metrics_answer(self, suffix: str) -> bool:
+        return metric_text(self.port(suffix)) != ""
+
+    def fail_reason(self) -> str | None:
+        failed = self.failed_services()
+        return f"failed: {', '.join(failed)}" if failed else None
+
+    def gateway_healthy(self) -> bool:
+        state = self.containers().get("gateway", {})
+        return bool(state.get("Health", {}).get("Status") == "healthy")
+
+    def worker_ready(self, suffix: str) -> bool:
+        return any(
+            line.startswith("llmbus_worker_ready{") and line.endswith(" 1.0")
+            for line in metric_text(self.port(suffix)).splitlines()
+        )
+
+    def down(self) -> None:
+        with step("down -v"):
+            self("down", "-v", "--remove-orphans", timeout_s=300)
+
+
+def metric_text(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as answer:
+            return str(answer.read().decode())
+    except OSError:
+        return ""
+
+
+def http_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.loads(answer.read())
+
+
+def prepare() -> bool:
+    """Engine and images; True when this run started the engine (so it stops it after)."""
+    with step("Docker engine (running one, or dockerd without bridge or firewall rules)"):
+        was_running = (
+            subprocess.run([str(HERE / "engine.sh"), "status"], capture_output=True, check=False).returncode == 0
+        )
+        run([str(HERE / "engine.sh"), "start"])
+    with step("images: debian base (debootstrap if missing), llmbus, Kafka, Redis, Prometheus"):
+        run([str(HERE / "images.sh")], timeout_s=1800)
+    return not was_running
+
+
+def chats(stack: Stack, api_key: str) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0)
+    with step("openai SDK: streamed chat through the gateway"):
+        stream = client.chat.completions.create(
+            model="auto",
+            messages=[{"role": "user", "content": "What does a control plane for LLM inference do?"}],
+            max_tokens=32,
+            stream=True,
+        )
+        deltas = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        text = "".join(deltas)
+        if len([d for d in deltas if d]) < 2 or not text.strip():
+            raise StepFailed(f"streamed answer too short: {deltas!r}")
+        say(f"    {len(deltas)} chunks: {text[:80]!r}")
+    with step("openai SDK: non-streamed chat through the gateway"):
+        completion = client.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": "Say hello to the operators."}], max_tokens=16
+        )
+        answer = completion.choices[0].message.content or ""
+        if not answer.strip() or completion.usage is None or completion.usage.completion_tokens < 1:
+            raise StepFailed(f"empty answer: {completion!r}")
+        say(f"    model {completion.model}, {completion.usage.completion_tokens} tokens: {answer[:80]!r}")
+
+
+def billed(stack: Stack, tenant: str, requests: int) -> None:
+    with step(f"llmbus costs: tenant {tenant} billed for {requests} requests"):
+        row: dict[str, Any] = {}
+
+        def counted() -> bool:
+            nonlocal row
+            report = json.loads(stack.cli("costs", "--json", "-"))
+            row = report["today"]["tenant"].get(tenant, {})
+            return bool(row.get("requests", 0) >= requests and row.get("cost_usd", 0) > 0)
+
+        wait_for("costs", counted, 90)
+        say(f"    {row['requests']} requests, ${row['cost_usd']:.6f}")
+
+
+def redis_restart_keeps_keys(stack: Stack, api_key: str) -> None:
+    import redis
+
+    password = (stack.secrets_dir / "redis").read_text().strip()
+    client = redis.Redis(port=stack.port("6379"), password=password, socket_timeout=5)
+    with step("Redis restart (AOF everysec): no API key, marker or other lasting key lost"):
+        # Keys with no expiry or more than 5 minutes left (short-lived ones may expire during the restart).
+        before = {key for key in client.scan_iter(count=1000) if client.ttl(key) in (-1,) or client.ttl(key) > 300}
+        time.sleep(1.5)  # one appendfsync period: what was acknowledged before the snapshot is on disk
+        stack("restart", "redis", timeout_s=120)
+        wait_for("redis healthy", lambda: stack.containers()["redis"].get("Health", {}).get("Status") == "healthy", 60)
+        client = redis.Redis(port=stack.port("6379"), password=password, socket_timeout=5)
+        lost = [key for key in before if not client.exists(key)]
+        if lost:
+            raise StepFailed(f"{len(lost)} of {len(before)} keys lost, e.g. {lost[:5]}")
+        kinds = {kind: sum(kind in key.decode() for key in before) for kind in (":apikey:", ":final:", "cost:seen:")}
+        if not all(kinds.values()):
+            raise StepFailed(f"expected API keys, final markers and cost markers before the restart: {kinds}")
+        say(f"    {len(before)} keys kept (API keys, final markers, cost markers: {list(kinds.values())})")
+        from openai import OpenAI
+
+        client_ai = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120)
+        answer = client_ai.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": "Still there?"}], max_tokens=8
+        )
+        if not (answer.choices[0].message.content or "").strip():
+            raise StepFailed("no answer with the API key after the restart")
+        say("    the API key still authenticates: answered")
+
+
+def prometheus_scrapes(stack: Stack) -> None:
+    with step("Prometheus: every llmbus target up, alert rules loaded"):
+        url = f"http://127.0.0.1:{stack.port('9090')}/api/v1"
+        down: list[str] = []
+
+        def all_up() -> bool:
+            nonlocal down
+            targets = http_json(f"{url}/targets")["data"]["activeTargets"]
+            mine = [t for t in targets if t["labels"]["job"] == "llmbus"]
+            down = [t["labels"]["instance"] for t in mine if t["health"] != "up"]
+            return len(mine) == 11 and not down
+
+        wait_for(f"targets up (down: {down})", all_up, 60)
+        rules = [r["name"] for g in http_json(f"{url}/rules")["data"]["groups"] for r in g["rules"]]
+        if len(rules) < 6:
+            raise StepFailed(f"alert rules loaded: {rules}")
+        say(f"    11 targets up; rules: {', '.join(rules)}")
+
+
+def smoke() -> None:
+    started_engine = prepare()
+    secrets_dir = Path(tempfile.mkdtemp(prefix="llmbus-smoke-secrets."))
+    stack = Stack("llmbus-smoke", free_prefix(), secrets_dir)
+    say(f"    compose: {' '.join(stack.compose[: stack.compose.index('-p')])}; ports 127.0.0.1:{stack.prefix}xxxx")
+    try:
+        stack("config", "-q")
+        stack.up()
+        with step("API key for tenant acme (llmbus keys create)"):
+            api_key = stack.cli("keys", "create", "--tenant", "acme", "--name", "smoke").strip().splitlines()[-1]
+        chats(stack, api_key)
+        with step("llmbus status: every tier's worker ready"):
+            status = stack.cli("status")
+            if missing := [w for w in WORKER_METRICS if w not in status]:
+                raise StepFailed(f"workers missing from llmbus status: {missing}\n{status}")
+        billed(stack, "acme", 2)
+        redis_restart_keeps_keys(stack, api_key)
+        prometheus_scrapes(stack)
+    except BaseException:
+        say("!!! smoke failed; state and logs of the failed services:")
+        with contextlib.suppress(Exception):
+            stack.print_failures()
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            stack.down()
+        shutil.rmtree(secrets_dir, ignore_errors=True)
+        if started_engine:
+            run([str(HERE / "engine.sh"), "stop"], check=False)
+    report()
+
+
+def report() -> None:
+    total = sum(took for _, took in TIMINGS)
+    say("\nstep timings (s):")
+    for name, took in TIMINGS:
+        say(f"  {took:7.1f}  {name}")
+    say(f"  {total:7.1f}  total")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["up", "smoke", "down"])
+    action = parser.parse_args().action
+    try:
+        if action == "smoke":
+            smoke()
+            return
+        prefix = os.environ.get("LLMBUS_PORT_PREFIX", "2")
+        stack = Stack("llmbus", prefix, Path(os.environ.get("LLMBUS_SECRETS_DIR", HERE / "secrets")))
+        if action == "down":
+            stack.down()
+            run([str(HERE / "engine.sh"), "stop"], check=False)
+            return
+        prepare()
+        try:
+            stack.up()
+        except BaseException:
+            stack.print_failures()
+            raise
+        report()
+        say(
+            f"\nthe stack is up: gateway http://127.0.0.1:{stack.port('8000')}/v1, Prometheus "
+            f"http://127.0.0.1:{stack.port('9090')}, Kafka 127.0.0.1:{stack.port('9092')} (SASL/SCRAM).\n"
+            f"  docker compose -p llmbus {' '.join(FILES)} run --rm cli llmbus status\n"
+            "  make compose-down   (removes the stack and its volumes)"
+        )
+    except StepFailed as failure:
+        say(f"FAILED: {failure}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
