@@ -66,13 +66,25 @@ def step(name: str) -> Iterator[None]:
     say(f"    ok in {took:.1f} s")
 
 
-def run(cmd: list[str], *, env: dict[str, str] | None = None, timeout_s: float = 600, check: bool = True) -> str:
+def run(
+    cmd: list[str], *, env: dict[str, str] | None = None, timeout_s: float = 600, check: bool = True, show: bool = False
+) -> str:
+    """The command's output; `show`: passed through as it comes (long steps show their progress)."""
+    capture = None if show else subprocess.PIPE
     done = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL
+        cmd,
+        env=env,
+        stdout=capture,
+        stderr=capture,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        stdin=subprocess.DEVNULL,
     )
     if check and done.returncode != 0:
-        raise StepFailed(f"{' '.join(cmd[:6])} … exited {done.returncode}:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return done.stdout
+        output = f"{(done.stdout or '')[-3000:]}{(done.stderr or '')[-3000:]}"
+        raise StepFailed(f"{' '.join(cmd[:6])} … exited {done.returncode}:\n{output}")
+    return done.stdout or ""
 
 
 def wait_for(
@@ -111,7 +123,7 @@ def compose_binary() -> list[str]:
     built = CACHE / "bin" / "docker-compose"
     if not built.exists() and shutil.which("go"):
         with step("compose v2 from its Go module (once)"):
-            run([str(HERE / "compose-v2.sh")], timeout_s=900)
+            run([str(HERE / "compose-v2.sh")], timeout_s=900, show=True)
     if built.exists():
         return [str(built)]
     if shutil.which("docker-compose"):
@@ -127,8 +139,8 @@ class Stack:
         self.env = os.environ | {"LLMBUS_PORT_PREFIX": prefix, "LLMBUS_SECRETS_DIR": str(secrets_dir)}
         self.compose = [*compose_binary(), "-p", project, *FILES]
 
-    def __call__(self, *args: str, timeout_s: float = 600, check: bool = True) -> str:
-        return run([*self.compose, *args], env=self.env, timeout_s=timeout_s, check=check)
+    def __call__(self, *args: str, timeout_s: float = 600, check: bool = True, show: bool = False) -> str:
+        return run([*self.compose, *args], env=self.env, timeout_s=timeout_s, check=check, show=show)
 
     def port(self, suffix: str) -> int:
         return int(self.prefix + suffix)
@@ -165,7 +177,7 @@ class Stack:
         with step("secrets (secrets-init: one password per principal)"):
             self("run", "--rm", "-T", "secrets-init")
         with step("up -d: Kafka, Redis, topics + ACLs, 6 services, 5 sim workers, autoscaler, Prometheus"):
-            self("up", "-d", "--no-build", timeout_s=600)
+            self("up", "-d", "--no-build", timeout_s=600, show=True)
         with step("healthy: gateway ready, every worker ready, every service's /metrics answers"):
             wait_for("gateway healthy", self.gateway_healthy, 180, self.fail_reason)
             for worker, suffix in WORKER_METRICS.items():
@@ -192,7 +204,7 @@ class Stack:
 
     def down(self) -> None:
         with step("down -v"):
-            self("down", "-v", "--remove-orphans", timeout_s=300)
+            self("down", "-v", "--remove-orphans", timeout_s=300, show=True)
 
 
 def metric_text(port: int) -> str:
@@ -214,9 +226,9 @@ def prepare() -> bool:
         was_running = (
             subprocess.run([str(HERE / "engine.sh"), "status"], capture_output=True, check=False).returncode == 0
         )
-        run([str(HERE / "engine.sh"), "start"])
+        run([str(HERE / "engine.sh"), "start"], show=True)
     with step("images: debian base (debootstrap if missing), llmbus, Kafka, Redis, Prometheus"):
-        run([str(HERE / "images.sh")], timeout_s=1800)
+        run([str(HERE / "images.sh")], timeout_s=1800, show=True)
     return not was_running
 
 
