@@ -4,8 +4,9 @@
     python deploy/compose/stack.py smoke   the same under its own project and free ports, then through the
                                            gateway with the official `openai` SDK a streamed and a plain
                                            chat, `llmbus status`, `llmbus costs` (the requests billed), a
-                                           Redis restart that loses no key, Prometheus scraping every
-                                           target; then `down -v`
+                                           Redis restart that loses no key, `llmbus trace`, Prometheus
+                                           scraping every target, a scale-up by the autoscaler under a
+                                           burst and back down; then `down -v`
     python deploy/compose/stack.py down    `down -v` of the `up` stack, and the engine if this script started it
 
 Every step prints its duration; a failed step prints the state and logs of the services that failed.
@@ -171,7 +172,7 @@ class Stack:
 
     def cli(self, *args: str) -> str:
         """An `llmbus` command in the image, as the operator principal."""
-        return self("run", "--rm", "-T", "cli", "llmbus", *args, timeout_s=120)
+        return self("run", "--rm", "-T", "-e", "COLUMNS=160", "cli", "llmbus", *args, timeout_s=120)
 
     def up(self) -> None:
         with step("secrets (secrets-init: one password per principal)"):
@@ -232,7 +233,8 @@ def prepare() -> bool:
     return not was_running
 
 
-def chats(stack: Stack, api_key: str) -> None:
+def chats(stack: Stack, api_key: str) -> str:
+    """Both chats; the plain one's llmbus request id (the gateway's x-request-id header)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0)
@@ -249,13 +251,76 @@ def chats(stack: Stack, api_key: str) -> None:
             raise StepFailed(f"streamed answer too short: {deltas!r}")
         say(f"    {len(deltas)} chunks: {text[:80]!r}")
     with step("openai SDK: non-streamed chat through the gateway"):
-        completion = client.chat.completions.create(
+        raw = client.chat.completions.with_raw_response.create(
             model="auto", messages=[{"role": "user", "content": "Say hello to the operators."}], max_tokens=16
         )
+        completion = raw.parse()
         answer = completion.choices[0].message.content or ""
         if not answer.strip() or completion.usage is None or completion.usage.completion_tokens < 1:
             raise StepFailed(f"empty answer: {completion!r}")
         say(f"    model {completion.model}, {completion.usage.completion_tokens} tokens: {answer[:80]!r}")
+    return str(raw.headers["x-request-id"])
+
+
+def traced(stack: Stack, request_id: str) -> None:
+    with step("llmbus trace: the request's hops from the topics (routed, attempt on a worker, result)"):
+        lines = stack.cli("trace", request_id, "--since-minutes", "30", "--timeout-s", "60")
+        for wanted in ("routed: ->", "attempt 1: worker", "result: ok"):
+            if wanted not in lines:
+                raise StepFailed(f"no '{wanted}' in the trace of {request_id}:\n{lines}")
+        say("    " + "\n    ".join(line for line in lines.splitlines() if line.strip())[:800])
+
+
+def burst_scales_up_and_down(stack: Stack, api_key: str, requests: int = 40) -> None:
+    """The autoscaler (burst policy) adds a sim-llama-8b worker while a burst queues, then removes it."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    added = stack.port("9121")  # the first worker the autoscaler starts serves /metrics here
+
+    async def burst() -> int:
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=300)
+
+        async def one(n: int) -> int:
+            answer = await client.chat.completions.create(
+                model="sim-llama-8b",
+                messages=[{"role": "user", "content": f"Burst request {n}: count the partitions of a topic."}],
+                max_tokens=48,
+            )
+            return len(answer.choices[0].message.content or "")
+
+        lengths = await asyncio.gather(*(one(n) for n in range(requests)))
+        await client.close()
+        return sum(1 for length in lengths if length)
+
+    with step(f"autoscaler: a burst of {requests} requests queues on one sim worker → a worker added"):
+        answered = 0
+
+        def scaled_up() -> bool:
+            return any(
+                line.startswith("llmbus_worker_ready{") and line.endswith(" 1.0")
+                for line in metric_text(added).splitlines()
+            )
+
+        async def burst_and_watch() -> None:
+            nonlocal answered
+            task = asyncio.create_task(burst())
+            deadline = time.monotonic() + 180
+            while not scaled_up():
+                if time.monotonic() > deadline:
+                    raise StepFailed(f"no worker added on 127.0.0.1:{added} within 180 s")
+                if task.done() and task.exception():
+                    raise StepFailed(f"burst failed: {task.exception()!r}")
+                await asyncio.sleep(1.0)
+            answered = await task
+
+        asyncio.run(burst_and_watch())
+        if answered != requests:
+            raise StepFailed(f"{answered} of {requests} burst requests answered")
+        say(f"    worker sim-llama-8b-as1 ready (/metrics on {added}); {answered} of {requests} answered")
+    with step("autoscaler: no traffic → the added worker drained and gone"):
+        wait_for(f"worker on {added} gone", lambda: metric_text(added) == "", 180, stack.fail_reason)
 
 
 def billed(stack: Stack, tenant: str, requests: int) -> None:
@@ -324,6 +389,8 @@ def prometheus_scrapes(stack: Stack) -> None:
 def smoke() -> None:
     started_engine = prepare()
     secrets_dir = Path(tempfile.mkdtemp(prefix="llmbus-smoke-secrets."))
+    # The autoscaler's policy in seconds and a small batch on the sim worker, so a burst shows scaling.
+    os.environ |= {"LLMBUS_AUTOSCALER_POOLS": "burst", "LLMBUS_SIM_MAX_NUM_SEQS": "2"}
     stack = Stack("llmbus-smoke", free_prefix(), secrets_dir)
     say(f"    compose: {' '.join(stack.compose[: stack.compose.index('-p')])}; ports 127.0.0.1:{stack.prefix}xxxx")
     try:
@@ -331,7 +398,8 @@ def smoke() -> None:
         stack.up()
         with step("API key for tenant acme (llmbus keys create)"):
             api_key = stack.cli("keys", "create", "--tenant", "acme", "--name", "smoke").strip().splitlines()[-1]
-        chats(stack, api_key)
+        request_id = chats(stack, api_key)
+        traced(stack, request_id)
         with step("llmbus status: every tier's worker ready"):
             status = stack.cli("status")
             if missing := [w for w in WORKER_METRICS if w not in status]:
@@ -339,6 +407,7 @@ def smoke() -> None:
         billed(stack, "acme", 2)
         redis_restart_keeps_keys(stack, api_key)
         prometheus_scrapes(stack)
+        burst_scales_up_and_down(stack, api_key)
     except BaseException:
         say("!!! smoke failed; state and logs of the failed services:")
         with contextlib.suppress(Exception):
