@@ -118,7 +118,10 @@ def free_prefix() -> str:
 
 
 def compose_binary() -> list[str]:
-    """Compose v2 (plugin, or built from its Go module into the cache), else Debian's docker-compose 1.29."""
+    """LLMBUS_COMPOSE if set; else compose v2 (plugin, or built from its Go module into the cache), else
+    Debian's docker-compose 1.29 (installed when nothing else is there and we are root)."""
+    if chosen := os.environ.get("LLMBUS_COMPOSE"):
+        return chosen.split()
     if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0:
         return ["docker", "compose"]
     built = CACHE / "bin" / "docker-compose"
@@ -127,6 +130,12 @@ def compose_binary() -> list[str]:
             run([str(HERE / "compose-v2.sh")], timeout_s=900, show=True)
     if built.exists():
         return [str(built)]
+    if not shutil.which("docker-compose") and os.geteuid() == 0:
+        with step("Debian's docker-compose (no Go toolchain for compose v2)"):
+            run(
+                ["apt-get", "install", "-y", "-qq", "docker-compose"],
+                env=os.environ | {"DEBIAN_FRONTEND": "noninteractive"},
+            )
     if shutil.which("docker-compose"):
         return ["docker-compose"]
     raise StepFailed("neither compose v2 nor docker-compose is installed")
@@ -445,6 +454,9 @@ def main() -> None:
             run([str(HERE / "engine.sh"), "stop"], check=False)
             return
         prepare()
+        running = stack("ps", "-q").split()
+        if not running and (busy := [p for p in PORT_SUFFIXES if not port_free(int(prefix + p))]):
+            raise StepFailed(f"ports 127.0.0.1:{prefix}{busy[0]} and others in use; set LLMBUS_PORT_PREFIX (2-5)")
         try:
             stack.up()
         except BaseException:

@@ -171,3 +171,12 @@ def test_the_autoscaler_can_start_workers_in_its_image() -> None:
     # uid 1000 with a home and a writable run directory (the local actuator's pid and log files).
     assert "useradd --uid 1000 --create-home" in dockerfile
     assert "install -d -o 1000 -g 1000 /var/lib/llmbus" in dockerfile and "LLMBUS_CACHE=/var/lib/llmbus" in dockerfile
+
+
+def test_the_image_has_the_kubernetes_client_the_k8s_autoscaler_imports() -> None:
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dockerfile = (COMPOSE_DIR / "Dockerfile").read_text()
+    install = next(line for line in dockerfile.splitlines() if "pip install -q -r requirements/runtime.txt" in line)
+    assert all(f'"{requirement}"' in install for requirement in extras["kubernetes"])
