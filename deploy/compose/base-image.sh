@@ -19,7 +19,8 @@ MIRROR=${DEBIAN_MIRROR:-$(mirror)}
 [ -n "$MIRROR" ] || { log "no Debian mirror in apt's sources; set DEBIAN_MIRROR"; exit 1; }
 if ! command -v debootstrap >/dev/null; then
   log "installing debootstrap"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null
 fi
 ROOTFS=$(mktemp -d /tmp/llmbus-rootfs.XXXXXX)
 trap 'rm -rf "$ROOTFS"' EXIT
