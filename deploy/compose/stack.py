@@ -3,8 +3,8 @@
     python deploy/compose/stack.py up      engine, images, the whole secured stack, healthy; left running
     python deploy/compose/stack.py smoke   the same under its own project and free ports, then through the
                                            gateway with the official `openai` SDK a streamed and a plain
-                                           chat, `llmbus status`, `llmbus costs` (the requests billed), a
-                                           Redis restart that loses no key, `llmbus trace`, Prometheus
+                                           chat, `llmbus trace`, `llmbus status`, `llmbus costs` (the
+                                           requests billed), Redis SIGKILLed losing no key, Prometheus
                                            scraping every target, a scale-up by the autoscaler under a
                                            burst and back down; then `down -v`
     python deploy/compose/stack.py down    `down -v` of the `up` stack, and the engine if this script started it
