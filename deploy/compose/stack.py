@@ -328,6 +328,7 @@ def burst_scales_up_and_down(stack: Stack, api_key: str, requests: int = 40) -> 
         if answered != requests:
             raise StepFailed(f"{answered} of {requests} burst requests answered")
         say(f"    worker sim-llama-8b-as1 ready (/metrics on {added}); {answered} of {requests} answered")
+    keda_queries_evaluate(stack)
     with step("autoscaler: no traffic → the added worker drained and gone"):
         wait_for(f"worker on {added} gone", lambda: metric_text(added) == "", 180, stack.fail_reason)
 
@@ -396,6 +397,30 @@ def prometheus_scrapes(stack: Stack) -> None:
         if len(rules) < 6:
             raise StepFailed(f"alert rules loaded: {rules}")
         say(f"    11 targets up; rules: {', '.join(rules)}")
+
+
+def keda_queries_evaluate(stack: Stack) -> None:
+    """Each KEDA ScaledObject's PromQL (deploy/k8s/keda/) on this stack's Prometheus, right after a burst
+    queued: it must evaluate to a number above its threshold (KEDA would scale out)."""
+    import urllib.parse
+
+    import yaml
+
+    with step("KEDA ScaledObjects' PromQL on the stack's Prometheus after the burst: above threshold"):
+        for path in sorted((HERE.parent / "k8s" / "keda").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                for trigger in (doc or {}).get("spec", {}).get("triggers", []):
+                    query, threshold = trigger["metadata"]["query"], float(trigger["metadata"]["threshold"])
+                    url = f"http://127.0.0.1:{stack.port('9090')}/api/v1/query?query={urllib.parse.quote(query)}"
+                    values: list[float] = []
+
+                    def evaluated(url: str = url, values: list[float] = values, threshold: float = threshold) -> bool:
+                        result = http_json(url)["data"]["result"]
+                        values[:] = [float(r["value"][1]) for r in result]
+                        return any(v > threshold for v in values)
+
+                    wait_for(f"{path.name}: {query} > {threshold}", evaluated, 30)
+                    say(f"    {path.name}: {values[0]:.2f} > {threshold} ({doc['metadata']['name']})")
 
 
 def smoke() -> None:
