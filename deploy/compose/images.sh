@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the compose stack's images on this machine, from Debian packages, PyPI and Maven Central alone:
-# llmbus:dev, llmbus/kafka:4.1.1, llmbus/redis:7, llmbus/prometheus:2 (deploy/compose/local-images.yml).
+# llmbus:dev, llmbus/kafka:4.1.1, llmbus/redis:7, llmbus/prometheus:2 and llmbus/otelcol:0.116.0 (the
+# collector from its Go modules: deploy/otel/build.sh) (deploy/compose/local-images.yml).
 # The base (BASE_IMAGE, default debian:bookworm-slim) is made with debootstrap when the engine lacks it.
 # An extra CA bundle for pip (TLS-intercepting proxies): EXTRA_CA_BUNDLE=/path/ca.pem (default: the
 # system bundle, when it exists); a BuildKit secret, used during the build and never stored in an image.
@@ -33,3 +34,9 @@ KAFKA_VERSION=$KAFKA_VERSION "$REPO/deploy/kafka/kafka.sh" fetch
 build "llmbus/kafka:$KAFKA_VERSION" "$HERE/images/kafka.Dockerfile" "$CACHE/kafka-$KAFKA_VERSION"
 build llmbus/redis:7 "$HERE/images/redis.Dockerfile" "$HERE/images"
 build llmbus/prometheus:2 "$HERE/images/prometheus.Dockerfile" "$HERE/images"
+OTELCOL_DIR=$CACHE/otelcol
+if [ ! -x "$OTELCOL_DIR/otelcol-llmbus" ]; then
+  log "building the OpenTelemetry Collector from its Go modules (once; minutes)"
+  "$REPO/deploy/otel/build.sh"
+fi
+build llmbus/otelcol:0.116.0 "$HERE/images/otelcol.Dockerfile" "$OTELCOL_DIR"

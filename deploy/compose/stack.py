@@ -20,6 +20,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -35,9 +36,21 @@ HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
 FILES = ["-f", str(HERE / "docker-compose.yml"), "-f", str(HERE / "local-images.yml")]
 # The ports the stack binds, after its one-digit prefix (docker-compose.yml, deploy/prometheus/prometheus.yml).
-PORT_SUFFIXES = ["9092", "9093", "6379", "8000", "9090", "9101", "9102", "9104", "9105", "9106"] + [
-    f"91{n}" for n in (11, 12, 13, 14, 15, 21, 22, 23, 24)
-]
+PORT_SUFFIXES = [
+    "9092",
+    "9093",
+    "6379",
+    "8000",
+    "9090",
+    "9101",
+    "9102",
+    "9104",
+    "9105",
+    "9106",
+    "4317",
+    "4318",
+    "8888",
+] + [f"91{n}" for n in (11, 12, 13, 14, 15, 21, 22, 23, 24)]
 WORKER_METRICS = {
     "sim-strong-1": "9111",
     "sim-default-1": "9112",
@@ -186,7 +199,7 @@ class Stack:
     def up(self) -> None:
         with step("secrets (secrets-init: one password per principal)"):
             self("run", "--rm", "-T", "secrets-init")
-        with step("up -d: Kafka, Redis, topics + ACLs, 6 services, 5 sim workers, autoscaler, Prometheus"):
+        with step("up -d: Kafka, Redis, topics + ACLs, 6 services, 5 sim workers, autoscaler, Prometheus, collector"):
             self("up", "-d", "--no-build", timeout_s=600, show=True)
         with step("healthy: gateway ready, every worker ready, every service's /metrics answers"):
             wait_for("gateway healthy", self.gateway_healthy, 180, self.fail_reason)
@@ -237,7 +250,7 @@ def prepare() -> bool:
             subprocess.run([str(HERE / "engine.sh"), "status"], capture_output=True, check=False).returncode == 0
         )
         run([str(HERE / "engine.sh"), "start"], show=True)
-    with step("images: debian base (debootstrap if missing), llmbus, Kafka, Redis, Prometheus"):
+    with step("images: debian base (debootstrap if missing), llmbus, Kafka, Redis, Prometheus, collector"):
         run([str(HERE / "images.sh")], timeout_s=1800, show=True)
     return not was_running
 
@@ -269,6 +282,38 @@ def chats(stack: Stack, api_key: str) -> str:
             raise StepFailed(f"empty answer: {completion!r}")
         say(f"    model {completion.model}, {completion.usage.completion_tokens} tokens: {answer[:80]!r}")
     return str(raw.headers["x-request-id"])
+
+
+def spans_reach_the_collector(stack: Stack, api_key: str) -> None:
+    """A chat carrying the caller's traceparent: every hop's span of that trace reaches the collector."""
+    import secrets
+
+    from openai import OpenAI
+
+    trace_id = secrets.token_hex(16)
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0)
+    with step("OpenTelemetry: a chat's spans, gateway to worker, in the collector under the caller's trace id"):
+        client.chat.completions.create(
+            model="auto",
+            messages=[{"role": "user", "content": "Trace this request end to end."}],
+            max_tokens=8,
+            extra_headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+        )
+        names: list[str] = []
+
+        def collected() -> bool:
+            logs = stack("logs", "--no-color", "otel-collector")
+            # The debug exporter's lines: `<span name> <trace id> <span id> <attributes>`, the first of a
+            # batch after the log prefix (tab separated), all behind compose's `<service> | `.
+            names[:] = [
+                re.split(r"\t|\| ", line.split(f" {trace_id} ")[0])[-1].strip()
+                for line in logs.splitlines()
+                if f" {trace_id} " in line
+            ]
+            return len(names) >= 6
+
+        wait_for(f"spans of trace {trace_id} in the collector", collected, 60)
+        say(f"    {len(names)} spans of trace {trace_id}: {', '.join(sorted(set(names)))}")
 
 
 def traced(stack: Stack, request_id: str) -> None:
@@ -392,11 +437,16 @@ def prometheus_scrapes(stack: Stack) -> None:
             down = [t["labels"]["instance"] for t in mine if t["health"] != "up"]
             return len(mine) == 11 and not down
 
-        wait_for(f"targets up (down: {down})", all_up, 60)
+        wait_for("every llmbus target up", all_up, 60, lambda: None)
+        collector = [
+            t for t in http_json(f"{url}/targets")["data"]["activeTargets"] if t["labels"]["job"] == "otel-collector"
+        ]
+        if not collector or collector[0]["health"] != "up":
+            raise StepFailed(f"the collector's metrics are not scraped: {collector}")
         rules = [r["name"] for g in http_json(f"{url}/rules")["data"]["groups"] for r in g["rules"]]
         if len(rules) < 6:
             raise StepFailed(f"alert rules loaded: {rules}")
-        say(f"    11 targets up; rules: {', '.join(rules)}")
+        say(f"    11 llmbus targets and the collector up; rules: {', '.join(rules)}")
 
 
 def keda_queries_evaluate(stack: Stack) -> None:
@@ -437,6 +487,7 @@ def smoke() -> None:
             api_key = stack.cli("keys", "create", "--tenant", "acme", "--name", "smoke").strip().splitlines()[-1]
         request_id = chats(stack, api_key)
         traced(stack, request_id)
+        spans_reach_the_collector(stack, api_key)
         with step("llmbus status: every tier's worker ready"):
             status = stack.cli("status")
             if missing := [w for w in WORKER_METRICS if w not in status]:

@@ -180,3 +180,16 @@ def test_the_image_has_the_kubernetes_client_the_k8s_autoscaler_imports() -> Non
     dockerfile = (COMPOSE_DIR / "Dockerfile").read_text()
     install = next(line for line in dockerfile.splitlines() if "pip install -q -r requirements/runtime.txt" in line)
     assert all(f'"{requirement}"' in install for requirement in extras["kubernetes"])
+
+
+def test_spans_go_to_the_stacks_collector_which_prometheus_scrapes() -> None:
+    collector = yaml.safe_load(
+        (REPO / "deploy/otel/collector.yaml").read_text().replace("${env:LLMBUS_PORT_PREFIX}", PREFIX)
+    )
+    http_endpoint = collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    assert "profiles" not in SERVICES["otel-collector"] and http_endpoint == "127.0.0.1:24318"
+    for name in LONG_RUNNING:
+        assert env_of(name)["OTEL_EXPORTER_OTLP_ENDPOINT"] == f"http://{http_endpoint}", name
+    prometheus = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text().replace("@P@", PREFIX))
+    targets = {t for job in prometheus["scrape_configs"] for c in job["static_configs"] for t in c["targets"]}
+    assert collector["service"]["telemetry"]["metrics"]["address"] in targets
