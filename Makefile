@@ -18,7 +18,7 @@ export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check schemas-release bench plan \
-        compose-check clean reliability soak test-long bench-autoscaler test-security gpu-check
+        compose-check compose-up compose-smoke compose-down clean reliability soak test-long bench-autoscaler test-security gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -99,9 +99,23 @@ GPU_CHECK_ARGS ?=
 gpu-check: ## on an NVIDIA GPU host: engine tests on the GPU, NVML profile, CUDA graphs, worker vs AsyncLLM → bench/reports/gpu_check.md
 	@PYTHONPATH=libs/common:. $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
-compose-check: ## validate deploy/compose/docker-compose.yml (needs docker-compose; installs Debian's)
+compose-check: ## validate deploy/compose/docker-compose.yml with Debian's docker-compose 1.29 and compose v2 (when built)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)
-	@docker-compose -f deploy/compose/docker-compose.yml config -q && echo "compose file valid"
+	@for compose in docker-compose $(wildcard $(HOME)/.cache/llmbus/bin/docker-compose); do \
+	  LLMBUS_SECRETS_DIR=/nonexistent $$compose -f deploy/compose/docker-compose.yml -f deploy/compose/local-images.yml \
+	    --profile gpu --profile window --profile tools --profile init config -q || exit 1; \
+	  echo "compose file valid ($$($$compose version --short 2>/dev/null || $$compose version | head -1))"; done
+
+# The compose stack on a Docker engine (deploy/compose/stack.py): uses the running engine or, as root,
+# starts dockerd without bridge or firewall rules; builds the images from Debian, PyPI and Maven Central.
+compose-up: setup ## the whole secured stack in Docker (images built here), healthy, left running (127.0.0.1:2xxxx)
+	@$(PY) deploy/compose/stack.py up
+
+compose-smoke: setup ## compose stack up on free ports, OpenAI SDK chats, status, costs, Redis restart, Prometheus, down -v
+	@$(PY) deploy/compose/stack.py smoke
+
+compose-down: ## remove the compose-up stack and its volumes; stop the engine if compose-up started it
+	@$(PY) deploy/compose/stack.py down
 
 clean: ## remove caches in the tree (not the venv, Kafka data or downloads)
 	@find . -name __pycache__ -prune -exec rm -rf {} + ; rm -rf .mypy_cache .ruff_cache .pytest_cache

@@ -2,8 +2,10 @@
 # Local Redis for llmbus from Debian's redis-server (installed if missing).
 # Usage: deploy/redis/redis.sh start|stop|status   (idempotent)
 # A second, private instance (the reliability tests stop and restart one) takes its own port and
-# run dir: REDIS_PORT=16379 REDIS_RUN_DIR=/tmp/x REDIS_APPENDONLY=yes redis.sh start
-# (appendonly: the data survives a stop/start, as a production Redis with AOF would).
+# run dir: REDIS_PORT=16379 REDIS_RUN_DIR=/tmp/x redis.sh start
+# Persistent by default: API keys, exactly-once markers, the cost outbox and held results live in
+# Redis, so every write goes to the append-only file (fsync every second, at most ~1 s of writes lost
+# on a crash; none on a stop). REDIS_APPENDONLY=no for a throwaway instance.
 # Redis AUTH: REDIS_PASSWORD=... redis.sh start (requirepass; clients set LLMBUS_REDIS_PASSWORD).
 set -euo pipefail
 
@@ -11,7 +13,7 @@ CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
 RUN_DIR=${REDIS_RUN_DIR:-$CACHE/run}
 PORT=${REDIS_PORT:-6379}
 NAME=${REDIS_NAME:-redis}  # pid, log and data of this instance: $RUN_DIR/$NAME.*, $RUN_DIR/$NAME-data
-APPENDONLY=${REDIS_APPENDONLY:-no}
+APPENDONLY=${REDIS_APPENDONLY:-yes}
 PASSWORD=${REDIS_PASSWORD:-}
 # redis-cli reads the password from REDISCLI_AUTH: it stays out of the process list.
 if [ -n "$PASSWORD" ]; then export REDISCLI_AUTH=$PASSWORD; fi
@@ -33,7 +35,7 @@ start() {
   install
   mkdir -p "$RUN_DIR/$NAME-data"
   local options=(--bind 127.0.0.1 --port "$PORT" --daemonize yes --pidfile "$PID_FILE"
-    --dir "$RUN_DIR/$NAME-data" --logfile "$RUN_DIR/$NAME.log" --save "" --appendonly "$APPENDONLY")
+    --dir "$RUN_DIR/$NAME-data" --logfile "$RUN_DIR/$NAME.log" --save "" --appendonly "$APPENDONLY" --appendfsync everysec)
   if [ -n "$PASSWORD" ]; then  # config on stdin, not argv: the password stays out of `ps`
     printf 'requirepass "%s"\n' "$PASSWORD" | redis-server - "${options[@]}"
   else

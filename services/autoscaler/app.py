@@ -30,7 +30,9 @@ def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSetti
             "LLMBUS_TOPIC_PREFIX": settings.topic_prefix,
             "LLMBUS_REDIS_URL": settings.redis_url,
         }
-        return LocalActuator({name: spec.local for name, spec in pools.pools.items()}, bus_env)
+        return LocalActuator(
+            {name: spec.local for name, spec in pools.pools.items()}, bus_env, cfg.worker_metrics_port_base
+        )
     if cfg.actuator == "kubernetes":
         from services.autoscaler.actuators.kubernetes import KubernetesActuator
 

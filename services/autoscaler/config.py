@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -13,6 +14,9 @@ class AutoscalerSettings(BaseSettings):
     pools: str = "default"  # services/autoscaler/policies/<name>.yaml, or a path to a YAML file
     actuator: Literal["local", "kubernetes", "none"] = "local"
     kubernetes_host: str | None = None  # None: in-cluster config, else ~/.kube/config
+    # /metrics of the workers the local actuator starts: worker n of a pool on base + n (0: none). They
+    # never inherit the autoscaler's own LLMBUS_METRICS_PORT (a second bind of it kills the worker).
+    worker_metrics_port_base: int = Field(default=0, ge=0, le=65000)
     worker_stale_s: float = 5.0  # a worker silent this long is not counted ready or warming
     # Pool statistics of several scheduler instances (policy/merge.py): a pool is evaluated once all
     # live instances have reported, or this long after its last evaluation; an instance silent for

@@ -124,3 +124,32 @@ def test_kustomize_renders_the_services() -> None:
     ).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
     assert kinds.count("Deployment") == len(by_kind(documents(K8S), "Deployment"))
+
+
+def test_every_pod_connects_secured_as_its_own_principal_from_its_own_secret() -> None:
+    docs = documents(K8S)
+    config = by_kind(docs, "ConfigMap")["llmbus-env"]["data"]
+    assert (config["LLMBUS_KAFKA_SECURITY_PROTOCOL"], config["LLMBUS_KAFKA_SASL_MECHANISM"]) == (
+        "SASL_PLAINTEXT",
+        "SCRAM-SHA-512",
+    )
+    modules_principal = {
+        "services.router": "router",
+        "services.scheduler": "scheduler",
+        "services.engine_worker": "engine-worker",
+        "services.cost_accounting": "cost-accounting",
+        "services.shadow_comparator": "shadow-comparator",
+        "services.gateway": "gateway",
+        "services.autoscaler": "autoscaler",
+    }
+    pods = [(n, d["spec"]["template"]["spec"]) for n, d in by_kind(docs, "Deployment").items()]
+    pods += [(n, d["spec"]["template"]["spec"]) for n, d in by_kind(docs, "Job").items()]
+    for name, pod in pods:
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        command = container["command"]
+        principal = modules_principal[command[2]] if command[:2] == ["python", "-m"] else "admin"
+        assert env["LLMBUS_KAFKA_SASL_USERNAME"]["value"] == principal, name
+        secret = env["LLMBUS_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
+        assert secret == {"name": f"llmbus-kafka-{principal}", "key": "password"}, name
+        assert env["LLMBUS_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "llmbus-redis", "key": "password"}

@@ -39,9 +39,14 @@ def _slug(pool: str) -> str:
 class LocalActuator:
     name = "local"
 
-    def __init__(self, pools: dict[str, LocalSpec], extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, pools: dict[str, LocalSpec], extra_env: dict[str, str] | None = None, metrics_port_base: int = 0
+    ) -> None:
         self.pools = pools
         self.extra_env = extra_env or {}  # e.g. the bus namespace the workers must join
+        # Worker n's /metrics port (0: none); a pool's indices start at 1, so pools share one range only
+        # when a single pool scales, as in the stacks this project ships.
+        self.metrics_port_base = metrics_port_base
         self._stopping: dict[str, asyncio.Task[bool]] = {}  # process name → its background stop
 
     def _prefix(self, pool: str) -> str:
@@ -55,8 +60,8 @@ class LocalActuator:
             "LLMBUS_WORKER_ENGINE": spec.engine,
             "LLMBUS_WORKER_MODEL": pool,
             "LLMBUS_WORKER_DRAIN_GRACE_S": str(max(1.0, spec.stop_grace_s - 5)),
-            # Not the autoscaler's own /metrics port, which its environment would hand down.
-            "LLMBUS_METRICS_PORT": "0",
+            # Never the autoscaler's own port, which every worker would otherwise inherit and die binding.
+            "LLMBUS_METRICS_PORT": str(self.metrics_port_base + index if self.metrics_port_base else 0),
         }
         return stack.ServiceProcess(worker_id, ENGINE_WORKER, env | spec.env)
 

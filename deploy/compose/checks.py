@@ -1,0 +1,229 @@
+"""What the compose smoke checks on a running stack (stack.py smoke), one timed step each."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from project import HERE, Stack
+from steps import StepFailed, http_json, metric_text, say, step, wait_for
+
+
+def chats(stack: Stack, api_key: str) -> str:
+    """Both chats; the plain one's llmbus request id (the gateway's x-request-id header)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0)
+    with step("openai SDK: streamed chat through the gateway"):
+        stream = client.chat.completions.create(
+            model="auto",
+            messages=[{"role": "user", "content": "What does a control plane for LLM inference do?"}],
+            max_tokens=32,
+            stream=True,
+        )
+        deltas = [c.choices[0].delta.content or "" for c in stream if c.choices]
+        text = "".join(deltas)
+        if len([d for d in deltas if d]) < 2 or not text.strip():
+            raise StepFailed(f"streamed answer too short: {deltas!r}")
+        say(f"    {len(deltas)} chunks: {text[:80]!r}")
+    with step("openai SDK: non-streamed chat through the gateway"):
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": "Say hello to the operators."}], max_tokens=16
+        )
+        completion = raw.parse()
+        answer = completion.choices[0].message.content or ""
+        if not answer.strip() or completion.usage is None or completion.usage.completion_tokens < 1:
+            raise StepFailed(f"empty answer: {completion!r}")
+        say(f"    model {completion.model}, {completion.usage.completion_tokens} tokens: {answer[:80]!r}")
+    return str(raw.headers["x-request-id"])
+
+
+def spans_reach_the_collector(stack: Stack, api_key: str) -> None:
+    """A chat carrying the caller's traceparent: every hop's span of that trace reaches the collector."""
+    import secrets
+
+    from openai import OpenAI
+
+    trace_id = secrets.token_hex(16)
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0)
+    with step("OpenTelemetry: a chat's spans, gateway to worker, in the collector under the caller's trace id"):
+        client.chat.completions.create(
+            model="auto",
+            messages=[{"role": "user", "content": "Trace this request end to end."}],
+            max_tokens=8,
+            extra_headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+        )
+        names: list[str] = []
+
+        def collected() -> bool:
+            logs = stack("logs", "--no-color", "otel-collector")
+            # The debug exporter's lines: `<span name> <trace id> <span id> <attributes>`, the first of a
+            # batch after the log prefix (tab separated), all behind compose's `<service> | `.
+            names[:] = [
+                re.split(r"\t|\| ", line.split(f" {trace_id} ")[0])[-1].strip()
+                for line in logs.splitlines()
+                if f" {trace_id} " in line
+            ]
+            return len(names) >= 6
+
+        wait_for(f"spans of trace {trace_id} in the collector", collected, 60)
+        say(f"    {len(names)} spans of trace {trace_id}: {', '.join(sorted(set(names)))}")
+
+
+def traced(stack: Stack, request_id: str) -> None:
+    with step("llmbus trace: the request's hops from the topics (routed, attempt on a worker, result)"):
+        lines = stack.cli("trace", request_id, "--since-minutes", "30", "--timeout-s", "60")
+        for wanted in ("routed: ->", "attempt 1: worker", "result: ok"):
+            if wanted not in lines:
+                raise StepFailed(f"no '{wanted}' in the trace of {request_id}:\n{lines}")
+        say("    " + "\n    ".join(line for line in lines.splitlines() if line.strip())[:800])
+
+
+def burst_scales_up_and_down(stack: Stack, api_key: str, requests: int = 40) -> None:
+    """The autoscaler (burst policy) adds a sim-llama-8b worker while a burst queues, then removes it."""
+    import asyncio
+
+    from openai import AsyncOpenAI
+
+    added = stack.port("9121")  # the first worker the autoscaler starts serves /metrics here
+
+    async def burst() -> int:
+        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=300)
+
+        async def one(n: int) -> int:
+            answer = await client.chat.completions.create(
+                model="sim-llama-8b",
+                messages=[{"role": "user", "content": f"Burst request {n}: count the partitions of a topic."}],
+                max_tokens=48,
+            )
+            return len(answer.choices[0].message.content or "")
+
+        lengths = await asyncio.gather(*(one(n) for n in range(requests)))
+        await client.close()
+        return sum(1 for length in lengths if length)
+
+    with step(f"autoscaler: a burst of {requests} requests queues on one sim worker → a worker added"):
+        answered = 0
+
+        def scaled_up() -> bool:
+            return any(
+                line.startswith("llmbus_worker_ready{") and line.endswith(" 1.0")
+                for line in metric_text(added).splitlines()
+            )
+
+        async def burst_and_watch() -> None:
+            nonlocal answered
+            task = asyncio.create_task(burst())
+            deadline = time.monotonic() + 180
+            while not scaled_up():
+                if time.monotonic() > deadline:
+                    raise StepFailed(f"no worker added on 127.0.0.1:{added} within 180 s")
+                if task.done() and task.exception():
+                    raise StepFailed(f"burst failed: {task.exception()!r}")
+                await asyncio.sleep(1.0)
+            answered = await task
+
+        asyncio.run(burst_and_watch())
+        if answered != requests:
+            raise StepFailed(f"{answered} of {requests} burst requests answered")
+        say(f"    worker sim-llama-8b-as1 ready (/metrics on {added}); {answered} of {requests} answered")
+    keda_queries_evaluate(stack)
+    with step("autoscaler: no traffic → the added worker drained and gone"):
+        wait_for(f"worker on {added} gone", lambda: metric_text(added) == "", 180, stack.fail_reason)
+
+
+def billed(stack: Stack, tenant: str, requests: int) -> None:
+    with step(f"llmbus costs: tenant {tenant} billed for {requests} requests"):
+        row: dict[str, Any] = {}
+
+        def counted() -> bool:
+            nonlocal row
+            report = json.loads(stack.cli("costs", "--json", "-"))
+            row = report["today"]["tenant"].get(tenant, {})
+            return bool(row.get("requests", 0) >= requests and row.get("cost_usd", 0) > 0)
+
+        wait_for("costs", counted, 90)
+        say(f"    {row['requests']} requests, ${row['cost_usd']:.6f}")
+
+
+def redis_restart_keeps_keys(stack: Stack, api_key: str) -> None:
+    import redis
+
+    password = (stack.secrets_dir / "redis").read_text().strip()
+    client = redis.Redis(port=stack.port("6379"), password=password, socket_timeout=5)
+    with step("Redis killed (SIGKILL) and started again: no API key, marker or other lasting key lost"):
+        # Keys with no expiry or more than 5 minutes left (short-lived ones may expire during the restart).
+        before = {key for key in client.scan_iter(count=1000) if client.ttl(key) == -1 or client.ttl(key) > 300}
+        # appendfsync everysec: what was written 2 s before a crash is on disk (one fsync period, plus
+        # one more if the previous fsync was still running).
+        time.sleep(2.5)
+        stack("kill", "-s", "SIGKILL", "redis", timeout_s=60)
+        stack("start", "redis", timeout_s=60)
+        wait_for("redis healthy", lambda: stack.containers()["redis"].get("Health", {}).get("Status") == "healthy", 60)
+        client = redis.Redis(port=stack.port("6379"), password=password, socket_timeout=5)
+        lost = [key for key in before if not client.exists(key)]
+        if lost:
+            raise StepFailed(f"{len(lost)} of {len(before)} keys lost, e.g. {lost[:5]}")
+        kinds = {kind: sum(kind in key.decode() for key in before) for kind in (":apikey:", ":final:", "cost:seen:")}
+        if not all(kinds.values()):
+            raise StepFailed(f"expected API keys, final markers and cost markers before the restart: {kinds}")
+        say(f"    {len(before)} keys kept (API keys, final markers, cost markers: {list(kinds.values())})")
+        from openai import OpenAI
+
+        client_ai = OpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120)
+        answer = client_ai.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": "Still there?"}], max_tokens=8
+        )
+        if not (answer.choices[0].message.content or "").strip():
+            raise StepFailed("no answer with the API key after the restart")
+        say("    the API key still authenticates: answered")
+
+
+def prometheus_scrapes(stack: Stack) -> None:
+    with step("Prometheus: every llmbus target up, alert rules loaded"):
+        url = f"http://127.0.0.1:{stack.port('9090')}/api/v1"
+        down: list[str] = []
+
+        def all_up() -> bool:
+            nonlocal down
+            targets = http_json(f"{url}/targets")["data"]["activeTargets"]
+            mine = [t for t in targets if t["labels"]["job"] == "llmbus"]
+            down = [t["labels"]["instance"] for t in mine if t["health"] != "up"]
+            return len(mine) == 11 and not down
+
+        wait_for("every llmbus target up", all_up, 60, lambda: None)
+        collector = [
+            t for t in http_json(f"{url}/targets")["data"]["activeTargets"] if t["labels"]["job"] == "otel-collector"
+        ]
+        if not collector or collector[0]["health"] != "up":
+            raise StepFailed(f"the collector's metrics are not scraped: {collector}")
+        rules = [r["name"] for g in http_json(f"{url}/rules")["data"]["groups"] for r in g["rules"]]
+        if len(rules) < 6:
+            raise StepFailed(f"alert rules loaded: {rules}")
+        say(f"    11 llmbus targets and the collector up; rules: {', '.join(rules)}")
+
+
+def keda_queries_evaluate(stack: Stack) -> None:
+    """Each KEDA ScaledObject's PromQL (deploy/k8s/keda/) on this stack's Prometheus, right after a burst
+    queued: it must evaluate to a number above its threshold (KEDA would scale out)."""
+    import urllib.parse
+
+    import yaml
+
+    with step("KEDA ScaledObjects' PromQL on the stack's Prometheus after the burst: above threshold"):
+        for path in sorted((HERE.parent / "k8s" / "keda").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                for trigger in (doc or {}).get("spec", {}).get("triggers", []):
+                    query, threshold = trigger["metadata"]["query"], float(trigger["metadata"]["threshold"])
+                    url = f"http://127.0.0.1:{stack.port('9090')}/api/v1/query?query={urllib.parse.quote(query)}"
+                    values: list[float] = []
+
+                    def evaluated(url: str = url, values: list[float] = values, threshold: float = threshold) -> bool:
+                        result = http_json(url)["data"]["result"]
+                        values[:] = [float(r["value"][1]) for r in result]
+                        return any(v > threshold for v in values)
+
+                    wait_for(f"{path.name}: {query} > {threshold}", evaluated, 30)
+                    say(f"    {path.name}: {values[0]:.2f} > {threshold} ({doc['metadata']['name']})")
