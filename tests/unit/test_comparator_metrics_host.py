@@ -1,12 +1,15 @@
-"""The comparator serves /metrics where LLMBUS_METRICS_HOST says, as every service does."""
+"""The comparator serves /metrics where LLMBUS_METRICS_HOST says, as every service does (run_service)."""
 
 from __future__ import annotations
 
+import asyncio
+import runpy
 from typing import Any
 
 import pytest
 
-from services.shadow_comparator import app
+from llmbus.bus import runtime
+from llmbus.settings import BusSettings
 
 
 class Started(Exception):
@@ -19,14 +22,14 @@ def test_metrics_bind_the_configured_host(monkeypatch: pytest.MonkeyPatch) -> No
     def start_http_server(port: int, addr: str = "0.0.0.0") -> None:
         calls.append((port, addr))
 
-    def build(*_: Any) -> Any:
+    async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         raise Started
 
     monkeypatch.setenv("LLMBUS_METRICS_PORT", "29104")
     monkeypatch.setenv("LLMBUS_METRICS_HOST", "127.0.0.1")
-    monkeypatch.setattr(app, "start_http_server", start_http_server)
-    monkeypatch.setattr(app, "build", build)
-    monkeypatch.setattr(app, "setup_tracing", lambda *a, **k: False)
+    monkeypatch.setattr(runtime, "start_http_server", start_http_server)
+    monkeypatch.setattr(runtime, "setup_tracing", lambda *a, **k: False)
+    monkeypatch.setattr("services.shadow_comparator.app.main", main)
     with pytest.raises(Started):
-        app.main()
+        runpy.run_module("services.shadow_comparator", run_name="__main__")
     assert calls == [(29104, "127.0.0.1")]
