@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings
 
+from llmbus import contracts
 from llmbus import topics as t
 from llmbus.settings import BusSettings
 
@@ -141,6 +142,17 @@ def test_every_llmbus_variable_named_is_real() -> None:
 def test_every_service_has_a_readme() -> None:
     packages = sorted(p.parent.name for p in (REPO / "services").glob("*/__main__.py"))
     assert packages == SERVICES
+
+
+@pytest.mark.parametrize("path", SERVICE_READMES, ids=_name)
+def test_service_readme_names_what_its_declaration_reads_and_writes(path: Path) -> None:
+    contract = contracts.BY_SERVICE[path.parent.name.replace("_", "-")]
+    text = _text(path)
+    # A per-instance topic is named by its family: `llm.dispatch.<worker_id>` as `llm.dispatch.`, and so on.
+    missing = sorted(
+        topic for topic in contract.read_topics() | contract.write_topics() if topic.split("<")[0] not in text
+    )
+    assert not missing, f"{_name(path)} does not say that {contract.service} reads or writes {missing}"
 
 
 def test_performance_page_links_every_report() -> None:
