@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 # `make up AUTH=1`: the stack on a secured broker (SASL/SCRAM, catalog ACLs, one principal per service,
 # a TLS listener on 9094 for clients outside);
-# its own data dir, so `make down` first when a dev broker runs. README "Security".
+# its own data dir, so `make down` first when a dev broker runs. docs/security.md.
 AUTH ?= 0
 ifeq ($(AUTH),1)
 export KAFKA_AUTH := scram

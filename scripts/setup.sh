@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything llmbus needs on a fresh machine, idempotent and quick when already done:
 # a Python 3.11 virtualenv outside the tree (shared by clones), our packages, the vLLM
-# CPU build (docs/architecture.md §5), Maven + Java for the Kafka broker, and the project itself.
+# CPU build (docs/architecture.md, "What it runs on"), Maven + Java for the Kafka broker, and the project itself.
 #   LLMBUS_VENV      where the venv lives        (default ~/.cache/llmbus/venv)
 #   LLMBUS_NO_VLLM=1 skip the vLLM CPU build (its tests are then skipped)
 set -euo pipefail

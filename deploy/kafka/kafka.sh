@@ -5,7 +5,7 @@
 # A second, private broker (the reliability tests stop and restart one) takes its own port,
 # data dir and name: KAFKA_PORT=19092 KAFKA_DATA_DIR=/tmp/x KAFKA_NAME=kafka-19092 kafka.sh start
 #
-# Secured broker (README "Security"): KAFKA_AUTH=scram kafka.sh start
+# Secured broker (docs/security.md): KAFKA_AUTH=scram kafka.sh start
 #   clients: SASL_PLAINTEXT + SCRAM-SHA-512 on $PORT; controller listener: SASL PLAIN (admin only);
 #   StandardAuthorizer, super user `admin`, allow.everyone.if.no.acl.found=false (no ACL, no access).
 #   SCRAM users are created when the storage is formatted: admin, one per service, `operator`, `analytics`, and

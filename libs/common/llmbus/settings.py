@@ -17,7 +17,7 @@ class BusSettings(BaseSettings):
     topic_prefix: str = ""
     redis_url: str = "redis://127.0.0.1:6379/0"
     redis_password: SecretStr | None = None  # Redis AUTH (requirepass); kept out of the URL and of logs
-    # Broker identity (README "Security"): SASL/SCRAM when a username is set. Auth on also turns on
+    # Broker identity (docs/security.md): SASL/SCRAM when a username is set. Auth on also turns on
     # the tenant rules: tenants follow from the request topic, replies stay in the tenant's namespace.
     kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"] = "SCRAM-SHA-512"

@@ -1,4 +1,4 @@
-"""The message contract of llmbus (docs/architecture.md §2). `schemas/` is generated from these models."""
+"""The message contract of llmbus (docs/architecture.md, "Topics"). `schemas/` is generated from these models."""
 
 from llmbus.messages.base import Message, Part, new_request_id, now_ms
 from llmbus.messages.costs import PriceBookUpdate
