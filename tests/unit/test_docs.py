@@ -89,16 +89,18 @@ def test_every_make_target_named_exists(path: Path) -> None:
     assert not missing, f"{_name(path)} names make targets the Makefile lacks: {sorted(missing)}"
 
 
+def _service_settings(service: str) -> list[type[BaseSettings]]:
+    """The settings classes of a service's config.py (each with its own env prefix)."""
+    module = importlib.import_module(f"services.{service}.config")
+    return [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, BaseSettings) and obj is not BaseSettings
+    ]
+
+
 def _settings_classes() -> list[type[BaseSettings]]:
-    classes: list[type[BaseSettings]] = [BusSettings]
-    for service in SERVICES:
-        module = importlib.import_module(f"services.{service}.config")
-        classes += [
-            obj
-            for obj in vars(module).values()
-            if isinstance(obj, type) and issubclass(obj, BaseSettings) and obj is not BaseSettings
-        ]
-    return classes
+    return [BusSettings, *(cls for service in SERVICES for cls in _service_settings(service))]
 
 
 def _settings_env() -> tuple[set[str], set[str]]:
@@ -153,6 +155,12 @@ def test_service_readme_names_what_its_declaration_reads_and_writes(path: Path) 
         topic for topic in contract.read_topics() | contract.write_topics() if topic.split("<")[0] not in text
     )
     assert not missing, f"{_name(path)} does not say that {contract.service} reads or writes {missing}"
+
+
+@pytest.mark.parametrize("path", SERVICE_READMES, ids=_name)
+def test_service_readme_names_its_settings_prefix(path: Path) -> None:
+    prefixes = {str(cls.model_config.get("env_prefix", "")) for cls in _service_settings(path.parent.name)}
+    assert prefixes and all(prefix in _text(path) for prefix in prefixes), f"{_name(path)} lacks {prefixes}"
 
 
 def test_performance_page_links_every_report() -> None:
