@@ -137,6 +137,11 @@ class CostRecord(Message):
     variant: str | None = None
     shadow: bool = False
     route_reason: str | None = None
+    # The result's request facts (InferenceResult), so costs are analysed by session, user, category, tier alone.
+    session_id: str | None = None
+    user_id: str | None = Field(default=None, description="As on the result: hashed where the tenant asks.")
+    category: str | None = None
+    tier: str | None = None
     pool: str | None = None
     worker_id: str | None = None
     gpu: str | None = None
