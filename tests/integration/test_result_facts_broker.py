@@ -7,10 +7,12 @@ import hashlib
 import hmac
 import uuid
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis.asyncio as redis
 import yaml
+from aiokafka.structs import ConsumerRecord
 
 from llmbus import topics as t
 from llmbus.bus import decode
@@ -77,11 +79,12 @@ async def test_a_result_and_its_cost_record_carry_session_user_category_and_tier
             async for _ in client.stream(ask, timeout_s=60):
                 pass
         found = await results_for(results_tail, {ask.request_id}, timeout_s=60)
-        cost = None
-        async for record in costs_tail.records(60):
-            candidate = decode(record, CostRecord)  # type: ignore[arg-type]
+        cost, cost_key = None, None
+        async for raw in costs_tail.records(60):
+            record = cast(ConsumerRecord, raw)  # the tail yields consumer records
+            candidate = decode(record, CostRecord)
             if candidate.request_id == ask.request_id:
-                cost = candidate
+                cost, cost_key = candidate, record.key
                 break
     finally:
         await results_tail.stop()
@@ -94,6 +97,7 @@ async def test_a_result_and_its_cost_record_carry_session_user_category_and_tier
     assert cost is not None, "no cost record for the result"
     assert (cost.session_id, cost.user_id, cost.category, cost.tier) == ("sess-1", hashed, "chat", "sim")
     assert cost.route_reason == "rule:explicit"
+    assert cost_key == ask.request_id.encode()  # keyed by record id: a big tenant spreads (docs/topics.md)
 
 
 @pytest.mark.redis

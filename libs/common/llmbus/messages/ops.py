@@ -103,7 +103,7 @@ class BookedTo(StrEnum):
 
 
 class CostRecord(Message):
-    """On llm.costs (key: tenant): one per result on llm.results, plus one per closed idle interval.
+    """On llm.costs (key: record id): one per result on llm.results, plus one per closed idle interval.
 
     Money is exact in `*_micro_usd` (integer micro-dollars, rounding half to even once per
     product); the float `*_usd` fields are for display.
