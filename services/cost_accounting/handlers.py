@@ -253,7 +253,9 @@ class CostHandlers:
             raise
 
     async def _publish_and_apply(self, records: list[CostRecord], payloads: list[bytes]) -> None:
-        await self.publish_records([(r, p, r.tenant) for r, p in zip(records, payloads, strict=True)])
+        # Keyed by record id (llmbus.topics: a big tenant spreads; nothing reads one tenant's in order).
+        keyed = [(r, p, r.record_id or r.request_id) for r, p in zip(records, payloads, strict=True)]
+        await self.publish_records(keyed)
         applied = await self.store.bill(records)
         await self._check_budgets(self._count(records, applied))
 

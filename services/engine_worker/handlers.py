@@ -267,9 +267,9 @@ class WorkerHandlers:
             shadow=routed.shadow,
             experiment_id=routed.experiment_id,
             variant=routed.variant,
-            route_reason=routed.route_reason,
             attempt=dispatch.attempt,
             produced_by=self.bus.service,
+            **routed.facts(),
         )
 
     async def _still_superseded(self, dispatch: Dispatch) -> bool:
@@ -330,7 +330,6 @@ class WorkerHandlers:
             shadow=routed.shadow,
             experiment_id=routed.experiment_id,
             variant=routed.variant,
-            route_reason=routed.route_reason,
             trimmed_tokens=routed.trimmed_tokens,
             max_tokens_requested=routed.max_tokens_requested,
             attempt=dispatch.attempt,
@@ -341,6 +340,7 @@ class WorkerHandlers:
             model_version=self.site.model_version,
             model_format=self.site.model_format,
             preemptions=last.preemptions if last else 0,
+            **routed.facts(),
         )
 
     def _note_engine_failure(self, failed: EngineError) -> None:

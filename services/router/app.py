@@ -32,7 +32,11 @@ from services.router.state_follow import caught_up
 
 
 def build_core(
-    policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
+    policy: RouterPolicy,
+    redis_namespace: str,
+    redis_url: str,
+    redis_password: SecretStr | None = None,
+    user_id_salt: SecretStr | None = None,
 ) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None, RedisSemanticCache | None]:
     client = redis_client(redis_url, password=redis_password)
     budgets = BudgetBook()
@@ -66,6 +70,7 @@ def build_core(
         latency=watch,
         coalescer=coalescer,
         semantic=semantic,
+        user_id_salt=user_id_salt.get_secret_value() if user_id_salt else "",
     )
     return core, budgets, cache, coalescer, semantic
 
@@ -79,7 +84,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
     core, budgets, cache, coalescer, semantic = build_core(
-        policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password
+        policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password, router_settings.user_id_salt
     )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
     markers = redis_client(settings.redis_url, password=settings.redis_password)

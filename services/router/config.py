@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -10,6 +11,9 @@ class RouterSettings(BaseSettings):
 
     # The routing policy (YAML); None: services/router/policies/default.yaml (the seed's tiers).
     policy_path: str | None = None
+    # Key of the HMAC-SHA256 that hashes user ids on results and costs for tenants whose policy says
+    # hash_user_ids; the same per deployment, so one user keeps one value across restarts and replicas.
+    user_id_salt: SecretStr | None = None
     # Dev override of the policy's default target (e.g. "sim-llama-8b" on a stack with only sim workers).
     default_model: str | None = None
     max_in_flight: int = 512

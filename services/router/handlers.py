@@ -126,6 +126,7 @@ class RouterHandlers:
             produced_by=self.bus.service,
             reply_topic=reply_topic_of(self.bus.topics, request.reply_topic),
             attempt=ROUTER_ATTEMPT,
+            **self.core.request_facts(request, "unroutable"),
         )
         await self._answered(request.request_id)
 
@@ -171,6 +172,7 @@ class RouterHandlers:
             produced_by=self.bus.service,
             attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
+            **self.core.request_facts(request.model_copy(update={"tenant": tenant}), "refused:forbidden"),
         )
         await self._answered(request.request_id)
 

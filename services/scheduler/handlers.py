@@ -377,6 +377,9 @@ class SchedulerHandlers:
             model=routed.model,
             shadow=routed.shadow,
             attempt=request.attempt,
+            experiment_id=routed.experiment_id,
+            variant=routed.variant,
+            **routed.facts(),
         )
 
     async def _result_pending(self, request_id: str) -> bool:

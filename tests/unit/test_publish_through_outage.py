@@ -150,6 +150,9 @@ class RoutesIt:
     async def route(self, request: InferenceRequest, received_at_ms: int) -> RouteOutcome:
         return RouteOutcome(routed=RoutedRequest(request=request, model="m"))
 
+    def request_facts(self, request: InferenceRequest, route_reason: str | None = None) -> dict[str, object]:
+        return RoutedRequest(request=request, model="").facts(route_reason)  # as RouterCore's, without a policy
+
 
 async def test_the_router_rides_out_a_failed_send_of_a_routed_request() -> None:
     """Failing here would leave the request to the DLQ with no answer (the broker restart's loss)."""

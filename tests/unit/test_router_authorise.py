@@ -11,6 +11,9 @@ from llmbus.settings import BusSettings
 from llmbus.topics import Topics
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
+from services.router.policy.complexity import build_scorer
+from services.router.policy.config import load_policy
+from services.router.policy.pipeline import RouteOutcome, RouterCore
 from tests.unit.test_worker_request_errors import RecordingPublisher
 
 
@@ -37,8 +40,13 @@ class Directory:
         return topic in self.existing
 
 
-class NeverRoutes:
-    async def route(self, request: InferenceRequest, received_at_ms: int) -> object:
+class NeverRoutes(RouterCore):
+    """The real core's policy (a refusal's result carries the request's facts from it), never routing."""
+
+    def __init__(self) -> None:
+        super().__init__(load_policy(), build_scorer("heuristic"))
+
+    async def route(self, request: InferenceRequest, received_at_ms: int | None = None) -> RouteOutcome:
         raise AssertionError("a refused request must not be routed")
 
 

@@ -8,6 +8,9 @@ from aiokafka.structs import ConsumerRecord
 from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
+from services.router.policy.complexity import build_scorer
+from services.router.policy.config import load_policy
+from services.router.policy.pipeline import RouteOutcome, RouterCore
 from tests.unit.test_worker_request_errors import FakeBus, RecordingPublisher
 
 
@@ -16,8 +19,11 @@ class EveryTopicExists:
         return True
 
 
-class UnreachableRedisCore:
-    async def route(self, request: InferenceRequest, received_at_ms: int) -> object:
+class UnreachableRedisCore(RouterCore):
+    def __init__(self) -> None:
+        super().__init__(load_policy(), build_scorer("heuristic"))
+
+    async def route(self, request: InferenceRequest, received_at_ms: int | None = None) -> RouteOutcome:
         raise ConnectionError("redis: connection refused")
 
 

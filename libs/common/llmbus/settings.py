@@ -67,6 +67,10 @@ class BusSettings(BaseSettings):
     # redelivered later than this could run again. Keep it above llm.dispatch's retention of
     # unconsumed records in practice (a worker down longer than this replays its backlog).
     final_marker_ttl_s: int = 24 * 3600
+    # Retention (ms) per topic, over the catalog's defaults (docs/topics.md), by catalog name without the
+    # namespace prefix, e.g. LLMBUS_TOPIC_RETENTION_MS='{"llm.results": 2592000000}'; -1 keeps forever.
+    # Applied when a topic is created; a live topic's config is changed by an operator (kafka-configs).
+    topic_retention_ms: dict[str, int] = {}
     cpu_profile: str | None = None  # a directory: the process's CPU-time profile is written there at exit
     otel_console: bool = False  # print spans; set OTEL_EXPORTER_OTLP_ENDPOINT to export instead
     # Tracing is on when spans go somewhere (OTLP endpoint, console or trace_file); off, it costs nothing.

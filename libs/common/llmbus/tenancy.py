@@ -15,6 +15,8 @@ Names here are relative to the namespace prefix (what a request names), like the
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 
@@ -162,3 +164,13 @@ def reply_topic_problem(
     if not exists:
         return f"reply_topic {reply_topic!r} does not exist (an operator creates it: llmbus acl apply)"
     return None
+
+
+def user_ref(user_id: str | None, *, hashed: bool, salt: str) -> str | None:
+    """The user id as results and costs carry it: HMAC-SHA256 (hex) under the deployment's salt where
+    the tenant asks (the same user maps to the same value, so per-user metrics still work), else as given."""
+    if user_id is None or not hashed:
+        return user_id
+    if not salt:
+        raise ValueError("hashing user ids needs a salt (LLMBUS_ROUTER_USER_ID_SALT): without one it is reversible")
+    return hmac.new(salt.encode(), user_id.encode(), hashlib.sha256).hexdigest()

@@ -147,16 +147,28 @@ CATALOG: tuple[TopicSpec, ...] = (
         partitions=4,
         notes="dev mode: every client; auth on: the gateway's alone (tenants write llm.feedback.<tenant>)",
     ),
-    TopicSpec(COMPARISONS, "experiment id", m.Comparison, partitions=1),
+    TopicSpec(
+        COMPARISONS,
+        "experiment id",
+        m.Comparison,
+        partitions=4,
+        notes="one experiment's comparisons stay in order (one partition each); experiments spread",
+    ),
     TopicSpec(
         DECISIONS,
         "experiment id",
         m.ExperimentDecision,
-        partitions=1,
+        partitions=4,
         retention_ms=30 * DAY_MS,
-        notes="promote / hold / rollback with the evidence behind each",
+        notes="promote / hold / rollback with the evidence behind each; one experiment's stay in order",
     ),
-    TopicSpec(SCALING, "pool", m.ScaleDecision, partitions=1),
+    TopicSpec(
+        SCALING,
+        "pool",
+        m.ScaleDecision,
+        partitions=4,
+        notes="one pool's decisions stay in order (readers keep the last per pool); pools spread",
+    ),
     TopicSpec(
         POOL_STATS,
         "pool",
@@ -165,7 +177,15 @@ CATALOG: tuple[TopicSpec, ...] = (
         retention_ms=DAY_MS,
         notes="per-pool queue wait, arrivals, in flight: the scaling signal",
     ),
-    TopicSpec(COSTS, "tenant", m.CostRecord, partitions=4),
+    TopicSpec(
+        COSTS,
+        "record id",
+        m.CostRecord,
+        partitions=8,
+        notes="keyed by record id so a big tenant spreads over every partition: no reader needs one "
+        "tenant's records in order (totals and budgets are sums kept in Redis, consumers dedupe by record "
+        "id); a record published again (outbox replay) lands on its first copy's partition",
+    ),
     TopicSpec(BUDGETS, "tenant", m.BudgetStatus, partitions=1, compacted=True),
     TopicSpec(PRICEBOOK, '"pricebook"', m.PriceBookUpdate, partitions=1, compacted=True),
     TopicSpec(CONTROL, "target id", m.Control, partitions=1),
@@ -247,3 +267,16 @@ class Topics:
 def replies_base(instance: str) -> str:
     """A gateway instance's reply topic, as a request names it (relative to the namespace)."""
     return REPLIES_PREFIX + instance
+
+
+def _retention(ms: int) -> str:
+    return f"{ms // DAY_MS} d" if ms % DAY_MS == 0 else f"{ms} ms"
+
+
+def catalog_table() -> str:
+    """The catalog as the Markdown table docs/topics.md shows (a test keeps the two the same)."""
+    rows = ["| topic | key | partitions | retention (default) | notes |", "|---|---|---|---|---|"]
+    for spec in (*CATALOG, *PATTERN_SPECS):
+        kept = "compacted" if spec.compacted else _retention(spec.retention_ms)
+        rows.append(f"| `{spec.name}` | {spec.key} | {spec.partitions} | {kept} | {spec.notes} |")
+    return "\n".join(rows) + "\n"

@@ -77,8 +77,8 @@ def follower_error(follower: RoutedRequest, leader: InferenceResult) -> RouteOut
         timings=Timings(received_at_ms=follower.received_at_ms, total_ms=float(now_ms() - follower.received_at_ms)),
         experiment_id=follower.experiment_id,
         variant=follower.variant,
-        route_reason=f"{COALESCED}:{leader.request_id}:{follower.route_reason}",
         produced_by=PRODUCED_BY,
+        **follower.facts(f"{COALESCED}:{leader.request_id}:{follower.route_reason}"),
     )
     return RouteOutcome(result=result)
 

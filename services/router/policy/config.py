@@ -97,6 +97,10 @@ class TenantPolicy(_Strict):
     tokens_per_min: int = Field(default=1_000_000, ge=1)
     over_budget: OverBudget = OverBudget.DEGRADE
     degrade_model: str | None = None
+    hash_user_ids: bool = Field(
+        default=False,
+        description="Results and costs carry the user id as HMAC-SHA256 under the router's user_id_salt setting.",
+    )
 
 
 class LimitsPolicy(_Strict):

@@ -71,7 +71,7 @@ def shadow_request_id(request_id: str, experiment_id: str) -> str:
     return f"{hashlib.blake2b(rid.encode(), digest_size=16).hexdigest()}.shadow"
 
 
-def shadow_copy(routed: RoutedRequest, experiment: Experiment) -> RoutedRequest:
+def shadow_copy(routed: RoutedRequest, experiment: Experiment, tier: str | None = None) -> RoutedRequest:
     """The mirrored request: new derived id, the experiment's reply topic, flagged shadow."""
     original = routed.request
     assert experiment.shadow_model is not None
@@ -96,6 +96,8 @@ def shadow_copy(routed: RoutedRequest, experiment: Experiment) -> RoutedRequest:
         max_tokens_requested=routed.max_tokens_requested,
         received_at_ms=routed.received_at_ms,
         routed_at_ms=now_ms(),
+        tier=tier,  # the shadow model's
+        user_ref=routed.user_ref,
     )
 
 

@@ -28,12 +28,14 @@ from llmbus.messages import (
     FinishReason,
     InferenceRequest,
     InferenceResult,
+    RequestFacts,
     ResultStatus,
     RoutedRequest,
     Timings,
     TokenChunk,
     now_ms,
 )
+from llmbus.tenancy import user_ref
 from llmbus.tokens import estimate_tokens
 from services.router.policy.cache_key import cache_key, cacheable
 from services.router.policy.catalog import ModelCatalog
@@ -101,8 +103,12 @@ class RouterCore:
         latency: TierLatencyWatch | None = None,
         coalescer: Coalescer | None = None,
         semantic: SemanticCache | None = None,
+        user_id_salt: str = "",
     ) -> None:
+        if not user_id_salt and any(tenant.hash_user_ids for tenant in policy.tenants.values()):
+            raise ValueError("a tenant's policy says hash_user_ids: set the router's user_id_salt")
         self.policy = policy
+        self.user_id_salt = user_id_salt
         self.scorer = scorer
         self.catalog = catalog or ModelCatalog(policy)
         self.experiments = experiments or ExperimentBook()
@@ -115,6 +121,16 @@ class RouterCore:
 
     def tier_of(self, model: str) -> str:
         return self.catalog.entry(model).tier if self.catalog.knows(model) else "unknown"
+
+    def user_ref_of(self, request: InferenceRequest) -> str | None:
+        hashed = self.policy.tenant(request.tenant).hash_user_ids
+        return user_ref(request.user_id, hashed=hashed, salt=self.user_id_salt)
+
+    def request_facts(self, request: InferenceRequest, route_reason: str | None = None) -> RequestFacts:
+        """The facts of a request answered before it was routed (refused, unroutable): no tier."""
+        facts = RoutedRequest(request=request, model="", user_ref=self.user_ref_of(request)).facts(route_reason)
+        facts["route_reason"] = route_reason
+        return facts
 
     async def route(self, request: InferenceRequest, received_at_ms: int | None = None) -> RouteOutcome:
         received_at_ms = received_at_ms or now_ms()
@@ -241,6 +257,8 @@ class RouterCore:
             trimmed_tokens=fitted.trimmed_tokens,
             max_tokens_requested=fitted.max_tokens_requested,
             received_at_ms=received_at_ms,
+            tier=self.tier_of(model),
+            user_ref=self.user_ref_of(request),
         )
         if self.cache is not None and self.policy.cache.enabled and cacheable(request):
             key = cache_key(request, model)
@@ -279,7 +297,7 @@ class RouterCore:
                 continue  # the candidate can't take this one; the primary is unaffected
             counted = {"prompt_tokens_est": fitted.prompt_tokens, "prompt_tokenizer": fitted.tokenizer}
             base = routed.model_copy(update={"request": fitted.request} | counted)
-            copies.append(shadow_copy(base, experiment))
+            copies.append(shadow_copy(base, experiment, self.tier_of(experiment.shadow_model)))
         return copies
 
     def _final_error(self, request: InferenceRequest, refused: Refused, received_at_ms: int) -> InferenceResult:
@@ -291,8 +309,8 @@ class RouterCore:
             finish_reason=FinishReason.ERROR,
             model=request.model,
             timings=Timings(received_at_ms=received_at_ms, total_ms=float(now_ms() - received_at_ms)),
-            route_reason=refused.reason,
             produced_by=PRODUCED_BY,
+            **self.request_facts(request, refused.reason),
         )
 
 
@@ -321,9 +339,9 @@ def answered_from(routed: RoutedRequest, hit: CachedAnswer, route_reason: str) -
         cached=True,
         experiment_id=routed.experiment_id,
         variant=routed.variant,
-        route_reason=route_reason,
         trimmed_tokens=routed.trimmed_tokens,
         max_tokens_requested=routed.max_tokens_requested,
         produced_by=PRODUCED_BY,
+        **routed.facts(route_reason),
     )
     return RouteOutcome(result=result, content_chunks=[chunk])

@@ -15,7 +15,7 @@ from aiokafka.protocol.offset import OffsetRequest
 
 from llmbus.bus.security import kafka_auth
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics, TopicSpec
+from llmbus.topics import CATALOG, PATTERN_SPECS, Topics, TopicSpec
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,10 @@ async def open_admin(settings: BusSettings) -> AsyncIterator[AIOKafkaAdminClient
         await asyncio.wait_for(admin.close(), settings.admin_timeout_s)
 
 
+# Names topic_retention_ms may use: the catalog's, and the per-instance patterns (e.g. "llm.dispatch.<worker_id>").
+KNOWN_TOPIC_NAMES = frozenset(spec.name for spec in (*CATALOG, *PATTERN_SPECS))
+
+
 def topic_config(settings: BusSettings, spec: TopicSpec) -> dict[str, str]:
     """A topic's config: the catalog's, plus the bus-wide durability and size settings.
 
@@ -43,10 +47,18 @@ def topic_config(settings: BusSettings, spec: TopicSpec) -> dict[str, str]:
     limit is the producers' max_request_size plus framing, so what a producer accepts the
     broker accepts too (and nothing a DLQ entry wraps can outgrow it: DLQ payloads are bounded).
     """
-    return {
-        "min.insync.replicas": str(settings.min_insync_replicas),
-        "max.message.bytes": str(settings.topic_max_message_bytes),
-    } | spec.config()
+    unknown = set(settings.topic_retention_ms) - KNOWN_TOPIC_NAMES
+    if unknown:
+        raise ValueError(f"topic_retention_ms names topics not in the catalog: {sorted(unknown)}")
+    retention = settings.topic_retention_ms.get(spec.name)
+    return (
+        {
+            "min.insync.replicas": str(settings.min_insync_replicas),
+            "max.message.bytes": str(settings.topic_max_message_bytes),
+        }
+        | spec.config()
+        | ({"retention.ms": str(retention)} if retention is not None else {})
+    )
 
 
 async def ensure_topics(settings: BusSettings, wanted: list[tuple[str, TopicSpec]]) -> list[str]:

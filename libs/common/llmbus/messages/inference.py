@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, field_validator, model_validator
 
@@ -122,6 +122,16 @@ class InferenceRequest(Message):
         return self.temperature == 0.0 or self.seed is not None
 
 
+class RequestFacts(TypedDict):
+    """The request's facts on its result (and so on its cost record): InferenceResult's fields of these names."""
+
+    session_id: str | None
+    user_id: str | None
+    category: str | None
+    tier: str | None
+    route_reason: str | None
+
+
 class RoutedRequest(Message):
     """router → scheduler on llm.routed (key: target model)."""
 
@@ -144,10 +154,28 @@ class RoutedRequest(Message):
     )
     received_at_ms: int = Field(default_factory=now_ms)
     routed_at_ms: int = Field(default_factory=now_ms)
+    tier: str | None = Field(default=None, description="The routed model's tier in the router's policy.")
+    user_ref: str | None = Field(
+        default=None,
+        description="The user id as results and costs carry it: HMAC-SHA256 (hex) of request.user_id where the "
+        "tenant's policy says hash_user_ids, else request.user_id.",
+    )
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    def facts(self, route_reason: str | None = None) -> RequestFacts:
+        """What a result of this request carries so it can be analysed without a join with llm.requests;
+        `route_reason`: the result's own (a cache hit's, a coalesced follower's) in place of the routing's."""
+        request = self.request
+        return RequestFacts(
+            session_id=request.session_id,
+            user_id=self.user_ref,
+            category=request.category,
+            tier=self.tier,
+            route_reason=route_reason or self.route_reason,
+        )
 
 
 class Dispatch(Message):
@@ -250,3 +278,10 @@ class InferenceResult(Message):
     model_version: str | None = None
     model_format: str | None = None
     preemptions: int = Field(default=0, ge=0, description="Times the engine preempted it (KV evicted, recomputed).")
+    # Facts of the request (RoutedRequest.facts), so results are analysed alone, without llm.requests.
+    session_id: str | None = Field(default=None, description="The request's session id (gen_ai.conversation.id).")
+    user_id: str | None = Field(
+        default=None, description="The request's user id; HMAC-SHA256 (hex) where the tenant's policy hashes them."
+    )
+    category: str | None = Field(default=None, description="The request's category (chat, quick_edit, ...).")
+    tier: str | None = Field(default=None, description="Tier of the model the router chose; None if none was.")

@@ -103,7 +103,7 @@ class BookedTo(StrEnum):
 
 
 class CostRecord(Message):
-    """On llm.costs (key: tenant): one per result on llm.results, plus one per closed idle interval.
+    """On llm.costs (key: record id): one per result on llm.results, plus one per closed idle interval.
 
     Money is exact in `*_micro_usd` (integer micro-dollars, rounding half to even once per
     product); the float `*_usd` fields are for display.
@@ -137,6 +137,11 @@ class CostRecord(Message):
     variant: str | None = None
     shadow: bool = False
     route_reason: str | None = None
+    # The result's request facts (InferenceResult), so costs are analysed by session, user, category, tier alone.
+    session_id: str | None = None
+    user_id: str | None = Field(default=None, description="As on the result: hashed where the tenant asks.")
+    category: str | None = None
+    tier: str | None = None
     pool: str | None = None
     worker_id: str | None = None
     gpu: str | None = None
