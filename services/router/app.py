@@ -32,9 +32,13 @@ from services.router.state_follow import caught_up
 
 
 def build_core(
-    policy: RouterPolicy, redis_namespace: str, redis_url: str, redis_password: SecretStr | None = None
+    policy: RouterPolicy,
+    redis_namespace: str,
+    redis_url: str,
+    redis_password: SecretStr | None = None,
+    redis_cluster: bool = False,
 ) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None, RedisSemanticCache | None]:
-    client = redis_client(redis_url, password=redis_password)
+    client = redis_client(redis_url, password=redis_password, cluster=redis_cluster)
     budgets = BudgetBook()
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
@@ -79,10 +83,10 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
     core, budgets, cache, coalescer, semantic = build_core(
-        policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password
+        policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password, settings.redis_cluster
     )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
-    markers = redis_client(settings.redis_url, password=settings.redis_password)
+    markers = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
     fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
     handlers = RouterHandlers(
         bus, router_settings, core, budgets, cache, reporter, fence, coalescer=coalescer, semantic=semantic
