@@ -17,10 +17,14 @@ import redis.asyncio as redis
 from redis.cluster import key_slot
 
 from llmbus.fencing import RequestFence, Superseded
+from llmbus.messages import InferenceRequest
 from llmbus.redis_batch import RedisBatcher
 from llmbus.state import redis_client
+from services.router.cache import RedisResponseCache
 from services.router.limits import RedisRateLimiter
+from services.router.policy.cache_key import cache_key
 from services.router.policy.config import TenantPolicy
+from tests.integration.test_router_redis_cache import ok_result
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis
@@ -126,5 +130,18 @@ async def test_the_router_limiter_runs_on_a_cluster(cluster: redis.Redis, namesp
         assert [d.allowed for d in decisions] == [True, True, True, False, False]
         assert decisions[-1].limit == "requests"
         assert (await limiter.take("globex", policy, 10)).allowed, "another tenant's own buckets"
+    finally:
+        await _clean(cluster, namespace)
+
+
+async def test_the_router_cache_fills_and_hits_on_a_cluster(cluster: redis.Redis, namespace: str) -> None:
+    """The cache treats a Redis error as a miss, so only a hit after the fill proves the mark was kept."""
+    cache = RedisResponseCache(cluster, namespace, ttl_s=60)
+    key = cache_key(InferenceRequest(prompt="2+2?", temperature=0.0, tenant="acme"), "m")
+    try:
+        assert await cache.lookup(key, pending_id="r-1") is None
+        assert await cache.complete(ok_result("r-1", "acme")), "the miss was marked pending"
+        hit = await cache.lookup(key, pending_id="r-2")
+        assert hit is not None and hit.text == "4"
     finally:
         await _clean(cluster, namespace)
