@@ -24,6 +24,8 @@ from services.router.cache import RedisResponseCache
 from services.router.limits import RedisRateLimiter
 from services.router.policy.cache_key import cache_key
 from services.router.policy.config import TenantPolicy
+from services.scheduler.store import PlacementStore
+from tests.integration.test_placement_store_redis import placement
 from tests.integration.test_router_redis_cache import ok_result
 from tests.support import redis_keys
 
@@ -143,5 +145,19 @@ async def test_the_router_cache_fills_and_hits_on_a_cluster(cluster: redis.Redis
         assert await cache.complete(ok_result("r-1", "acme")), "the miss was marked pending"
         hit = await cache.lookup(key, pending_id="r-2")
         assert hit is not None and hit.text == "4"
+    finally:
+        await _clean(cluster, namespace)
+
+
+async def test_the_scheduler_placements_resume_from_a_cluster(cluster: redis.Redis, namespace: str) -> None:
+    """Claims land on every node; a restarted scheduler reads them all back (SCAN visits each primary)."""
+    store = PlacementStore(cluster, namespace, "s1", scan_batch=50)
+    try:
+        assert all(await asyncio.gather(*(store.claim(placement(f"r{i}")) for i in range(120))))
+        assert await store.claim(placement("r7", attempt=2, worker="w2"))
+        assert not await PlacementStore(cluster, namespace, "s2").release_own("r1", 1)
+        assert await store.release_own("r1", 1)
+        loaded = {p.request_id: p for p in await store.load(16, 64)}
+        assert len(loaded) == 119 and "r1" not in loaded and loaded["r7"].attempt == 2
     finally:
         await _clean(cluster, namespace)
