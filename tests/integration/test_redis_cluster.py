@@ -17,7 +17,7 @@ import redis.asyncio as redis
 from redis.cluster import key_slot
 
 from llmbus.fencing import RequestFence, Superseded
-from llmbus.messages import InferenceRequest
+from llmbus.messages import InferenceRequest, now_ms
 from llmbus.redis_batch import RedisBatcher
 from llmbus.state import redis_client
 from services.router.cache import RedisResponseCache
@@ -25,6 +25,7 @@ from services.router.limits import RedisRateLimiter
 from services.router.policy.cache_key import cache_key
 from services.router.policy.config import TenantPolicy
 from services.scheduler.store import PlacementStore
+from tests.integration.test_comparator_join import Harness, pair_stats, res, shadow_view
 from tests.integration.test_placement_store_redis import placement
 from tests.integration.test_router_redis_cache import ok_result
 from tests.support import redis_keys
@@ -161,3 +162,20 @@ async def test_the_scheduler_placements_resume_from_a_cluster(cluster: redis.Red
         assert len(loaded) == 119 and "r1" not in loaded and loaded["r7"].attempt == 2
     finally:
         await _clean(cluster, namespace)
+
+
+async def test_the_comparator_joins_and_sweeps_on_a_cluster(cluster: redis.Redis, namespace: str) -> None:
+    """Offers, once-only aggregates, the sweep (MULTI) and its counters: all of it in the comparator's one slot."""
+    h = Harness(cluster, namespace, shadow_view())
+    try:
+        await h.comparator.on_result(res("paired"))
+        await h.comparator.on_result(res("paired.shadow.exp", shadow=True))
+        await h.comparator.on_result(res("paired.shadow.exp", shadow=True))  # redelivered: counted once
+        await h.comparator.on_result(res("lonely.shadow.exp", shadow=True))
+        assert [c.comparison_id for c in h.published] == ["paired:exp"]
+        assert (await pair_stats(h)).n == 1
+        assert await h.comparator.sweep(now_ms() + 61_000) == {"missing_primary": 1}
+        await h.comparator.on_result(res("lonely"))
+        assert (await h.store.stats())["late_primary"] == 1
+    finally:
+        await h.store.drop()
