@@ -16,7 +16,11 @@ from tests import xdist_groups
 from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
-pytest_plugins = ["tests.fixtures.vllm_engine", "tests.fixtures.secured_kafka"]  # the second: a SASL/ACL broker
+pytest_plugins = [
+    "tests.fixtures.vllm_engine",
+    "tests.fixtures.secured_kafka",
+    "tests.fixtures.redis_cluster",
+]  # private: SASL/ACL broker, Redis Cluster
 
 
 def _answers(host: str, port: int) -> bool:

@@ -6,6 +6,7 @@ one expensive session or module resource run on one worker, so it is built once:
 - every test that uses the `vllm_engine` fixture (one vLLM engine per run), and the vllm-marked
   tests of its modules (they import vLLM: cheap where the engine runs),
 - every test that uses the `secured_kafka` fixture (one private secured broker per run),
+- every test that uses the `redis_cluster` fixture (one private 3-master Redis Cluster per run),
 - all tests of a module that has a module-scoped fixture (a stack of services, a private Redis),
 - tests marked `xdist_group("name")` by hand, by that name.
 
@@ -30,7 +31,7 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS_DIR_ENV = "LLMBUS_XDIST_GROUPS_DIR"
-SHARED_BY_FIXTURE = {"vllm_engine": "vllm", "secured_kafka": "secured-kafka"}
+SHARED_BY_FIXTURE = {"vllm_engine": "vllm", "secured_kafka": "secured-kafka", "redis_cluster": "redis-cluster"}
 
 
 def group_of(item: pytest.Item) -> str | None:

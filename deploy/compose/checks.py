@@ -166,7 +166,7 @@ def redis_restart_keeps_keys(stack: Stack, api_key: str) -> None:
         lost = [key for key in before if not client.exists(key)]
         if lost:
             raise StepFailed(f"{len(lost)} of {len(before)} keys lost, e.g. {lost[:5]}")
-        kinds = {kind: sum(kind in key.decode() for key in before) for kind in (":apikey:", ":final:", "cost:seen:")}
+        kinds = {kind: sum(kind in key.decode() for key in before) for kind in (":apikey:", "}:final", "cost:seen:")}
         if not all(kinds.values()):
             raise StepFailed(f"expected API keys, final markers and cost markers before the restart: {kinds}")
         say(f"    {len(before)} keys kept (API keys, final markers, cost markers: {list(kinds.values())})")

@@ -53,7 +53,7 @@ class CostService:
             prefill_token_weight=cost.prefill_token_weight,
             decode_token_weight=cost.decode_token_weight,
         )
-        self.redis = redis_client(settings.redis_url, password=settings.redis_password)
+        self.redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
         self.store = CostStore(self.redis, settings.topic_prefix, cost.dedupe_ttl_s)
         self.handlers = CostHandlers(
             book,

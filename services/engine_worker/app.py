@@ -46,7 +46,7 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     plan = plan_for(ws, profile, specs.get(ws.model))  # NoFormatFits: a clear error, the worker does not start
     log.info("node %s (%s): %s", profile.node_id, profile.kind, plan.reason)
 
-    redis = redis_client(settings.redis_url, password=settings.redis_password)
+    redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
     engine = build_engine(plan.settings)
     handlers = WorkerHandlers(bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
     handlers.site = RunSite(

@@ -42,7 +42,11 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     relay = await Relay.start(bus, gw_settings.instance_id)
     catalog = ModelCatalog(gw_settings.worker_stale_s)
     follower = CatalogFollower(settings, catalog, bus.dead_letter)
-    redis = redis_client(settings.redis_url, password=settings.redis_password) if gw_settings.require_api_key else None
+    redis = (
+        redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
+        if gw_settings.require_api_key
+        else None
+    )
     keys = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix)) if redis is not None else None
     if keys is None:
         log.warning("API keys are off: every request belongs to tenant %r", gw_settings.anonymous_tenant)

@@ -37,8 +37,9 @@ def build_core(
     redis_url: str,
     redis_password: SecretStr | None = None,
     user_id_salt: SecretStr | None = None,
+    redis_cluster: bool = False,
 ) -> tuple[RouterCore, BudgetBook, RedisResponseCache, RedisCoalescer | None, RedisSemanticCache | None]:
-    client = redis_client(redis_url, password=redis_password)
+    client = redis_client(redis_url, password=redis_password, cluster=redis_cluster)
     budgets = BudgetBook()
     cache = RedisResponseCache(
         client, redis_namespace, policy.cache.ttl_s, policy.cache.pending_ttl_s, policy.cache.max_text_bytes
@@ -84,10 +85,15 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     topics = bus.topics
     state_redis_url = router_settings.state_redis_url or settings.redis_url
     core, budgets, cache, coalescer, semantic = build_core(
-        policy, f"{settings.topic_prefix}router", state_redis_url, settings.redis_password, router_settings.user_id_salt
+        policy,
+        f"{settings.topic_prefix}router",
+        state_redis_url,
+        settings.redis_password,
+        router_settings.user_id_salt,
+        redis_cluster=settings.redis_cluster,
     )
     reporter = LatencyReporter(core, core.latency) if core.latency is not None else None
-    markers = redis_client(settings.redis_url, password=settings.redis_password)
+    markers = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
     fence = dispatch_markers(markers, settings.topic_prefix, settings.final_marker_ttl_s)
     handlers = RouterHandlers(
         bus, router_settings, core, budgets, cache, reporter, fence, coalescer=coalescer, semantic=semantic

@@ -21,14 +21,6 @@ from llmbus.redis_batch import RedisBatcher
 from services.router.policy.ports import CachedAnswer
 
 log = logging.getLogger(__name__)
-# KEYS: the entry, the request's pending mark. ARGV: the cache key, the mark's TTL. The entry, or
-# nil after marking the request pending (a miss and its mark in one round trip).
-_LOOKUP_OR_MARK = """
-local entry = redis.call('GET', KEYS[1])
-if entry then return entry end
-redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
-return false
-"""
 CACHE_ERRORS = Counter("llmbus_router_cache_errors_total", "Cache calls that failed (Redis error); treated as misses")
 CACHE_LOOKUPS = Counter("llmbus_router_cache_lookups_total", "Exact cache lookups", ["outcome"])
 _lookups = children_of(CACHE_LOOKUPS)  # per request: children looked up once
@@ -45,7 +37,6 @@ class RedisResponseCache:
     ) -> None:
         self._client = client
         self._batch = RedisBatcher(client)  # lookups and fills of concurrent requests share round trips
-        self._lookup_or_mark = self._batch.script(_LOOKUP_OR_MARK)
         self._namespace = namespace
         self._ttl_s = ttl_s
         self._pending_ttl_s = pending_ttl_s
@@ -62,13 +53,17 @@ class RedisResponseCache:
 
     async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
         """The answer cached under `key`; on a miss, `pending_id` (if given) is remembered as pending
-        for `key` in the same round trip, so its result fills the entry."""
+        for `key`, so its result fills the entry.
+
+        Two commands, not one script: the entry (by cache key) and the mark (by request id) live in
+        different Redis Cluster slots. The miss's second round trip precedes a whole inference; an entry
+        filled between the two is only filled once more, by this request's own answer."""
         try:
             entry = self._entry_key(key)
-            if pending_id is None:
-                raw = await self._batch.call(lambda pipe: pipe.get(entry))
-            else:
-                raw = await self._lookup_or_mark([entry, self._pending_key(pending_id)], [key, self._pending_ttl_s])
+            raw = await self._batch.call(lambda pipe: pipe.get(entry))
+            if raw is None and pending_id is not None:
+                mark = self._pending_key(pending_id)
+                await self._batch.call(lambda pipe: pipe.set(mark, key, ex=self._pending_ttl_s))
         except (redis.RedisError, OSError):
             CACHE_ERRORS.inc()  # a cache outage is a miss (and costs only a future hit), never a failed request
             log.warning("cache lookup failed", exc_info=True)

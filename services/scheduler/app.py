@@ -71,7 +71,7 @@ async def end_offsets(consumer: AIOKafkaConsumer, topic: str, timeout_s: float) 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     sched = SchedulerSettings()
     bus = await Bus.start(settings, t.SCHEDULER)
-    redis = redis_client(settings.redis_url, password=settings.redis_password)
+    redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
     store = PlacementStore(redis, f"{settings.topic_prefix}scheduler", sched.instance_id, ttl_s=sched.placement_ttl_s)
     fence = dispatch_markers(redis, settings.topic_prefix, settings.final_marker_ttl_s)
     handlers = SchedulerHandlers(bus, sched, build_core(sched), store, fence)

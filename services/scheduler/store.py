@@ -116,7 +116,12 @@ class PlacementStore:
         """Every stored placement, read in SCAN batches (bounded replies)."""
         pattern = self._prefix.translate(_GLOB_SPECIALS) + "*"
         async for keys in _batches(self._client.scan_iter(match=pattern, count=self.scan_batch), self.scan_batch):
-            for value in await self._client.mget(keys):
+            # GETs in a pipeline, not one MGET: on a Redis Cluster the keys are in many slots (a cluster
+            # pipeline sends each node its own); read once at start, so the longer reply costs little.
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            for value in await pipe.execute():
                 if value is not None:  # expired or released between SCAN and MGET
                     yield value
 

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 def build(runtime: ServiceRuntime, cfg: ComparatorSettings) -> ComparatorHandlers:
     settings, topics = runtime.settings, runtime.topics
     store = ComparatorStore(
-        redis_client(settings.redis_url, password=settings.redis_password),
+        redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster),
         f"{settings.topic_prefix}comparator",
         cfg.pair_ttl_s,
         cfg.done_ttl_s,

@@ -1,6 +1,7 @@
 """The comparator's Redis state: pending pair sides, once-only aggregate updates, join counters.
 
-Keys (all under `llmbus:<namespace>:`):
+Keys (all under `llmbus:<namespace>:{comparator}:`: the one hash tag keeps them in one Redis Cluster
+slot, as the scripts need -- an offer touches its pair and the shared `pending` set):
   pair:<primary id>        hash: `p` (primary result JSON) and `s:<experiment>` (shadow result
                            JSON) while the partner is awaited; TTL `pair_ttl_s`
   pending                  zset of primary ids by deadline (ms): the sweeper finds expired pairs
@@ -72,7 +73,7 @@ class ComparatorStore:
         self, client: redis.Redis, namespace: str, pair_ttl_s: int = 600, done_ttl_s: int = 7 * 24 * 3600
     ) -> None:
         self._r = client
-        self._ns = f"llmbus:{namespace}"
+        self._ns = f"llmbus:{namespace}:{{comparator}}"
         self.pair_ttl_s = pair_ttl_s
         self.done_ttl_s = done_ttl_s
         self._offer = client.register_script(_OFFER)

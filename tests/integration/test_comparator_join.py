@@ -118,13 +118,13 @@ async def test_missing_partners_are_swept_and_late_ones_counted(client: redis.Re
     await h.comparator.on_result(res("lonely"))  # arrives after its pair was given up
     stats = await h.store.stats()
     assert stats["late_primary"] == 1 and stats["pairs"] == 1
-    assert not await redis_keys(client, f"llmbus:{namespace}:pair:*")  # state bounded
+    assert not await redis_keys(client, h.store.key("pair", "*"))  # state bounded
 
 
 async def test_primaries_no_shadow_experiment_covers_are_not_held(client: redis.Redis, namespace: str) -> None:
     h = Harness(client, namespace, ExperimentView())
     await h.comparator.on_result(res("a"))
-    assert not await redis_keys(client, f"llmbus:{namespace}:pair:*")
+    assert not await redis_keys(client, h.store.key("pair", "*"))
 
 
 async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: redis.Redis, namespace: str) -> None:

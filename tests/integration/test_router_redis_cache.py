@@ -82,7 +82,7 @@ async def test_entries_expire(client: redis.Redis, cache: RedisResponseCache) ->
 
 
 async def test_a_lookup_marks_only_a_miss_pending(client: redis.Redis, cache: RedisResponseCache) -> None:
-    """Lookup and pending mark are one round trip: a miss is marked (its result fills the entry), a hit is not."""
+    """A miss is marked pending (its result fills the entry), a hit is not."""
     key = cache_key(InferenceRequest(prompt="q", temperature=0.0, tenant="acme"), "m")
     assert await cache.lookup(key, pending_id="first") is None
     assert await client.ttl(f"llmbus:{cache._namespace}:cache-pending:first") > 0

@@ -1,7 +1,8 @@
 """Fencing by attempt: of all the attempts a request may get, only one publishes its final result.
 
 Two Redis keys per request, shared by the scheduler and the workers, each changed only by
-a Lua script so every check-and-set is one atomic step:
+a Lua script so every check-and-set is one atomic step. Both are `llmbus:<namespace>:{r:<request id>}:<kind>`:
+the hash tag keeps them in one Redis Cluster slot, as a script over both needs.
 
 - `fence:<request id>` — the highest attempt the scheduler placed. An attempt below it is
   superseded: its worker stops (checked before it starts and again while it runs) and may not
@@ -96,8 +97,11 @@ class RequestFence:
         self._restart = self._batch.script(_RESTART)
 
     def _keys(self, request_id: str) -> list[str]:
-        base = f"llmbus:{self._namespace}"
-        return [f"{base}:final:{request_id}", f"{base}:fence:{request_id}"]
+        # One hash tag for both ({r:<request id>}), so each script's keys share a Redis Cluster slot.
+        # The kind follows the tag: whatever braces an id holds, both keys hash the same text, and
+        # the "r:" keeps that text non-empty (an empty tag would hash each whole key apart).
+        base = f"llmbus:{self._namespace}:{{r:{request_id}}}"
+        return [f"{base}:final", f"{base}:fence"]
 
     async def superseded(self, request_id: str, attempt: int) -> bool:
         """True when this attempt may no longer run: a later one was placed, or another owns the result."""

@@ -43,7 +43,9 @@ class RedisBatcher:
         self._sources[sha] = source
 
         async def run(keys: Sequence[str], args: Sequence[str | int | float]) -> Any:
-            return await self._call(lambda pipe: pipe.evalsha(sha, len(keys), *keys, *args), sha)
+            # execute_command, not evalsha(): a cluster pipeline refuses the named method, yet routes
+            # EVALSHA by its keys like any command (they share a slot: one node runs the script).
+            return await self._call(lambda pipe: pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args), sha)
 
         return run
 

@@ -16,6 +16,8 @@ class BusSettings(BaseSettings):
     kafka_bootstrap: str = "127.0.0.1:9092"
     topic_prefix: str = ""
     redis_url: str = "redis://127.0.0.1:6379/0"
+    # True: `redis_url` names one node of a Redis Cluster, and the services use a cluster client.
+    redis_cluster: bool = False
     redis_password: SecretStr | None = None  # Redis AUTH (requirepass); kept out of the URL and of logs
     # Broker identity (docs/security.md): SASL/SCRAM when a username is set. Auth on also turns on
     # the tenant rules: tenants follow from the request topic, replies stay in the tenant's namespace.

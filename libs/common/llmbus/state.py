@@ -14,8 +14,27 @@ def text_of(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def redis_client(url: str, max_connections: int = 64, password: SecretStr | None = None) -> redis.Redis:
-    """A client of the Redis at `url`; `password` (Redis AUTH) is kept out of the URL, so out of logs."""
+def redis_client(
+    url: str, max_connections: int = 64, password: SecretStr | None = None, cluster: bool = False
+) -> redis.Redis:
+    """A client of the Redis at `url`; `password` (Redis AUTH) is kept out of the URL, so out of logs.
+
+    With `cluster`, `url` names one node of a Redis Cluster and the client (RedisCluster) finds the
+    others and routes each command by its key's slot. Every script the services run names its keys
+    (KEYS) and those keys share a hash tag, so each script runs on one node.
+    """
+    auth = {"password": password.get_secret_value()} if password is not None else {}
+    if cluster:
+        # RedisCluster keeps a pool per node (no blocking pool): `max_connections` bounds each one.
+        client = redis.RedisCluster.from_url(
+            url,
+            max_connections=max_connections,
+            socket_timeout=5,
+            socket_connect_timeout=5,
+            decode_responses=False,
+            **auth,
+        )
+        return client  # type: ignore[return-value]  # the same command API as redis.Redis
     # Bounded like every other network call: a dead Redis fails fast instead of hanging. The
     # blocking pool makes a burst of concurrent handlers wait for a connection (up to 5 s)
     # instead of failing with "Too many connections".
@@ -25,7 +44,7 @@ def redis_client(url: str, max_connections: int = 64, password: SecretStr | None
         timeout=5,
         socket_timeout=5,
         socket_connect_timeout=5,
-        **({"password": password.get_secret_value()} if password is not None else {}),
+        **auth,
     )
     return redis.Redis(connection_pool=pool, decode_responses=False)
 

@@ -31,7 +31,7 @@ def costs(
     settings = BusSettings()
 
     async def _read() -> dict[str, Any]:
-        client = redis_client(settings.redis_url, password=settings.redis_password)
+        client = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
         try:
             return await cost_report(client, settings.topic_prefix, load_pricebook(pricebook), now_ms())
         finally:

@@ -23,7 +23,9 @@ T = TypeVar("T")
 def _with_store(action: Callable[[ApiKeyStore], Awaitable[T]]) -> T:
     async def _run() -> T:
         settings = BusSettings()
-        client = redis_client(settings.redis_url, max_connections=2, password=settings.redis_password)
+        client = redis_client(
+            settings.redis_url, max_connections=2, password=settings.redis_password, cluster=settings.redis_cluster
+        )
         try:
             return await action(ApiKeyStore(client, gateway_key_namespace(settings.topic_prefix)))
         finally:

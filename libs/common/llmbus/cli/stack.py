@@ -51,7 +51,7 @@ def infra_up() -> None:
 
 async def persist_redis(settings: BusSettings) -> None:
     """Turn the append-only file on in a Redis that was already running without it (`make test`'s)."""
-    client = redis_client(settings.redis_url, password=settings.redis_password)
+    client = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
     try:
         await client.config_set("appendonly", "yes")
     except RedisError as exc:  # e.g. CONFIG renamed away: the stack runs, without the guarantee
