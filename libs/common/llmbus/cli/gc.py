@@ -45,7 +45,8 @@ console = Console()
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _INSTANCE = r"([A-Za-z0-9._-]+)"
-GROUP_ID_NOT_FOUND = 69  # Kafka's error code: nothing to delete
+GROUP_ID_NOT_FOUND = 69  # Kafka's error codes: nothing to delete;
+NON_EMPTY_GROUP = 68  # the group has members now: someone consumes as that worker again
 
 
 def parse_duration_ms(text: str) -> int:
@@ -169,8 +170,11 @@ async def last_write_ms(
     return newest
 
 
-async def delete_groups(settings: BusSettings, groups: list[str]) -> None:
-    """Delete consumer groups (each at its coordinator); one that does not exist is no error."""
+async def delete_groups(settings: BusSettings, groups: list[str]) -> list[str]:
+    """Delete consumer groups (each at its coordinator); one that does not exist is no error.
+
+    Returns the groups kept because they have members (deleting those is refused by the broker)."""
+    kept: list[str] = []
     async with open_admin(settings) as admin:
         for group in groups:
             node_id = await asyncio.wait_for(admin.find_coordinator(group), settings.admin_timeout_s)
@@ -178,8 +182,11 @@ async def delete_groups(settings: BusSettings, groups: list[str]) -> None:
                 admin._send_request_to_node(node_id, DeleteGroupsRequest([group])), settings.admin_timeout_s
             )
             for _, code in response.results:
-                if code and code != GROUP_ID_NOT_FOUND:
+                if code == NON_EMPTY_GROUP:
+                    kept.append(group)
+                elif code and code != GROUP_ID_NOT_FOUND:
                     raise for_code(code)(f"deleting consumer group {group}")
+    return kept
 
 
 async def collect(settings: BusSettings, now_ms: int, older_than_ms: int) -> GcPlan:
@@ -206,7 +213,8 @@ async def remove(settings: BusSettings, plan: GcPlan) -> list[str]:
     if doomed:
         async with open_admin(settings) as admin:
             await asyncio.wait_for(admin.delete_topics(doomed), settings.admin_timeout_s)
-    await delete_groups(settings, [group for g in plan.gone for group in g.groups])
+    busy = await delete_groups(settings, [group for g in plan.gone for group in g.groups])
+    notes += [f"kept consumer group {group}: it has members again" for group in busy]
     for g in plan.gone:
         if g.tombstone:
             await publish_record(settings, t.WORKERS, g.instance, None)
