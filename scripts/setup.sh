@@ -21,6 +21,8 @@ command -v mvn >/dev/null || { log "installing Maven"; apt_install maven; }
 command -v redis-server >/dev/null || { log "installing redis-server"; apt_install redis-server; }
 # docker-compose (Debian's) only validates deploy/compose here; no engine is needed for that.
 command -v docker-compose >/dev/null || { log "installing docker-compose"; apt_install docker-compose || true; }
+# kubectl (Debian's kubernetes-client) renders deploy/k8s with `kubectl kustomize` in the tests; no cluster needed.
+command -v kubectl >/dev/null || { log "installing kubectl"; apt_install kubernetes-client || true; }
 
 PY=$(command -v python3.11 || command -v python3)
 "$PY" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || { log "Python >= 3.11 needed"; exit 1; }

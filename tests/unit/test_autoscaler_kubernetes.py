@@ -22,12 +22,15 @@ from kubernetes.client.exceptions import ApiException
 from services.autoscaler.actuators.kubernetes import KubernetesActuator
 from services.autoscaler.policy.config import KubernetesSpec
 
-SCALE_PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale$")
+SCALE_PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)/scale$")
 
 
 class FakeApiServer:
     def __init__(self) -> None:
-        self.replicas: dict[tuple[str, str], int] = {("llmbus", "engine-worker-a"): 2}
+        self.replicas: dict[tuple[str, str, str], int] = {
+            ("llmbus", "deployments", "engine-worker-a"): 2,
+            ("llmbus", "statefulsets", "engine-worker-s"): 3,
+        }
         self.requests: list[dict] = []
         fake = self
 
@@ -35,8 +38,8 @@ class FakeApiServer:
             def log_message(self, *args: object) -> None:
                 return
 
-            def _scale(self, ns: str, name: str) -> None:
-                n = fake.replicas[(ns, name)]
+            def _scale(self, ns: str, kind: str, name: str) -> None:
+                n = fake.replicas[(ns, kind, name)]
                 body = {
                     "apiVersion": "autoscaling/v1",
                     "kind": "Scale",
@@ -54,13 +57,13 @@ class FakeApiServer:
                 self.end_headers()
                 self.wfile.write(raw)
 
-            def _route(self) -> tuple[str, str] | None:
+            def _route(self) -> tuple[str, str, str] | None:
                 m = SCALE_PATH.match(self.path.split("?")[0])
-                if m is None or (m.group(1), m.group(2)) not in fake.replicas:
+                if m is None or (m.group(1), m.group(2), m.group(3)) not in fake.replicas:
                     self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
                                      "reason": "NotFound", "message": "deployments.apps not found"})  # fmt: skip
                     return None
-                return m.group(1), m.group(2)
+                return m.group(1), m.group(2), m.group(3)
 
             def do_GET(self) -> None:
                 fake.requests.append({"method": "GET", "path": self.path})
@@ -102,7 +105,7 @@ async def test_reads_and_sets_replicas_through_the_scale_subresource(api_server:
         await actuator.scale("pool-a", 5)
         assert await actuator.replicas("pool-a") == 5
         await actuator.scale("pool-a", 0)  # to zero
-        assert api_server.replicas[("llmbus", "engine-worker-a")] == 0
+        assert api_server.replicas[("llmbus", "deployments", "engine-worker-a")] == 0
     finally:
         await actuator.close()
     gets = [r for r in api_server.requests if r["method"] == "GET"]
@@ -112,6 +115,27 @@ async def test_reads_and_sets_replicas_through_the_scale_subresource(api_server:
     # a merge-style patch of replicas only: nothing else of the Deployment is touched
     assert all(p["type"].split(";")[0] in ("application/merge-patch+json", "application/strategic-merge-patch+json")
                for p in patches)  # fmt: skip
+
+
+async def test_a_statefulset_pool_scales_its_statefulset(api_server: FakeApiServer) -> None:
+    actuator = KubernetesActuator(
+        {"pool-s": KubernetesSpec(namespace="llmbus", statefulset="engine-worker-s")}, host=api_server.host
+    )
+    try:
+        assert await actuator.replicas("pool-s") == 3
+        await actuator.scale("pool-s", 1)
+    finally:
+        await actuator.close()
+    assert api_server.replicas[("llmbus", "statefulsets", "engine-worker-s")] == 1
+    assert {r["path"].split("?")[0] for r in api_server.requests} == {
+        "/apis/apps/v1/namespaces/llmbus/statefulsets/engine-worker-s/scale"
+    }
+
+
+def test_a_pool_names_exactly_one_workload() -> None:
+    for bad in ({}, {"deployment": "a", "statefulset": "b"}):
+        with pytest.raises(ValueError, match="exactly one of deployment, statefulset"):
+            KubernetesSpec(**bad)
 
 
 async def test_a_missing_deployment_is_an_error_not_a_silent_zero(api_server: FakeApiServer) -> None:

@@ -1,6 +1,7 @@
-"""deploy/k8s checked offline: every service has a Deployment that runs a real module with settings
-it reads, selectors match, the workers drain before SIGKILL, and each KEDA ScaledObject scales an
-existing Deployment on the metric the scheduler exports (min 2, max 20, p99 > 0.5 s, 300 s)."""
+"""deploy/k8s checked offline: every service has a workload (Deployment or StatefulSet) that runs a
+real module with settings it reads, selectors match, the workers drain before SIGKILL, workers and
+gateways have stable ids (StatefulSet pod names), the gc CronJob runs, and each KEDA ScaledObject
+scales an existing workload on the metric the scheduler exports (min 2, max 20, p99 > 0.5 s, 300 s)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llmbus.cli.gc import parse_duration_ms
 from llmbus.settings import BusSettings
 from services.autoscaler.config import AutoscalerSettings
 from services.autoscaler.policy.config import PoolsFile
@@ -47,6 +49,11 @@ def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
     return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
 
 
+def workloads(docs: list[dict]) -> dict[str, dict]:
+    """Deployments and StatefulSets by name (a pod template under spec.template either way)."""
+    return by_kind(docs, "Deployment") | by_kind(docs, "StatefulSet")
+
+
 def check_env(name: str, variables: list[str]) -> None:
     for var in variables:
         prefix = next(p for p in PREFIXES if var.startswith(p))
@@ -59,7 +66,7 @@ def test_every_service_has_a_deployment_running_a_real_module() -> None:
         assert {"apiVersion", "kind", "metadata"} <= set(doc)
         if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == "llmbus", doc["metadata"]["name"]
-    deployments = by_kind(docs, "Deployment")
+    deployments = workloads(docs)
     modules = set()
     config = by_kind(docs, "ConfigMap")["llmbus-env"]["data"]
     check_env("llmbus-env", list(config))
@@ -79,7 +86,7 @@ def test_every_service_has_a_deployment_running_a_real_module() -> None:
 
 def test_workers_drain_before_sigkill_and_autoscaler_may_scale_them() -> None:
     docs = documents(K8S)
-    for name, dep in by_kind(docs, "Deployment").items():
+    for name, dep in workloads(docs).items():
         if not name.startswith("engine-worker-"):
             continue
         pod = dep["spec"]["template"]["spec"]
@@ -87,22 +94,56 @@ def test_workers_drain_before_sigkill_and_autoscaler_may_scale_them() -> None:
         assert float(env["LLMBUS_WORKER_DRAIN_GRACE_S"]) + 10 <= pod["terminationGracePeriodSeconds"]
     autoscaler = by_kind(docs, "Deployment")["autoscaler"]["spec"]["template"]["spec"]
     role = by_kind(docs, "Role")[autoscaler["serviceAccountName"]]
-    assert any("deployments/scale" in r["resources"] and "patch" in r["verbs"] for r in role["rules"])
-    # every pool of the shipped pool file points at a Deployment that exists
+    # every pool of the shipped pool file points at a workload that exists, which the role may scale
     pools = PoolsFile.load("default").pools
     for pool, spec in pools.items():
-        assert spec.kubernetes is not None and spec.kubernetes.deployment in by_kind(docs, "Deployment"), pool
+        assert spec.kubernetes is not None, pool
+        kind = "StatefulSet" if spec.kubernetes.statefulset else "Deployment"
+        assert spec.kubernetes.name in by_kind(docs, kind), pool
+        scale = kind.lower() + "s/scale"
+        assert any(scale in r["resources"] and "patch" in r["verbs"] for r in role["rules"]), pool
+
+
+def test_workers_and_gateways_have_stable_ids_from_statefulset_pod_names() -> None:
+    docs = documents(K8S)
+    sets = by_kind(docs, "StatefulSet")
+    workers = [n for n in workloads(docs) if n.startswith("engine-worker-")]
+    assert workers and set(workers) <= set(sets)
+    assert "gateway" in sets
+    for name, sts in sets.items():
+        governing = by_kind(docs, "Service")[sts["spec"]["serviceName"]]
+        assert governing["spec"]["clusterIP"] == "None", name  # headless: stable pod names
+        assert governing["spec"]["selector"].items() <= sts["spec"]["template"]["metadata"]["labels"].items(), name
+        env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+        if name in workers:  # worker id = pod name = <set>-<ordinal>
+            assert env["LLMBUS_WORKER_WORKER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        else:  # the gateway's id is gw-<hostname>, and a StatefulSet pod's hostname is its pod name
+            assert "LLMBUS_GATEWAY_INSTANCE_ID" not in env
+    assert GatewaySettings.model_fields["instance_id"].default_factory is not None
+
+
+def test_the_gc_cronjob_runs_llmbus_gc_as_admin() -> None:
+    docs = documents(K8S)
+    job = by_kind(docs, "CronJob")["llmbus-gc"]
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    (container,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["llmbus", "gc"] and "--dry-run" not in command
+    assert parse_duration_ms(command[command.index("--older-than") + 1]) >= 24 * 3_600_000
+    check_env("llmbus-gc", [e["name"] for e in container["env"]])
+    assert "gc.yaml" in yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
 
 
 def test_keda_scaled_objects_scale_on_the_schedulers_queue_wait() -> None:
-    deployments = by_kind(documents(K8S), "Deployment")
+    docs = documents(K8S)
     scaled = by_kind(documents(K8S / "keda"), "ScaledObject")
     assert scaled
     metric = QUEUE_WAIT_SECONDS._name + "_bucket"  # the histogram the scheduler exports
     for name, obj in scaled.items():
         assert obj["apiVersion"] == "keda.sh/v1alpha1"
         spec = obj["spec"]
-        assert spec["scaleTargetRef"]["name"] in deployments, name
+        target = spec["scaleTargetRef"]
+        assert target["name"] in by_kind(docs, target["kind"]), name
         assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["cooldownPeriod"]) == (2, 20, 300)
         assert (
             spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"]
@@ -124,6 +165,7 @@ def test_kustomize_renders_the_services() -> None:
     ).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
     assert kinds.count("Deployment") == len(by_kind(documents(K8S), "Deployment"))
+    assert kinds.count("StatefulSet") == len(by_kind(documents(K8S), "StatefulSet"))
 
 
 def test_every_pod_connects_secured_as_its_own_principal_from_its_own_secret() -> None:
@@ -142,8 +184,9 @@ def test_every_pod_connects_secured_as_its_own_principal_from_its_own_secret() -
         "services.gateway": "gateway",
         "services.autoscaler": "autoscaler",
     }
-    pods = [(n, d["spec"]["template"]["spec"]) for n, d in by_kind(docs, "Deployment").items()]
+    pods = [(n, d["spec"]["template"]["spec"]) for n, d in workloads(docs).items()]
     pods += [(n, d["spec"]["template"]["spec"]) for n, d in by_kind(docs, "Job").items()]
+    pods += [(n, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]) for n, d in by_kind(docs, "CronJob").items()]
     for name, pod in pods:
         (container,) = pod["containers"]
         env = {e["name"]: e for e in container["env"]}

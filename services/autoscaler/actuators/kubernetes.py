@@ -1,8 +1,9 @@
-"""Kubernetes actuator: a pool is a Deployment; scaling sets its replicas (the scale subresource).
+"""Kubernetes actuator: a pool is a StatefulSet or a Deployment; scaling sets its replicas (the scale subresource).
 
 Uses the official `kubernetes` client (in-cluster config, else ~/.kube/config, or an explicit
-host for tests). Scale-down is the Deployment's own: pods get SIGTERM and
-terminationGracePeriodSeconds to drain (deploy/k8s/ sets it above the worker's drain grace).
+host for tests). Scale-down is the workload's own (a StatefulSet removes its highest ordinals
+first): pods get SIGTERM and terminationGracePeriodSeconds to drain (deploy/k8s/ sets it above
+the worker's drain grace).
 """
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ class KubernetesActuator:
 
     async def replicas(self, pool: str) -> int:
         spec = self.pools[pool]
-        scale = await asyncio.to_thread(self.api.read_namespaced_deployment_scale, spec.deployment, spec.namespace)
+        read = getattr(self.api, f"read_namespaced_{spec.kind}_scale")
+        scale = await asyncio.to_thread(read, spec.name, spec.namespace)
         return int(scale.spec.replicas or 0)
 
     async def scale(self, pool: str, replicas: int) -> None:
         spec = self.pools[pool]
         body = {"spec": {"replicas": replicas}}
-        await asyncio.to_thread(self.api.patch_namespaced_deployment_scale, spec.deployment, spec.namespace, body)
+        patch = getattr(self.api, f"patch_namespaced_{spec.kind}_scale")
+        await asyncio.to_thread(patch, spec.name, spec.namespace, body)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.api.api_client.close)

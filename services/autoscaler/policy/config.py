@@ -6,7 +6,7 @@
         max_replicas: 4
         policy: {type: threshold, params: {target_queue_wait_ms: 300, up_after_s: 180}}
         local: {engine: sim, env: {LLMBUS_WORKER_SIM_MAX_NUM_SEQS: "16"}}
-        kubernetes: {namespace: llmbus, deployment: worker-sim-llama-8b}
+        kubernetes: {namespace: llmbus, statefulset: engine-worker-sim-llama-8b}
 
 A bad file fails at start-up with pydantic's message; policy params are checked against the
 policy's own fields there too.
@@ -55,8 +55,29 @@ class LocalSpec(_Strict):
 
 
 class KubernetesSpec(_Strict):
+    """The workload that runs the pool's workers: a StatefulSet (stable worker ids: a restarted pod
+    reuses its dispatch topic) or a Deployment; exactly one."""
+
     namespace: str = "llmbus"
-    deployment: str
+    deployment: str | None = None
+    statefulset: str | None = None
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> KubernetesSpec:
+        if (self.deployment is None) == (self.statefulset is None):
+            raise ValueError("kubernetes: name exactly one of deployment, statefulset")
+        return self
+
+    @property
+    def kind(self) -> Literal["deployment", "stateful_set"]:
+        """The client's name of the workload kind (read_namespaced_<kind>_scale)."""
+        return "deployment" if self.deployment is not None else "stateful_set"
+
+    @property
+    def name(self) -> str:
+        name = self.deployment or self.statefulset
+        assert name is not None  # the validator above
+        return name
 
 
 class PoolSpec(_Strict):

@@ -18,6 +18,7 @@ from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
 from llmbus.cli.feedback import feedback as feedback_command
 from llmbus.cli.fleet_view import fleet_table, metrics_table
+from llmbus.cli.gc import gc as gc_command
 from llmbus.cli.router_cmds import router_app
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
@@ -36,6 +37,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(acl.app, name="acl")
 app.command()(trace.trace)
 app.command("feedback")(feedback_command)
+app.command("gc")(gc_command)
 
 
 @app.command()

@@ -1,0 +1,123 @@
+"""`llmbus gc` on the real broker and Redis: a worker and a gateway silent for longer than the
+retention lose their topic, groups, llm.workers key and ledger keys; live ones keep everything;
+`--dry-run` only lists."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from typer.testing import CliRunner
+
+from llmbus import contracts
+from llmbus import topics as t
+from llmbus.bus.admin import ensure_topics, open_admin
+from llmbus.bus.tables import read_table
+from llmbus.cli.gc import delete_groups
+from llmbus.cli.main import app
+from llmbus.messages import WorkerState, WorkerStatus
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+from tests.support import eventually
+
+pytestmark = [pytest.mark.kafka]
+
+HOUR_MS = 3_600_000
+
+
+async def _gc(settings: BusSettings, *args: str) -> str:
+    env = {"LLMBUS_TOPIC_PREFIX": settings.topic_prefix, "COLUMNS": "250"}
+    result = await asyncio.to_thread(CliRunner().invoke, app, ["gc", *args], env=env)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+async def _topics(settings: BusSettings) -> set[str]:
+    async with open_admin(settings) as admin:
+        return set(await admin.list_topics())
+
+
+async def _groups(settings: BusSettings) -> set[str]:
+    async with open_admin(settings) as admin:
+        return {g[0] for g in await admin.list_consumer_groups()}
+
+
+async def _make_group(settings: BusSettings, group: str, topic: str) -> None:
+    """A consumer group with a committed offset, as a worker's consumer leaves it."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.commit({tp: 0})
+    finally:
+        await consumer.stop()
+
+
+async def test_gc_removes_only_what_gone_instances_left(bus_settings: BusSettings) -> None:
+    s = bus_settings
+    topics = t.Topics(s.topic_prefix)
+    now_ms = int(time.time() * 1000)
+    old_ms = now_ms - 3 * HOUR_MS  # silent 3 h; the retention below is 1 h
+    dispatch = {w: topics.dispatch(w) for w in ("w-live", "w-gone")}
+    replies = {g: topics.replies(g) for g in ("gw-live", "gw-gone")}
+    await ensure_topics(
+        s,
+        [(name, t.DISPATCH_SPEC) for name in dispatch.values()] + [(name, t.REPLIES_SPEC) for name in replies.values()],
+    )
+    groups = {
+        w: [contracts.WORKER.group_id(n, topics, worker_id=w) or "" for n in ("dispatch", "control")] for w in dispatch
+    }
+    for w, names in groups.items():
+        for group in names:
+            await _make_group(s, group, dispatch[w])
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+        for w, sent_ms in (("w-live", now_ms), ("w-gone", old_ms)):
+            beat = WorkerStatus(worker_id=w, node_id="n", state=WorkerState.READY, engine="sim", sent_at_ms=sent_ms)
+            await producer.send_and_wait(topics.name(t.WORKERS), beat.to_bytes(), key=w.encode())
+        # A gateway publishes no heartbeat: its reply topic's last write is its sign of life.
+        await producer.send_and_wait(replies["gw-live"], b"{}", key=b"r1", timestamp_ms=now_ms)
+        await producer.send_and_wait(replies["gw-gone"], b"{}", key=b"r2", timestamp_ms=old_ms)
+    finally:
+        await producer.stop()
+    redis = redis_client(s.redis_url)
+    ns = s.topic_prefix
+    await redis.set(f"{ns}cost:owner:w-live", "r1")
+    await redis.set(f"{ns}cost:owner:w-gone", "r1")
+    await redis.hset(f"{ns}cost:cursor", mapping={"w-live": "{}", "w-gone": "{}"})
+    try:
+        listed = await _gc(s, "--older-than", "1h", "--dry-run")
+        assert "w-gone" in listed and "gw-gone" in listed, listed
+        assert "w-live" not in listed and "gw-live" not in listed, listed
+        present = await _topics(s)
+        assert set(dispatch.values()) | set(replies.values()) <= present  # dry run: nothing removed
+        assert {g for names in groups.values() for g in names} <= await _groups(s)
+        assert set(await read_table(s, topics.name(t.WORKERS), WorkerStatus)) == {"w-live", "w-gone"}
+        assert await redis.exists(f"{ns}cost:owner:w-gone") == 1
+
+        await _gc(s, "--older-than", "1h")
+
+        async def gone_topics_deleted() -> bool:
+            left = await _topics(s)
+            return dispatch["w-gone"] not in left and replies["gw-gone"] not in left
+
+        await eventually(gone_topics_deleted, timeout_s=30)
+        left = await _topics(s)
+        assert dispatch["w-live"] in left and replies["gw-live"] in left
+        now_groups = await _groups(s)
+        assert not set(groups["w-gone"]) & now_groups
+        assert set(groups["w-live"]) <= now_groups
+        assert set(await read_table(s, topics.name(t.WORKERS), WorkerStatus)) == {"w-live"}  # tombstoned
+        assert await redis.exists(f"{ns}cost:owner:w-gone") == 0
+        assert await redis.exists(f"{ns}cost:owner:w-live") == 1
+        assert set(await redis.hkeys(f"{ns}cost:cursor")) == {b"w-live"}
+
+        assert "nothing gone" in await _gc(s, "--older-than", "1h")  # a second run finds nothing
+    finally:
+        await redis.delete(f"{ns}cost:owner:w-live", f"{ns}cost:owner:w-gone", f"{ns}cost:cursor")
+        await redis.aclose()
+        await delete_groups(s, [g for names in groups.values() for g in names])
