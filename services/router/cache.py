@@ -86,8 +86,8 @@ class RedisResponseCache:
 
     async def complete(self, result: InferenceResult) -> bool:
         """Store a finished answer if its request was cacheable; True when stored."""
-        if result.status != ResultStatus.OK or result.cached or result.shadow:
-            return False
+        if result.status != ResultStatus.OK or result.cached or result.shadow or result.tool_calls:
+            return False  # a cached answer replays text only: tool calls are not kept
         pending = self._pending_key(result.request_id)
         key_raw = await self._batch.call(lambda pipe: pipe.getdel(pending))
         if key_raw is None:
