@@ -8,9 +8,11 @@ from llmbus.chunks import ChunkAssembler, RetryDiverged, unshown_tool_calls
 from llmbus.messages import ChatMessage, FinishReason, FunctionCall, FunctionCallDelta, TokenChunk, ToolCall
 from llmbus.messages import ToolCallDelta as D
 from llmbus.tool_calls import assemble_tool_calls
+from services.engine_worker.engines.base import EngineRequest
 from services.engine_worker.engines.openai_http import _message_body, _tool_call_deltas
 from services.engine_worker.streaming import ChunkBatcher
 from services.gateway.core.translate import ResponseShape, finish_reason
+from tests.unit.test_openai_http_breaker import Clock, Upstream, engine_on
 
 
 def frag(index: int, arguments: str, name: str | None = None, call_id: str | None = None) -> D:
@@ -113,3 +115,23 @@ def test_openai_shapes_of_tool_calls() -> None:
     assert message["content"] is None and message["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
     assert "tool_calls" not in shape.full("hi", "stop", None)["choices"][0]["message"]  # type: ignore[index]
     assert finish_reason(FinishReason.TOOL_CALLS) == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("upstream_says", "engine_says", "client_sees"),
+    [
+        ("tool_calls", "tool_calls", "tool_calls"),
+        ("content_filter", "content_filter", "content_filter"),
+        ("a_providers_own", "stop", "stop"),
+    ],
+)
+async def test_an_upstreams_finish_reason_never_fails_the_answer(
+    upstream_says: str, engine_says: str, client_sees: str
+) -> None:
+    upstream = Upstream()
+    upstream.finish_reason = upstream_says
+    engine = await engine_on(upstream, Clock())
+    outs = [o async for o in engine.generate(EngineRequest("r", "hi", max_tokens=4))]
+    assert outs[-1].finished and outs[-1].finish_reason == engine_says
+    assert finish_reason(FinishReason(engine_says)) == client_sees
+    await engine.stop()

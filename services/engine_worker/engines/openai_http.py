@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from llmbus.messages import ChatMessage, FunctionCallDelta, ToolCallDelta
+from llmbus.messages import ChatMessage, FinishReason, FunctionCallDelta, ToolCallDelta
 from llmbus.tokens import count_tokens
 from services.engine_worker.engines.base import (
     AdmissionError,
@@ -42,6 +42,7 @@ from services.engine_worker.engines.openai_http_config import OpenAIHttpConfig
 
 __all__ = ["OpenAIHttpConfig", "OpenAIHttpEngine", "retry_after_s"]
 
+_KNOWN_FINISH = frozenset(r.value for r in FinishReason) - {FinishReason.ABORT, FinishReason.ERROR}
 # Headers worth forwarding to the server: W3C trace context (vLLM serve and most gateways read it).
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "baggage")
 
@@ -308,7 +309,7 @@ class OpenAIHttpEngine:
                     for choice in chunk.get("choices") or []:
                         delta = _delta_of(choice, chat)
                         calls = _tool_call_deltas(choice) if chat else None
-                        finish_reason = choice.get("finish_reason") or finish_reason
+                        finish_reason = _finish_reason(choice.get("finish_reason")) or finish_reason
                         if delta or calls:
                             completion_tokens += 1
                             yield EngineOutput(delta, 1, prompt_tokens, completion_tokens, tool_calls=calls)
@@ -368,6 +369,14 @@ class OpenAIHttpEngine:
             generation_tokens_total=self._generation_tokens_total,
             prefix_cache_hits_total=self._cached_tokens_total,
         )
+
+
+def _finish_reason(raw: object) -> str | None:
+    """An upstream's finish reason as llmbus knows it: one it does not name (a provider's own, the
+    legacy `function_call`) would fail the whole answer, so it reads as "stop"."""
+    if not raw:
+        return None
+    return str(raw) if raw in _KNOWN_FINISH else "stop"
 
 
 def _message_body(message: ChatMessage) -> dict[str, Any]:

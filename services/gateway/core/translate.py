@@ -71,10 +71,16 @@ def _message(message: ChatMessageIn) -> ChatMessage:
     )
 
 
+# OpenAI's finish reasons for llmbus's; every other one (an abort or error ends with an error event) is "stop".
+_OPENAI_FINISH = {
+    FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
+    FinishReason.CONTENT_FILTER: "content_filter",
+}
+
+
 def finish_reason(reason: FinishReason | None) -> str:
-    if reason == FinishReason.TOOL_CALLS:
-        return "tool_calls"
-    return "length" if reason == FinishReason.LENGTH else "stop"
+    return _OPENAI_FINISH.get(reason, "stop") if reason is not None else "stop"
 
 
 def usage_of(usage: Usage | None) -> dict[str, object]:

@@ -217,6 +217,7 @@ class FinishReason(StrEnum):
     ABORT = "abort"
     ERROR = "error"
     TOOL_CALLS = "tool_calls"  # the answer is tool calls for the client to run
+    CONTENT_FILTER = "content_filter"  # a hosted upstream's filter cut the answer
 
 
 class TokenChunk(Message):
