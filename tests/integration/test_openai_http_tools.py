@@ -162,3 +162,22 @@ async def test_the_result_on_llm_results_carries_the_assembled_tool_calls(hosted
     assert [(c.function.name, json.loads(c.function.arguments)) for c in result.tool_calls or []] == [
         ("get_time", {"query": f"Time? ({marker})"})
     ]
+
+    # The idiom of the SDK's docs: the answer's message object itself goes back in the next turn.
+    message = raw.parse().choices[0].message
+    [call] = message.tool_calls or []
+    await sdk(hosted).chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "user", "content": f"Time? ({marker})"},
+            message,
+            {"role": "tool", "tool_call_id": call.id, "content": "14:05"},
+        ],
+        tools=TOOLS[1:],
+        max_tokens=2,
+    )
+    [_, follow_up] = arrived_with(hosted, marker)
+    assert follow_up.body["messages"][1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(mode="json")]},
+        {"role": "tool", "content": "14:05", "tool_call_id": call.id},
+    ]
