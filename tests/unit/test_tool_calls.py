@@ -5,13 +5,22 @@ from __future__ import annotations
 import pytest
 
 from llmbus.chunks import ChunkAssembler, RetryDiverged, unshown_tool_calls
-from llmbus.messages import ChatMessage, FinishReason, FunctionCall, FunctionCallDelta, TokenChunk, ToolCall
+from llmbus.messages import (
+    ChatMessage,
+    FinishReason,
+    FunctionCall,
+    FunctionCallDelta,
+    InferenceRequest,
+    TokenChunk,
+    ToolCall,
+)
 from llmbus.messages import ToolCallDelta as D
 from llmbus.tool_calls import assemble_tool_calls
 from services.engine_worker.engines.base import EngineRequest
 from services.engine_worker.engines.openai_http import _message_body, _tool_call_deltas
 from services.engine_worker.streaming import ChunkBatcher
 from services.gateway.core.translate import ResponseShape, finish_reason
+from services.router.policy.trimming import turn_tokens
 from tests.unit.test_openai_http_breaker import Clock, Upstream, engine_on
 
 
@@ -135,3 +144,13 @@ async def test_an_upstreams_finish_reason_never_fails_the_answer(
     assert outs[-1].finished and outs[-1].finish_reason == engine_says
     assert finish_reason(FinishReason(engine_says)) == client_sees
     await engine.stop()
+
+
+def test_an_assistants_tool_calls_are_in_the_rendering_and_counted() -> None:
+    arguments = '{"query": "' + "weather in Paris " * 50 + '"}'
+    call = ToolCall(id="c", function=FunctionCall(name="lookup", arguments=arguments))
+    turn = ChatMessage(role="assistant", tool_calls=[call])
+    request = InferenceRequest(messages=[ChatMessage(role="user", content="hi"), turn])
+    assert f"lookup({arguments})" in request.prompt_text()
+    assert turn_tokens(turn) > turn_tokens(ChatMessage(role="assistant")) + 100  # the arguments count
+    assert ChatMessage(role="user", content="hi").rendered() == "<|user|>\nhi\n"  # unchanged without calls

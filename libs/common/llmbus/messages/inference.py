@@ -52,6 +52,12 @@ class ChatMessage(Part):
     )
     tool_call_id: str | None = Field(default=None, max_length=256, description="A tool message: the call it answers.")
 
+    def rendered(self) -> str:
+        """The turn in the plain-text rendering (prompt_text): role-tagged, an assistant's tool calls
+        as `name(arguments)` lines, so that they are counted and a completions API sees them."""
+        calls = "".join(f"{c.function.name}({c.function.arguments})\n" for c in self.tool_calls or ())
+        return f"<|{self.role}|>\n{self.content}\n{calls}"
+
 
 class ResponseFormat(Part):
     """OpenAI's `response_format`: free text, any JSON object, or JSON that follows `json_schema`."""
@@ -148,7 +154,7 @@ class InferenceRequest(Message):
         """The text the engine sees: a plain prompt, or the chat rendered as role-tagged turns."""
         if self.prompt is not None:
             return self.prompt
-        return "".join(f"<|{m.role}|>\n{m.content}\n" for m in self.messages) + "<|assistant|>\n"
+        return "".join(m.rendered() for m in self.messages) + "<|assistant|>\n"
 
     @property
     def deterministic(self) -> bool:
