@@ -33,10 +33,12 @@ from llmbus.messages import (
     OutcomeStatus,
     ResultStatus,
     Timings,
+    ToolCallDelta,
     Usage,
     now_ms,
 )
 from llmbus.replies import reply_topic_of
+from llmbus.tool_calls import assemble_tool_calls
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.ending import AttemptEnd, ResultOut
 from services.engine_worker.engines.base import (
@@ -216,6 +218,7 @@ class WorkerHandlers:
         request = dispatch.routed.request
         first_token_ms: float | None = None
         text: list[str] = []
+        tool_calls: list[ToolCallDelta] = []
         last: EngineOutput | None = None
         stream = ReplyStream(self.bus.publisher, reply_topic, request.request_id)
         superseded = False
@@ -226,7 +229,9 @@ class WorkerHandlers:
                 if out.new_tokens and first_token_ms is None:
                     first_token_ms = time.time() * 1000
                 text.append(out.delta)
-                if (chunk := batcher.add(out.delta, out.new_tokens)) is not None:
+                if out.tool_calls:
+                    tool_calls += out.tool_calls
+                if (chunk := batcher.add(out.delta, out.new_tokens, out.tool_calls)) is not None:
                     await stream.send(chunk)
                 if not superseded and time.monotonic() >= next_check_s:
                     next_check_s = time.monotonic() + self.settings.superseded_check_s
@@ -245,6 +250,8 @@ class WorkerHandlers:
         if (chunk := batcher.flush()) is not None:
             await stream.send(chunk)
         result = self._result(dispatch, "".join(text), last, started_ms, first_token_ms)
+        if tool_calls:
+            result.tool_calls = assemble_tool_calls(tool_calls)
         await self.end.publish_final(dispatch, result, reply_topic, batcher.last_seq, OutcomeStatus.COMPLETED, stream)
 
     async def _answer_failure(self, dispatch: Dispatch, error: ErrorInfo) -> None:

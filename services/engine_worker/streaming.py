@@ -7,7 +7,7 @@ import logging
 import time
 
 from llmbus.bus.producer import Publisher, worth_resending
-from llmbus.messages import TokenChunk
+from llmbus.messages import TokenChunk, ToolCallDelta
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +36,20 @@ class ChunkBatcher:
         self.attempt = attempt
         self._clock = clock
         self._text: list[str] = []
+        self._calls: list[ToolCallDelta] = []
         self._tokens = 0
         self._opened_at: float | None = None
         self.next_seq = 0
 
-    def add(self, delta: str, tokens: int) -> TokenChunk | None:
-        if not delta and not tokens:
+    def add(self, delta: str, tokens: int, tool_calls: list[ToolCallDelta] | None = None) -> TokenChunk | None:
+        if not delta and not tokens and not tool_calls:
             return None
         now_s = self._clock()  # once per token: this runs for every token of every request
         if self._opened_at is None:
             self._opened_at = now_s
         self._text.append(delta)
+        if tool_calls:
+            self._calls += tool_calls
         self._tokens += tokens
         first = self.next_seq == 0  # the first token goes out at once: it is the TTFT
         if first or self._tokens >= self.max_tokens or now_s - self._opened_at >= self.interval_s:
@@ -54,20 +57,21 @@ class ChunkBatcher:
         return None
 
     def flush(self) -> TokenChunk | None:
-        if not self._text:
+        if not self._text and not self._calls:
             return None
         chunk = TokenChunk(
             request_id=self.request_id,
             tenant=self.tenant,
             seq=self.next_seq,
             delta="".join(self._text),
+            tool_calls=self._calls or None,
             tokens=self._tokens,
             model=self.model,
             shadow=self.shadow,
             attempt=self.attempt,
         )
         self.next_seq += 1
-        self._text, self._tokens, self._opened_at = [], 0, None
+        self._text, self._calls, self._tokens, self._opened_at = [], [], 0, None
         return chunk
 
     @property

@@ -24,6 +24,7 @@ from llmbus.bus.span_attrs import message_attributes
 from llmbus.chunks import RetryDiverged
 from llmbus.engine_features import missing_features, refusal
 from llmbus.messages import InferenceRequest, new_request_id
+from llmbus.tool_calls import assemble_tool_calls
 from services.gateway import metrics
 from services.gateway.catalog import CatalogFollower, ModelCatalog
 from services.gateway.config import GatewaySettings
@@ -138,14 +139,18 @@ async def _sse_events(
     try:
         while True:
             try:
-                delta = exchange.unseen()
+                delta, calls = exchange.unseen(), exchange.unseen_tool_calls()
             except RetryDiverged as exc:
                 yield _sse(errors.unavailable(f"retry could not continue the stream: {exc}").body())
                 break
-            if delta:
+            if delta or calls:
                 if not sent_first:
                     metrics.TTFT_SECONDS.labels(shape.kind).observe(time.perf_counter() - started)
-                yield _sse(shape.stream_chunk(delta, first=not sent_first, finish=None, include_usage=include_usage))
+                yield _sse(
+                    shape.stream_chunk(
+                        delta, first=not sent_first, finish=None, include_usage=include_usage, tool_calls=calls
+                    )
+                )
                 sent_first = True
             final = exchange.assembler.final
             if final is not None:
@@ -258,7 +263,8 @@ async def complete(gw: Gateway, request: Request, kind: Kind) -> Response:
             raise errors.from_error_info(final.error)
         shape.model = exchange.model or shape.model
         metrics.TTFT_SECONDS.labels(kind).observe(time.perf_counter() - started)
-        return JSONResponse(shape.full(exchange.assembler.text, finish_reason(final.finish_reason), final.usage))
+        calls = assemble_tool_calls(exchange.assembler.tool_calls)
+        return JSONResponse(shape.full(exchange.assembler.text, finish_reason(final.finish_reason), final.usage, calls))
     finally:
         if not handed_over:
             exchange.close()

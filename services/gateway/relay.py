@@ -20,9 +20,9 @@ from opentelemetry import trace
 from llmbus import semconv as sc
 from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus
-from llmbus.chunks import ChunkAssembler, unshown
+from llmbus.chunks import ChunkAssembler, unshown, unshown_tool_calls
 from llmbus.client import ReplyRouter, TopicTail
-from llmbus.messages import Control, ControlAction, ErrorCode, ErrorInfo, InferenceRequest, TokenChunk
+from llmbus.messages import Control, ControlAction, ErrorCode, ErrorInfo, InferenceRequest, TokenChunk, ToolCallDelta
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class Exchange:
         self.queue = queue
         self.assembler = ChunkAssembler()
         self.shown = ""  # what went out to the client so far
+        self.shown_calls: list[ToolCallDelta] = []  # the tool call fragments that went out so far
         self.model: str | None = None  # the model that answers (the router may have chosen it)
         self.closed = False
         self.span: trace.Span = trace.INVALID_SPAN  # the HTTP request's server span, ended on close
@@ -55,6 +56,12 @@ class Exchange:
         delta = unshown(self.assembler.text, self.shown)
         self.shown += delta
         return delta
+
+    def unseen_tool_calls(self) -> list[ToolCallDelta]:
+        """`unseen` for the current attempt's tool call fragments."""
+        calls = unshown_tool_calls(self.assembler.tool_calls, self.shown_calls)
+        self.shown_calls += calls
+        return calls
 
     @property
     def finished(self) -> bool:

@@ -85,8 +85,8 @@ class RedisResponseCache:
             return False
         pending = self._pending_key(result.request_id)
         key_raw = await self._batch.call(lambda pipe: pipe.getdel(pending))
-        if key_raw is None:
-            return False
+        if key_raw is None or result.tool_calls:
+            return False  # (tool calls: a cached answer replays text only, so they are not kept)
         key = key_raw.decode() if isinstance(key_raw, bytes) else str(key_raw)
         if not key.startswith(f"{result.tenant}:"):
             return False  # a result whose tenant differs from the request's never fills that tenant's cache

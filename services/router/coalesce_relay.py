@@ -69,7 +69,7 @@ class CoalesceRelay:
             return
         outcome = outcome_for(follower, leader, self.policy)
         if outcome.routed is not None:
-            COALESCE_FALLBACKS.labels("leader_failed").inc()
+            COALESCE_FALLBACKS.labels("leader_tool_calls" if leader.tool_calls else "leader_failed").inc()
             await self._publish_routed(outcome.routed)
         else:
             await self._publish_answer(follower, outcome)

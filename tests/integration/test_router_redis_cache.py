@@ -8,7 +8,17 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from llmbus.messages import ErrorCode, ErrorInfo, InferenceRequest, InferenceResult, ResultStatus, Usage
+from llmbus.messages import (
+    ErrorCode,
+    ErrorInfo,
+    FinishReason,
+    FunctionCall,
+    InferenceRequest,
+    InferenceResult,
+    ResultStatus,
+    ToolCall,
+    Usage,
+)
 from services.router.cache import RedisResponseCache
 from services.router.policy.cache_key import cache_key
 from services.router.policy.complexity import build_scorer
@@ -90,3 +100,19 @@ async def test_a_lookup_marks_only_a_miss_pending(client: redis.Redis, cache: Re
     hit = await cache.lookup(key, pending_id="second")
     assert hit is not None and hit.text == "4"
     assert await client.exists(f"llmbus:{cache._namespace}:cache-pending:second") == 0
+
+
+async def test_an_answer_of_tool_calls_is_not_cached(cache: RedisResponseCache) -> None:
+    core = RouterCore(load_policy(), build_scorer("heuristic"), cache=cache)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    ask = InferenceRequest(request_id="t1", prompt="look it up", temperature=0.0, tenant="acme", tools=tools)
+    assert (await core.route(ask)).routed is not None
+    called = ok_result("t1", "acme", text="").model_copy(
+        update={
+            "finish_reason": FinishReason.TOOL_CALLS,
+            "tool_calls": [ToolCall(id="c1", function=FunctionCall(name="lookup", arguments="{}"))],
+        }
+    )
+    assert not await cache.complete(called)
+    again = await core.route(ask.model_copy(update={"request_id": "t2"}))
+    assert again.routed is not None and again.result is None  # generated again, not answered with ""

@@ -98,6 +98,7 @@ class Upstream:
 
     def __init__(self) -> None:
         self.status = 200
+        self.finish_reason = "stop"
         self.bodies: list[dict] = []
         self.paths: list[str] = []
 
@@ -113,7 +114,7 @@ class Upstream:
             return httpx.Response(200, json={"choices": [{"message": {"content": "."}}], "data": []})
         chunks = [
             {"choices": [{"index": 0, "delta": {"content": "ok"}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": self.finish_reason}]},
             {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
         ]
         sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"

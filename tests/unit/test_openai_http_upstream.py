@@ -33,10 +33,10 @@ async def send(engine: OpenAIHttpEngine, request: EngineRequest) -> None:
 @pytest.mark.parametrize(
     ("api", "messages", "path", "sent"),
     [
-        ("chat", CHAT, "/v1/chat/completions", {"messages": [m.model_dump() for m in CHAT]}),
+        ("chat", CHAT, "/v1/chat/completions", {"messages": [m.model_dump(exclude_none=True) for m in CHAT]}),
         ("chat", (), "/v1/chat/completions", {"messages": [{"role": "user", "content": RENDERED}]}),
         ("completions", CHAT, "/v1/completions", {"prompt": RENDERED}),
-        ("auto", CHAT, "/v1/chat/completions", {"messages": [m.model_dump() for m in CHAT]}),
+        ("auto", CHAT, "/v1/chat/completions", {"messages": [m.model_dump(exclude_none=True) for m in CHAT]}),
         ("auto", (), "/v1/completions", {"prompt": RENDERED}),
     ],
 )

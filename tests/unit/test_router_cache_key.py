@@ -51,3 +51,25 @@ def test_the_output_shape_is_part_of_the_key_only_when_asked() -> None:
     assert cache_key(req(response_format={"type": "text"}), "m") == plain  # text is the default shape
     # Keys of requests without a shape are the ones computed before shapes existed: the cache stays warm.
     assert plain == "acme:b9c5c065363809966845da91f78e7aa2b64dd1d62b38168e44a7ff73f30805b9"
+
+
+def test_a_messages_tool_call_fields_are_part_of_the_key() -> None:
+    call = {"id": "c1", "function": {"name": "lookup", "arguments": '{"q": "a"}'}}
+    other = {"id": "c1", "function": {"name": "lookup", "arguments": '{"q": "b"}'}}
+
+    def turn(calls: list[dict[str, object]], result: str, call_id: str = "c1") -> InferenceRequest:
+        return req(
+            prompt=None,
+            messages=[
+                {"role": "user", "content": "look it up"},
+                {"role": "assistant", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": call_id, "content": result},
+            ],
+        )
+
+    keys = {
+        cache_key(turn([call], "1"), "m"),
+        cache_key(turn([other], "1"), "m"),
+        cache_key(turn([call], "1", "c2"), "m"),
+    }
+    assert len(keys) == 3

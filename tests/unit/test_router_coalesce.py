@@ -13,6 +13,7 @@ from llmbus.messages import (
     InferenceResult,
     ResultStatus,
     RoutedRequest,
+    ToolCall,
     Usage,
 )
 from services.router.policy.coalesce import (
@@ -147,6 +148,17 @@ def test_a_leader_failure_ends_followers_by_its_kind() -> None:
     assert alone.result is None and alone.routed is not None
     assert alone.routed.request_id == "f1" and alone.routed.model == "m"
     assert alone.routed.route_reason == "coalesce_fallback:leader_failed:deadline_exceeded:default"
+
+
+def test_a_leader_that_called_tools_sends_its_followers_to_their_own_generation() -> None:
+    call = {"id": "call_1", "function": {"name": "lookup", "arguments": "{}"}}
+    leader = leader_ok().model_copy(
+        update={"text": "", "finish_reason": FinishReason.TOOL_CALLS, "tool_calls": [ToolCall.model_validate(call)]}
+    )
+    assert verdict_on(leader, CoalescePolicy()) == FollowerVerdict.GENERATE
+    alone = outcome_for(follower(), leader, CoalescePolicy())
+    assert alone.result is None and alone.routed is not None
+    assert alone.routed.route_reason == "coalesce_fallback:leader_tool_calls:default"
 
 
 def test_policy_is_validated() -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus.messages import TokenChunk
+from llmbus.messages import TokenChunk, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,18 @@ class ChunkAssembler:
     restarts: int = 0  # how often a new attempt voided earlier text
     final: TokenChunk | None = None
     _parts: dict[int, list[str]] = field(default_factory=dict)  # attempt → its text so far
+    _calls: dict[int, list[ToolCallDelta]] = field(default_factory=dict)  # attempt → its tool call fragments
     _seen: set[tuple[int, int]] = field(default_factory=set)  # (attempt, seq) taken
 
     @property
     def text(self) -> str:
         """The current attempt's text so far (after the final chunk: the result's text)."""
         return "".join(self._parts.get(self.attempt, ()))
+
+    @property
+    def tool_calls(self) -> list[ToolCallDelta]:
+        """The current attempt's tool call fragments so far, in order (llmbus.tool_calls assembles them)."""
+        return self._calls.get(self.attempt, [])
 
     @property
     def done(self) -> bool:
@@ -73,6 +79,8 @@ class ChunkAssembler:
         parts = self._parts.setdefault(chunk.attempt, [])
         if chunk.delta:
             parts.append(chunk.delta)
+        if chunk.tool_calls:
+            self._calls.setdefault(chunk.attempt, []).extend(chunk.tool_calls)
         if chunk.attempt < self.attempt and not chunk.final:
             return None  # stale: kept aside in case its attempt turns out to hold the final marker
         switching = chunk.attempt != self.attempt and self.started
@@ -105,3 +113,14 @@ def unshown(text: str, shown: str) -> str:
     if not text.startswith(shown):
         raise RetryDiverged(f"the new attempt's text differs from the {len(shown)} characters already shown")
     return text[len(shown) :]
+
+
+def unshown_tool_calls(calls: list[ToolCallDelta], shown: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """`unshown` for tool call fragments: the current attempt's ones not sent yet; RetryDiverged when
+    a retry's calls differ from those already sent."""
+    if len(calls) <= len(shown):
+        if calls == shown[: len(calls)]:
+            return []
+    elif calls[: len(shown)] == shown:
+        return calls[len(shown) :]
+    raise RetryDiverged(f"the new attempt's tool calls differ from the {len(shown)} fragments already shown")

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode
+from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,9 @@ class EngineOutput:
     completion_tokens: int
     cached_prompt_tokens: int = 0
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "tool_calls"
     preemptions: int = 0  # times the engine preempted this request so far (0 where not known)
+    tool_calls: list[ToolCallDelta] | None = None  # tool call fragments of this step (hosted chat APIs)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
+from llmbus.messages import ChatMessage, FinishReason, FunctionCallDelta, ToolCallDelta
 from llmbus.tokens import count_tokens
 from services.engine_worker.engines.base import (
     AdmissionError,
@@ -40,6 +42,7 @@ from services.engine_worker.engines.openai_http_config import OpenAIHttpConfig
 
 __all__ = ["OpenAIHttpConfig", "OpenAIHttpEngine", "retry_after_s"]
 
+_KNOWN_FINISH = frozenset(r.value for r in FinishReason) - {FinishReason.ABORT, FinishReason.ERROR}
 # Headers worth forwarding to the server: W3C trace context (vLLM serve and most gateways read it).
 _FORWARDED_HEADERS = ("traceparent", "tracestate", "baggage")
 
@@ -204,7 +207,7 @@ class OpenAIHttpEngine:
             # Each message with every field it has (role, content, and name / tool calls where the
             # message model carries them): the provider applies its own chat format to them. Fields
             # left at their default are not sent (an empty tool_calls is refused by some providers).
-            body["messages"] = [m.model_dump(mode="json", exclude_defaults=True) for m in request.messages]
+            body["messages"] = [_message_body(m) for m in request.messages]
         elif chat:
             body["messages"] = [{"role": "user", "content": request.prompt}]
         else:
@@ -305,10 +308,11 @@ class OpenAIHttpEngine:
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
                         delta = _delta_of(choice, chat)
-                        finish_reason = choice.get("finish_reason") or finish_reason
-                        if delta:
+                        calls = _tool_call_deltas(choice) if chat else None
+                        finish_reason = _finish_reason(choice.get("finish_reason")) or finish_reason
+                        if delta or calls:
                             completion_tokens += 1
-                            yield EngineOutput(delta, 1, prompt_tokens, completion_tokens)
+                            yield EngineOutput(delta, 1, prompt_tokens, completion_tokens, tool_calls=calls)
         except EngineError:
             raise
         except (httpx.StreamError, httpx.ReadError, httpx.RemoteProtocolError) as exc:
@@ -367,10 +371,51 @@ class OpenAIHttpEngine:
         )
 
 
+def _finish_reason(raw: object) -> str | None:
+    """An upstream's finish reason as llmbus knows it: one it does not name (a provider's own, the
+    legacy `function_call`) would fail the whole answer, so it reads as "stop"."""
+    if not raw:
+        return None
+    return str(raw) if raw in _KNOWN_FINISH else "stop"
+
+
+def _message_body(message: ChatMessage) -> dict[str, Any]:
+    """A message as OpenAI's API takes it: every field it has; an assistant turn that only calls
+    tools has `content: null` (what the API itself answers, and what a client sends back)."""
+    body = message.model_dump(mode="json", exclude_none=True)
+    if message.tool_calls and not message.content:
+        body["content"] = None
+    return body
+
+
 def _delta_of(choice: dict[str, Any], chat: bool) -> str:
     if chat:
         return (choice.get("delta") or {}).get("content") or ""
     return choice.get("text") or ""
+
+
+def _tool_call_deltas(choice: dict[str, Any]) -> list[ToolCallDelta] | None:
+    """The choice's `delta.tool_calls[]` fragments, OpenAI's fields only (a provider's extras dropped)."""
+    raw = (choice.get("delta") or {}).get("tool_calls")
+    if not raw:
+        return None
+    try:
+        return [
+            ToolCallDelta(
+                index=int(call.get("index", position)),
+                id=call.get("id"),
+                type=call.get("type"),
+                function=FunctionCallDelta(
+                    name=(call.get("function") or {}).get("name"),
+                    arguments=(call.get("function") or {}).get("arguments"),
+                )
+                if call.get("function")
+                else None,
+            )
+            for position, call in enumerate(raw)
+        ]
+    except (ValidationError, TypeError, ValueError, AttributeError) as exc:
+        raise EngineError(f"upstream sent a tool call fragment llmbus cannot read: {exc}") from exc
 
 
 async def _sse_data(resp: httpx.Response) -> AsyncIterator[str]:

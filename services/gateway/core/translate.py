@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from llmbus.messages import ChatMessage, FinishReason, InferenceRequest, Usage
-from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody
+from llmbus.messages import ChatMessage, FinishReason, InferenceRequest, ToolCall, ToolCallDelta, Usage
+from services.gateway.core.openai_types import ChatCompletionBody, ChatMessageIn, CompletionBody
 
 Kind = Literal["chat", "completion"]
 
@@ -42,9 +42,7 @@ def to_request(
     if body.top_p is not None:
         fields["top_p"] = body.top_p
     if isinstance(body, ChatCompletionBody):
-        fields["messages"] = [
-            ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text()) for m in body.messages
-        ]
+        fields["messages"] = [_message(m) for m in body.messages]
         cap = body.output_cap_tokens()
         if body.response_format is not None:
             fields["response_format"] = body.response_format
@@ -62,8 +60,27 @@ def to_request(
     return InferenceRequest.model_validate(fields)
 
 
+def _message(message: ChatMessageIn) -> ChatMessage:
+    """A chat message for the bus: its text, and its name and tool-call fields where it has them."""
+    return ChatMessage(
+        role="system" if message.role == "developer" else message.role,
+        content=message.text(),
+        name=message.name,
+        tool_calls=message.tool_calls,
+        tool_call_id=message.tool_call_id,
+    )
+
+
+# OpenAI's finish reasons for llmbus's; every other one (an abort or error ends with an error event) is "stop".
+_OPENAI_FINISH = {
+    FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
+    FinishReason.CONTENT_FILTER: "content_filter",
+}
+
+
 def finish_reason(reason: FinishReason | None) -> str:
-    return "length" if reason == FinishReason.LENGTH else "stop"
+    return _OPENAI_FINISH.get(reason, "stop") if reason is not None else "stop"
 
 
 def usage_of(usage: Usage | None) -> dict[str, object]:
@@ -92,11 +109,23 @@ class ResponseShape:
     def _head(self, obj: str) -> dict[str, object]:
         return {"id": self.response_id, "object": obj, "created": self.created_s, "model": self.model}
 
-    def stream_chunk(self, delta: str, *, first: bool, finish: str | None, include_usage: bool) -> dict[str, object]:
+    def stream_chunk(
+        self,
+        delta: str,
+        *,
+        first: bool,
+        finish: str | None,
+        include_usage: bool,
+        tool_calls: list[ToolCallDelta] | None = None,
+    ) -> dict[str, object]:
         if self.kind == "chat":
-            message: dict[str, object] = {"content": delta}
+            # OpenAI's deltas: a tool call fragment comes with `content` only where there is text.
+            message: dict[str, object] = {"content": delta} if delta or not tool_calls else {}
             if first:
                 message["role"] = "assistant"
+                message.setdefault("content", None)
+            if tool_calls:
+                message["tool_calls"] = [call.model_dump(mode="json", exclude_none=True) for call in tool_calls]
             choice: dict[str, object] = {"index": 0, "delta": message, "logprobs": None, "finish_reason": finish}
             out = self._head("chat.completion.chunk") | {"choices": [choice]}
         else:
@@ -110,11 +139,17 @@ class ResponseShape:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return self._head(obj) | {"choices": [], "usage": usage_of(usage)}
 
-    def full(self, text: str, finish: str, usage: Usage | None) -> dict[str, object]:
+    def full(
+        self, text: str, finish: str, usage: Usage | None, tool_calls: list[ToolCall] | None = None
+    ) -> dict[str, object]:
         if self.kind == "chat":
+            message: dict[str, object] = {"role": "assistant", "content": text, "refusal": None}
+            if tool_calls:  # OpenAI: content null when the answer is only tool calls
+                message["content"] = text or None
+                message["tool_calls"] = [call.model_dump(mode="json") for call in tool_calls]
             choice: dict[str, object] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
             }

@@ -13,7 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 
-from llmbus.messages import InferenceRequest
+from llmbus.messages import ChatMessage, InferenceRequest
+
+_TOOL_FIELDS = {"name", "tool_calls", "tool_call_id"}
+
+
+def _has_tool_fields(message: ChatMessage) -> bool:
+    return message.name is not None or message.tool_calls is not None or message.tool_call_id is not None
 
 
 def cacheable(request: InferenceRequest) -> bool:
@@ -24,7 +30,15 @@ def cache_key(request: InferenceRequest, model: str) -> str:
     material: dict[str, object] = {
         "tenant": request.tenant,
         "model": model,
-        "messages": [[m.role, m.content] for m in request.messages],
+        # A message's tool-call fields only where it has them, so that every other key stays what it was.
+        "messages": [
+            [
+                m.role,
+                m.content,
+                *([m.model_dump(mode="json", include=_TOOL_FIELDS, exclude_none=True)] if _has_tool_fields(m) else []),
+            ]
+            for m in request.messages
+        ],
         "prompt": request.prompt,
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,

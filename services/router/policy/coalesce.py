@@ -9,7 +9,8 @@ leader's final InferenceResult reaches the router on llm.results, each follower 
 - ERROR: the leader's error, when that error follows from the input itself (a follower would
   fail the same way: `share_error_codes`);
 - GENERATE: its own routed request, sent on to the scheduler, for any other failure (deadline,
-  lost worker, cancel, exhausted attempts: those belong to the leader, not to the input).
+  lost worker, cancel, exhausted attempts: those belong to the leader, not to the input), and
+  when the leader's answer is tool calls (an answer replays text only).
 
 A follower whose leader gives no result within `max_wait_s` (lost result, expired state) also
 GENERATEs: no follower waits forever. No broker imports here.
@@ -44,7 +45,8 @@ class FollowerVerdict(StrEnum):
 
 def verdict_on(leader: InferenceResult, policy: CoalescePolicy) -> FollowerVerdict:
     if leader.status == ResultStatus.OK:
-        return FollowerVerdict.ANSWER
+        # A follower's answer replays text only: tool calls are not handed on, the follower generates.
+        return FollowerVerdict.GENERATE if leader.tool_calls else FollowerVerdict.ANSWER
     if leader.error is not None and leader.error.code in policy.share_error_codes:
         return FollowerVerdict.ERROR
     return FollowerVerdict.GENERATE
@@ -97,5 +99,7 @@ def outcome_for(follower: RoutedRequest, leader: InferenceResult, policy: Coales
         return follower_answer(follower, leader)
     if verdict == FollowerVerdict.ERROR:
         return follower_error(follower, leader)
+    if leader.status == ResultStatus.OK:
+        return RouteOutcome(routed=own_generation(follower, "leader_tool_calls"))
     code = leader.error.code.value if leader.error is not None else "unknown"
     return RouteOutcome(routed=own_generation(follower, f"leader_failed:{code}"))

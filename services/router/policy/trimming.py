@@ -31,7 +31,7 @@ _GENERATION_PROMPT = "<|assistant|>\n"
 
 
 def turn_tokens(message: ChatMessage, count: Callable[[str], int] = estimate_tokens) -> int:
-    return count(f"<|{message.role}|>\n{message.content}\n")
+    return count(message.rendered())
 
 
 @dataclass(frozen=True)

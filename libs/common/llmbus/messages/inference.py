@@ -15,9 +15,48 @@ DEFAULT_REPLY_TOPIC = "llm.tokens"
 AUTO_MODEL = "auto"
 
 
+class FunctionCall(Part):
+    name: str = Field(max_length=256)
+    arguments: str = Field(default="", max_length=2_000_000, description="JSON text, as the model wrote it.")
+
+
+class ToolCall(Part):
+    """OpenAI's tool call: on an assistant message of a chat, and on a result."""
+
+    id: str = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionCallDelta(Part):
+    name: str | None = Field(default=None, max_length=256)
+    arguments: str | None = Field(default=None, max_length=2_000_000)
+
+
+class ToolCallDelta(Part):
+    """One streamed fragment of a tool call (OpenAI's `delta.tool_calls[]`): `index` names the call,
+    its first fragment brings id, type and name, and `arguments` comes in pieces to concatenate."""
+
+    index: int = Field(ge=0, le=1023)
+    id: str | None = Field(default=None, max_length=256)
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChatMessage(Part):
     role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(max_length=2_000_000)
+    content: str = Field(default="", max_length=2_000_000)
+    name: str | None = Field(default=None, max_length=256)
+    tool_calls: list[ToolCall] | None = Field(
+        default=None, max_length=128, description="An assistant message's tool calls (OpenAI's shape)."
+    )
+    tool_call_id: str | None = Field(default=None, max_length=256, description="A tool message: the call it answers.")
+
+    def rendered(self) -> str:
+        """The turn in the plain-text rendering (prompt_text): role-tagged, an assistant's tool calls
+        as `name(arguments)` lines, so that they are counted and a completions API sees them."""
+        calls = "".join(f"{c.function.name}({c.function.arguments})\n" for c in self.tool_calls or ())
+        return f"<|{self.role}|>\n{self.content}\n{calls}"
 
 
 class ResponseFormat(Part):
@@ -115,7 +154,7 @@ class InferenceRequest(Message):
         """The text the engine sees: a plain prompt, or the chat rendered as role-tagged turns."""
         if self.prompt is not None:
             return self.prompt
-        return "".join(f"<|{m.role}|>\n{m.content}\n" for m in self.messages) + "<|assistant|>\n"
+        return "".join(m.rendered() for m in self.messages) + "<|assistant|>\n"
 
     @property
     def deterministic(self) -> bool:
@@ -211,6 +250,8 @@ class FinishReason(StrEnum):
     LENGTH = "length"
     ABORT = "abort"
     ERROR = "error"
+    TOOL_CALLS = "tool_calls"  # the answer is tool calls for the client to run
+    CONTENT_FILTER = "content_filter"  # a hosted upstream's filter cut the answer
 
 
 class TokenChunk(Message):
@@ -220,6 +261,9 @@ class TokenChunk(Message):
     tenant: str
     seq: int = Field(ge=0)
     delta: str = ""
+    tool_calls: list[ToolCallDelta] | None = Field(
+        default=None, description="Tool call fragments in this chunk, in order (llmbus.tool_calls assembles them)."
+    )
     tokens: int = Field(default=0, ge=0, description="Tokens carried in this chunk.")
     final: bool = False
     finish_reason: FinishReason | None = None
@@ -257,6 +301,7 @@ class InferenceResult(Message):
     model: str | None = None
     worker_id: str | None = None
     text: str = ""
+    tool_calls: list[ToolCall] | None = Field(default=None, description="The answer's tool calls, assembled.")
     finish_reason: FinishReason | None = None
     usage: Usage = Field(default_factory=Usage)
     timings: Timings = Field(default_factory=Timings)
