@@ -13,6 +13,7 @@ from llmbus.messages import (
     InferenceRequest,
     InferenceResult,
     ResultStatus,
+    RoutedRequest,
     TokenChunk,
 )
 from llmbus.replies import publish_result
@@ -37,6 +38,9 @@ class CacheHitCore:
         )
         chunk = TokenChunk(request_id=request.request_id, tenant=request.tenant, seq=0, delta="cached")
         return RouteOutcome(result=result, content_chunks=[chunk])
+
+    def request_facts(self, request: InferenceRequest, route_reason: str | None = None) -> dict[str, object]:
+        return RoutedRequest(request=request, model="").facts(route_reason)  # as RouterCore's, without a policy
 
 
 def request_record(request_id: str = "r1") -> ConsumerRecord:
