@@ -21,8 +21,10 @@ from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.codec import MAX_ID_CHARS
 from llmbus.settings import BusSettings
+from tests.reliability.effects import Billing, Effect, group_members
 from tests.reliability.harness import (
     Answers,
+    ErrorBound,
     Load,
     Outcome,
     PrivateKafka,
@@ -38,6 +40,9 @@ from tests.reliability.hostile import DUPLICATE, FOREIGN, Hostile, draw_corpus
 from tests.support import fresh_settings
 
 WORKERS = ["w1", "w2"]
+NO_ERRORS: ErrorBound = {}  # nothing a client needs was down: every request must be answered OK
+# What hostile records may be answered with (each at most once per hostile record); never `internal`.
+CLIENT_INPUT_ERRORS = ("invalid_request", "malformed", "request_too_large", "prompt_too_long", "forbidden")
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,9 @@ async def _run(
     size: Size,
     hooks: dict[int, Callable[[int], Awaitable[None]]],
     faults: Faults,
+    error_bound: ErrorBound,
     load: Load | None = None,
+    effects: list[Effect] | None = None,
 ) -> Outcome:
     started = time.monotonic()
     answers = await Answers(settings).start()
@@ -121,7 +128,16 @@ async def _run(
         sent = await load.run()
         await faults.done()
         return await finish(
-            name, settings, stack, answers, sent, started, answer_timeout_s=size.answer_timeout_s, notes=faults.notes
+            name,
+            settings,
+            stack,
+            answers,
+            sent,
+            started,
+            answer_timeout_s=size.answer_timeout_s,
+            error_bound=error_bound,
+            notes=faults.notes,
+            effects=effects,
         )
     finally:
         await answers.stop()
@@ -152,7 +168,7 @@ async def sigkill_each_service(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.45): faults.spawn(kill_then_restart("scheduler")),
                 at(size, 0.7): faults.spawn(kill_then_restart("w1")),
             }
-            return await _run("sigkill_each_service", settings, stack, size, hooks, faults)
+            return await _run("sigkill_each_service", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -176,7 +192,7 @@ async def broker_restart(size: Size, log_dir: Path) -> Outcome:
     try:
         async with running_stack(settings, log_dir) as stack:
             hooks = {at(size, 0.4): faults.spawn(outage)}
-            return await _run("broker_restart", settings, stack, size, hooks, faults, load)
+            return await _run("broker_restart", settings, stack, size, hooks, faults, NO_ERRORS, load)
     finally:
         with contextlib.suppress(Exception):
             await dispose(settings)
@@ -212,7 +228,7 @@ async def group_churn(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.65): faults.spawn(add("router", "router-3")),
                 at(size, 0.8): faults.spawn(remove("router-2")),
             }
-            return await _run("group_churn", settings, stack, size, hooks, faults)
+            return await _run("group_churn", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -254,7 +270,9 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.25): faults.spawn(outage(router_redis, "router")),
                 at(size, 0.6): faults.spawn(outage(dispatch_redis, "final markers (router, scheduler, workers)")),
             }
-            return await _run("redis_restart", settings, stack, size, hooks, faults)
+            # Redis down for 2 x 4 s: at most the requests sent meanwhile may end `internal`.
+            bound = {"internal": int(size.rate_per_s * 8)}
+            return await _run("redis_restart", settings, stack, size, hooks, faults, bound)
         finally:
             supervisor.cancel()
             stack.stop_all()
@@ -277,7 +295,8 @@ async def zombie_worker(size: Size, log_dir: Path) -> Outcome:
 
     try:
         async with running_stack(settings, log_dir) as stack:
-            return await _run("zombie_worker", settings, stack, size, {at(size, 0.4): faults.spawn(freeze)}, faults)
+            hooks = {at(size, 0.4): faults.spawn(freeze)}
+            return await _run("zombie_worker", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -347,11 +366,59 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
                     [*sent, *sent_hostile_ids],
                     started,
                     answer_timeout_s=size.answer_timeout_s,
+                    error_bound=dict.fromkeys(CLIENT_INPUT_ERRORS, size.hostile),
                     account_requests=True,
                     notes=faults.notes,
                 )
             finally:
                 await answers.stop()
+    finally:
+        await dispose(settings)
+
+
+async def sigkill_cost_accounting(size: Size, log_dir: Path) -> Outcome:
+    """cost-accounting in the stack under load, SIGKILLed mid-load and again once its restart has
+    rejoined (each restarted 2 s later): every result billed exactly once on llm.costs, and
+    counted once in its Redis totals."""
+    settings = fresh_settings()
+    faults = Faults()
+    group = t.Topics(settings.topic_prefix).group(t.COST, "results")
+
+    async def rejoined(before: set[str]) -> set[str]:
+        """Until a member not in `before` holds the group (the restarted process consumes)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while not (members := await group_members(settings, group)) or members <= before:
+            if loop.time() > deadline:
+                raise TimeoutError(f"cost-accounting did not join {group} within 120 s")
+            await asyncio.sleep(0.2)
+        return members
+
+    async def kill_twice() -> None:
+        """The second kill after the first restart has rejoined: it lands while the backlog (and
+        the self-hosted results held for their intervals) is being billed."""
+        for n in (1, 2):
+            before = await group_members(settings, group)
+            stack.kill("cost")
+            faults.note(f"SIGKILL cost ({n})")
+            await asyncio.sleep(2)
+            stack.restart("cost")
+            await rejoined(before)
+            faults.note("cost restarted and rejoined its group")
+            await asyncio.sleep(0.5)
+
+    try:
+        async with running_stack(settings, log_dir) as stack:
+            stack.cost()
+            await rejoined(set())
+            billing = await Billing(settings).start()
+            try:
+                hooks = {at(size, 0.4): faults.spawn(kill_twice)}
+                return await _run(
+                    "sigkill_cost_accounting", settings, stack, size, hooks, faults, NO_ERRORS, effects=[billing]
+                )
+            finally:
+                await billing.stop()
     finally:
         await dispose(settings)
 
@@ -381,4 +448,5 @@ SCENARIOS: dict[str, Callable[[Size, Path], Awaitable[Outcome]]] = {
     "redis_restart": redis_restart,
     "zombie_worker": zombie_worker,
     "hostile_fuzz": hostile_fuzz,
+    "sigkill_cost_accounting": sigkill_cost_accounting,
 }

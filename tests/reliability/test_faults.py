@@ -48,4 +48,4 @@ async def test_no_request_lost_or_doubled(
         reliability_outcomes.append(Outcome(scenario, AuditReport(), time.monotonic() - started, error=error))
         raise
     reliability_outcomes.append(outcome)
-    assert outcome.passed, outcome.report.summary() + "\n" + "\n".join(outcome.notes)
+    assert outcome.passed, outcome.verdict() + "\n" + "\n".join(outcome.notes)
