@@ -22,7 +22,7 @@ from llmbus.audit.bills import check_bills
 from llmbus.bus import decode
 from llmbus.bus.admin import open_admin
 from llmbus.client import TopicTail
-from llmbus.messages import BookedTo, CostRecord, InferenceResult
+from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 
@@ -33,7 +33,11 @@ COST_ENV = {
     "LLMBUS_COST_GRACE_S": "1",
     "LLMBUS_COST_CLOSE_EVERY_S": "0.2",
     "LLMBUS_COST_SETTLE_S": "0",
+    # A SIGKILLed member holds its partitions until its session times out: the broker's minimum.
+    "LLMBUS_SESSION_TIMEOUT_MS": "6000",
 }
+
+COMPARATOR_ENV = {"LLMBUS_COMPARATOR_DECIDE": "false", "LLMBUS_SESSION_TIMEOUT_MS": "6000"}
 
 
 class Effect(Protocol):
@@ -146,5 +150,108 @@ class Billing:
             f"billing: {bills.results} results, {bills.billed} billed once, {bills.unbilled} unbilled, "
             f"{bills.doubled} record ids doubled, {bills.extra} extra; {len(costs)} cost records, "
             f"{billed_micro} µUSD booked to tenants (Redis totals {'agree' if not problems else 'DISAGREE'})"
+        ]
+        return problems, notes
+
+
+def shadow_pairs(topics: t.Topics, records: Iterable[Seen]) -> dict[str, str]:
+    """comparison id (`<primary>:<experiment>`) -> primary id, for every primary whose result and
+    whose shadow copy's result (`<primary>.shadow.<experiment>`) are both on llm.results."""
+    name = topics.name(t.RESULTS)
+    primaries, shadows = set(), set()
+    for record in records:
+        if record.topic == name and record.value is not None:
+            result = InferenceResult.model_validate_json(record.value)
+            (shadows if result.shadow else primaries).add(result.request_id)
+    pairs = {}
+    for shadow_id in shadows:
+        primary, _, experiment = shadow_id.partition(".shadow.")
+        if primary in primaries and experiment:
+            pairs[f"{primary}:{experiment}"] = primary
+    return pairs
+
+
+def comparison_problems(pairs: Iterable[str], comparison_ids: Iterable[str]) -> tuple[list[str], Counter[str]]:
+    """Each pair compared: one distinct comparison id per (experiment, primary), none for a pair that
+    is not on llm.results. Returns (problems, copies per id); identical copies of one id are the
+    comparator's documented redelivery (readers dedupe on the id) and are reported, not failed."""
+    copies = Counter(comparison_ids)
+    wanted = set(pairs)
+    missing = sorted(wanted - set(copies))
+    extra = sorted(set(copies) - wanted)
+    problems = [f"comparisons missing ({len(missing)}): {missing[:5]}"] if missing else []
+    problems += [f"comparisons of no pair ({len(extra)}): {extra[:5]}"] if extra else []
+    return problems, copies
+
+
+class Comparing:
+    """The shadow-comparator's effect: each (experiment, request) pair compared once on
+    llm.comparisons and counted once in the experiment's pair aggregate (what decisions read)."""
+
+    def __init__(self, settings: BusSettings, experiment_id: str, step: int = 0) -> None:
+        self.settings = settings
+        self.topics = t.Topics(settings.topic_prefix)
+        self.experiment_id = experiment_id
+        self.step = step
+        self.shadows: set[str] = set()
+        self.compared: set[str] = set()
+        self._results: TopicTail | None = None
+        self._comparisons: TopicTail | None = None
+
+    async def start(self) -> Comparing:
+        self._results = await TopicTail(self.settings, self.topics.name(t.RESULTS)).start()
+        self._comparisons = await TopicTail(self.settings, self.topics.name(t.COMPARISONS)).start()
+        return self
+
+    async def stop(self) -> None:
+        for tail in (self._results, self._comparisons):
+            if tail is not None:
+                await tail.stop()
+
+    async def _read(self, timeout_s: float) -> None:
+        assert self._results is not None and self._comparisons is not None
+        async for record in self._results.records(timeout_s / 2):
+            result = decode(record, InferenceResult)
+            if result.shadow:  # type: ignore[attr-defined]
+                primary, _, experiment = result.request_id.partition(".shadow.")  # type: ignore[attr-defined]
+                self.shadows.add(f"{primary}:{experiment}")
+        async for record in self._comparisons.records(timeout_s / 2):
+            self.compared.add(decode(record, Comparison).comparison_id)  # type: ignore[attr-defined]
+
+    async def settle(self, result_ids: set[str], timeout_s: float) -> None:
+        """Until every shadow result seen is compared and no new shadow came for 2 s, or time is up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        quiet_since = loop.time()
+        while loop.time() < deadline:
+            before = len(self.shadows)
+            await self._read(1.0)
+            if len(self.shadows) != before:
+                quiet_since = loop.time()
+            if self.shadows <= self.compared and loop.time() - quiet_since >= 2.0:
+                return
+
+    async def pair_count(self) -> int:
+        """`n` of the experiment's pair aggregate in the comparator's Redis store."""
+        client = redis_client(self.settings.redis_url)
+        key = f"llmbus:{self.settings.topic_prefix}comparator:agg:{self.experiment_id}:{self.step}:pairs"
+        try:
+            raw = await asyncio.wait_for(client.hget(key, "n"), 10)
+        finally:
+            await client.aclose()
+        return int(float(raw)) if raw is not None else 0
+
+    async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
+        pairs = shadow_pairs(self.topics, records)
+        name = self.topics.name(t.COMPARISONS)
+        ids = [Comparison.model_validate_json(r.value).comparison_id for r in records if r.topic == name and r.value]
+        problems, copies = comparison_problems(pairs, ids)
+        counted = await self.pair_count()
+        if counted != len(copies):
+            problems.append(f"pair aggregate n={counted}, {len(copies)} distinct comparisons")
+        redelivered = sum(n - 1 for n in copies.values())
+        notes = [
+            f"comparisons: {len(pairs)} shadowed pairs on llm.results, {len(copies)} compared "
+            f"({redelivered} redelivered copies of an id), pair aggregate n={counted}"
         ]
         return problems, notes

@@ -28,7 +28,7 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
-from tests.reliability.effects import COST_ENV, Effect
+from tests.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
 from tests.support import REPO, ServiceProc, drop_namespace, wait_workers_ready
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,14 @@ class Stack:
 
     def cost(self, name: str = "cost") -> ServiceProc:
         return self._add(name, "services.cost_accounting", COST_ENV, None)
+
+    def comparator(self, name: str = "comparator") -> ServiceProc:
+        # Compare and aggregate only: a verdict mid-run would change what the router mirrors.
+        return self._add(name, "services.shadow_comparator", COMPARATOR_ENV, None)
+
+    def shadow_worker(self, worker_id: str, model: str) -> ServiceProc:
+        env = WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id, "LLMBUS_WORKER_MODEL": model}
+        return self._add(worker_id, "services.engine_worker", env, None)
 
     def kill(self, name: str) -> None:
         """SIGKILL; the service stays down until `restart` (the supervisor leaves it alone)."""

@@ -20,9 +20,13 @@ from aiokafka import AIOKafkaProducer
 from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.codec import MAX_ID_CHARS
+from llmbus.cli.experiments import publish_record
+from llmbus.lifecycle import create
+from llmbus.messages import ModelSpec
 from llmbus.settings import BusSettings
-from tests.reliability.effects import Billing, Effect, group_members
+from tests.reliability.effects import Billing, Comparing, Effect, group_members
 from tests.reliability.harness import (
+    MODEL,
     Answers,
     ErrorBound,
     Load,
@@ -40,6 +44,7 @@ from tests.reliability.hostile import DUPLICATE, FOREIGN, Hostile, draw_corpus
 from tests.support import fresh_settings
 
 WORKERS = ["w1", "w2"]
+CANDIDATE = "sim-cand"  # a shadow experiment's candidate model (sigkill_comparator)
 NO_ERRORS: ErrorBound = {}  # nothing a client needs was down: every request must be answered OK
 # What hostile records may be answered with (each at most once per hostile record); never `internal`.
 CLIENT_INPUT_ERRORS = ("invalid_request", "malformed", "request_too_large", "prompt_too_long", "forbidden")
@@ -376,49 +381,93 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
         await dispose(settings)
 
 
+async def rejoined(settings: BusSettings, group: str, before: set[str]) -> set[str]:
+    """Until a member not in `before` holds `group` (a restarted process consumes again)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 120
+    while not (members := await group_members(settings, group)) or members <= before:
+        if loop.time() > deadline:
+            raise TimeoutError(f"nobody new joined {group} within 120 s")
+        await asyncio.sleep(0.2)
+    return members
+
+
+def kill_twice(stack: Stack, faults: Faults, name: str, group: str) -> Callable[[], Awaitable[None]]:
+    """SIGKILL `name`, restart it 1 s later; once the new process holds its group, again. The
+    second kill lands while the backlog the first one left is being worked off."""
+
+    async def action() -> None:
+        for n in (1, 2):
+            before = await group_members(stack.settings, group)
+            stack.kill(name)
+            faults.note(f"SIGKILL {name} ({n})")
+            await asyncio.sleep(1)
+            stack.restart(name)
+            await rejoined(stack.settings, group, before)
+            faults.note(f"{name} restarted and rejoined its group")
+            await asyncio.sleep(0.5)
+
+    return action
+
+
 async def sigkill_cost_accounting(size: Size, log_dir: Path) -> Outcome:
-    """cost-accounting in the stack under load, SIGKILLed mid-load and again once its restart has
-    rejoined (each restarted 2 s later): every result billed exactly once on llm.costs, and
-    counted once in its Redis totals."""
+    """cost-accounting in the stack under load, SIGKILLed twice (`kill_twice`): every result billed
+    exactly once on llm.costs, and counted once in its Redis totals."""
     settings = fresh_settings()
     faults = Faults()
     group = t.Topics(settings.topic_prefix).group(t.COST, "results")
-
-    async def rejoined(before: set[str]) -> set[str]:
-        """Until a member not in `before` holds the group (the restarted process consumes)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 120
-        while not (members := await group_members(settings, group)) or members <= before:
-            if loop.time() > deadline:
-                raise TimeoutError(f"cost-accounting did not join {group} within 120 s")
-            await asyncio.sleep(0.2)
-        return members
-
-    async def kill_twice() -> None:
-        """The second kill after the first restart has rejoined: it lands while the backlog (and
-        the self-hosted results held for their intervals) is being billed."""
-        for n in (1, 2):
-            before = await group_members(settings, group)
-            stack.kill("cost")
-            faults.note(f"SIGKILL cost ({n})")
-            await asyncio.sleep(2)
-            stack.restart("cost")
-            await rejoined(before)
-            faults.note("cost restarted and rejoined its group")
-            await asyncio.sleep(0.5)
-
     try:
         async with running_stack(settings, log_dir) as stack:
             stack.cost()
-            await rejoined(set())
+            await rejoined(settings, group, set())  # billing from the first result on
             billing = await Billing(settings).start()
             try:
-                hooks = {at(size, 0.4): faults.spawn(kill_twice)}
+                hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "cost", group))}
                 return await _run(
                     "sigkill_cost_accounting", settings, stack, size, hooks, faults, NO_ERRORS, effects=[billing]
                 )
             finally:
                 await billing.stop()
+    finally:
+        await dispose(settings)
+
+
+async def sigkill_comparator(size: Size, log_dir: Path) -> Outcome:
+    """A shadow experiment on every request (candidate `sim-cand` on a worker of its own) with the
+    shadow-comparator in the stack, SIGKILLed twice (`kill_twice`): each (experiment, request)
+    pair compared once on llm.comparisons and counted once in the experiment's pair aggregate."""
+    settings = fresh_settings()
+    faults = Faults()
+    group = t.Topics(settings.topic_prefix).group(t.COMPARATOR)
+    experiment_id = "rel-shadow"
+    try:
+        await prepare(settings)
+        # Before router and comparator start: both read llm.experiments from the start, so the
+        # first request is mirrored and its primary held for the join.
+        await publish_record(settings, t.EXPERIMENTS, experiment_id, create(experiment_id, MODEL, CANDIDATE))
+        await publish_record(settings, t.MODELS, CANDIDATE, ModelSpec(name=CANDIDATE, max_output_tokens=256))
+        stack = Stack(settings, log_dir)
+        stack.router()
+        stack.scheduler()
+        for worker_id in WORKERS:
+            stack.worker(worker_id)
+        stack.shadow_worker("w-cand", CANDIDATE)
+        stack.comparator()
+        supervisor = asyncio.create_task(stack.supervise())
+        try:
+            await start_and_wait(stack, [*WORKERS, "w-cand"])
+            await rejoined(settings, group, set())
+            comparing = await Comparing(settings, experiment_id).start()
+            try:
+                hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "comparator", group))}
+                return await _run(
+                    "sigkill_comparator", settings, stack, size, hooks, faults, NO_ERRORS, effects=[comparing]
+                )
+            finally:
+                await comparing.stop()
+        finally:
+            supervisor.cancel()
+            stack.stop_all()
     finally:
         await dispose(settings)
 
@@ -449,4 +498,5 @@ SCENARIOS: dict[str, Callable[[Size, Path], Awaitable[Outcome]]] = {
     "zombie_worker": zombie_worker,
     "hostile_fuzz": hostile_fuzz,
     "sigkill_cost_accounting": sigkill_cost_accounting,
+    "sigkill_comparator": sigkill_comparator,
 }
