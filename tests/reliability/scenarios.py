@@ -25,6 +25,7 @@ from llmbus.lifecycle import create
 from llmbus.messages import ModelSpec
 from llmbus.settings import BusSettings
 from tests.reliability.effects import Billing, Comparing, Effect, group_members
+from tests.reliability.gateway import HttpLoad, api_keys, free_port, wait_ready
 from tests.reliability.harness import (
     MODEL,
     Answers,
@@ -41,7 +42,7 @@ from tests.reliability.harness import (
     start_and_wait,
 )
 from tests.reliability.hostile import DUPLICATE, FOREIGN, Hostile, draw_corpus
-from tests.support import fresh_settings
+from tests.support import ServiceProc, fresh_settings
 
 WORKERS = ["w1", "w2"]
 CANDIDATE = "sim-cand"  # a shadow experiment's candidate model (sigkill_comparator)
@@ -472,6 +473,67 @@ async def sigkill_comparator(size: Size, log_dir: Path) -> Outcome:
         await dispose(settings)
 
 
+async def sigkill_gateway(size: Size, log_dir: Path) -> Outcome:
+    """HTTP clients stream through the gateway; it is SIGKILLed mid-run and restarted 1 s later
+    (the same instance id: the same reply topic) while they keep sending. Every request a client
+    saw accepted gets exactly one result; every accepted stream ends with [DONE], an error event
+    or a broken connection, never silently (`tests.reliability.gateway`)."""
+    settings = fresh_settings()
+    faults = Faults()
+    port = free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        async with running_stack(settings, log_dir) as stack:
+            keys = await api_keys(settings)
+            gateway_env = {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-rel"}
+            stack.procs["gateway"] = ServiceProc(
+                "services.gateway", settings, env=gateway_env, log_dir=log_dir, name="gateway"
+            ).start()
+            await wait_ready(base_url)
+
+            async def kill_restart() -> None:
+                stack.kill("gateway")
+                faults.note("SIGKILL gateway")
+                await asyncio.sleep(1)
+                stack.restart("gateway")
+                await wait_ready(base_url)
+                load.restarted = True
+                faults.note("gateway restarted and ready")
+
+            # Slow enough that the load outlasts the restart (~6 s on a busy machine): the
+            # restarted gateway must serve some of it.
+            load = HttpLoad(base_url, keys, size.requests, min(size.rate_per_s, size.requests / 16))
+            started = time.monotonic()
+            faults.started = started
+            answers = await Answers(settings).start()
+            try:
+                await load.run({at(size, 0.3): faults.spawn(kill_restart)})
+                await faults.done()
+                notes = [*faults.notes, load.summary()]
+                outcome = await finish(
+                    "sigkill_gateway",
+                    settings,
+                    stack,
+                    answers,
+                    load.accepted,
+                    started,
+                    answer_timeout_s=size.answer_timeout_s,
+                    error_bound=NO_ERRORS,
+                    notes=notes,
+                )
+            finally:
+                await answers.stop()
+            if load.silent:
+                outcome.effect_problems.append(f"accepted streams that ended silently: {load.silent[:5]}")
+            if not load.broken and not load.refused:
+                outcome.effect_problems.append("the kill touched no client: the scenario tested nothing")
+            if not load.accepted_after_restart:
+                outcome.effect_problems.append("the restarted gateway accepted nothing before the load ended")
+            return outcome
+    finally:
+        await dispose(settings)
+
+
 def _answerable(request_id: str) -> bool:
     """Ids judged one by one (exactly one result each): those a request can carry and the router can
     answer under (`llmbus.bus.codec`: 1..128 printable characters). Not these: an id with a lone
@@ -499,4 +561,5 @@ SCENARIOS: dict[str, Callable[[Size, Path], Awaitable[Outcome]]] = {
     "hostile_fuzz": hostile_fuzz,
     "sigkill_cost_accounting": sigkill_cost_accounting,
     "sigkill_comparator": sigkill_comparator,
+    "sigkill_gateway": sigkill_gateway,
 }
