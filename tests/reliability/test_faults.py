@@ -1,4 +1,6 @@
-"""Delivery under faults: every scenario must end with 0 lost, 0 doubled, clean chunks, nothing misfiled.
+"""Delivery under faults: every scenario must end with 0 lost, 0 doubled, clean chunks, nothing misfiled,
+no error results beyond the bound it fixed before the run, and its downstream effects (billing,
+comparisons) exactly once (docs/reliability.md).
 
 `make test` runs the short sizes (unmarked); `make reliability` sets LLMBUS_RELIABILITY=long, which
 marks them `reliability` (and `make test` leaves them out). LLMBUS_RELIABILITY_REQUESTS overrides
