@@ -379,7 +379,9 @@ async def finish(
         problems, effect_notes = await effect.check(records)
         effect_problems += problems
         notes += effect_notes
-    notes.append(f"error bound (fixed before the run): {error_bound or 'no error results'}")
+    notes.append(
+        f"error results {report.error_results or 'none'}; bound (fixed before the run): {error_bound or 'none'}"
+    )
     outcome = Outcome(
         scenario, report, time.monotonic() - started, notes, error_bound=error_bound, effect_problems=effect_problems
     )
