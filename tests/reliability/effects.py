@@ -158,7 +158,8 @@ def shadow_pairs(topics: t.Topics, records: Iterable[Seen]) -> dict[str, str]:
     """comparison id (`<primary>:<experiment>`) -> primary id, for every primary whose result and
     whose shadow copy's result (`<primary>.shadow.<experiment>`) are both on llm.results."""
     name = topics.name(t.RESULTS)
-    primaries, shadows = set(), set()
+    primaries: set[str] = set()
+    shadows: set[str] = set()
     for record in records:
         if record.topic == name and record.value is not None:
             result = InferenceResult.model_validate_json(record.value)

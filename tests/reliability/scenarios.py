@@ -20,14 +20,9 @@ from aiokafka import AIOKafkaProducer
 from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.codec import MAX_ID_CHARS
-from llmbus.cli.experiments import publish_record
-from llmbus.lifecycle import create
-from llmbus.messages import ModelSpec
 from llmbus.settings import BusSettings
-from tests.reliability.effects import Billing, Comparing, Effect, group_members
-from tests.reliability.gateway import HttpLoad, api_keys, free_port, wait_ready
+from tests.reliability.effects import Effect
 from tests.reliability.harness import (
-    MODEL,
     Answers,
     ErrorBound,
     Load,
@@ -42,10 +37,9 @@ from tests.reliability.harness import (
     start_and_wait,
 )
 from tests.reliability.hostile import DUPLICATE, FOREIGN, Hostile, draw_corpus
-from tests.support import ServiceProc, fresh_settings
+from tests.support import fresh_settings
 
 WORKERS = ["w1", "w2"]
-CANDIDATE = "sim-cand"  # a shadow experiment's candidate model (sigkill_comparator)
 NO_ERRORS: ErrorBound = {}  # nothing a client needs was down: every request must be answered OK
 # What hostile records may be answered with (each at most once per hostile record); never `internal`.
 CLIENT_INPUT_ERRORS = ("invalid_request", "malformed", "request_too_large", "prompt_too_long", "forbidden")
@@ -114,7 +108,7 @@ class Faults:
         await asyncio.gather(*self.tasks)
 
 
-async def _run(
+async def run_scenario(
     name: str,
     settings: BusSettings,
     stack: Stack,
@@ -174,7 +168,7 @@ async def sigkill_each_service(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.45): faults.spawn(kill_then_restart("scheduler")),
                 at(size, 0.7): faults.spawn(kill_then_restart("w1")),
             }
-            return await _run("sigkill_each_service", settings, stack, size, hooks, faults, NO_ERRORS)
+            return await run_scenario("sigkill_each_service", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -198,7 +192,7 @@ async def broker_restart(size: Size, log_dir: Path) -> Outcome:
     try:
         async with running_stack(settings, log_dir) as stack:
             hooks = {at(size, 0.4): faults.spawn(outage)}
-            return await _run("broker_restart", settings, stack, size, hooks, faults, NO_ERRORS, load)
+            return await run_scenario("broker_restart", settings, stack, size, hooks, faults, NO_ERRORS, load)
     finally:
         with contextlib.suppress(Exception):
             await dispose(settings)
@@ -234,7 +228,7 @@ async def group_churn(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.65): faults.spawn(add("router", "router-3")),
                 at(size, 0.8): faults.spawn(remove("router-2")),
             }
-            return await _run("group_churn", settings, stack, size, hooks, faults, NO_ERRORS)
+            return await run_scenario("group_churn", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -278,7 +272,7 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
             }
             # Redis down for 2 x 4 s: at most the requests sent meanwhile may end `internal`.
             bound = {"internal": int(size.rate_per_s * 8)}
-            return await _run("redis_restart", settings, stack, size, hooks, faults, bound)
+            return await run_scenario("redis_restart", settings, stack, size, hooks, faults, bound)
         finally:
             supervisor.cancel()
             stack.stop_all()
@@ -302,7 +296,7 @@ async def zombie_worker(size: Size, log_dir: Path) -> Outcome:
     try:
         async with running_stack(settings, log_dir) as stack:
             hooks = {at(size, 0.4): faults.spawn(freeze)}
-            return await _run("zombie_worker", settings, stack, size, hooks, faults, NO_ERRORS)
+            return await run_scenario("zombie_worker", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -382,158 +376,6 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
         await dispose(settings)
 
 
-async def rejoined(settings: BusSettings, group: str, before: set[str]) -> set[str]:
-    """Until a member not in `before` holds `group` (a restarted process consumes again)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 120
-    while not (members := await group_members(settings, group)) or members <= before:
-        if loop.time() > deadline:
-            raise TimeoutError(f"nobody new joined {group} within 120 s")
-        await asyncio.sleep(0.2)
-    return members
-
-
-def kill_twice(stack: Stack, faults: Faults, name: str, group: str) -> Callable[[], Awaitable[None]]:
-    """SIGKILL `name`, restart it 1 s later; once the new process holds its group, again. The
-    second kill lands while the backlog the first one left is being worked off."""
-
-    async def action() -> None:
-        for n in (1, 2):
-            before = await group_members(stack.settings, group)
-            stack.kill(name)
-            faults.note(f"SIGKILL {name} ({n})")
-            await asyncio.sleep(1)
-            stack.restart(name)
-            await rejoined(stack.settings, group, before)
-            faults.note(f"{name} restarted and rejoined its group")
-            await asyncio.sleep(0.5)
-
-    return action
-
-
-async def sigkill_cost_accounting(size: Size, log_dir: Path) -> Outcome:
-    """cost-accounting in the stack under load, SIGKILLed twice (`kill_twice`): every result billed
-    exactly once on llm.costs, and counted once in its Redis totals."""
-    settings = fresh_settings()
-    faults = Faults()
-    group = t.Topics(settings.topic_prefix).group(t.COST, "results")
-    try:
-        async with running_stack(settings, log_dir) as stack:
-            stack.cost()
-            await rejoined(settings, group, set())  # billing from the first result on
-            billing = await Billing(settings).start()
-            try:
-                hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "cost", group))}
-                return await _run(
-                    "sigkill_cost_accounting", settings, stack, size, hooks, faults, NO_ERRORS, effects=[billing]
-                )
-            finally:
-                await billing.stop()
-    finally:
-        await dispose(settings)
-
-
-async def sigkill_comparator(size: Size, log_dir: Path) -> Outcome:
-    """A shadow experiment on every request (candidate `sim-cand` on a worker of its own) with the
-    shadow-comparator in the stack, SIGKILLed twice (`kill_twice`): each (experiment, request)
-    pair compared once on llm.comparisons and counted once in the experiment's pair aggregate."""
-    settings = fresh_settings()
-    faults = Faults()
-    group = t.Topics(settings.topic_prefix).group(t.COMPARATOR)
-    experiment_id = "rel-shadow"
-    try:
-        await prepare(settings)
-        # Before router and comparator start: both read llm.experiments from the start, so the
-        # first request is mirrored and its primary held for the join.
-        await publish_record(settings, t.EXPERIMENTS, experiment_id, create(experiment_id, MODEL, CANDIDATE))
-        await publish_record(settings, t.MODELS, CANDIDATE, ModelSpec(name=CANDIDATE, max_output_tokens=256))
-        stack = Stack(settings, log_dir)
-        stack.router()
-        stack.scheduler()
-        for worker_id in WORKERS:
-            stack.worker(worker_id)
-        stack.shadow_worker("w-cand", CANDIDATE)
-        stack.comparator()
-        supervisor = asyncio.create_task(stack.supervise())
-        try:
-            await start_and_wait(stack, [*WORKERS, "w-cand"])
-            await rejoined(settings, group, set())
-            comparing = await Comparing(settings, experiment_id).start()
-            try:
-                hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "comparator", group))}
-                return await _run(
-                    "sigkill_comparator", settings, stack, size, hooks, faults, NO_ERRORS, effects=[comparing]
-                )
-            finally:
-                await comparing.stop()
-        finally:
-            supervisor.cancel()
-            stack.stop_all()
-    finally:
-        await dispose(settings)
-
-
-async def sigkill_gateway(size: Size, log_dir: Path) -> Outcome:
-    """HTTP clients stream through the gateway; it is SIGKILLed mid-run and restarted 1 s later
-    (the same instance id: the same reply topic) while they keep sending. Every request a client
-    saw accepted gets exactly one result; every accepted stream ends with [DONE], an error event
-    or a broken connection, never silently (`tests.reliability.gateway`)."""
-    settings = fresh_settings()
-    faults = Faults()
-    port = free_port()
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        async with running_stack(settings, log_dir) as stack:
-            keys = await api_keys(settings)
-            gateway_env = {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-rel"}
-            stack.procs["gateway"] = ServiceProc(
-                "services.gateway", settings, env=gateway_env, log_dir=log_dir, name="gateway"
-            ).start()
-            await wait_ready(base_url)
-
-            async def kill_restart() -> None:
-                stack.kill("gateway")
-                faults.note("SIGKILL gateway")
-                await asyncio.sleep(1)
-                stack.restart("gateway")
-                await wait_ready(base_url)
-                load.restarted = True
-                faults.note("gateway restarted and ready")
-
-            # Slow enough that the load outlasts the restart (~6 s on a busy machine): the
-            # restarted gateway must serve some of it.
-            load = HttpLoad(base_url, keys, size.requests, min(size.rate_per_s, size.requests / 16))
-            started = time.monotonic()
-            faults.started = started
-            answers = await Answers(settings).start()
-            try:
-                await load.run({at(size, 0.3): faults.spawn(kill_restart)})
-                await faults.done()
-                notes = [*faults.notes, load.summary()]
-                outcome = await finish(
-                    "sigkill_gateway",
-                    settings,
-                    stack,
-                    answers,
-                    load.accepted,
-                    started,
-                    answer_timeout_s=size.answer_timeout_s,
-                    error_bound=NO_ERRORS,
-                    notes=notes,
-                )
-            finally:
-                await answers.stop()
-            if load.silent:
-                outcome.effect_problems.append(f"accepted streams that ended silently: {load.silent[:5]}")
-            if not load.broken and not load.refused:
-                outcome.effect_problems.append("the kill touched no client: the scenario tested nothing")
-            if not load.accepted_after_restart:
-                outcome.effect_problems.append("the restarted gateway accepted nothing before the load ended")
-            return outcome
-    finally:
-        await dispose(settings)
-
-
 def _answerable(request_id: str) -> bool:
     """Ids judged one by one (exactly one result each): those a request can carry and the router can
     answer under (`llmbus.bus.codec`: 1..128 printable characters). Not these: an id with a lone
@@ -559,7 +401,4 @@ SCENARIOS: dict[str, Callable[[Size, Path], Awaitable[Outcome]]] = {
     "redis_restart": redis_restart,
     "zombie_worker": zombie_worker,
     "hostile_fuzz": hostile_fuzz,
-    "sigkill_cost_accounting": sigkill_cost_accounting,
-    "sigkill_comparator": sigkill_comparator,
-    "sigkill_gateway": sigkill_gateway,
 }

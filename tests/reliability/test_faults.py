@@ -17,7 +17,11 @@ import pytest
 
 from llmbus.audit import AuditReport
 from tests.reliability.harness import Outcome
-from tests.reliability.scenarios import LONG, SCENARIOS, SHORT, sized
+from tests.reliability.scenarios import LONG, SHORT, sized
+from tests.reliability.scenarios import SCENARIOS as DELIVERY_SCENARIOS
+from tests.reliability.service_scenarios import SERVICE_SCENARIOS
+
+SCENARIOS = DELIVERY_SCENARIOS | SERVICE_SCENARIOS
 
 LONG_RUN = os.environ.get("LLMBUS_RELIABILITY") == "long"
 SIZE = sized(LONG if LONG_RUN else SHORT, os.environ.get("LLMBUS_RELIABILITY_REQUESTS"))
