@@ -37,8 +37,9 @@ async def rejoined(settings: BusSettings, group: str, before: set[str]) -> set[s
 
 
 def kill_twice(stack: Stack, faults: Faults, name: str, group: str) -> Callable[[], Awaitable[None]]:
-    """SIGKILL `name`, restart it 1 s later; once the new process holds its group, again. The
-    second kill lands while the backlog the first one left is being worked off."""
+    """SIGKILL `name`, restart it 1 s later; once the new process holds its group (a SIGKILLed
+    member keeps its partitions until its session times out), the same again: the second kill
+    meets a process that is taking over the first one's uncommitted work."""
 
     async def action() -> None:
         for n in (1, 2):
