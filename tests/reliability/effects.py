@@ -92,6 +92,19 @@ def totals_problems(stream: dict[str, tuple[int, int]], counted: dict[str, tuple
     ]
 
 
+def doubled_detail(records: Iterable[CostRecord]) -> list[str]:
+    """For each record id on the stream more than once: are the copies identical, or priced apart?"""
+    copies: dict[str, list[CostRecord]] = {}
+    for record in records:
+        copies.setdefault(record.record_id, []).append(record)
+    return [
+        f"record {record_id} x{len(same)}: cost_micro_usd {[r.cost_micro_usd for r in same]}, "
+        f"kind {sorted({r.kind.value for r in same})}, booked_at_ms {[r.booked_at_ms for r in same]}"
+        for record_id, same in sorted(copies.items())
+        if len(same) > 1
+    ][:5]
+
+
 class Billing:
     """Cost-accounting's effect: every result billed once on llm.costs and counted once in Redis."""
 
@@ -143,6 +156,7 @@ class Billing:
         costs = costs_in(self.topics, records)
         bills = check_bills(costs, results, {})
         problems = [f"bills {kind}: {examples[:5]}" for kind, examples in bills.problems.items()]
+        problems += doubled_detail(costs)
         stream = tenant_totals_of(costs)
         problems += totals_problems(stream, await self.redis_tenant_totals())
         billed_micro = sum(cost for cost, _ in stream.values())
