@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmbus import topics as t
-from llmbus.audit import AuditReport, audit_namespace
+from llmbus.audit import AuditReport, audit, read_namespace
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
+from tests.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
 from tests.support import REPO, ServiceProc, drop_namespace, wait_workers_ready
 
 log = logging.getLogger(__name__)
@@ -131,12 +132,25 @@ class Stack:
             worker_id, "services.engine_worker", WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id}, settings
         )
 
+    def cost(self, name: str = "cost") -> ServiceProc:
+        return self._add(name, "services.cost_accounting", COST_ENV, None)
+
+    def comparator(self, name: str = "comparator") -> ServiceProc:
+        # Compare and aggregate only: a verdict mid-run would change what the router mirrors.
+        return self._add(name, "services.shadow_comparator", COMPARATOR_ENV, None)
+
+    def shadow_worker(self, worker_id: str, model: str) -> ServiceProc:
+        env = WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id, "LLMBUS_WORKER_MODEL": model}
+        return self._add(worker_id, "services.engine_worker", env, None)
+
     def kill(self, name: str) -> None:
         """SIGKILL; the service stays down until `restart` (the supervisor leaves it alone)."""
         self.down.add(name)
         self.procs[name].kill()
 
     def restart(self, name: str) -> None:
+        proc = self.procs[name].proc
+        assert proc is None or proc.poll() is not None, f"{name} is still running: a second copy would orphan it"
         self.procs[name].start()
         self.down.discard(name)
 
@@ -263,19 +277,44 @@ class Answers:
             await self._tail.stop()
 
 
+ErrorBound = dict[str, int]  # error code -> the most results with it a scenario may end with; absent: 0
+
+
+def over_bound(report: AuditReport, bound: ErrorBound) -> list[str]:
+    """Error results beyond what the scenario allowed before it ran (an error is no answer by itself)."""
+    return [
+        f"{count} {code} error results, at most {bound.get(code, 0)} allowed"
+        for code, count in sorted(report.error_results.items())
+        if count > bound.get(code, 0)
+    ]
+
+
 @dataclass
 class Outcome:
-    """A scenario's verdict: the audit plus what the harness saw (for the report)."""
+    """A scenario's verdict: the audit, the error bound fixed before the run, the effects' checks,
+    plus what the harness saw (for the report)."""
 
     scenario: str
     report: AuditReport
     seconds: float
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # the scenario itself did not complete (the audit did not run)
+    error_bound: ErrorBound = field(default_factory=dict)
+    effect_problems: list[str] = field(default_factory=list)  # downstream effects not exactly once
+
+    @property
+    def errors_over_bound(self) -> list[str]:
+        return over_bound(self.report, self.error_bound)
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.report.passed
+        return self.error is None and self.report.passed and not self.errors_over_bound and not self.effect_problems
+
+    def verdict(self) -> str:
+        lines = [self.report.summary()]
+        lines += [f"  over the error bound: {p}" for p in self.errors_over_bound]
+        lines += [f"  effect: {p}" for p in self.effect_problems]
+        return "\n".join(lines)
 
     def row(self) -> dict[str, object]:
         return {
@@ -283,6 +322,9 @@ class Outcome:
             **self.report.counts(),
             "ok_results": self.report.ok_results,
             "error_results": self.report.error_results,
+            "error_bound": self.error_bound,
+            "errors_over_bound": self.errors_over_bound,
+            "effect_problems": self.effect_problems,
             "dead_letters": self.report.dead_letters,
             "chunk_redeliveries": self.report.chunk_redeliveries,
             "seconds": round(self.seconds, 1),
@@ -314,20 +356,36 @@ async def finish(
     started: float,
     *,
     answer_timeout_s: float,
+    error_bound: ErrorBound,
     account_requests: bool = False,
     notes: list[str] | None = None,
+    effects: list[Effect] | None = None,
 ) -> Outcome:
-    """Wait for the answers, then audit everything the namespace holds."""
+    """Wait for the answers (and the effects to settle), then audit everything the namespace holds
+    and judge the error results against `error_bound` and each effect's check."""
     load_done = time.monotonic()
     answered = await answers.wait(sent_ids, answer_timeout_s)
     notes = list(notes or [])
     notes.append(f"load sent in {load_done - started:.1f}s; answers awaited {time.monotonic() - load_done:.1f}s")
+    for effect in effects or []:
+        await effect.settle(answers.seen & set(sent_ids), answer_timeout_s)
     if stack.crashes:
         notes.append(f"services that exited by themselves ({len(stack.crashes)}): {stack.crashes[:10]}")
     notes.append(f"{answered}/{len(sent_ids)} answered within {answer_timeout_s:.0f}s of the last send")
-    report = await audit_namespace(settings, sent_ids, account_requests=account_requests)
-    outcome = Outcome(scenario, report, time.monotonic() - started, notes)
-    print(f"{scenario}: {report.summary()}\n  " + "\n  ".join(notes), file=sys.stderr)
+    records = await read_namespace(settings)
+    report = audit(t.Topics(settings.topic_prefix), records, sent_ids, account_requests=account_requests)
+    effect_problems: list[str] = []
+    for effect in effects or []:
+        problems, effect_notes = await effect.check(records)
+        effect_problems += problems
+        notes += effect_notes
+    notes.append(
+        f"error results {report.error_results or 'none'}; bound (fixed before the run): {error_bound or 'none'}"
+    )
+    outcome = Outcome(
+        scenario, report, time.monotonic() - started, notes, error_bound=error_bound, effect_problems=effect_problems
+    )
+    print(f"{scenario}: {outcome.verdict()}\n  " + "\n  ".join(notes), file=sys.stderr)
     return outcome
 
 

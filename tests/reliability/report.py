@@ -30,7 +30,10 @@ def write_report(outcomes: list[Outcome], path_prefix: Path, command: str, size:
         "Each scenario runs router → scheduler → 2 sim workers on the real broker and Redis, injects one",
         "fault mid-load, waits for the answers and then audits every topic of its namespace",
         "(`llmbus.audit`): exactly one final result per request id, the answering attempt's chunks",
-        "gap-free and equal to the result's text, nothing on a topic it does not belong on.",
+        "gap-free and equal to the result's text, nothing on a topic it does not belong on. Error results",
+        "beyond the bound the scenario fixed before the run fail it, and so does a downstream effect that",
+        "was not exactly once (cost-accounting: every result billed once, Redis totals equal to llm.costs).",
+        "See docs/reliability.md.",
         "",
         "| scenario | " + " | ".join(COLUMNS) + " | ok / error results | seconds | verdict |",
         "|---|" + "---:|" * len(COLUMNS) + "---|---:|---|",
@@ -46,6 +49,8 @@ def write_report(outcomes: list[Outcome], path_prefix: Path, command: str, size:
         if row["error"]:
             lines.append(f"- did not finish: `{str(row['error'])[:300]}`")
         lines.extend(f"- {note}" for note in row["notes"])  # type: ignore[union-attr]
+        lines.extend(f"- **over the error bound**: {p}" for p in row["errors_over_bound"])  # type: ignore[union-attr]
+        lines.extend(f"- **effect not exactly once**: {p[:300]}" for p in row["effect_problems"])  # type: ignore[union-attr]
         for kind, examples in row["problems"].items():  # type: ignore[union-attr]
             lines.append(f"- {kind} (first {len(examples)}):")
             lines.extend(f"  - `{e[:300]}`" for e in examples[:8])

@@ -21,8 +21,10 @@ from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.codec import MAX_ID_CHARS
 from llmbus.settings import BusSettings
+from tests.reliability.effects import Effect
 from tests.reliability.harness import (
     Answers,
+    ErrorBound,
     Load,
     Outcome,
     PrivateKafka,
@@ -38,6 +40,9 @@ from tests.reliability.hostile import DUPLICATE, FOREIGN, Hostile, draw_corpus
 from tests.support import fresh_settings
 
 WORKERS = ["w1", "w2"]
+NO_ERRORS: ErrorBound = {}  # nothing a client needs was down: every request must be answered OK
+# What hostile records may be answered with (each at most once per hostile record); never `internal`.
+CLIENT_INPUT_ERRORS = ("invalid_request", "malformed", "request_too_large", "prompt_too_long", "forbidden")
 
 
 @dataclass(frozen=True)
@@ -103,14 +108,16 @@ class Faults:
         await asyncio.gather(*self.tasks)
 
 
-async def _run(
+async def run_scenario(
     name: str,
     settings: BusSettings,
     stack: Stack,
     size: Size,
     hooks: dict[int, Callable[[int], Awaitable[None]]],
     faults: Faults,
+    error_bound: ErrorBound,
     load: Load | None = None,
+    effects: list[Effect] | None = None,
 ) -> Outcome:
     started = time.monotonic()
     answers = await Answers(settings).start()
@@ -121,7 +128,16 @@ async def _run(
         sent = await load.run()
         await faults.done()
         return await finish(
-            name, settings, stack, answers, sent, started, answer_timeout_s=size.answer_timeout_s, notes=faults.notes
+            name,
+            settings,
+            stack,
+            answers,
+            sent,
+            started,
+            answer_timeout_s=size.answer_timeout_s,
+            error_bound=error_bound,
+            notes=faults.notes,
+            effects=effects,
         )
     finally:
         await answers.stop()
@@ -152,7 +168,7 @@ async def sigkill_each_service(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.45): faults.spawn(kill_then_restart("scheduler")),
                 at(size, 0.7): faults.spawn(kill_then_restart("w1")),
             }
-            return await _run("sigkill_each_service", settings, stack, size, hooks, faults)
+            return await run_scenario("sigkill_each_service", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -176,7 +192,7 @@ async def broker_restart(size: Size, log_dir: Path) -> Outcome:
     try:
         async with running_stack(settings, log_dir) as stack:
             hooks = {at(size, 0.4): faults.spawn(outage)}
-            return await _run("broker_restart", settings, stack, size, hooks, faults, load)
+            return await run_scenario("broker_restart", settings, stack, size, hooks, faults, NO_ERRORS, load)
     finally:
         with contextlib.suppress(Exception):
             await dispose(settings)
@@ -212,7 +228,7 @@ async def group_churn(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.65): faults.spawn(add("router", "router-3")),
                 at(size, 0.8): faults.spawn(remove("router-2")),
             }
-            return await _run("group_churn", settings, stack, size, hooks, faults)
+            return await run_scenario("group_churn", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -254,7 +270,9 @@ async def redis_restart(size: Size, log_dir: Path) -> Outcome:
                 at(size, 0.25): faults.spawn(outage(router_redis, "router")),
                 at(size, 0.6): faults.spawn(outage(dispatch_redis, "final markers (router, scheduler, workers)")),
             }
-            return await _run("redis_restart", settings, stack, size, hooks, faults)
+            # Redis down for 2 x 4 s: at most the requests sent meanwhile may end `internal`.
+            bound = {"internal": int(size.rate_per_s * 8)}
+            return await run_scenario("redis_restart", settings, stack, size, hooks, faults, bound)
         finally:
             supervisor.cancel()
             stack.stop_all()
@@ -277,7 +295,8 @@ async def zombie_worker(size: Size, log_dir: Path) -> Outcome:
 
     try:
         async with running_stack(settings, log_dir) as stack:
-            return await _run("zombie_worker", settings, stack, size, {at(size, 0.4): faults.spawn(freeze)}, faults)
+            hooks = {at(size, 0.4): faults.spawn(freeze)}
+            return await run_scenario("zombie_worker", settings, stack, size, hooks, faults, NO_ERRORS)
     finally:
         await dispose(settings)
 
@@ -347,6 +366,7 @@ async def hostile_fuzz(size: Size, log_dir: Path) -> Outcome:
                     [*sent, *sent_hostile_ids],
                     started,
                     answer_timeout_s=size.answer_timeout_s,
+                    error_bound=dict.fromkeys(CLIENT_INPUT_ERRORS, size.hostile),
                     account_requests=True,
                     notes=faults.notes,
                 )

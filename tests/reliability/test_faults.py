@@ -1,4 +1,6 @@
-"""Delivery under faults: every scenario must end with 0 lost, 0 doubled, clean chunks, nothing misfiled.
+"""Delivery under faults: every scenario must end with 0 lost, 0 doubled, clean chunks, nothing misfiled,
+no error results beyond the bound it fixed before the run, and its downstream effects (billing,
+comparisons) exactly once (docs/reliability.md).
 
 `make test` runs the short sizes (unmarked); `make reliability` sets LLMBUS_RELIABILITY=long, which
 marks them `reliability` (and `make test` leaves them out). LLMBUS_RELIABILITY_REQUESTS overrides
@@ -15,7 +17,11 @@ import pytest
 
 from llmbus.audit import AuditReport
 from tests.reliability.harness import Outcome
-from tests.reliability.scenarios import LONG, SCENARIOS, SHORT, sized
+from tests.reliability.scenarios import LONG, SHORT, sized
+from tests.reliability.scenarios import SCENARIOS as DELIVERY_SCENARIOS
+from tests.reliability.service_scenarios import SERVICE_SCENARIOS
+
+SCENARIOS = DELIVERY_SCENARIOS | SERVICE_SCENARIOS
 
 LONG_RUN = os.environ.get("LLMBUS_RELIABILITY") == "long"
 SIZE = sized(LONG if LONG_RUN else SHORT, os.environ.get("LLMBUS_RELIABILITY_REQUESTS"))
@@ -48,4 +54,4 @@ async def test_no_request_lost_or_doubled(
         reliability_outcomes.append(Outcome(scenario, AuditReport(), time.monotonic() - started, error=error))
         raise
     reliability_outcomes.append(outcome)
-    assert outcome.passed, outcome.report.summary() + "\n" + "\n".join(outcome.notes)
+    assert outcome.passed, outcome.verdict() + "\n" + "\n".join(outcome.notes)

@@ -1,0 +1,272 @@
+"""Exactly-once effects of the services beside the request path, checked after a fault scenario.
+
+The delivery audit (`llmbus.audit.check`) asks whether every request got exactly one result.
+These checkers ask what the downstream services made of those results: cost-accounting must bill
+every result exactly once on llm.costs (`llmbus.audit.bills.check_bills`: a record id twice is
+doubled even when the copies are identical) and must have counted each billed record once in its
+Redis totals (a doubled increment is a doubled bill on every report and budget, even when the
+stream is clean). Each effect has a `settle` (wait, with a deadline, until it can be judged) and a
+`check` over the records the audit read (problems, notes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterable
+from typing import Protocol
+
+from llmbus import topics as t
+from llmbus.audit import Seen
+from llmbus.audit.bills import check_bills
+from llmbus.bus import decode
+from llmbus.bus.admin import open_admin
+from llmbus.client import TopicTail
+from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult
+from llmbus.settings import BusSettings
+from llmbus.state import redis_client
+
+# Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after
+# a minute plus 30 s of grace (the interval must divide an hour).
+COST_ENV = {
+    "LLMBUS_COST_INTERVAL_S": "5",
+    "LLMBUS_COST_GRACE_S": "1",
+    "LLMBUS_COST_CLOSE_EVERY_S": "0.2",
+    "LLMBUS_COST_SETTLE_S": "0",
+    # A SIGKILLed member holds its partitions until its session times out: the broker's minimum.
+    "LLMBUS_SESSION_TIMEOUT_MS": "6000",
+}
+
+COMPARATOR_ENV = {"LLMBUS_COMPARATOR_DECIDE": "false", "LLMBUS_SESSION_TIMEOUT_MS": "6000"}
+
+
+class Effect(Protocol):
+    async def settle(self, result_ids: set[str], timeout_s: float) -> None: ...
+
+    async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]: ...
+
+
+async def group_members(settings: BusSettings, group: str) -> set[str]:
+    """Member ids of a Stable consumer group (none while it rebalances or does not exist). A
+    SIGKILLed member stays listed until its session times out; a restarted process has a new id."""
+    async with open_admin(settings) as admin:
+        [described] = await asyncio.wait_for(admin.describe_consumer_groups([group]), settings.admin_timeout_s)
+    _, _, state, _, _, members = described.groups[0][:6]
+    return {str(member[0]) for member in members} if state == "Stable" else set()
+
+
+def results_in(topics: t.Topics, records: Iterable[Seen]) -> set[str]:
+    """Request ids with a non-shadow result on llm.results (the results to bill)."""
+    name = topics.name(t.RESULTS)
+    out = set()
+    for record in records:
+        if record.topic == name and record.value is not None:
+            result = InferenceResult.model_validate_json(record.value)
+            if not result.shadow:
+                out.add(result.request_id)
+    return out
+
+
+def costs_in(topics: t.Topics, records: Iterable[Seen]) -> list[CostRecord]:
+    name = topics.name(t.COSTS)
+    return [CostRecord.model_validate_json(r.value) for r in records if r.topic == name and r.value is not None]
+
+
+def tenant_totals_of(records: Iterable[CostRecord]) -> dict[str, tuple[int, int]]:
+    """tenant -> (µUSD, requests) over distinct record ids booked to a tenant: what Redis must hold."""
+    distinct = {r.record_id: r for r in records if r.booked_to == BookedTo.TENANT}
+    cost, requests = Counter[str](), Counter[str]()
+    for record in distinct.values():
+        cost[record.tenant] += record.cost_micro_usd
+        requests[record.tenant] += 1
+    return {tenant: (cost[tenant], requests[tenant]) for tenant in requests}
+
+
+def totals_problems(stream: dict[str, tuple[int, int]], counted: dict[str, tuple[int, int]]) -> list[str]:
+    """Per tenant, the stream's distinct records against Redis's totals (µUSD, requests)."""
+    return [
+        f"tenant {tenant}: llm.costs has {stream.get(tenant, (0, 0))} (µUSD, requests), "
+        f"Redis totals {counted.get(tenant, (0, 0))}"
+        for tenant in sorted(set(stream) | set(counted))
+        if stream.get(tenant, (0, 0)) != counted.get(tenant, (0, 0))
+    ]
+
+
+def doubled_detail(records: Iterable[CostRecord]) -> list[str]:
+    """For each record id on the stream more than once: are the copies identical, or priced apart?"""
+    copies: dict[str, list[CostRecord]] = {}
+    for record in records:
+        copies.setdefault(record.record_id, []).append(record)
+    return [
+        f"record {record_id} x{len(same)}: cost_micro_usd {[r.cost_micro_usd for r in same]}, "
+        f"kind {sorted({r.kind.value for r in same})}, booked_at_ms {[r.booked_at_ms for r in same]}"
+        for record_id, same in sorted(copies.items())
+        if len(same) > 1
+    ][:5]
+
+
+class Billing:
+    """Cost-accounting's effect: every result billed once on llm.costs and counted once in Redis."""
+
+    def __init__(self, settings: BusSettings) -> None:
+        self.settings = settings
+        self.topics = t.Topics(settings.topic_prefix)
+        self.billed: set[str] = set()
+        self._tail: TopicTail | None = None
+
+    async def start(self) -> Billing:
+        self._tail = await TopicTail(self.settings, self.topics.name(t.COSTS)).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._tail is not None:
+            await self._tail.stop()
+
+    async def settle(self, result_ids: set[str], timeout_s: float) -> None:
+        """Until every result has a cost record or the time is up (the check says which are missing)."""
+        assert self._tail is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not result_ids <= self.billed and loop.time() < deadline:
+            async for record in self._tail.records(max(0.05, min(1.0, deadline - loop.time()))):
+                self.billed.add(decode(record, CostRecord).request_id)  # type: ignore[attr-defined]
+        # A late copy of a record (a replica redelivering) would come right after: give it a moment.
+        async for record in self._tail.records(2.0):
+            self.billed.add(decode(record, CostRecord).request_id)  # type: ignore[attr-defined]
+
+    async def redis_tenant_totals(self) -> dict[str, tuple[int, int]]:
+        """tenant -> (µUSD, requests) summed over the monthly tenant aggregates."""
+        client = redis_client(self.settings.redis_url)
+        cost, requests = Counter[str](), Counter[str]()
+        try:
+            pattern = f"{self.settings.topic_prefix}cost:agg:m*:tenant"
+            async for key in client.scan_iter(match=pattern, count=100):
+                for field, value in (await asyncio.wait_for(client.hgetall(key), 10)).items():
+                    tenant, _, metric = (field.decode() if isinstance(field, bytes) else field).rpartition("|")
+                    if metric == "cost":
+                        cost[tenant] += int(value)
+                    elif metric == "requests":
+                        requests[tenant] += int(value)
+        finally:
+            await client.aclose()
+        return {tenant: (cost[tenant], requests[tenant]) for tenant in set(cost) | set(requests)}
+
+    async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
+        results = results_in(self.topics, records)
+        costs = costs_in(self.topics, records)
+        bills = check_bills(costs, results, {})
+        problems = [f"bills {kind}: {examples[:5]}" for kind, examples in bills.problems.items()]
+        problems += doubled_detail(costs)
+        stream = tenant_totals_of(costs)
+        problems += totals_problems(stream, await self.redis_tenant_totals())
+        billed_micro = sum(cost for cost, _ in stream.values())
+        notes = [
+            f"billing: {bills.results} results, {bills.billed} billed once, {bills.unbilled} unbilled, "
+            f"{bills.doubled} record ids doubled, {bills.extra} extra; {len(costs)} cost records, "
+            f"{billed_micro} µUSD booked to tenants (Redis totals {'agree' if not problems else 'DISAGREE'})"
+        ]
+        return problems, notes
+
+
+def shadow_pairs(topics: t.Topics, records: Iterable[Seen]) -> dict[str, str]:
+    """comparison id (`<primary>:<experiment>`) -> primary id, for every primary whose result and
+    whose shadow copy's result (`<primary>.shadow.<experiment>`) are both on llm.results."""
+    name = topics.name(t.RESULTS)
+    primaries: set[str] = set()
+    shadows: set[str] = set()
+    for record in records:
+        if record.topic == name and record.value is not None:
+            result = InferenceResult.model_validate_json(record.value)
+            (shadows if result.shadow else primaries).add(result.request_id)
+    pairs = {}
+    for shadow_id in shadows:
+        primary, _, experiment = shadow_id.partition(".shadow.")
+        if primary in primaries and experiment:
+            pairs[f"{primary}:{experiment}"] = primary
+    return pairs
+
+
+def comparison_problems(pairs: Iterable[str], comparison_ids: Iterable[str]) -> tuple[list[str], Counter[str]]:
+    """Each pair compared: one distinct comparison id per (experiment, primary), none for a pair that
+    is not on llm.results. Returns (problems, copies per id); identical copies of one id are the
+    comparator's documented redelivery (readers dedupe on the id) and are reported, not failed."""
+    copies = Counter(comparison_ids)
+    wanted = set(pairs)
+    missing = sorted(wanted - set(copies))
+    extra = sorted(set(copies) - wanted)
+    problems = [f"comparisons missing ({len(missing)}): {missing[:5]}"] if missing else []
+    problems += [f"comparisons of no pair ({len(extra)}): {extra[:5]}"] if extra else []
+    return problems, copies
+
+
+class Comparing:
+    """The shadow-comparator's effect: each (experiment, request) pair compared once on
+    llm.comparisons and counted once in the experiment's pair aggregate (what decisions read)."""
+
+    def __init__(self, settings: BusSettings, experiment_id: str, step: int = 0) -> None:
+        self.settings = settings
+        self.topics = t.Topics(settings.topic_prefix)
+        self.experiment_id = experiment_id
+        self.step = step
+        self.shadows: set[str] = set()
+        self.compared: set[str] = set()
+        self._results: TopicTail | None = None
+        self._comparisons: TopicTail | None = None
+
+    async def start(self) -> Comparing:
+        self._results = await TopicTail(self.settings, self.topics.name(t.RESULTS)).start()
+        self._comparisons = await TopicTail(self.settings, self.topics.name(t.COMPARISONS)).start()
+        return self
+
+    async def stop(self) -> None:
+        for tail in (self._results, self._comparisons):
+            if tail is not None:
+                await tail.stop()
+
+    async def _read(self, timeout_s: float) -> None:
+        assert self._results is not None and self._comparisons is not None
+        async for record in self._results.records(timeout_s / 2):
+            result = decode(record, InferenceResult)
+            if result.shadow:  # type: ignore[attr-defined]
+                primary, _, experiment = result.request_id.partition(".shadow.")  # type: ignore[attr-defined]
+                self.shadows.add(f"{primary}:{experiment}")
+        async for record in self._comparisons.records(timeout_s / 2):
+            self.compared.add(decode(record, Comparison).comparison_id)  # type: ignore[attr-defined]
+
+    async def settle(self, result_ids: set[str], timeout_s: float) -> None:
+        """Until every shadow result seen is compared and no new shadow came for 2 s, or time is up."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        quiet_since = loop.time()
+        while loop.time() < deadline:
+            before = len(self.shadows)
+            await self._read(1.0)
+            if len(self.shadows) != before:
+                quiet_since = loop.time()
+            if self.shadows <= self.compared and loop.time() - quiet_since >= 2.0:
+                return
+
+    async def pair_count(self) -> int:
+        """`n` of the experiment's pair aggregate in the comparator's Redis store."""
+        client = redis_client(self.settings.redis_url)
+        key = f"llmbus:{self.settings.topic_prefix}comparator:agg:{self.experiment_id}:{self.step}:pairs"
+        try:
+            raw = await asyncio.wait_for(client.hget(key, "n"), 10)
+        finally:
+            await client.aclose()
+        return int(float(raw)) if raw is not None else 0
+
+    async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
+        pairs = shadow_pairs(self.topics, records)
+        name = self.topics.name(t.COMPARISONS)
+        ids = [Comparison.model_validate_json(r.value).comparison_id for r in records if r.topic == name and r.value]
+        problems, copies = comparison_problems(pairs, ids)
+        counted = await self.pair_count()
+        if counted != len(copies):
+            problems.append(f"pair aggregate n={counted}, {len(copies)} distinct comparisons")
+        redelivered = sum(n - 1 for n in copies.values())
+        notes = [
+            f"comparisons: {len(pairs)} shadowed pairs on llm.results, {len(copies)} compared "
+            f"({redelivered} redelivered copies of an id), pair aggregate n={counted}"
+        ]
+        return problems, notes
