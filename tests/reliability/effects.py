@@ -25,6 +25,7 @@ from llmbus.client import TopicTail
 from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
+from services.shadow_comparator.store import ComparatorStore
 
 # Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after
 # a minute plus 30 s of grace (the interval must divide an hour).
@@ -249,12 +250,12 @@ class Comparing:
     async def pair_count(self) -> int:
         """`n` of the experiment's pair aggregate in the comparator's Redis store."""
         client = redis_client(self.settings.redis_url)
-        key = f"llmbus:{self.settings.topic_prefix}comparator:agg:{self.experiment_id}:{self.step}:pairs"
+        store = ComparatorStore(client, f"{self.settings.topic_prefix}comparator")  # as the service names it
         try:
-            raw = await asyncio.wait_for(client.hget(key, "n"), 10)
+            pairs = await asyncio.wait_for(store.read_agg(self.experiment_id, self.step, "pairs"), 10)
         finally:
             await client.aclose()
-        return int(float(raw)) if raw is not None else 0
+        return int(pairs.get("n", 0))
 
     async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
         pairs = shadow_pairs(self.topics, records)
