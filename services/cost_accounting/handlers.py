@@ -171,10 +171,10 @@ class CostHandlers:
         await self.store.hold([(s.result, payloads[s.result.request_id]) for s in served])
         # A worker another replica prices: its owner reads the result from where it is held.
         mine = [s for s in served if s.worker_id in self._owned or s.worker_id not in self.ledger.workers]
-        late = [record for s in mine for record in self.ledger.add(s)]
-        await self._bill(costed, ledger=False)
+        late = self.ledger.add_all(mine)
+        await self._bill(costed)
         if late:
-            await self._bill(late, ledger=True)
+            await self._bill(late)
             await self.store.release(late, {})
         for outcome, n in outcomes.items():  # counted once billed (the bench reads this)
             metrics.RESULTS.labels(outcome).inc(n)
@@ -197,7 +197,7 @@ class CostHandlers:
         records = await self._take_held(sorted(owned))
         records += self.ledger.close(now_ms, expiry_ms, owns=owned.__contains__)
         if records:
-            await self._bill(records, ledger=True)
+            await self._bill(records)
             # Only the owned workers' cursors: another replica's are that replica's to save.
             lives = [life for life in [*self.ledger.retired, *self.ledger.workers.values()] if life.worker_id in owned]
             await self.store.release(records, {life.worker_id: life.cursor() for life in lives})
@@ -210,9 +210,10 @@ class CostHandlers:
         records: list[CostRecord] = []
         for worker_id, held in (await self.store.held_ids(worker_ids)).items():
             if new_ids := sorted(held - self.ledger.pending_ids(worker_id)):
-                for result in await self.store.held_results(worker_id, new_ids):
-                    if isinstance(priced := price_result(result, self.book), ServedRequest):
-                        records += self.ledger.add(priced)
+                results = await self.store.held_results(worker_id, new_ids)
+                # (the handler of llm.results may have added some meanwhile: the ledger takes each once)
+                served = [s for r in results if isinstance(s := price_result(r, self.book), ServedRequest)]
+                records += self.ledger.add_all(served)
         return records
 
     async def recover(self) -> None:
@@ -235,19 +236,16 @@ class CostHandlers:
             self._recover = True
             raise
 
-    async def _bill(self, records: list[CostRecord], *, ledger: bool) -> None:
+    async def _bill(self, records: list[CostRecord]) -> None:
         """Stage, publish, apply (see the module's docstring for why each crash point bills once)."""
-        if ledger and records:
-            # A restart closes intervals again from the cursor saved after the last release: a record
-            # already applied stays as it was published, not a second (maybe different) version.
-            done = await self.store.applied([r.record_id for r in records])
-            records = [r for r, was_applied in zip(records, done, strict=True) if not was_applied]
         if not records:
             return
-        payloads = [r.to_bytes() for r in records]
         try:
-            await self.store.stage(records, payloads)
-            await self._publish_and_apply(records, payloads)
+            # A record id billed before (a restart closing an interval again from the cursor saved
+            # after the last release) stays as it was staged and published: not a second version.
+            staged = await self.store.stage(records, [r.to_bytes() for r in records])
+            if staged:
+                await self._publish_and_apply([r for r, _ in staged], [p for _, p in staged])
         except BaseException:
             self._recover = True  # whatever of it was staged is billed before anything else
             raise

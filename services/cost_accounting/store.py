@@ -85,6 +85,20 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
+# Records into the outbox, each id once: a record already applied is skipped (0), one staged before
+# keeps its bytes (returned: they are the record), else these bytes are staged (1). So two bills of
+# one record id (a restart closing an interval again, two owners for a moment) publish the same
+# bytes or nothing. ARGV: the applied markers' prefix, the outbox, then (record id, bytes) pairs.
+_STAGE = """
+local out = {}
+for i = 3, #ARGV, 2 do
+  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 1 then out[#out + 1] = 0
+  elseif redis.call('HSETNX', ARGV[2], ARGV[i], ARGV[i + 1]) == 1 then out[#out + 1] = 1
+  else out[#out + 1] = redis.call('HGET', ARGV[2], ARGV[i]) end
+end
+return out
+"""
+
 # Results' dedupe markers, all of a batch in one command (SET has no multi-key form with a TTL).
 _MARK = """
 for i = 1, #KEYS do redis.call('SET', KEYS[i], '1', 'EX', ARGV[1]) end
@@ -110,6 +124,7 @@ class CostStore:
         self._mark = client.register_script(_MARK)
         self._present = client.register_script(_PRESENT)
         self._lease = client.register_script(_LEASE)
+        self._stage = client.register_script(_STAGE)
 
     def _seen(self, request_id: str) -> str:
         return f"{self.ns}cost:seen:{request_id}"
@@ -199,18 +214,32 @@ class CostStore:
     def _outbox(self) -> str:
         return f"{self.ns}cost:outbox"
 
-    async def stage(self, records: list[CostRecord], payloads: list[bytes]) -> None:
-        """The records exactly as they will be published, kept until they are applied (the outbox)."""
-        if records:
-            staged: dict[FieldT, EncodableT] = {r.record_id: p for r, p in zip(records, payloads, strict=True)}
-            await self.client.hset(self._outbox, mapping=staged)
+    async def stage(self, records: list[CostRecord], payloads: list[bytes]) -> list[tuple[CostRecord, bytes]]:
+        """The records exactly as they will be published, kept until they are applied (the outbox).
+
+        Returns what to publish and apply: per record id (its first copy in the batch), nothing if it
+        was applied already, the bytes staged before if there are (that record, not this one), else
+        these bytes."""
+        first: dict[str, tuple[CostRecord, bytes]] = {}
+        for record, payload in zip(records, payloads, strict=True):
+            first.setdefault(record.record_id, (record, payload))
+        if not first:
+            return []
+        args: list[str | bytes] = [self._applied(""), self._outbox]
+        for record_id, (_, payload) in first.items():
+            args += [record_id, payload]
+        out: list[tuple[CostRecord, bytes]] = []
+        for (record, payload), reply in zip(first.values(), await self._stage(args=args), strict=True):
+            if isinstance(reply, bytes | str):  # staged before: the record is those bytes
+                staged = reply.encode() if isinstance(reply, str) else reply
+                out.append((CostRecord.model_validate_json(staged), staged))
+            elif reply:
+                out.append((record, payload))
+        return out
 
     async def staged(self) -> list[bytes]:
         """What was staged and not yet applied: published or not, it has to be (again) and then applied."""
         return [v.encode() if isinstance(v, str) else v for v in (await self.client.hgetall(self._outbox)).values()]
-
-    async def applied(self, record_ids: list[str]) -> list[bool]:
-        return await self._with_marker(self._applied(""), record_ids)
 
     def _seen_marker_of(self, record: CostRecord) -> list[str]:
         return [self._seen(record.request_id)] if _prices_a_result(record) else []

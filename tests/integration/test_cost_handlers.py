@@ -204,8 +204,24 @@ async def test_ledger_record_applied_before_is_not_billed_again(service) -> None
     day = agg_key(svc.topics.prefix, "day", NOW, "total")
     before = await svc.store.totals(day)
     again = [c.model_copy(update={"cost_micro_usd": c.cost_micro_usd + 1}) for c in billed]
-    await svc.handlers._bill(again, ledger=True)
+    await svc.handlers._bill(again)
     assert costs == billed and await svc.store.totals(day) == before
+
+
+async def test_a_record_id_is_staged_once(service) -> None:  # type: ignore[no-untyped-def]
+    """Two bills of one record id (a restart closing an interval again, two owners for a moment, or two
+    copies in a batch): the bytes staged first are what is published, or nothing once applied."""
+    svc, _, costs, _ = service
+    first = price_result(hosted("s1"), svc.handlers.book)
+    assert isinstance(first, CostRecord)
+    other = first.model_copy(update={"cost_micro_usd": 0})
+    assert await svc.store.stage([first, other], [first.to_bytes(), other.to_bytes()]) == [(first, first.to_bytes())]
+    assert await svc.store.stage([other], [other.to_bytes()]) == [(first, first.to_bytes())]
+    await svc.handlers._bill([other])
+    assert [c.to_bytes() for c in costs] == [first.to_bytes()]
+    await svc.handlers._bill([other])  # applied now: not published again
+    assert [c.to_bytes() for c in costs] == [first.to_bytes()]
+    assert await svc.store.staged() == []
 
 
 async def test_billing_in_chunks_each_all_or_nothing(service, monkeypatch) -> None:  # type: ignore[no-untyped-def]

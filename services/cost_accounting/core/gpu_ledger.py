@@ -37,7 +37,7 @@ worker's life has closed, the cold start is booked too, so it is priced at 0).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,25 @@ class GpuLedger:
 
     def add(self, served: ServedRequest) -> list[CostRecord]:
         """A self-hosted result: held until its intervals close ([]), or priced now if it is late."""
+        return self.add_all([served])
+
+    def add_all(self, served: Iterable[ServedRequest]) -> list[CostRecord]:
+        """Results, each taken once: one already waiting here is not taken again.
+
+        The handler of llm.results adds what it holds, and a tick adds what it finds held and not
+        here -- both, when the tick read while the handler was between the two. Twice pending, a
+        result was priced twice under one record id (the second copy at 0, its share gone)."""
+        taken: dict[str, set[str]] = {}  # worker id -> request ids waiting (read once per worker)
+        records: list[CostRecord] = []
+        for one in served:
+            if (ids := taken.get(one.worker_id)) is None:
+                ids = taken[one.worker_id] = self.pending_ids(one.worker_id)
+            if one.result.request_id not in ids:
+                ids.add(one.result.request_id)
+                records += self._add(one)
+        return records
+
+    def _add(self, served: ServedRequest) -> list[CostRecord]:
         life = self._life_for(served)
         if life is None:  # no heartbeat of its worker yet: wait for one (or for expiry, in close)
             self.orphans.append(served)
@@ -225,12 +244,11 @@ class GpuLedger:
                 life.busy_ms.clear()
 
     def pending_ids(self, worker_id: str) -> set[str]:
-        return {
-            r.result.request_id
-            for life in [*self.retired, *self.workers.values()]
-            if life.worker_id == worker_id
-            for r in life.pending
-        }
+        """The worker's results waiting here for their intervals (its orphans included)."""
+        waiting = [
+            r for life in [*self.retired, *self.workers.values()] if life.worker_id == worker_id for r in life.pending
+        ]
+        return {r.result.request_id for r in [*waiting, *self.orphans] if r.worker_id == worker_id}
 
     # -- closing -------------------------------------------------------------------------------
     def close(
