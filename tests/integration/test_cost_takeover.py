@@ -26,6 +26,7 @@ from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from tests.integration.test_cost_e2e import instance_cost_micro
 from tests.support import eventually
+from tests.unit.test_cost_ledger import heartbeat
 
 pytestmark = pytest.mark.redis
 NOW = 1_780_000_000_000
@@ -46,16 +47,7 @@ async def replica(settings: BusSettings, costs: list[CostRecord]) -> AsyncIterat
 
 
 def beat(sent_ms: int, state: WorkerState = WorkerState.READY) -> WorkerStatus:
-    return WorkerStatus(
-        worker_id="w1",
-        node_id="n",
-        state=state,
-        engine="sim",
-        models=["sim-llama-8b"],
-        cold_start_s=0.0,
-        started_at_ms=START,
-        sent_at_ms=sent_ms,
-    )
+    return heartbeat("w1", START, sent_ms, 0.0, state)
 
 
 def served(rid: str, start_ms: int, end_ms: int) -> InferenceResult:

@@ -13,25 +13,15 @@ from llmbus.messages import CostKind, CostRecord, InferenceResult, WorkerState, 
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
-from tests.unit.test_cost_ledger import result
+from tests.unit.test_cost_ledger import heartbeat, result
 
 BOOK = load_pricebook()
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % MS_PER_HOUR
 
 
 def beat(sent_ms: int, oldest_ms: int | None, state: WorkerState = WorkerState.READY) -> WorkerStatus:
-    return WorkerStatus(
-        worker_id="w1",
-        node_id="n",
-        state=state,
-        engine="sim",
-        models=["sim-llama-8b"],
-        cold_start_s=0.0,
-        started_at_ms=T0,
-        sent_at_ms=sent_ms,
-        num_requests_running=0 if oldest_ms is None else 1,
-        oldest_running_started_at_ms=oldest_ms,
-    )
+    running = {"num_requests_running": 0 if oldest_ms is None else 1, "oldest_running_started_at_ms": oldest_ms}
+    return heartbeat("w1", T0, sent_ms, 0.0, state).model_copy(update=running)
 
 
 def run(requests: list[tuple[str, int, int]], life_ms: int, grace_ms: int = 30_000) -> tuple[list[CostRecord], int]:
