@@ -358,8 +358,12 @@ async def test_curl_example_from_the_readme(stack: Stack) -> None:
 
 
 def spans_of_trace(span_dir: Path, request_id: str) -> list[dict[str, object]]:
+    # Whole lines only: a service may be writing its last span while we read (a line without its "\n").
     spans = [
-        json.loads(line) for path in span_dir.glob("spans-*.jsonl") for line in path.read_text().splitlines() if line
+        json.loads(line)
+        for path in span_dir.glob("spans-*.jsonl")
+        for line in path.read_text().splitlines(keepends=True)
+        if line.endswith("\n") and line.strip()
     ]
     trace_ids = {s["trace_id"] for s in spans if s["attributes"].get("llmbus.request_id") == request_id}
     assert len(trace_ids) == 1, f"request {request_id} in traces {trace_ids}"
