@@ -100,6 +100,36 @@ def test_predictive_does_not_wake_a_pool_that_static_workers_serve() -> None:
     assert d.desired_replicas == 1, d.reason
 
 
+def test_threshold_counts_no_queue_wait_while_the_added_capacity_comes_up() -> None:
+    """A pool woken from zero: the request waits out the cold start (process start, then warming,
+    then its own placement at a 10 s wait); none of that is a reason for a second worker."""
+    policy = ThresholdPolicy(Bounds(0, 4), target_queue_wait_ms=300, up_after_s=3, cooldown_s=4)
+    assert policy.decide(sig(0, queued=1, oldest_wait_ms=50), 0).desired_replicas == 1
+    waiting = dict(queued=1, arrivals=0)
+    timeline = [sig(t, oldest_wait_ms=1000 * t, **waiting) for t in (1, 2, 3)]  # no heartbeat yet
+    timeline += [sig(t, oldest_wait_ms=1000 * t, workers_warming=1, **waiting) for t in (4, 5, 6, 7, 8)]
+    timeline += [sig(9, 9000, arrivals=0, workers_ready=1)]  # placed after 9 s
+    timeline += [sig(10, arrivals=0, in_flight=1, workers_ready=1)]  # served: nothing waits
+    for s in timeline:
+        d = policy.decide(s, 1)
+        assert d.desired_replicas == 1, (s.now_ms, d.reason)
+    # the one worker then falls behind for real: sustained wait with nothing coming → up
+    for t in (11, 12, 13):
+        assert policy.decide(sig(t, 900, arrivals=3, workers_ready=1), 1).desired_replicas == 1
+    d = policy.decide(sig(14, 900, arrivals=3, workers_ready=1), 1)
+    assert d.desired_replicas == 2 and "median queue wait" in d.reason
+
+
+def test_threshold_a_worker_that_never_gets_ready_stops_holding_after_its_timeout() -> None:
+    policy = ThresholdPolicy(Bounds(1, 4), up_after_s=3, cooldown_s=0, ready_timeout_s=30)
+    assert policy.decide(sig(0, 900, arrivals=3, workers_ready=1), 1).desired_replicas == 1
+    assert policy.decide(sig(3, 900, arrivals=3, workers_ready=1), 1).desired_replicas == 2
+    held = [policy.decide(sig(t, 900, arrivals=3, workers_ready=1), 2).desired_replicas for t in range(4, 33)]
+    assert set(held) == {2}  # the second never reports ready; its wait is held for 30 s
+    after = [policy.decide(sig(t, 900, arrivals=3, workers_ready=1), 2).desired_replicas for t in (33, 34, 35, 36)]
+    assert after == [2, 2, 2, 3]  # then a full `up_after_s` of wait adds the next
+
+
 def test_threshold_idle_timer_restarts_with_traffic_and_respects_min() -> None:
     policy = ThresholdPolicy(Bounds(2, 4))
     traffic = lambda t: sig(t, arrivals=1 if 300 <= t < 305 else 0)  # noqa: E731

@@ -1,6 +1,9 @@
 """The design source's rule: sustained queue wait → up; a quiet pool → down to its minimum.
 
 - median queue wait above `target_queue_wait_ms` for `up_after_s` without a break → up by `step_up`;
+  the clock runs only while no capacity is on its way: while a worker warms, or the workers of
+  the last scale-up have yet to report ready (at most `ready_timeout_s`), the wait is what the
+  cold start costs, not evidence that the pool is too small;
 - no traffic (no arrivals, nothing queued or running) for `idle_after_s` → down to the minimum
   (or by `step_down` when it is > 0); the minimum may be 0;
 - after any change, nothing changes for `cooldown_s` (anti-flapping) — except waking a pool at
@@ -27,15 +30,20 @@ class ThresholdPolicy:
     cooldown_s: float = 300.0
     step_up: int = 1
     step_down: int = 0  # 0: straight to the minimum
+    ready_timeout_s: float = 600.0  # a worker not ready this long after a scale-up: its wait counts again
     name: str = "threshold"
     _high_since_ms: int | None = None
+    _expect_ready: int = 0  # ready workers the last scale-up should give
+    _expect_by_ms: int = 0
     _busy_at_ms: int | None = None  # last time the pool had traffic
     _changed_at_ms: int | None = None
 
     def decide(self, signals: PoolSignals, current_replicas: int) -> Decision:
         now = signals.now_ms
         wait_ms = signals.queue_wait_ms
-        if wait_ms > self.target_queue_wait_ms:
+        not_ready_yet = signals.workers_ready < self._expect_ready and now < self._expect_by_ms
+        coming = signals.workers_warming > 0 or not_ready_yet
+        if wait_ms > self.target_queue_wait_ms and not coming:
             self._high_since_ms = now if self._high_since_ms is None else self._high_since_ms
         else:
             self._high_since_ms = None
@@ -55,6 +63,9 @@ class ThresholdPolicy:
                 return hold(reason + " (at bound)")
             self._changed_at_ms = now
             self._high_since_ms = None  # the new capacity must prove itself for a full period again
+            # static workers count as ready too: expect the ones there now plus the ones added
+            self._expect_ready = signals.workers_ready + max(0, desired - current_replicas)
+            self._expect_by_ms = now + int(self.ready_timeout_s * 1000)
             return Decision(current_replicas, desired, reason, values)
 
         if current_replicas < self.bounds.min_replicas:
