@@ -68,11 +68,13 @@ def build_app(runtime: ServiceRuntime, cfg: AutoscalerSettings, actuator: Actuat
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     runtime = await ServiceRuntime.connect(settings, contracts.AUTOSCALER)
-    handlers = build_app(runtime, AutoscalerSettings())
+    cfg = AutoscalerSettings()
+    handlers = build_app(runtime, cfg)
     log.info("autoscaler: pools %s, actuator %s", sorted(handlers.pools), handlers.actuator.name)
     try:
+        # Before any evaluation: its own decision log (keyed by pool), to finish the last decision of each.
+        await handlers.reconcile(await runtime.read_table("scaling"), max_age_s=cfg.resume_max_age_s)
         await runtime.start()
-        await handlers.reconcile()
         await runtime.wait(stop)
     finally:
         await runtime.stop()

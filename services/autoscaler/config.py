@@ -26,3 +26,6 @@ class AutoscalerSettings(BaseSettings):
     # Statistics older than this (by their sent_at_ms) are not acted on: a restarted autoscaler
     # resuming from its committed offsets would otherwise scale on a past hour's queues.
     stats_max_age_s: float = 30.0
+    # At start, a pool's last decision on llm.scaling younger than this that the actuator does not show
+    # is applied again (the autoscaler died between recording and applying it); older ones are history.
+    resume_max_age_s: float = Field(default=600.0, ge=0)

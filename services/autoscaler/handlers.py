@@ -2,9 +2,14 @@
 
 Each scheduler instance sends one PoolStats per pool every few seconds; the merger combines
 the instances' statistics of a pool (policy/merge.py) and each merged PoolStats is one
-evaluation of the pool's policy. A change is applied through the actuator and published as a ScaleDecision on
-llm.scaling with the policy, the signal values and the reason; so are the start-up moves
-that bring a pool to its minimum.
+evaluation of the pool's policy. A change is published as a ScaleDecision on llm.scaling (the
+policy, the signal values, the reason) and then applied through the actuator; so are the
+start-up moves that bring a pool to its minimum.
+
+Each decision is applied once in effect: it is recorded before it is applied, and setting a
+pool to N replicas is idempotent. A restart reads the pool's last decision back (`resume`) and
+finishes applying it when the actuator's count differs, so a kill between the record and the
+actuation neither loses the move nor leaves llm.scaling saying what never happened.
 """
 
 from __future__ import annotations
@@ -71,11 +76,20 @@ class AutoscalerHandlers:
             decision = pool.policy.decide(self.fleet.signals(stats, now_ms()), current)
             return await self._apply(pool, decision)
 
-    async def reconcile(self) -> None:
-        """At start: pools below their minimum (or above their maximum) are brought into bounds."""
+    async def reconcile(self, last: dict[str, ScaleDecision] | None = None, max_age_s: float = 600.0) -> None:
+        """At start: a pool's last decision (from llm.scaling) younger than `max_age_s` that the actuator
+        does not show is applied again (a kill came between its record and its actuation); then pools
+        below their minimum (or above their maximum) are brought into bounds."""
         async with self._lock:
             for pool in self.pools.values():
                 current = await self.actuator.replicas(pool.name)
+                decision = (last or {}).get(pool.name)
+                fresh = decision is not None and now_ms() - decision.decided_at_ms <= max_age_s * 1000
+                if decision is not None and fresh and decision.desired_replicas != current:
+                    desired = pool.spec.bounds.clamp(decision.desired_replicas)
+                    log.info("%s: resuming the last decision: %d → %d", pool.name, current, desired)
+                    await self.actuator.scale(pool.name, desired)  # already recorded: not published again
+                    current = desired
                 desired = pool.spec.bounds.clamp(current)
                 if desired != current:
                     await self._apply(pool, Decision(current, desired, "pool bounds at start-up", {}))
@@ -83,7 +97,6 @@ class AutoscalerHandlers:
     async def _apply(self, pool: Pool, decision: Decision) -> ScaleDecision | None:
         if decision.action == "hold":
             return None
-        await self.actuator.scale(pool.name, decision.desired_replicas)
         message = ScaleDecision(
             pool=pool.name,
             current_replicas=decision.current_replicas,
@@ -95,5 +108,6 @@ class AutoscalerHandlers:
             actuator=self.actuator.name,
         )
         log.info("%s: %d → %d (%s)", pool.name, decision.current_replicas, decision.desired_replicas, decision.reason)
-        await self.publish(message)
+        await self.publish(message)  # recorded first: a restart finishes what it says (`reconcile`)
+        await self.actuator.scale(pool.name, decision.desired_replicas)
         return message

@@ -88,3 +88,53 @@ async def test_statistics_replayed_from_an_hour_ago_are_not_acted_on() -> None:
     fresh = waiting.model_copy(update={"sent_at_ms": now_ms(), "window_start_ms": now_ms() - 5000})
     await bus.send(topics.name(t.POOL_STATS), fresh)
     assert [d.action for d in bus.published(topics.name(t.SCALING), ScaleDecision)] == ["up"]
+
+
+class DiesOnScale(NoActuator):
+    """An actuator whose process is killed as it acts: the decision must already be on record."""
+
+    async def scale(self, pool: str, replicas: int) -> None:
+        raise SystemExit("killed mid-actuation")
+
+
+def _waiting(pool: str = "sim-llama-8b") -> PoolStats:
+    now = now_ms()
+    return PoolStats(pool=pool, window_start_ms=now - 5000, window_s=5.0, arrivals=1, queued=1, oldest_wait_ms=900)
+
+
+async def test_a_decision_is_recorded_before_it_is_applied_and_a_restart_finishes_applying_it() -> None:
+    bus = MemoryBus(BusSettings(topic_prefix="unit."))
+    scaling = bus.topics.name(t.SCALING)
+    runtime = bus.runtime(contracts.AUTOSCALER)
+    build_app(runtime, AutoscalerSettings(actuator="none"), DiesOnScale())
+    try:
+        await bus.send(bus.topics.name(t.POOL_STATS), _waiting())
+    except SystemExit:
+        pass
+    (recorded,) = bus.published(scaling, ScaleDecision)
+    assert (recorded.current_replicas, recorded.desired_replicas) == (0, 1)
+
+    # The restarted autoscaler: its actuator shows 0, its log says 1 → applied, and not recorded again.
+    restarted = MemoryBus(BusSettings(topic_prefix="unit."))
+    actuator = NoActuator()
+    handlers = build_app(restarted.runtime(contracts.AUTOSCALER), AutoscalerSettings(actuator="none"), actuator)
+    await handlers.reconcile({"sim-llama-8b": recorded})
+    assert await actuator.replicas("sim-llama-8b") == 1
+    assert restarted.published(restarted.topics.name(t.SCALING), ScaleDecision) == []
+
+
+async def test_a_stale_last_decision_is_history_not_an_order() -> None:
+    bus = MemoryBus(BusSettings(topic_prefix="unit."))
+    actuator = NoActuator()
+    handlers = build_app(bus.runtime(contracts.AUTOSCALER), AutoscalerSettings(actuator="none"), actuator)
+    old = ScaleDecision(
+        pool="sim-llama-8b",
+        current_replicas=1,
+        desired_replicas=3,
+        reason="yesterday's peak",
+        policy="threshold",
+        action="up",
+        decided_at_ms=now_ms() - 3_600_000,
+    )
+    await handlers.reconcile({"sim-llama-8b": old}, max_age_s=600)
+    assert await actuator.replicas("sim-llama-8b") == 0

@@ -32,6 +32,7 @@ AUTOSCALER = Contract(
     reads=(
         Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, notes="the fleet: heartbeats, whole table"),
         Reads("pool_stats", (t.POOL_STATS,), m.PoolStats, from_earliest=False, notes="only fresh ones matter"),
+        Reads("scaling", (t.SCALING,), m.ScaleDecision, group=None, at_start=True, notes="its last decision per pool"),
     ),
     writes=(Writes(t.SCALING, m.ScaleDecision), DLQ),
 )

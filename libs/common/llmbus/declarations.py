@@ -33,6 +33,7 @@ class Reads:
     max_in_flight: int = 1  # records (or batches) handled at once; commits stay in offset order
     batch_max_records: int | None = None  # a batch handler: the records of one fetch, up to this many
     raw: bool = False  # the handler takes the ConsumerRecord (tombstones, the record's topic, batches)
+    at_start: bool = False  # read to its end once as the service starts (ServiceRuntime.read_table), not bound
     notes: str = ""
 
     def group_id(self, topics: t.Topics, service: str, **names: str) -> str | None:

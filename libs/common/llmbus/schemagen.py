@@ -115,10 +115,12 @@ def _receive(contract: Contract, reads: Reads, channel_id: str) -> dict[str, obj
     if reads.max_in_flight > 1:
         handling = f"up to {reads.max_in_flight} records at once, committed in offset order"
     where = "from the earliest offset" if reads.from_earliest else "from the latest offset"
-    delivery = (
-        "nothing committed: read in full at every start" if reads.group is None else "committed after the handler"
-    )
-    delivery += " (at least once)"
+    if reads.at_start:
+        delivery = "nothing committed: read to its end once as the service starts, then not followed"
+    elif reads.group is None:
+        delivery = "nothing committed: read in full at every start (at least once)"
+    else:
+        delivery = "committed after the handler (at least once)"
     summary = f"{reads.name}: {'no group, every instance reads all' if reads.group is None else 'group ' + group}"
     operation: dict[str, object] = {
         "action": "receive",

@@ -45,6 +45,7 @@ from llmbus.bus.codec import decode
 from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer, wait_assigned
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.bus.runtime import Bus, run_until_stopped
+from llmbus.bus.tables import read_table
 from llmbus.declarations import Contract, Reads
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics
@@ -141,6 +142,14 @@ class ServiceRuntime:
             raise ValueError(f"a subscription reads what its declaration names: {sorted(unknown)} cannot change")
         reads = dataclasses.replace(self.contract.subscription(name), **overrides)
         self.bindings.append(Binding(reads, handler, pattern, dict(consumer_options or {})))
+
+    async def read_table(self, name: str) -> dict[str, Any]:
+        """The declared start-up read `name` (`at_start`): every key's latest value, as of now."""
+        reads = self.contract.subscription(name)
+        if not reads.at_start or len(reads.topics) != 1:
+            raise ValueError(f"{name!r} is not a start-up read of one topic")
+        topic = self.topics.name(reads.topics[0])
+        return await read_table(self.settings, topic, reads.model, timeout_s=self.settings.admin_timeout_s)
 
     def every(self, interval_s: float, name: str, job: Job) -> None:
         """A periodic job; a failed run is logged and the next one comes at the next interval."""
