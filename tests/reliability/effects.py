@@ -12,8 +12,12 @@ stream is clean). Each effect has a `settle` (wait, with a deadline, until it ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
+import os
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Protocol
 
 from llmbus import topics as t
@@ -22,7 +26,7 @@ from llmbus.audit.bills import check_bills
 from llmbus.bus import decode
 from llmbus.bus.admin import open_admin
 from llmbus.client import TopicTail
-from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult
+from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult, ScaleDecision
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.shadow_comparator.store import ComparatorStore
@@ -271,3 +275,80 @@ class Comparing:
             f"({redelivered} redelivered copies of an id), pair aggregate n={counted}"
         ]
         return problems, notes
+
+
+def live_pids(run_dir: Path, prefix: str) -> dict[str, int]:
+    """The local actuator's workers of one pool that are alive: process name → pid (its pid files)."""
+    alive = {}
+    for pid_file in run_dir.glob(f"{prefix}*.pid"):
+        with contextlib.suppress(ProcessLookupError, ValueError, FileNotFoundError):
+            pid = int(pid_file.read_text())
+            os.kill(pid, 0)
+            alive[pid_file.stem] = pid
+    return alive
+
+
+def decision_chain_problems(decisions: list[ScaleDecision]) -> list[str]:
+    """Each decision starts from the count the one before it set (none lost, none applied twice)."""
+    problems = []
+    for before, after in itertools.pairwise(decisions):
+        if after.current_replicas != before.desired_replicas:
+            problems.append(
+                f"{after.pool}: decision at {after.decided_at_ms} found {after.current_replicas} replicas, "
+                f"the one before set {before.desired_replicas} ({before.reason!r} → {after.reason!r})"
+            )
+    return problems
+
+
+class Scaling:
+    """The autoscaler's effect: each scale decision applied once. Its decisions on llm.scaling chain
+    (`decision_chain_problems`), the pool never holds more workers than its maximum, and once the load
+    is over it ends with as many live workers as its last decision says (its minimum, 0)."""
+
+    def __init__(self, settings: BusSettings, pool: str, run_dir: Path, prefix: str, max_replicas: int) -> None:
+        self.settings = settings
+        self.topics = t.Topics(settings.topic_prefix)
+        self.pool, self.run_dir, self.prefix, self.max_replicas = pool, run_dir, prefix, max_replicas
+        self.most_alive = 0
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> Scaling:
+        self._watch = asyncio.create_task(self._count())
+        return self
+
+    async def _count(self) -> None:
+        while True:
+            self.most_alive = max(self.most_alive, len(live_pids(self.run_dir, self.prefix)))
+            await asyncio.sleep(0.2)
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    async def settle(self, result_ids: set[str], timeout_s: float) -> None:
+        """Until no worker of the pool is alive (the idle pool went back to 0), or the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while live_pids(self.run_dir, self.prefix) and loop.time() < deadline:
+            await asyncio.sleep(0.5)
+
+    async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
+        name = self.topics.name(t.SCALING)
+        decisions = [
+            d
+            for d in (ScaleDecision.model_validate_json(r.value) for r in records if r.topic == name and r.value)
+            if d.pool == self.pool
+        ]  # one pool: one partition, so offset order is decision order
+        problems = decision_chain_problems(decisions)
+        alive = live_pids(self.run_dir, self.prefix)
+        last = decisions[-1].desired_replicas if decisions else 0
+        if len(alive) != last:
+            problems.append(f"{self.pool}: {len(alive)} workers alive {sorted(alive)}, the last decision says {last}")
+        if self.most_alive > self.max_replicas:
+            problems.append(f"{self.pool}: {self.most_alive} workers alive at once, the maximum is {self.max_replicas}")
+        if not any(d.action == "up" for d in decisions):
+            problems.append(f"{self.pool}: never scaled up: the scenario tested nothing")
+        moves = [f"{d.current_replicas}→{d.desired_replicas}" for d in decisions]
+        return problems, [f"scale decisions {moves}; at most {self.most_alive} workers alive at once"]

@@ -122,15 +122,21 @@ class Stack:
     def router(self, name: str = "router", env: dict[str, str] | None = None) -> ServiceProc:
         return self._add(name, "services.router", ROUTER_ENV | (env or {}), None)
 
-    def scheduler(self, name: str = "scheduler", settings: BusSettings | None = None) -> ServiceProc:
+    def scheduler(
+        self, name: str = "scheduler", settings: BusSettings | None = None, env: dict[str, str] | None = None
+    ) -> ServiceProc:
         # A stable instance id: a restarted scheduler resumes its own outcomes group.
-        env = SCHEDULER_ENV | {"LLMBUS_SCHEDULER_INSTANCE_ID": f"{self.settings.topic_prefix}{name}"}
-        return self._add(name, "services.scheduler", env, settings)
+        own = SCHEDULER_ENV | {"LLMBUS_SCHEDULER_INSTANCE_ID": f"{self.settings.topic_prefix}{name}"}
+        return self._add(name, "services.scheduler", own | (env or {}), settings)
 
-    def worker(self, worker_id: str, settings: BusSettings | None = None) -> ServiceProc:
-        return self._add(
-            worker_id, "services.engine_worker", WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id}, settings
-        )
+    def worker(
+        self, worker_id: str, settings: BusSettings | None = None, env: dict[str, str] | None = None
+    ) -> ServiceProc:
+        own = WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id}
+        return self._add(worker_id, "services.engine_worker", own | (env or {}), settings)
+
+    def autoscaler(self, env: dict[str, str], name: str = "autoscaler") -> ServiceProc:
+        return self._add(name, "services.autoscaler", env, None)
 
     def cost(self, name: str = "cost") -> ServiceProc:
         return self._add(name, "services.cost_accounting", COST_ENV, None)

@@ -1,5 +1,5 @@
-"""Fault scenarios for the services beside the request path: cost-accounting, the shadow-comparator
-and the gateway, each in the stack under load and SIGKILLed mid-run, judged by their exactly-once
+"""Fault scenarios for the services beside the request path: cost-accounting, the shadow-comparator,
+the gateway and the autoscaler, each in the stack under load and SIGKILLed mid-run, judged by their exactly-once
 effects (`tests.reliability.effects`) besides the delivery audit. Sizes and helpers are the other
 scenarios' (`tests.reliability.scenarios`); docs/reliability.md says how each is judged.
 """
@@ -7,16 +7,22 @@ scenarios' (`tests.reliability.scenarios`); docs/reliability.md says how each is
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
+
+import yaml
 
 from llmbus import topics as t
 from llmbus.cli.experiments import publish_record
 from llmbus.lifecycle import create
 from llmbus.messages import ModelSpec
 from llmbus.settings import BusSettings
-from tests.reliability.effects import Billing, Comparing, group_members
+from tests.reliability.effects import Billing, Comparing, Scaling, group_members, live_pids
 from tests.reliability.gateway import HttpLoad, api_keys, free_port, wait_ready
 from tests.reliability.harness import MODEL, Answers, Outcome, Stack, dispose, finish, prepare, start_and_wait
 from tests.reliability.scenarios import NO_ERRORS, WORKERS, Faults, Size, at, run_scenario, running_stack
@@ -178,8 +184,71 @@ async def sigkill_gateway(size: Size, log_dir: Path) -> Outcome:
         await dispose(settings)
 
 
+def autoscaled_pool(path: Path, max_replicas: int) -> Path:
+    """The scenario's pool file: MODEL scales on a 100 ms queue wait within a second or two (timings
+    compressed), on slow one-slot sim workers that a 10/s load outruns."""
+    slow = {"LLMBUS_WORKER_SIM_SPEEDUP": "1", "LLMBUS_WORKER_SIM_MAX_NUM_SEQS": "1"}
+    params = {"target_queue_wait_ms": 100, "up_after_s": 1, "idle_after_s": 3, "cooldown_s": 2, "ready_timeout_s": 30}
+    pool = {
+        "min_replicas": 0,
+        "max_replicas": max_replicas,
+        "policy": {"type": "threshold", "params": params},
+        "local": {"engine": "sim", "stop_grace_s": 10, "env": slow | {"LLMBUS_WORKER_HEARTBEAT_INTERVAL_S": "0.5"}},
+    }
+    path.write_text(yaml.safe_dump({"pools": {MODEL: pool}}))
+    return path
+
+
+async def sigkill_autoscaler(size: Size, log_dir: Path) -> Outcome:
+    """One slow static worker and a 10/s load: the autoscaler (local actuator) adds workers on the
+    queue wait and is SIGKILLed twice meanwhile (`kill_twice`); its workers outlive it. Each decision
+    is applied once (`tests.reliability.effects.Scaling`): the decisions chain, the pool stays under
+    its maximum, and once idle it ends at its minimum with no worker left behind."""
+    settings = fresh_settings()
+    faults = Faults()
+    group = t.Topics(settings.topic_prefix).group(t.AUTOSCALER)
+    size = replace(size, rate_per_s=min(size.rate_per_s, 10.0))  # long enough to scale and to kill twice
+    cache = log_dir / "autoscaler-cache"  # the local actuator's run dir: its workers' pid files
+    prefix = f"{MODEL}-as"
+    try:
+        await prepare(settings)
+        stack = Stack(settings, log_dir)
+        stack.router()
+        stack.scheduler(env={"LLMBUS_SCHEDULER_POOL_STATS_INTERVAL_S": "1"})
+        stack.worker("w1", env={"LLMBUS_WORKER_SIM_SPEEDUP": "1", "LLMBUS_WORKER_SIM_MAX_NUM_SEQS": "1"})
+        stack.autoscaler(
+            {
+                "LLMBUS_CACHE": str(cache),
+                "LLMBUS_AUTOSCALER_POOLS": str(autoscaled_pool(log_dir / "pools.yaml", max_replicas=3)),
+                "LLMBUS_AUTOSCALER_ACTUATOR": "local",
+                "LLMBUS_SESSION_TIMEOUT_MS": "6000",  # a SIGKILLed member's partitions: the broker's minimum
+            }
+        )
+        supervisor = asyncio.create_task(stack.supervise())
+        try:
+            await start_and_wait(stack, ["w1"])
+            await rejoined(settings, group, set())
+            scaling = await Scaling(settings, MODEL, cache / "run", prefix, max_replicas=3).start()
+            try:
+                hooks = {at(size, 0.3): faults.spawn(kill_twice(stack, faults, "autoscaler", group))}
+                return await run_scenario(
+                    "sigkill_autoscaler", settings, stack, size, hooks, faults, NO_ERRORS, effects=[scaling]
+                )
+            finally:
+                await scaling.stop()
+        finally:
+            supervisor.cancel()
+            stack.stop_all()
+            for pid in live_pids(cache / "run", prefix).values():  # workers the autoscaler left running
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    finally:
+        await dispose(settings)
+
+
 SERVICE_SCENARIOS: dict[str, Callable[[Size, Path], Awaitable[Outcome]]] = {
     "sigkill_cost_accounting": sigkill_cost_accounting,
     "sigkill_comparator": sigkill_comparator,
     "sigkill_gateway": sigkill_gateway,
+    "sigkill_autoscaler": sigkill_autoscaler,
 }
