@@ -12,10 +12,14 @@ skipped. Readers take only `*.parquet` (a file still being written ends in `.tmp
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 
+DEFAULT_ROOT = (
+    Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus")) / "archive"
+)  # LLMBUS_ARCHIVE_DIR (the stacks: a volume)
 MANIFESTS = "_manifests"
 DATA_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"
