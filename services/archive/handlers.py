@@ -58,6 +58,8 @@ class ArchiveHandlers:
                 ARCHIVED.labels(kind.name, "duplicate").inc(plan.duplicates)
                 ARCHIVED.labels(kind.name, "redelivered").inc(plan.redelivered)
                 FILES.labels(kind.name).inc(len(plan.files))
+                if plan.redelivered:
+                    log.info("%s[%d]: %d records archived before, skipped", topic, partition, plan.redelivered)
 
         return handle
 
