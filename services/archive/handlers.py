@@ -25,6 +25,7 @@ from services.archive.store import ArchiveStore
 log = logging.getLogger(__name__)
 
 ARCHIVED = Counter("llmbus_archive_records_total", "Records the archive handled, by outcome", ["kind", "outcome"])
+WRITE_RETRIES = Counter("llmbus_archive_write_retries_total", "Batches written again after a file system error")
 FILES = Counter("llmbus_archive_files_total", "Parquet files the archive wrote", ["kind"])
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
@@ -51,9 +52,7 @@ class ArchiveHandlers:
                     continue
                 rows_by_tp.setdefault((record.topic, record.partition), []).append(row)
             for (topic, partition), offsets in offsets_by_tp.items():
-                plan = await asyncio.to_thread(
-                    self._write, topic, partition, rows_by_tp.get((topic, partition), []), offsets
-                )
+                plan = await self._write_until_done(topic, partition, rows_by_tp.get((topic, partition), []), offsets)
                 ARCHIVED.labels(kind.name, "written").inc(plan.rows())
                 ARCHIVED.labels(kind.name, "duplicate").inc(plan.duplicates)
                 ARCHIVED.labels(kind.name, "redelivered").inc(plan.redelivered)
@@ -62,6 +61,18 @@ class ArchiveHandlers:
                     log.info("%s[%d]: %d records archived before, skipped", topic, partition, plan.redelivered)
 
         return handle
+
+    async def _write_until_done(self, topic: str, partition: int, rows: list[dict], offsets: list[int]) -> BatchPlan:
+        """A disk that is full or away holds the batch (uncommitted, retried), never sends it to the DLQ."""
+        delay_s = 0.5
+        while True:
+            try:
+                return await asyncio.to_thread(self._write, topic, partition, rows, offsets)
+            except OSError as exc:
+                WRITE_RETRIES.inc()
+                log.warning("archive write for %s[%d] failed (%r): retrying in %.1fs", topic, partition, exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 30.0)
 
     def _row(self, kind: Kind, record: ConsumerRecord) -> dict:
         message = decode(record, kind.model)
