@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from llmbus import topics as t
-from llmbus.archive import read
+from llmbus.archive import read, rlhf
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
 from llmbus.messages import CostRecord, Feedback, InferenceResult, Message, ResultStatus
@@ -134,6 +134,10 @@ async def test_archive_survives_sigkill_mid_batch_with_every_record_once(tmp_pat
         doubled = {kind: [i for i, n in counts.items() if n > 1] for kind, counts in ids.items()}
         assert not any(doubled.values()), f"record ids archived twice: {doubled}"
         assert "archived before, skipped" in log, "no kill landed between a batch's manifest and its commit"
+        # The export reads what the service wrote: one record per result with feedback, each with its score.
+        records = rlhf.join(*(read.read_rows(root, kind) for kind in ("results", "requests", "feedback", "costs")))
+        assert sorted(r.request_id for r in records) == sorted(want["feedback_requests"])
+        assert all(r.score == (int(r.request_id[1:]) % 5) / 4 and len(r.feedback) == 1 for r in records)
         print(
             f"manifests {manifests(root)}; skipped-after-restart lines {log.count('archived before, skipped')}; "
             f"unfinished removed: {[line for line in log.splitlines() if 'unfinished' in line]}"
