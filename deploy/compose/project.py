@@ -118,13 +118,13 @@ class Stack:
     def up(self) -> None:
         with step("secrets (secrets-init: one password per principal)"):
             self("run", "--rm", "-T", "secrets-init")
-        with step("up -d: Kafka, Redis, topics + ACLs, 6 services, 5 sim workers, autoscaler, Prometheus, collector"):
+        with step("up -d: Kafka, Redis, topics + ACLs, 7 services, 5 sim workers, autoscaler, Prometheus, collector"):
             self("up", "-d", "--no-build", timeout_s=600, show=True)
         with step("healthy: gateway ready, every worker ready, every service's /metrics answers"):
             wait_for("gateway healthy", self.gateway_healthy, 180, self.fail_reason)
             for worker, suffix in WORKER_METRICS.items():
                 wait_for(f"{worker} ready", functools.partial(self.worker_ready, suffix), 120, self.fail_reason)
-            for suffix in ("9101", "9102", "9104", "9105", "9106"):
+            for suffix in ("9101", "9102", "9104", "9105", "9106", "9107"):
                 wait_for(f"/metrics on {self.port(suffix)}", functools.partial(self.metrics_answer, suffix), 60)
 
     def metrics_answer(self, suffix: str) -> bool:

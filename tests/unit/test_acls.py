@@ -102,3 +102,19 @@ def test_kafka_sh_creates_every_principal_but_tenants_and_admin() -> None:
     users = re.search(r'^SERVICE_USERS="([^"]*)"', script, re.M)
     assert users is not None
     assert set(users.group(1).split()) == set(a.principals([])) - {"admin"}
+
+
+def test_archive_reads_what_it_archives_and_writes_only_the_dlq() -> None:
+    acls = [acl for acl in a.service_acls("p.") if acl.principal == t.ARCHIVE]
+    reads = {acl.name for acl in acls if acl.operation == "read" and acl.resource_type == "topic"}
+    assert reads == {
+        "p.llm.results",
+        "p.llm.costs",
+        "p.llm.comparisons",
+        "p.llm.feedback",
+        "p.llm.feedback.",
+        "p.llm.requests",
+        "p.llm.requests.",
+    }
+    assert {acl.name for acl in acls if acl.operation == "write"} == {"p.llm.dlq"}
+    assert a.Acl(t.ARCHIVE, "group", "prefixed", "p.llmbus.archive", "read") in acls

@@ -14,6 +14,7 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from llmbus.settings import BusSettings
+from services.archive.config import ArchiveSettings
 from services.autoscaler.config import AutoscalerSettings
 from services.engine_worker.config import WorkerSettings
 from services.gateway.config import GatewaySettings
@@ -28,6 +29,7 @@ PREFIXES: dict[str, type[BaseSettings]] = {
     "LLMBUS_SCHEDULER_": SchedulerSettings,
     "LLMBUS_AUTOSCALER_": AutoscalerSettings,
     "LLMBUS_GATEWAY_": GatewaySettings,
+    "LLMBUS_ARCHIVE_": ArchiveSettings,
     "LLMBUS_": BusSettings,
 }
 

@@ -81,6 +81,7 @@ def service_acls(prefix: str) -> list[Acl]:
         Acl(t.GATEWAY, "topic", "prefixed", gateway_replies, "create"),  # each instance creates its own
         Acl(t.WORKER, "topic", "prefixed", prefix + t.DISPATCH_PREFIX, "create"),  # each worker creates its own
         Acl(t.ROUTER, "topic", "prefixed", prefix + tenancy.TENANT_REQUESTS_PREFIX, "read"),
+        Acl(t.ARCHIVE, "topic", "prefixed", prefix + tenancy.TENANT_REQUESTS_PREFIX, "read"),  # the prompts
     }
     feedback = t.FEEDBACK_TENANT_SPEC
     acls.update(_topic_acls(prefix, "prefixed", tenancy.TENANT_FEEDBACK_PREFIX, (), feedback.readers))

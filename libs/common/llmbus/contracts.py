@@ -156,6 +156,28 @@ CLIENT = Contract(
     ),
 )
 
+ARCHIVE = Contract(
+    t.ARCHIVE,
+    # In batches, each committed after its Parquet files and manifest are in place (services/archive).
+    reads=(
+        Reads("results", (t.RESULTS,), m.InferenceResult, group="results", batch_max_records=5000, raw=True),
+        Reads("costs", (t.COSTS,), m.CostRecord, group="costs", batch_max_records=5000, raw=True),
+        Reads("comparisons", (t.COMPARISONS,), m.Comparison, group="comparisons", batch_max_records=5000, raw=True),
+        # auth on: by pattern, every llm.feedback.<tenant> and llm.requests.<tenant> too (the tenant is the topic's)
+        Reads("feedback", FEEDBACK_TOPICS, m.Feedback, group="feedback", batch_max_records=5000, raw=True),
+        Reads(
+            "requests",
+            (t.REQUESTS,),
+            m.InferenceRequest,
+            group="requests",
+            batch_max_records=5000,
+            raw=True,
+            notes="the prompts llmbus export rlhf joins (LLMBUS_ARCHIVE_PROMPTS=false: not read)",
+        ),
+    ),
+    writes=(DLQ,),
+)
+
 ANALYTICS = Contract(
     t.ANALYTICS,
     reads=tuple(
@@ -172,7 +194,7 @@ ANALYTICS = Contract(
     ),
 )
 
-SERVICES: tuple[Contract, ...] = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST, GATEWAY)
+SERVICES: tuple[Contract, ...] = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST, GATEWAY, ARCHIVE)
 ALL: tuple[Contract, ...] = (*SERVICES, CLIENT, ANALYTICS)
 BY_SERVICE = {contract.service: contract for contract in ALL}
 

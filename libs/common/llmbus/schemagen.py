@@ -199,9 +199,19 @@ def render() -> dict[str, str]:
         schema = message_schema(model)
         files[f"messages/{model.__name__}.json"] = _dump_json(schema)
     files["topics.json"] = _dump_json(topic_catalog())
+    files["exports/RlhfRecord.json"] = _dump_json(rlhf_schema())
     for contract in contracts.SERVICES:
         files[f"asyncapi/{contract.service}.yaml"] = yaml.safe_dump(asyncapi_for(contract), sort_keys=False, width=120)
     return files
+
+
+def rlhf_schema() -> dict[str, object]:
+    """The records `llmbus export rlhf` writes (llmbus.archive.rlhf), one JSON object a line."""
+    from llmbus.archive.rlhf import RLHF_SCHEMA_VERSION, RlhfRecord
+
+    schema: dict[str, object] = {"$id": f"https://llmbus.dev/schemas/exports/RlhfRecord/{RLHF_SCHEMA_VERSION}"}
+    schema.update(RlhfRecord.model_json_schema())
+    return schema
 
 
 def main(argv: list[str] | None = None) -> int:

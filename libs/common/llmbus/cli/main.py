@@ -16,6 +16,7 @@ from llmbus.cli import costs as cost_commands
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
+from llmbus.cli.export import export_app
 from llmbus.cli.feedback import feedback as feedback_command
 from llmbus.cli.fleet_view import fleet_table, metrics_table
 from llmbus.cli.gc import gc as gc_command
@@ -33,6 +34,7 @@ app.command()(cost_commands.pricebook)
 app.add_typer(models_app, name="models")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(router_app, name="router")
+app.add_typer(export_app, name="export")
 app.add_typer(keys.app, name="keys")
 app.add_typer(acl.app, name="acl")
 app.command()(trace.trace)

@@ -144,6 +144,7 @@ METRICS_PORTS = {
     "comparator": 9104,
     "gateway": 9105,
     "autoscaler": 9106,
+    "archive": 9107,
 }
 WORKER_METRICS_PORT = 9110
 
@@ -165,6 +166,8 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
         ServiceProcess("scheduler", "services.scheduler"),
         ServiceProcess("cost", "services.cost_accounting"),
         ServiceProcess("comparator", "services.shadow_comparator"),
+        # Results, costs, comparisons, feedback and prompts as Parquet (LLMBUS_ARCHIVE_DIR; `llmbus export rlhf`).
+        ServiceProcess("archive", "services.archive"),
         # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
         ServiceProcess("gateway", "services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}),
     ]

@@ -26,6 +26,7 @@ _PRINCIPALS = {
     "services.shadow_comparator": t.COMPARATOR,
     "services.gateway": t.GATEWAY,
     "services.autoscaler": t.AUTOSCALER,
+    "services.archive": t.ARCHIVE,
 }
 
 

@@ -1,0 +1,57 @@
+"""archive wiring: five declared subscriptions (llmbus.contracts.ARCHIVE), each read in batches.
+
+  llm.results      group llmbus.archive.results
+  llm.costs        group llmbus.archive.costs
+  llm.comparisons  group llmbus.archive.comparisons
+  llm.feedback     group llmbus.archive.feedback  (auth on: by pattern, and every llm.feedback.<tenant>)
+  llm.requests     group llmbus.archive.requests  (auth on: by pattern; LLMBUS_ARCHIVE_PROMPTS=false: not read)
+A batch's offsets are committed after its files and manifest are in place (services.archive.store);
+a batch that raises goes to llm.dlq record by record, a transient failure is retried in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from llmbus import contracts, tenancy
+from llmbus.archive.rows import KINDS_BY_NAME
+from llmbus.bus.service import ServiceRuntime
+from llmbus.settings import BusSettings
+from services.archive.config import ArchiveSettings
+from services.archive.handlers import ArchiveHandlers
+from services.archive.store import ArchiveStore
+
+log = logging.getLogger(__name__)
+PATTERNS = {"feedback": tenancy.feedback_topic_pattern, "requests": tenancy.request_topic_pattern}
+
+
+def build(runtime: ServiceRuntime, cfg: ArchiveSettings) -> ArchiveHandlers:
+    cfg.dir.mkdir(parents=True, exist_ok=True)
+    store = ArchiveStore(cfg.dir, id_cache_dirs=cfg.id_cache_dirs, compression=cfg.compression)
+    completed, removed = store.recover(cfg.orphan_age_s)
+    log.info("archive at %s: %d files completed, %d unfinished ones removed", cfg.dir, completed, removed)
+    handlers = ArchiveHandlers(store, runtime.topics, runtime.dead_letter)
+    fetch: dict[str, object] = {"fetch_max_wait_ms": cfg.fetch_max_wait_ms, "fetch_min_bytes": cfg.fetch_min_bytes}
+    for name, kind in KINDS_BY_NAME.items():
+        if name == "requests" and not cfg.prompts:
+            continue
+        pattern = PATTERNS[name](runtime.topics.prefix) if name in PATTERNS and runtime.settings.auth_enabled else None
+        runtime.subscribe(
+            name,
+            handlers.on_batch(kind),
+            pattern=pattern,
+            consumer_options=fetch,
+            batch_max_records=cfg.batch_max_records,
+        )
+    return handlers
+
+
+async def main(settings: BusSettings, stop: asyncio.Event) -> None:
+    runtime = await ServiceRuntime.connect(settings, contracts.ARCHIVE)
+    build(runtime, ArchiveSettings())
+    try:
+        await runtime.start()
+        await runtime.wait(stop)
+    finally:
+        await runtime.stop()

@@ -1,0 +1,22 @@
+"""archive settings (env prefix LLMBUS_ARCHIVE_)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from llmbus.archive.layout import DEFAULT_ROOT
+
+
+class ArchiveSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LLMBUS_ARCHIVE_", extra="ignore")
+
+    dir: Path = DEFAULT_ROOT  # the archive's root directory (a volume in the shipped stacks)
+    prompts: bool = True  # archive llm.requests too (the prompts `llmbus export rlhf` joins); False: never a prompt
+    batch_max_records: int = 5000  # records per batch, so per Parquet file at most
+    fetch_max_wait_ms: int = 2000  # the broker holds a fetch this long to fill it: fewer, larger files
+    fetch_min_bytes: int = 256 * 1024
+    id_cache_dirs: int = 256  # day/tenant directories whose record ids are kept in memory for dedupe
+    orphan_age_s: float = 600.0  # at start, a `.tmp` no manifest names and older than this is removed
+    compression: str = "zstd"

@@ -1,0 +1,135 @@
+"""The archive directory: Parquet files written so a batch is in it whole or not at all.
+
+A batch is written in three steps, and its offsets are committed only after the last:
+  1. every data file as `<name>.parquet.tmp` (flushed to disk);
+  2. the batch's manifest (its offset range and its files), written as `.tmp` and renamed: the
+     commit point — from here the batch is archived;
+  3. each data file renamed to its name.
+A SIGKILL before 2 leaves `.tmp` files no reader takes (removed at the next start); after 2 the
+next start completes step 3 from the manifest, and the redelivered records are inside its range.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path, PurePath
+
+import pyarrow.parquet as pq
+
+from llmbus.archive.layout import DATA_SUFFIX, MANIFESTS, TMP_SUFFIX, OffsetRange, manifest_dir, manifest_file
+from llmbus.archive.layout import parse_manifest_name as parse_range
+from llmbus.archive.rows import table_of
+from services.archive.core.plan import BatchPlan
+
+log = logging.getLogger(__name__)
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + TMP_SUFFIX)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ArchiveStore:
+    def __init__(self, root: Path, *, id_cache_dirs: int = 256, compression: str = "zstd") -> None:
+        self.root = root
+        self.compression = compression
+        self._ids: OrderedDict[PurePath, set[str]] = OrderedDict()  # day/tenant directory → its record ids
+        self._id_cache_dirs = id_cache_dirs
+        self._lock = threading.Lock()  # each subscription writes from its own thread
+
+    def recover(self, orphan_age_s: float) -> tuple[int, int]:
+        """At start: finish the renames of every manifested batch; remove `.tmp` files older than
+        `orphan_age_s` that no manifest names (a batch killed before its commit point).
+        Returns (files completed, orphans removed)."""
+        completed = removed = 0
+        named: set[Path] = set()
+        for manifest in sorted((self.root / MANIFESTS).glob("*/*/*.json")):
+            for name in json.loads(manifest.read_text())["files"]:
+                final = self.root / name
+                named.add(final)
+                if not final.exists() and _tmp(final).exists():
+                    os.replace(_tmp(final), final)
+                    completed += 1
+        cutoff = time.time() - orphan_age_s
+        for tmp in self.root.glob(f"**/*{TMP_SUFFIX}"):
+            if tmp.with_name(tmp.name.removesuffix(TMP_SUFFIX)) not in named and tmp.stat().st_mtime < cutoff:
+                tmp.unlink(missing_ok=True)
+                removed += 1
+        return completed, removed
+
+    def archived_ranges(self, topic: str, partition: int) -> list[OffsetRange]:
+        """The offset ranges of this topic-partition's manifests, read from the directory each time
+        (another instance of the archive may have written some since this one last held it)."""
+        directory = self.root / manifest_dir(topic, partition)
+        if not directory.is_dir():
+            return []
+        return [span for name in os.listdir(directory) if (span := parse_range(name)) is not None]
+
+    def known_ids(self, directory: PurePath) -> set[str]:
+        """The record ids already in a day/tenant directory (read once, then kept; least recent forgotten)."""
+        with self._lock:
+            ids = self._ids.get(directory)
+            if ids is None:
+                ids = set()
+                for path in (self.root / directory).glob(f"*{DATA_SUFFIX}"):
+                    ids.update(pq.read_table(path, columns=["record_id"]).column("record_id").to_pylist())
+                self._ids[directory] = ids
+                while len(self._ids) > self._id_cache_dirs:
+                    self._ids.popitem(last=False)
+            self._ids.move_to_end(directory)
+            return ids
+
+    def write(self, plan: BatchPlan) -> None:
+        """Write a planned batch (blocking: run it in a thread). The id caches learn its ids only once
+        the manifest is in place, so a batch that failed leaves nothing behind that would hide its rows."""
+        assert plan.offsets is not None
+        for path, rows in plan.files.items():
+            final = self.root / path
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with open(_tmp(final), "wb") as handle:
+                pq.write_table(table_of(rows), handle, compression=self.compression)
+                handle.flush()
+                os.fsync(handle.fileno())
+        manifest = self.root / manifest_file(plan.topic, plan.partition, plan.offsets)
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        body = {
+            "topic": plan.topic,
+            "partition": plan.partition,
+            "first_offset": plan.offsets.first,
+            "last_offset": plan.offsets.last,
+            "files": sorted(str(path) for path in plan.files),
+            "rows": plan.rows(),
+            "duplicates": plan.duplicates,
+            "written_at_ms": int(time.time() * 1000),
+        }
+        _write_durably(_tmp(manifest), json.dumps(body).encode())
+        os.replace(_tmp(manifest), manifest)  # the commit point
+        _fsync_dir(manifest.parent)
+        for path in plan.files:
+            final = self.root / path
+            os.replace(_tmp(final), final)
+        for directory in {(self.root / path).parent for path in plan.files}:
+            _fsync_dir(directory)
+        with self._lock:
+            for written, ids in plan.ids_by_dir().items():
+                if written in self._ids:
+                    self._ids[written] |= ids
