@@ -28,11 +28,22 @@ from pyflink.table import EnvironmentSettings, Schema, TableDescriptor, TableEnv
 JARS_DIR = Path(os.environ.get("LLMBUS_FLINK_JARS", Path.home() / ".cache/llmbus/flink/jars"))
 
 
-def kafka_options(args: argparse.Namespace, topic: str) -> str:
-    options = {
-        "connector": "kafka",
+def client_options(args: argparse.Namespace) -> dict[str, str]:
+    """The broker and, on the secured broker, the SASL/SCRAM login: for the sources and the sink."""
+    options = {"connector": "kafka", "properties.bootstrap.servers": args.bootstrap}
+    if args.username:
+        options |= {
+            "properties.security.protocol": "SASL_PLAINTEXT",
+            "properties.sasl.mechanism": "SCRAM-SHA-512",
+            "properties.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{args.username}" password="{args.password or ""}";',
+        }
+    return options
+
+
+def source_options(args: argparse.Namespace, topic: str) -> str:
+    options = client_options(args) | {
         "topic": topic,
-        "properties.bootstrap.servers": args.bootstrap,
         "scan.startup.mode": "earliest-offset" if args.group is None else "group-offsets",
         "properties.auto.offset.reset": "earliest",
         "format": "json",
@@ -43,13 +54,6 @@ def kafka_options(args: argparse.Namespace, topic: str) -> str:
         options["properties.group.id"] = args.group
     if args.bounded:
         options["scan.bounded.mode"] = "latest-offset"
-    if args.username:
-        options |= {
-            "properties.security.protocol": "SASL_PLAINTEXT",
-            "properties.sasl.mechanism": "SCRAM-SHA-512",
-            "properties.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule required "
-            f'username="{args.username}" password="{args.password or ""}";',
-        }
     return ",\n".join(f"'{k}' = '{v}'" for k, v in options.items())
 
 
@@ -66,7 +70,7 @@ def source_ddl(args: argparse.Namespace) -> list[str]:
           kafka_time TIMESTAMP_LTZ(3) METADATA FROM 'timestamp',
           event_time AS COALESCE(TO_TIMESTAMP_LTZ(completed_at_ms, 3), kafka_time),
           WATERMARK FOR event_time AS {watermark}
-        ) WITH ({kafka_options(args, args.results_topic)})"""
+        ) WITH ({source_options(args, args.results_topic)})"""
     costs = f"""
         CREATE TABLE costs (
           record_id STRING, request_id STRING, `tenant` STRING, `model` STRING, `kind` STRING, booked_to STRING,
@@ -75,7 +79,7 @@ def source_ddl(args: argparse.Namespace) -> list[str]:
           kafka_time TIMESTAMP_LTZ(3) METADATA FROM 'timestamp',
           event_time AS COALESCE(TO_TIMESTAMP_LTZ(booked_at_ms, 3), kafka_time),
           WATERMARK FOR event_time AS {watermark}
-        ) WITH ({kafka_options(args, args.costs_topic)})"""
+        ) WITH ({source_options(args, args.costs_topic)})"""
     return [results, costs]
 
 
@@ -189,15 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     env = table_env(args)
     minutes = env.sql_query(MINUTES)
     if args.sink_topic:
-        sink = (
-            TableDescriptor.for_connector("kafka")
-            .schema(Schema.new_builder().from_row_data_type(minutes.get_schema().to_row_data_type()).build())
-            .option("topic", args.sink_topic)
-            .option("properties.bootstrap.servers", args.bootstrap)
-            .format("json")
-            .build()
+        sink = TableDescriptor.for_connector("kafka").schema(
+            Schema.new_builder().from_row_data_type(minutes.get_schema().to_row_data_type()).build()
         )
-        env.create_temporary_table("minutes_sink", sink)
+        for key, value in (client_options(args) | {"topic": args.sink_topic}).items():
+            if key != "connector":
+                sink = sink.option(key, value)
+        sink = sink.format("json")
+        env.create_temporary_table("minutes_sink", sink.build())
         minutes.execute_insert("minutes_sink").wait()
         return 0
     names = minutes.get_schema().get_field_names()
