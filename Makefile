@@ -18,7 +18,7 @@ export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check schemas-release bench plan \
-        compose-check compose-up compose-smoke compose-down clean reliability soak test-long bench-autoscaler test-security gpu-check
+        compose-check compose-up compose-smoke compose-down clean reliability soak test-long test-analytics bench-autoscaler test-security gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -45,7 +45,7 @@ down: ## stop the services (they drain), then Kafka and Redis
 # ones start first (tests/xdist_groups.py). TEST_WORKERS=0 runs them in one process.
 TEST_WORKERS ?= 4
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
-	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long" \
+	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long and not analytics" \
 	  -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)
 
 test-security: setup ## the security tests alone (they start a private SASL/SCRAM broker with ACLs)
@@ -57,6 +57,11 @@ test-unit: setup ## fast unit tests only (no broker)
 
 test-long: infra ## the long end-to-end runs (experiment lifecycle on the real broker), outside make test
 	@$(PY) -m pytest -q -p no:cacheprovider -m long tests $(PYTEST_ARGS)
+
+test-analytics: infra ## the Flink SQL job (deploy/analytics) vs `llmbus costs` on the real broker; writes its report
+	@deploy/analytics/setup.sh
+	@LLMBUS_ANALYTICS_REPORT=bench/reports/analytics_flink.md $(PY) -m pytest -q -p no:cacheprovider -m analytics \
+	  tests/analytics $(PYTEST_ARGS)
 
 test-integration: infra ## integration, e2e and reliability tests against the real broker and Redis
 	@$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/e2e tests/reliability) $(PYTEST_ARGS)

@@ -113,6 +113,28 @@ async def wait_workers_ready(settings: BusSettings, worker_ids: set[str], timeou
         raise TimeoutError(f"workers {worker_ids - ready} not ready within {timeout_s}s")
 
 
+def start_sim_stack(
+    settings: BusSettings,
+    services: list[ServiceProc],
+    log_dir: Path,
+    cost_env: dict[str, str],
+    router_env: dict[str, str] | None = None,
+) -> ServiceProc:
+    """cost-accounting, router, scheduler and one sim worker `w1` (20x speed) as processes; the worker back."""
+    services.append(ServiceProc("services.cost_accounting", settings, env=cost_env, log_dir=log_dir).start())
+    services.append(ServiceProc("services.router", settings, env=router_env or {}, log_dir=log_dir).start())
+    services.append(ServiceProc("services.scheduler", settings, log_dir=log_dir).start())
+    worker = ServiceProc(
+        "services.engine_worker",
+        settings,
+        name="w1",
+        log_dir=log_dir,
+        env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "20"},
+    ).start()
+    services.append(worker)
+    return worker
+
+
 # Redis SCAN's default COUNT is 10: walking a keyspace of ~20k keys (a shared dev Redis, or one a long
 # run filled) that way takes ~2,000 round trips, seconds per test teardown. 1,000 takes ~20.
 SCAN_COUNT = 1000

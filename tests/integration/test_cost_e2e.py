@@ -39,7 +39,7 @@ from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
-from tests.support import ServiceProc, eventually, redis_keys, wait_workers_ready
+from tests.support import ServiceProc, eventually, redis_keys, start_sim_stack, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 BOOK = load_pricebook()
@@ -141,17 +141,7 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
         experiment_id="shx", kind="shadow", match_models=["sim-llama-8b"], shadow_model="sim-llama-8b", shadow_share=1.0
     )
     await bus.publisher.publish(topics.name(t.EXPERIMENTS), exp, key=exp.experiment_id)
-    services.append(ServiceProc("services.cost_accounting", bus_settings, env=COST_ENV, log_dir=tmp_path).start())
-    services.append(ServiceProc("services.router", bus_settings, log_dir=tmp_path).start())
-    services.append(ServiceProc("services.scheduler", bus_settings, log_dir=tmp_path).start())
-    worker = ServiceProc(
-        "services.engine_worker",
-        bus_settings,
-        name="w1",
-        log_dir=tmp_path,
-        env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "20"},
-    ).start()
-    services.append(worker)
+    worker = start_sim_stack(bus_settings, services, tmp_path, COST_ENV)
     await wait_workers_ready(bus_settings, {"w1"}, timeout_s=120)
     results_tail = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
     run = uuid.uuid4().hex[:8]

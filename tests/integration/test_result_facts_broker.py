@@ -34,7 +34,7 @@ from services.scheduler.policy.core import FinalError
 from services.scheduler.policy.types import SchedRequest
 from tests.integration.test_cost_e2e import COST_ENV, results_for
 from tests.integration.test_scheduler_handler_faults import make_handlers, namespace, publisher
-from tests.support import ServiceProc, wait_workers_ready
+from tests.support import ServiceProc, start_sim_stack, wait_workers_ready
 
 __all__ = ["namespace"]  # the fixture, used by name
 SALT = "facts-test-salt"
@@ -48,18 +48,7 @@ async def test_a_result_and_its_cost_record_carry_session_user_category_and_tier
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy))
     router_env = {"LLMBUS_ROUTER_POLICY_PATH": str(policy_path), "LLMBUS_ROUTER_USER_ID_SALT": SALT}
-    services.append(ServiceProc("services.cost_accounting", bus_settings, env=COST_ENV, log_dir=tmp_path).start())
-    services.append(ServiceProc("services.router", bus_settings, env=router_env, log_dir=tmp_path).start())
-    services.append(ServiceProc("services.scheduler", bus_settings, log_dir=tmp_path).start())
-    services.append(
-        ServiceProc(
-            "services.engine_worker",
-            bus_settings,
-            name="w1",
-            log_dir=tmp_path,
-            env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "20"},
-        ).start()
-    )
+    start_sim_stack(bus_settings, services, tmp_path, COST_ENV, router_env)
     await wait_workers_ready(bus_settings, {"w1"}, timeout_s=120)
     topics = t.Topics(bus_settings.topic_prefix)
     results_tail = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
