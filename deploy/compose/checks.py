@@ -227,3 +227,69 @@ def keda_queries_evaluate(stack: Stack) -> None:
 
                     wait_for(f"{path.name}: {query} > {threshold}", evaluated, 30)
                     say(f"    {path.name}: {values[0]:.2f} > {threshold} ({doc['metadata']['name']})")
+
+
+def table_cells(html: str, table_id: str) -> list[list[str]]:
+    """The data rows of a console's table (header left out), each as its cells' text; a table
+    without data has one row of one cell, "no data"."""
+    table = re.search(rf'<table id="{table_id}">(.*?)</table>', html, re.S)
+    if table is None:
+        raise StepFailed(f"the console has no table {table_id}")
+    rows = re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)[1:]
+    return [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)] for row in rows]
+
+
+# Per console, the tables that must have a filled row after the smoke's traffic, and the column that
+# must not be empty in it (the chats, a session turn and a feedback sent just before).
+CONSOLE_DATA = {
+    "llmbus-infrastructure.html": {"targets": 2, "workers": 1},
+    "llmbus-quality.html": {"feedback": 1, "results": 1},
+    "llmbus-experience.html": {"latency": 2, "session-turns": 2},
+}
+
+
+def consoles_render(stack: Stack, api_key: str) -> None:
+    """The three dashboard layers (deploy/prometheus/consoles/) from the stack's Prometheus: a session
+    turn and a feedback through the gateway first, then each console must render (HTTP 200) with data
+    in each of its layer's tables."""
+    import urllib.request
+
+    from openai import OpenAI
+
+    with step("Prometheus consoles: the three dashboard layers render with data"):
+        client = OpenAI(
+            base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0
+        )
+        raw = client.chat.completions.with_raw_response.create(
+            model="auto",
+            messages=[{"role": "user", "content": "One turn of a session."}],
+            max_tokens=8,
+            extra_headers={"x-llmbus-session-id": "smoke-session"},
+        )
+        feedback = urllib.request.Request(
+            f"http://127.0.0.1:{stack.port('8000')}/v1/feedback",
+            data=json.dumps({"request_id": raw.headers["x-request-id"], "score": 0.9}).encode(),
+            headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(feedback, timeout=10) as answer:
+            if answer.status != 202:
+                raise StepFailed(f"feedback answered {answer.status}")
+        for name, tables in CONSOLE_DATA.items():
+            url = f"http://127.0.0.1:{stack.port('9090')}/consoles/{name}"
+            empty: list[str] = []
+
+            def filled(url: str = url, tables: dict[str, int] = tables, empty: list[str] = empty) -> bool:
+                with urllib.request.urlopen(url, timeout=10) as answer:
+                    html = answer.read().decode()
+                empty[:] = [
+                    table
+                    for table, column in tables.items()
+                    if not any(len(row) > column and row[column] for row in table_cells(html, table))
+                ]
+                return not empty
+
+            try:
+                wait_for(f"{name}: tables with data", filled, 60, lambda: None)
+            except StepFailed as failure:
+                raise StepFailed(f"{failure}; still empty: {', '.join(empty)}") from None
+            say(f"    {name}: {', '.join(tables)} filled")

@@ -27,6 +27,7 @@ from checks import (
     billed,
     burst_scales_up_and_down,
     chats,
+    consoles_render,
     prometheus_scrapes,
     redis_restart_keeps_keys,
     spans_reach_the_collector,
@@ -58,6 +59,7 @@ def smoke() -> None:
         billed(stack, "acme", 2)
         redis_restart_keeps_keys(stack, api_key)
         prometheus_scrapes(stack)
+        consoles_render(stack, api_key)
         burst_scales_up_and_down(stack, api_key)
     except BaseException:
         say("!!! smoke failed; state and logs of the failed services:")

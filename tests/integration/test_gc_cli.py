@@ -121,3 +121,56 @@ async def test_gc_removes_only_what_gone_instances_left(bus_settings: BusSetting
         await redis.delete(f"{ns}cost:owner:w-live", f"{ns}cost:owner:w-gone", f"{ns}cost:cursor")
         await redis.aclose()
         await delete_groups(s, [g for names in groups.values() for g in names])
+
+
+async def test_gc_keeps_a_group_that_has_members_again(bus_settings: BusSettings) -> None:
+    """A worker silent past the retention whose consumer group has a live member again (the same
+    worker id came back, or another process consumes as it): the broker refuses to delete the
+    group, and `llmbus gc` keeps it and says so instead of failing; the topic of the gone worker
+    still goes."""
+    s = bus_settings
+    topics = t.Topics(s.topic_prefix)
+    worker = "w-back"
+    dispatch = topics.dispatch(worker)
+    await ensure_topics(s, [(dispatch, t.DISPATCH_SPEC)])
+    busy_group, idle_group = (
+        contracts.WORKER.group_id(n, topics, worker_id=worker) or "" for n in ("dispatch", "control")
+    )
+    await _make_group(s, idle_group, dispatch)
+    member = AIOKafkaConsumer(
+        topics.name(t.WORKERS), bootstrap_servers=s.kafka_bootstrap, group_id=busy_group, enable_auto_commit=False
+    )
+    await member.start()
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all")
+    await producer.start()
+    try:
+
+        async def joined() -> bool:
+            await member.getmany(timeout_ms=200)
+            return bool(member.assignment())
+
+        await eventually(joined, timeout_s=30)
+        old = WorkerStatus(
+            worker_id=worker,
+            node_id="n",
+            state=WorkerState.READY,
+            engine="sim",
+            sent_at_ms=int(time.time() * 1000) - 3 * HOUR_MS,
+        )
+        await producer.send_and_wait(topics.name(t.WORKERS), old.to_bytes(), key=worker.encode())
+
+        assert await delete_groups(s, [busy_group]) == [busy_group]  # the broker refuses: members
+        output = await _gc(s, "--older-than", "1h")
+        assert f"kept consumer group {busy_group}: it has members again" in output, output
+        groups = await _groups(s)
+        assert busy_group in groups, "a group with members was deleted"
+        assert idle_group not in groups, "the gone worker's empty group was kept"
+
+        async def topic_deleted() -> bool:
+            return dispatch not in await _topics(s)
+
+        await eventually(topic_deleted, timeout_s=30)
+    finally:
+        await producer.stop()
+        await member.stop()
+        await delete_groups(s, [busy_group, idle_group])

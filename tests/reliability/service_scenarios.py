@@ -11,7 +11,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,6 +61,19 @@ def kill_twice(stack: Stack, faults: Faults, name: str, group: str) -> Callable[
     return action
 
 
+@contextlib.asynccontextmanager
+async def billed_stack(settings: BusSettings, log_dir: Path) -> AsyncIterator[tuple[Stack, Billing]]:
+    """`running_stack` plus cost-accounting, once it consumes llm.results, and a tail of llm.costs."""
+    async with running_stack(settings, log_dir) as stack:
+        stack.cost()
+        await rejoined(settings, t.Topics(settings.topic_prefix).group(t.COST, "results"), set())
+        billing = await Billing(settings).start()
+        try:
+            yield stack, billing
+        finally:
+            await billing.stop()
+
+
 async def sigkill_cost_accounting(size: Size, log_dir: Path) -> Outcome:
     """cost-accounting in the stack under load, SIGKILLed twice (`kill_twice`): every result billed
     exactly once on llm.costs, and counted once in its Redis totals."""
@@ -68,17 +81,11 @@ async def sigkill_cost_accounting(size: Size, log_dir: Path) -> Outcome:
     faults = Faults()
     group = t.Topics(settings.topic_prefix).group(t.COST, "results")
     try:
-        async with running_stack(settings, log_dir) as stack:
-            stack.cost()
-            await rejoined(settings, group, set())  # billing from the first result on
-            billing = await Billing(settings).start()
-            try:
-                hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "cost", group))}
-                return await run_scenario(
-                    "sigkill_cost_accounting", settings, stack, size, hooks, faults, NO_ERRORS, effects=[billing]
-                )
-            finally:
-                await billing.stop()
+        async with billed_stack(settings, log_dir) as (stack, billing):
+            hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "cost", group))}
+            return await run_scenario(
+                "sigkill_cost_accounting", settings, stack, size, hooks, faults, NO_ERRORS, effects=[billing]
+            )
     finally:
         await dispose(settings)
 

@@ -4,17 +4,30 @@ Every final result, routing decision and dispatch goes through `Publisher.publis
 user-experience and quality series come from one place in every process: results by status
 and error code, time to first token, end-to-end time, queue time, tokens, preemptions, cache
 hits (from each InferenceResult); routes by rule, variant and shadow, fallbacks (RoutedRequest);
-first attempts and retries, queue wait per model pool (Dispatch). Names keep vLLM's stems.
+first attempts and retries, queue wait per model pool (Dispatch); session turns by outcome
+(results with a session id), feedback scores (Feedback, published by the gateway), shadow
+similarity and agreement (Comparison, published by the comparator). Names keep vLLM's stems.
 """
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from llmbus.messages import Dispatch, InferenceResult, Message, RoutedRequest
+from llmbus.messages import (
+    Comparison,
+    Dispatch,
+    Feedback,
+    FinishReason,
+    Guardrails,
+    InferenceResult,
+    Message,
+    ResultStatus,
+    RoutedRequest,
+)
 from llmbus.metric_children import children_of
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+_UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # scores and similarities in [0, 1]
 
 RESULTS = Counter(
     "llmbus_request_results_total",
@@ -51,6 +64,26 @@ ROUTED = Counter(
     ["model", "rule", "variant", "shadow"],
 )
 DISPATCHES = Counter("llmbus_dispatches_total", "Dispatches by worker; attempt > 1 is a retry", ["worker", "retry"])
+SESSION_TURNS = Counter(
+    "llmbus_session_turns_total",
+    "Final results of requests with a session id (one per turn): completed = ok and not cut by a length limit",
+    ["model", "outcome"],
+)
+FEEDBACK_SCORE = Histogram(
+    "llmbus_feedback_score", "Feedback scores (POST /v1/feedback, 0..1) handed to the bus", buckets=_UNIT_BUCKETS
+)
+SIMILARITY = Histogram(
+    "llmbus_comparison_similarity",
+    "Shadow comparisons: the candidate's answer's similarity to the control's (ROUGE-L F1)",
+    ["experiment"],
+    buckets=_UNIT_BUCKETS,
+)
+COMPARISONS = Counter(
+    "llmbus_comparisons_total",
+    "Shadow comparisons by outcome: agree (similarity >= 0.5), disagree, failed (a side failed)",
+    ["experiment", "outcome"],
+)
+AGREEMENT_SIMILARITY: float = Guardrails.model_fields["min_similarity"].default  # the rollout guardrails' default
 
 # Touched for every message published: each child is looked up once (llmbus.metric_children).
 _results = children_of(RESULTS)
@@ -63,6 +96,9 @@ _cached_prompt_tokens = children_of(CACHED_PROMPT_TOKENS)
 _preemptions = children_of(PREEMPTIONS)
 _routed = children_of(ROUTED)
 _dispatches = children_of(DISPATCHES)
+_session_turns = children_of(SESSION_TURNS)
+_similarity = children_of(SIMILARITY)
+_comparisons = children_of(COMPARISONS)
 
 
 def _rule(route_reason: str | None) -> str:
@@ -79,6 +115,29 @@ def observe_published(service: str, value: Message) -> None:
         case Dispatch():
             # Queue wait per pool is the scheduler's own histogram (services/scheduler/pool_stats.py).
             _dispatches(value.worker_id, str(value.attempt > 1).lower()).inc()
+        case Feedback():
+            FEEDBACK_SCORE.observe(value.score)
+        case Comparison():
+            _comparison(value)
+
+
+def turn_outcome(r: InferenceResult) -> str:
+    """completed: answered in full; truncated: ok but cut at max_tokens or the window; failed: an error."""
+    if r.status != ResultStatus.OK:
+        return "failed"
+    return "truncated" if r.finish_reason == FinishReason.LENGTH else "completed"
+
+
+def comparison_outcome(c: Comparison) -> str:
+    if c.similarity is None:
+        return "failed"
+    return "agree" if c.similarity >= AGREEMENT_SIMILARITY else "disagree"
+
+
+def _comparison(c: Comparison) -> None:
+    _comparisons(c.experiment_id, comparison_outcome(c)).inc()
+    if c.similarity is not None:
+        _similarity(c.experiment_id).observe(c.similarity)
 
 
 def _result(service: str, r: InferenceResult) -> None:
@@ -101,3 +160,5 @@ def _result(service: str, r: InferenceResult) -> None:
     _prompt_tokens(model).inc(r.usage.prompt_tokens)
     _cached_prompt_tokens(model).inc(r.usage.cached_prompt_tokens)
     _preemptions(model).inc(r.preemptions)
+    if r.session_id and not r.shadow:
+        _session_turns(model, turn_outcome(r)).inc()

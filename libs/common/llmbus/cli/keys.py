@@ -1,17 +1,22 @@
-"""`llmbus keys create|revoke|list`: the gateway's API keys (each maps to one tenant)."""
+"""`llmbus keys create|revoke|list|export|import`: the gateway's API keys (each maps to one tenant).
+
+`export` writes what Redis keeps (key id, tenant, name, creation time, the SHA-256 of the secret;
+never a secret) as JSON lines; `import` puts back the keys Redis lacks: after Redis lost its data,
+every key issued before the export authenticates again, nothing to reissue."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
+from llmbus.apikeys import ApiKeyStore, StoredKey, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 
@@ -62,3 +67,23 @@ def list_keys() -> None:
         created = datetime.fromtimestamp(key.created_at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M")
         table.add_row(key.key_id, key.tenant, key.name, created)
     console.print(table)
+
+
+@app.command("export")
+def export_keys(path: Path = typer.Argument(..., help="file to write (JSON lines, created mode 0600)")) -> None:
+    """Back up every key's stored hash and facts (no secret) for `llmbus keys import`."""
+    keys = _with_store(lambda store: store.export())
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text("".join(key.model_dump_json() + "\n" for key in keys))
+    console.print(f"exported {len(keys)} key(s) to {path}")
+
+
+@app.command("import")
+def import_keys(
+    path: Path = typer.Argument(..., exists=True, dir_okay=False, help="a `llmbus keys export` file"),
+) -> None:
+    """Put back the exported keys Redis does not have (after a Redis data loss): they work again."""
+    keys = [StoredKey.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
+    restored = _with_store(lambda store: store.restore(keys))
+    console.print(f"restored {restored} of {len(keys)} key(s); {len(keys) - restored} were there already")
