@@ -213,7 +213,6 @@ class Load:
     rate_per_s: float
     seed: int = 7
     hooks: dict[int, Hook] = field(default_factory=dict)
-    paused: asyncio.Event = field(default_factory=asyncio.Event)  # set: hold sending (the broker is down)
     sent_ids: list[str] = field(default_factory=list)
 
     async def run(self, make: Callable[[int, random.Random], InferenceRequest] = make_request) -> list[str]:
@@ -227,8 +226,6 @@ class Load:
             for i in range(self.requests):
                 if (hook := self.hooks.get(i)) is not None:
                     await hook(i)
-                while self.paused.is_set():
-                    await asyncio.sleep(0.1)
                 request = make(i, rng)
                 deliveries.append(await bus.publisher.send(topic, request, key=request.request_id))
                 self.sent_ids.append(request.request_id)
