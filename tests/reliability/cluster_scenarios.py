@@ -26,18 +26,18 @@ from tests.reliability.service_scenarios import rejoined
 from tests.support import fresh_settings
 
 BUSY = (t.ROUTED, t.RESULTS)  # plus every llm.dispatch.<worker> topic
-DOWN_S = 5  # how long the killed broker stays down before it is started again
+# How long the killed broker stays down before it is started again: past its heartbeat session
+# (broker.session.timeout.ms, 6 s), so the controller has fenced it and moved its leaderships.
+DOWN_S = 10
 LOAD_S = 20  # the load is spread over at least this long, so it runs through the kill and the restart
 
 
-async def leader_load(settings: BusSettings) -> tuple[Counter[int], dict[str, object]]:
+async def leader_load(settings: BusSettings) -> tuple[Counter[int], dict[str, int]]:
     """Records per leading broker over the busy topics' partitions (end offsets now), and the layout seen."""
     topics = t.Topics(settings.topic_prefix)
     async with open_admin(settings) as admin:
         names = await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s)
-        busy = [topics.name(n) for n in BUSY] + [
-            n for n in names if n.startswith(topics.name(t.DISPATCH_PREFIX)) and n.count(".") > 2
-        ]
+        busy = [topics.name(n) for n in BUSY] + [n for n in names if n.startswith(topics.name(t.DISPATCH_PREFIX))]
         described = await asyncio.wait_for(admin.describe_topics(busy), settings.admin_timeout_s)
     leaders = {TopicPartition(d["topic"], p["partition"]): p["leader"] for d in described for p in d["partitions"]}
     smallest_isr = min((len(p["isr"]) for d in described for p in d["partitions"]), default=0)
@@ -80,6 +80,10 @@ async def _leader_sigkill(cluster: KafkaCluster, size: Size, log_dir: Path) -> O
             await asyncio.to_thread(cluster.kill, victim)
             sent_at_kill = len(load.sent_ids)
             await asyncio.sleep(DOWN_S)
+            per_leader, layout = await leader_load(settings)  # leaderships moved, ISRs shrunk to 2
+            faults.note(f"broker {victim} down: records by leading broker {dict(per_leader)}, {layout}")
+            if per_leader.get(victim) or layout["smallest_isr"] != MIN_INSYNC_REPLICAS:
+                faults.problems.append(f"broker {victim} down but leaderships/ISRs did not move: {layout}")
             await asyncio.to_thread(cluster.restart, victim)
             during = len(load.sent_ids) - sent_at_kill
             faults.note(f"broker {victim} started again after {DOWN_S} s down; {during} requests sent meanwhile")
