@@ -122,9 +122,11 @@ class Stack:
     def router(self, name: str = "router", env: dict[str, str] | None = None) -> ServiceProc:
         return self._add(name, "services.router", ROUTER_ENV | (env or {}), None)
 
-    def scheduler(self, name: str = "scheduler", settings: BusSettings | None = None) -> ServiceProc:
+    def scheduler(
+        self, name: str = "scheduler", settings: BusSettings | None = None, env: dict[str, str] | None = None
+    ) -> ServiceProc:
         # A stable instance id: a restarted scheduler resumes its own outcomes group.
-        env = SCHEDULER_ENV | {"LLMBUS_SCHEDULER_INSTANCE_ID": f"{self.settings.topic_prefix}{name}"}
+        env = SCHEDULER_ENV | (env or {}) | {"LLMBUS_SCHEDULER_INSTANCE_ID": f"{self.settings.topic_prefix}{name}"}
         return self._add(name, "services.scheduler", env, settings)
 
     def worker(self, worker_id: str, settings: BusSettings | None = None) -> ServiceProc:

@@ -66,12 +66,14 @@ def sized(size: Size, requests: str | None) -> Size:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(settings: BusSettings, log_dir: Path, workers: list[str] = WORKERS) -> AsyncIterator[Stack]:
+async def running_stack(
+    settings: BusSettings, log_dir: Path, workers: list[str] = WORKERS, scheduler_env: dict[str, str] | None = None
+) -> AsyncIterator[Stack]:
     """router, scheduler and sim workers on `settings`, supervised; everything killed at the end."""
     await prepare(settings)
     stack = Stack(settings, log_dir)
     stack.router()
-    stack.scheduler()
+    stack.scheduler(env=scheduler_env)
     for worker_id in workers:
         stack.worker(worker_id)
     supervisor = asyncio.create_task(stack.supervise())
