@@ -18,7 +18,7 @@ export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check schemas-release bench plan \
-        compose-check compose-up compose-smoke compose-down clean reliability soak test-long test-analytics bench-autoscaler test-security gpu-check
+        compose-check compose-up compose-smoke compose-down clean reliability reliability-cluster soak test-long test-analytics bench-autoscaler test-security gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -88,6 +88,11 @@ RELIABILITY_CMD := make reliability
 reliability: infra ## fault-injection scenarios, long sizes (thousands of requests each); report in bench/reports/reliability.*
 	@LLMBUS_RELIABILITY=long LLMBUS_RELIABILITY_REPORT=bench/reports/reliability LLMBUS_RELIABILITY_COMMAND="$(RELIABILITY_CMD)" \
 	  $(PY) -m pytest -q -p no:cacheprovider -m reliability tests/reliability $(PYTEST_ARGS)
+
+# The 3-broker KRaft scenario alone (leader_sigkill, also part of `make reliability`): a private cluster of
+# three broker JVMs (tests/fixtures/kafka_cluster.py), long sizes, verdict on stderr; no report written.
+reliability-cluster: infra ## the leader-SIGKILL scenario on a private 3-broker KRaft cluster (RF 3, min.insync.replicas 2), long sizes
+	@LLMBUS_RELIABILITY=long $(PY) -m pytest -q -p no:cacheprovider -s -m kafka_cluster tests/reliability $(PYTEST_ARGS)
 
 SOAK_MINUTES ?= 30
 soak: infra ## steady load at half the measured maximum for SOAK_MINUTES (30); RSS, Redis keys, lag → bench/reports/soak.*

@@ -60,6 +60,9 @@ class ServiceProc:
                 "LLMBUS_TOPIC_PREFIX": self.settings.topic_prefix,
                 "LLMBUS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
                 "LLMBUS_REDIS_URL": self.settings.redis_url,
+                # Topics a service creates (its dispatch or reply topic) get the test's replication.
+                "LLMBUS_REPLICATION_FACTOR": str(self.settings.replication_factor),
+                "LLMBUS_MIN_INSYNC_REPLICAS": str(self.settings.min_insync_replicas),
                 "LLMBUS_LOG_JSON": "false",
                 "PYTHONUNBUFFERED": "1",
             }

@@ -135,7 +135,7 @@ class PoolStatsRecorder:
         queue = core.queues.by_model.get(pool)
         waiting = list(queue.in_order()) if queue is not None else []
         workers = [w for w in core.fleet.workers.values() if pool in w.models]
-        live = [w for w in workers if now - w.last_heartbeat_ms <= core.recovery.heartbeat_timeout_ms]
+        live = [w for w in workers if core.fleet.heard(w, now, core.recovery.heartbeat_timeout_ms)]
         ready = [w for w in live if w.state == WorkerState.READY]
         in_flight = sum(w.inflight_count for w in workers)
         QUEUED.labels(pool).set(len(waiting))

@@ -219,24 +219,29 @@ class Load:
     rate_per_s: float
     seed: int = 7
     hooks: dict[int, Hook] = field(default_factory=dict)
-    paused: asyncio.Event = field(default_factory=asyncio.Event)  # set: hold sending (the broker is down)
     sent_ids: list[str] = field(default_factory=list)
 
     async def run(self, make: Callable[[int, random.Random], InferenceRequest] = make_request) -> list[str]:
-        """Send every request (acks awaited in the background, so a slow ack never slows the rate)."""
+        """Send every request at the rate, whatever the broker does: each is published in a task of
+        its own until acknowledged (`Publisher.publish` with the bus's retry time), so a broker or a
+        partition leader away only delays acks, and the next requests still go out on time.
+
+        Not `Publisher.send` and its future: while a partition's batch waits for a leader, aiokafka
+        lets nothing more into that partition, and a send then fails after request_timeout_ms (what
+        a client does then is send again, as `publish` does)."""
         rng = random.Random(self.seed)
         bus = await Bus.start(self.settings, t.CLIENT, client_suffix="-load")
         topic = bus.topics.name(t.REQUESTS)
         started = time.monotonic()
-        deliveries: list[asyncio.Future[object]] = []
+        deliveries: list[asyncio.Task[None]] = []
+        retry_s = self.settings.publish_retry_s
         try:
             for i in range(self.requests):
                 if (hook := self.hooks.get(i)) is not None:
                     await hook(i)
-                while self.paused.is_set():
-                    await asyncio.sleep(0.1)
                 request = make(i, rng)
-                deliveries.append(await bus.publisher.send(topic, request, key=request.request_id))
+                publish = bus.publisher.publish(topic, request, key=request.request_id, retry_for_s=retry_s)
+                deliveries.append(asyncio.create_task(publish))
                 self.sent_ids.append(request.request_id)
                 if i % 500 == 0:
                     print(f"  sent {i}/{self.requests} at t+{time.monotonic() - started:.1f}s", file=sys.stderr)
@@ -244,8 +249,10 @@ class Load:
                 if behind_s > 0:
                     await asyncio.sleep(behind_s)
             # Every request acknowledged: a record the broker never took was never sent.
-            await asyncio.wait_for(asyncio.gather(*deliveries), 120)
+            await asyncio.wait_for(asyncio.gather(*deliveries), retry_s + self.settings.send_timeout_s)
         finally:
+            for delivery in deliveries:
+                delivery.cancel()
             await bus.stop()
         return self.sent_ids
 

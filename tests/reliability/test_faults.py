@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from llmbus.audit import AuditReport
+from tests.reliability.cluster_scenarios import CLUSTER_SCENARIOS
 from tests.reliability.harness import Outcome
 from tests.reliability.scenarios import LONG, SHORT, sized
 from tests.reliability.scenarios import SCENARIOS as DELIVERY_SCENARIOS
 from tests.reliability.service_scenarios import SERVICE_SCENARIOS
 
-SCENARIOS = DELIVERY_SCENARIOS | SERVICE_SCENARIOS
+SCENARIOS = DELIVERY_SCENARIOS | SERVICE_SCENARIOS | CLUSTER_SCENARIOS
 
 LONG_RUN = os.environ.get("LLMBUS_RELIABILITY") == "long"
 SIZE = sized(LONG if LONG_RUN else SHORT, os.environ.get("LLMBUS_RELIABILITY_REQUESTS"))
@@ -35,11 +36,17 @@ pytestmark = [
 ]
 
 
-# A private broker is a JVM started twice: give it room on two busy cores.
-PARAMS = [
-    pytest.param(name, marks=[pytest.mark.timeout(600)]) if name == "broker_restart" and not LONG_RUN else name
-    for name in SCENARIOS
-]
+def _marks(name: str) -> list[pytest.MarkDecorator]:
+    if name in CLUSTER_SCENARIOS:
+        # Three broker JVMs beside the stack: too heavy for `make test` on two cores, so always
+        # `reliability` (`make reliability`, `make reliability-cluster`); short sizes by hand with -m.
+        return [pytest.mark.reliability, pytest.mark.kafka_cluster, pytest.mark.timeout(1500 if LONG_RUN else 900)]
+    if name == "broker_restart" and not LONG_RUN:
+        return [pytest.mark.timeout(600)]  # a private broker is a JVM started twice: room on two busy cores
+    return []
+
+
+PARAMS = [pytest.param(name, marks=_marks(name)) for name in SCENARIOS]
 
 
 @pytest.mark.parametrize("scenario", PARAMS)

@@ -43,6 +43,7 @@ class TopicTail:
             isolation_level="read_committed",
             auto_offset_reset="latest",
             request_timeout_ms=settings.request_timeout_ms,
+            metadata_max_age_ms=settings.metadata_max_age_ms,
             **kafka_auth(settings),
         )
 

@@ -54,6 +54,12 @@ class BusSettings(BaseSettings):
     # survives the loss of one broker and refuses writes rather than keep a single copy.
     replication_factor: int = 1
     min_insync_replicas: int = 1
+    # How old a client's view of partition leaders may get. aiokafka (0.14) retries a fetch from a
+    # broker that died (NodeNotReadyError) against that broker without asking who leads now, until
+    # the metadata ages out (its default: 5 min): with one broker of three SIGKILLed, a consumer's
+    # partitions stood still for the whole outage although their leaders had moved within seconds
+    # (the 3-broker `leader_sigkill` scenario). A metadata request every few seconds per client is cheap.
+    metadata_max_age_ms: int = 5_000
     poll_timeout_ms: int = 200
     max_poll_records: int = 500
     commit_interval_s: float = 0.2

@@ -279,7 +279,7 @@ class SchedulerCore:
         return not any(
             model in w.models
             and w.state not in (WorkerState.STOPPED, WorkerState.DEGRADED)
-            and now_ms - w.last_heartbeat_ms <= timeout_ms
+            and self.fleet.heard(w, now_ms, timeout_ms)
             for w in self.fleet.workers.values()
         )
 

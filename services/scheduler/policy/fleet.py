@@ -135,28 +135,32 @@ class FleetView:
         return self._by_request.get(request_id)
 
     # -- queries ------------------------------------------------------------------------
-    def dead_workers(
-        self, now_ms: int, heartbeat_timeout_ms: int, watching_since_ms: int = 0, lag_cap_factor: int = 6
-    ) -> list[str]:
-        """Workers silent for longer than the timeout.
+    def heard(
+        self, w: WorkerView, now_ms: int, heartbeat_timeout_ms: int, watching_since_ms: int = 0, lag_cap_factor: int = 6
+    ) -> bool:
+        """The one liveness rule (placement, "nobody serves the model", pool statistics, dead workers):
+        heard within the timeout, or silent no longer than every other worker (the heartbeat stream
+        itself is late: this process behind on llm.workers, or its partition's leader failing over
+        to another broker) and for at most `lag_cap_factor` timeouts. Silence counts from when we
+        started watching (after a restart every worker gets a full timeout to be heard)."""
+        silent_ms = now_ms - max(w.last_heartbeat_ms, watching_since_ms)
+        if silent_ms <= heartbeat_timeout_ms:
+            return True
+        behind_others_ms = self.newest_heartbeat_ms - w.last_heartbeat_ms
+        return behind_others_ms <= heartbeat_timeout_ms and silent_ms <= lag_cap_factor * heartbeat_timeout_ms
 
-        Silence counts from when we started watching (after a restart every worker gets a full
-        timeout to be heard). It must also show against the newest heartbeat we read: when this
-        process falls behind on llm.workers every worker looks silent, and declaring them all
-        dead would place their running requests twice. Past `lag_cap_factor` timeouts a worker
-        is dead regardless, so a fleet that died all at once still has its requests placed again.
+    def dead_workers(self, now_ms: int, heartbeat_timeout_ms: int, watching_since_ms: int = 0) -> list[str]:
+        """Workers not `heard`: silent past the timeout while others were heard, or past the lag cap.
+
+        When this process falls behind on llm.workers every worker looks silent, and declaring them
+        all dead would place their running requests twice; past the lag cap a worker is dead
+        regardless, so a fleet that died all at once still has its requests placed again.
         """
-        dead = []
-        for w in self.workers.values():
-            if w.state == WorkerState.STOPPED:
-                continue
-            silent_ms = now_ms - max(w.last_heartbeat_ms, watching_since_ms)
-            behind_others_ms = self.newest_heartbeat_ms - w.last_heartbeat_ms
-            if silent_ms > heartbeat_timeout_ms and (
-                behind_others_ms > heartbeat_timeout_ms or silent_ms > lag_cap_factor * heartbeat_timeout_ms
-            ):
-                dead.append(w.worker_id)
-        return dead
+        return [
+            w.worker_id
+            for w in self.workers.values()
+            if w.state != WorkerState.STOPPED and not self.heard(w, now_ms, heartbeat_timeout_ms, watching_since_ms)
+        ]
 
     def stopped_workers(self) -> list[str]:
         return [w.worker_id for w in self.workers.values() if w.state == WorkerState.STOPPED]

@@ -81,6 +81,7 @@ def make_consumer(
         "heartbeat_interval_ms": settings.heartbeat_interval_ms,
         "request_timeout_ms": max(settings.request_timeout_ms, settings.session_timeout_ms + 5000),
         "isolation_level": "read_committed",
+        "metadata_max_age_ms": settings.metadata_max_age_ms,
     }
     options.update(kafka_auth(settings))
     options.update(overrides)

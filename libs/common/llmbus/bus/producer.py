@@ -77,6 +77,7 @@ def make_producer(settings: BusSettings, client_id: str) -> AIOKafkaProducer:
         acks="all",
         enable_idempotence=True,
         request_timeout_ms=settings.request_timeout_ms,
+        metadata_max_age_ms=settings.metadata_max_age_ms,
         linger_ms=settings.linger_ms,
         max_batch_size=min(settings.max_batch_bytes, settings.max_message_bytes),
         max_request_size=settings.max_message_bytes,

@@ -31,7 +31,7 @@ class ServesModelFilter:
             for w in workers
             if w.serves(request.model)
             and w.state == WorkerState.READY
-            and (timeout is None or state.now_ms - w.last_heartbeat_ms <= timeout)
+            and (timeout is None or state.fleet.heard(w, state.now_ms, timeout))
             and state.now_ms >= w.cooldown_until_ms
         ]
         others = [w for w in ready if w.worker_id not in request.excluded_workers]
