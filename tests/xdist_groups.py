@@ -5,10 +5,17 @@ one expensive session or module resource run on one worker, so it is built once:
 
 - every test that uses the `vllm_engine` fixture (one vLLM engine per run), and the vllm-marked
   tests of its modules (they import vLLM: cheap where the engine runs),
+- every test that uses the `vllm_chatml_engine` fixture (the second session engine), in a group of
+  its own: its build runs on another worker beside the first engine's chain, and once per run (a
+  test of it outside every group was handed to whichever worker was free, and built it again there),
 - every test that uses the `secured_kafka` fixture (one private secured broker per run),
 - every test that uses the `redis_cluster` fixture (one private 3-master Redis Cluster per run),
 - all tests of a module that has a module-scoped fixture (a stack of services, a private Redis),
 - tests marked `xdist_group("name")` by hand, by that name.
+
+To add a session resource that is expensive to build (an engine, a private broker): name its fixture
+and its group in SHARED_BY_FIXTURE, and, if it is a vLLM engine, its group in VLLM_GROUPS too (those
+groups start first). A new test that uses an existing fixture needs nothing: it joins the group.
 
 pytest-xdist's own loadgroup scheduler names a group by appending "@name" to the node id, which
 pytest 9 no longer lets a plugin do (`Node.nodeid` is computed from a structured id), so every test
@@ -31,7 +38,14 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 GROUPS_DIR_ENV = "LLMBUS_XDIST_GROUPS_DIR"
-SHARED_BY_FIXTURE = {"vllm_engine": "vllm", "secured_kafka": "secured-kafka", "redis_cluster": "redis-cluster"}
+SHARED_BY_FIXTURE = {
+    "vllm_engine": "vllm",
+    "vllm_chatml_engine": "vllm-chatml",
+    "secured_kafka": "secured-kafka",
+    "redis_cluster": "redis-cluster",
+}
+# Groups that build a vLLM engine: the longest chains (a cold start of a minute or more on 2 cores each).
+VLLM_GROUPS = frozenset({"vllm", "vllm-chatml"})
 
 
 def group_of(item: pytest.Item) -> str | None:
@@ -70,11 +84,11 @@ def remove_groups_dir(config: pytest.Config) -> None:
 
 
 def _start_rank(item: pytest.Item, group: str | None) -> int:
-    """When to hand a test out: the vLLM engine's group (the longest chain) first, then tests marked slow
+    """When to hand a test out: the vLLM engines' groups (the longest chains) first, then tests marked slow
     and the secured broker's group, then the other groups, then the rest, which fill the gaps. Handed out
     in suite order, a slow test near the end of the suite (tests/reliability) would start last and finish
     minutes after everything else."""
-    if group == SHARED_BY_FIXTURE["vllm_engine"]:
+    if group in VLLM_GROUPS:
         return 0
     if item.get_closest_marker("slow") is not None or group in SHARED_BY_FIXTURE.values():
         return 1  # the secured broker's group: a JVM to start before its first test
@@ -89,18 +103,27 @@ def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     if workerinput is None or not directory:
         return
     groups = {item.nodeid: group for item in items if (group := group_of(item)) is not None}
-    # A vllm-marked test beside the engine's users (test_error_classification) imports vLLM and torch:
-    # ~5-40 s on a worker that has not, nothing on the one that runs the engine.
-    engine = SHARED_BY_FIXTURE["vllm_engine"]
-    engine_modules = {_module_of(nodeid) for nodeid, group in groups.items() if group == engine}
-    for item in items:
-        if item.get_closest_marker("vllm") is not None and _module_of(item.nodeid) in engine_modules:
-            groups.setdefault(item.nodeid, engine)
+    join_engine_groups(items, groups)
     items.sort(key=lambda item: _start_rank(item, groups.get(item.nodeid)))  # stable: a group keeps its order
     target = Path(directory) / f"{workerinput['workerid']}.json"
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(groups))
     partial.replace(target)
+
+
+def join_engine_groups(items: list[pytest.Item], groups: dict[str, str]) -> None:
+    """A vllm-marked test outside every group, beside an engine's users (test_error_classification),
+    imports vLLM and torch: ~5-40 s on a worker that has not, nothing on one that runs that engine, so it
+    joins that engine's group (the first engine's where its module uses both)."""
+    engine_of_module: dict[str, str] = {}
+    for nodeid, group in groups.items():
+        if group in VLLM_GROUPS:
+            module = _module_of(nodeid)
+            if engine_of_module.get(module) != SHARED_BY_FIXTURE["vllm_engine"]:
+                engine_of_module[module] = group
+    for item in items:
+        if item.get_closest_marker("vllm") is not None and (engine := engine_of_module.get(_module_of(item.nodeid))):
+            groups.setdefault(item.nodeid, engine)
 
 
 class SharedResourceScheduling(LoadScopeScheduling):
