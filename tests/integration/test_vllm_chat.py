@@ -7,6 +7,8 @@ give an instruct model exactly what the model was trained on.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +16,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from llmbus.messages import ChatMessage, ErrorCode, InferenceRequest
-from services.engine_worker.engines.base import EngineError, EngineOutput, EngineRequest
+from llmbus.tool_calls import assemble_tool_calls
+from services.engine_worker.engines.base import EngineError, EngineOutput, EngineRequest, RequestRejected
 from services.engine_worker.engines.vllm_engine import VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
@@ -106,3 +109,55 @@ async def test_a_chat_too_long_for_the_model_is_refused_before_vllm(vllm_engine:
     with pytest.raises(EngineError) as refused:
         await _run(vllm_engine, _chat_request("chat-long", long_chat))
     assert refused.value.code in (ErrorCode.OVER_CAPACITY, ErrorCode.PROMPT_TOO_LONG)  # not a vLLM error
+
+
+# Small: Qwen's tool preamble alone is ~450 tokens of this tiny tokenizer, the engine's window 512.
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_offset",
+        "parameters": {"type": "object", "properties": {"partition": {"type": "integer"}}},
+    },
+}
+ASK = [ChatMessage(role="user", content="so?")]
+
+
+async def test_tools_reach_the_chat_template_and_a_named_tool_choice_answers_that_call(
+    vllm_chatml_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spy = _PromptSpy(vllm_chatml_engine, monkeypatch)
+    chat = _chat_request("chat-tools", ASK, max_tokens=40)
+    forced = {"type": "function", "function": {"name": "lookup_offset"}}
+    request = dataclasses.replace(chat, tools=[LOOKUP_TOOL], tool_choice=forced)
+    outs = await _run(vllm_chatml_engine, request)
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_chatml_engine.config.model_path)
+    conversation = [m.model_dump(exclude_none=True) for m in ASK]
+    expected = list(
+        tokenizer.apply_chat_template(conversation, tools=[LOOKUP_TOOL], add_generation_prompt=True, return_dict=False)
+    )
+    assert "lookup_offset" in str(tokenizer.decode(expected))  # Qwen's template lists the tools
+    assert spy.prompt_ids["chat-tools"] == expected
+    assert all(o.delta == "" for o in outs)  # the answer is the call, not text
+    calls = assemble_tool_calls([d for o in outs for d in o.tool_calls or []])
+    assert [c.function.name for c in calls] == ["lookup_offset"]
+    # Random weights: only the grammar makes the arguments an object of the tool's parameters.
+    # JSON allows any whitespace and random weights emit much of it, so 40 tokens (all the
+    # 512-token window leaves) may end inside the object: judged as a prefix of one.
+    arguments = calls[0].function.arguments
+    assert arguments.lstrip().startswith("{"), arguments
+    free = await _run(vllm_chatml_engine, dataclasses.replace(chat, request_id="chat-tools-free"))
+    assert not "".join(o.delta for o in free).lstrip().startswith("{")  # without the grammar: no object
+    if outs[-1].finish_reason == "stop":  # the object was finished
+        value, _ = json.JSONDecoder().raw_decode(arguments.lstrip())
+        assert isinstance(value, dict) and set(value) <= {"partition"}
+
+
+async def test_a_tool_choice_naming_no_given_tool_is_refused(vllm_chatml_engine: VllmEngine) -> None:
+    request = dataclasses.replace(
+        _chat_request("chat-tools-bad", ASK),
+        tools=[LOOKUP_TOOL],
+        tool_choice={"type": "function", "function": {"name": "drop_topic"}},
+    )
+    with pytest.raises(RequestRejected, match="drop_topic"):
+        await _run(vllm_chatml_engine, request)

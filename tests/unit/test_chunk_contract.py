@@ -10,7 +10,7 @@ from rich.console import Console
 
 from llmbus.chunks import ChunkAssembler, RetryDiverged, TextUpdate, unshown
 from llmbus.cli.chat_view import show_stream
-from llmbus.messages import ErrorCode, ErrorInfo, TokenChunk
+from llmbus.messages import ErrorCode, ErrorInfo, FunctionCallDelta, TokenChunk, ToolCallDelta
 
 
 def chunk(seq: int, delta: str = "", attempt: int = 1, final: bool = False, **fields: object) -> TokenChunk:
@@ -115,3 +115,21 @@ def test_a_reader_that_cannot_erase_sees_each_character_once() -> None:
 def test_a_retry_that_says_something_else_cannot_be_shown_to_a_reader_that_cannot_erase() -> None:
     with pytest.raises(RetryDiverged):
         unshown("No", "Yes")
+
+
+async def test_the_cli_shows_the_tool_calls_of_the_answer() -> None:
+    def call(index: int, **fields: object) -> ToolCallDelta:
+        return ToolCallDelta(index=index, **fields)  # type: ignore[arg-type]
+
+    chunks = [
+        chunk(0, tool_calls=[call(0, id="call_1", type="function", function=FunctionCallDelta(name="lookup"))]),
+        chunk(1, tool_calls=[call(0, function=FunctionCallDelta(arguments='{"partition": '))]),
+        chunk(2, tool_calls=[call(0, function=FunctionCallDelta(arguments="3}"))]),
+        chunk(3, final=True, finish_reason="tool_calls"),
+    ]
+    out = io.StringIO()
+    shown = await show_stream(_updates(chunks), Console(file=out, width=200, color_system=None))
+    assert [(c.id, c.function.name, c.function.arguments) for c in shown.tool_calls] == [
+        ("call_1", "lookup", '{"partition": 3}')
+    ]
+    assert 'tool call call_1: lookup({"partition": 3})' in out.getvalue()

@@ -202,7 +202,7 @@ def test_response_format_tools_and_suffix_travel_on_the_request() -> None:
 def test_engine_features_decide_who_refuses() -> None:
     assert missing_features("sim", {"response_format", "suffix"}) == ["response_format"]
     assert missing_features("vllm", {"response_format"}) == []
-    assert missing_features("vllm", {"tools", "suffix"}) == ["suffix", "tools"]
+    assert missing_features("vllm", {"tools", "suffix"}) == ["suffix"]
     assert missing_features("openai-http", {"response_format", "tools", "suffix"}) == []
     assert missing_features("unknown", {"suffix"}) == ["suffix"]
     catalog = ModelCatalog(worker_stale_s=30)

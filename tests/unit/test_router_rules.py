@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.tokens import estimate_tokens
+from services.router.policy.complexity import build_scorer
 from services.router.policy.config import RouterPolicy, load_policy
+from services.router.policy.heuristic import features_of
+from services.router.policy.pipeline import RouterCore
 from services.router.policy.rules import RouteFeatures, decide_route
 
 STRONG, MID, SMALL, DEFAULT = "gpt-4.1", "llama-3.3-70b-instruct", "qwen2.5-coder-1.5b-instruct", "gpt-4.1-mini"
@@ -92,3 +97,18 @@ def test_more_conditions_in_one_rule_are_anded(policy: RouterPolicy) -> None:
     assert decide_route(custom, feats(prompt_tokens=2000, category="code")).model == MID
     assert decide_route(custom, feats(prompt_tokens=2000, category="chat")).model == DEFAULT
     assert decide_route(custom, feats(prompt_tokens=10, category="code")).model == DEFAULT
+
+
+def test_prompt_token_rules_count_with_the_per_script_estimate_before_a_model_is_chosen(policy: RouterPolicy) -> None:
+    # Before a model is chosen no tokenizer applies: rule features and the scorer's length feature
+    # must use the per-script estimate (llmbus.tokens), which counts CJK near a token a character,
+    # not 4 characters a token (which would put this 1,280-character prompt at 320, under the rule).
+    raw = policy.model_dump(mode="json")
+    raw["rules"].insert(0, {"name": "long_prompt", "when": {"prompt_tokens_gt": 1000}, "target": STRONG})
+    core = RouterCore(RouterPolicy.model_validate(raw), build_scorer("heuristic"))
+    request = InferenceRequest(messages=[ChatMessage(role="user", content="卡夫卡集群中的分区由哪个代理保存" * 80)])
+    features = core.features(request)
+    assert features.prompt_tokens == estimate_tokens(request.prompt_text()) > 1000
+    assert core.decide(request, features).route_reason == "rule:long_prompt"
+    # The scorer's length feature reads the same estimate (1.0 at ~1,000 tokens; 320 would give 0.66).
+    assert features_of(request.prompt_text())["length"] == 1.0

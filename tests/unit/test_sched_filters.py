@@ -152,7 +152,8 @@ def test_engine_supports_prefers_engines_that_honour_the_request() -> None:
     state = state_of(hb("sim"), hb("gpu", engine="vllm"), hb("hosted", engine="openai-http"))
     json_mode = frozenset({"response_format"})
     assert run(EngineSupportsFilter(), state, req(engine_features=json_mode)) == ["gpu", "hosted"]
-    assert run(EngineSupportsFilter(), state, req(engine_features=frozenset({"tools"}))) == ["hosted"]
+    assert run(EngineSupportsFilter(), state, req(engine_features=frozenset({"tools"}))) == ["gpu", "hosted"]
+    assert run(EngineSupportsFilter(), state, req(engine_features=frozenset({"suffix"}))) == ["hosted", "sim"]
     assert run(EngineSupportsFilter(), state, req()) == ["gpu", "hosted", "sim"]  # plain text: any
     sims = state_of(hb("sim-1"), hb("sim-2"))
     # Nobody can: all stay, and the worker's clear refusal ends the request instead of a long wait.

@@ -2,7 +2,9 @@
 request its engine cannot answer as asked) and the gateway (which answers 400 before the bus).
 
 - `response_format` (JSON mode, JSON schema): vLLM's structured outputs, hosted APIs.
-- `tools`: hosted APIs only (vLLM's tool calling lives in its OpenAI server, not in AsyncLLM).
+- `tools`: hosted APIs; vLLM, where the tools reach the model's chat template and a named
+  `tool_choice` is answered as that call (arguments under structured outputs); with `auto` vLLM
+  answers text (no tool-call parser runs in the worker).
 - `suffix` (fill-in-the-middle): completion APIs upstream; the sim, which only counts it as prompt.
 
 The sim refuses `response_format` and `tools`: its text is synthetic, and JSON that merely looks
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 ENGINE_FEATURES: dict[str, frozenset[str]] = {
-    "vllm": frozenset({"response_format"}),
+    "vllm": frozenset({"response_format", "tools"}),
     "openai-http": frozenset({"response_format", "tools", "suffix"}),
     "sim": frozenset({"suffix"}),
 }

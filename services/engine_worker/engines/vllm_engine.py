@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmbus.messages import FunctionCallDelta, ToolCallDelta
 from services.engine_worker.engines import vllm_inputs
 from services.engine_worker.engines.base import (
     AdmissionError,
@@ -32,7 +33,7 @@ from services.engine_worker.engines.base import (
     EngineStats,
     RequestRejected,
 )
-from services.engine_worker.engines.structured import structured_outputs
+from services.engine_worker.engines.structured import named_tool, structured_outputs
 from services.engine_worker.engines.vllm_stats import StatsSink, stat_logger_factory
 
 log = logging.getLogger(__name__)
@@ -278,7 +279,7 @@ class VllmEngine:
         if self._blocks_total and needed > free:
             raise AdmissionError(f"needs {needed} KV blocks, {free} free of {self._blocks_total}")
 
-    def _sampling_params(self, request: EngineRequest) -> Any:
+    def _sampling_params(self, request: EngineRequest, forced_tool: dict[str, Any] | None) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -290,7 +291,7 @@ class VllmEngine:
             stop=list(request.stop) or None,
             ignore_eos=self.config.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
-            structured_outputs=structured_outputs(request.response_format),
+            structured_outputs=structured_outputs(request.response_format, forced_tool),
         )
 
     async def _admitted_input(self, llm: Any, request: EngineRequest) -> Any:
@@ -302,7 +303,7 @@ class VllmEngine:
             (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": prompt_ids}])
             return engine_input
         try:
-            engine_input = await vllm_inputs.render_chat(llm.renderer, request.messages)
+            engine_input = await vllm_inputs.render_chat(llm.renderer, request.messages, request.tools)
         except Exception as exc:
             err = classify_error(exc)
             if type(err) is EngineError:  # the template refused this chat: it would everywhere
@@ -313,6 +314,10 @@ class VllmEngine:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         llm = self._require_llm()
+        try:
+            forced_tool = named_tool(request.tools, request.tool_choice)
+        except ValueError as exc:
+            raise RequestRejected(str(exc)) from exc
         engine_input = await self._admitted_input(llm, request)
         prompt_ids = engine_input["prompt_token_ids"]
         completion_tokens = 0
@@ -320,7 +325,7 @@ class VllmEngine:
         try:
             async for out in llm.generate(
                 engine_input,
-                self._sampling_params(request),
+                self._sampling_params(request, forced_tool),
                 request.request_id,
                 trace_headers=request.trace_headers or None,
                 priority=request.priority if self.config.scheduling_policy == "priority" else 0,
@@ -331,9 +336,11 @@ class VllmEngine:
                     await llm.abort(request.request_id)
                 comp = out.outputs[0]
                 new_tokens = len(comp.token_ids)
+                first = completion_tokens == 0
                 completion_tokens += new_tokens
                 yield EngineOutput(
-                    delta=comp.text,
+                    delta="" if forced_tool else comp.text,
+                    tool_calls=forced_call_delta(request.request_id, forced_tool, comp.text, first),
                     new_tokens=new_tokens,
                     prompt_tokens=len(prompt_ids),
                     completion_tokens=completion_tokens,
@@ -381,3 +388,15 @@ class VllmEngine:
             generation_tokens_total=s.generation_tokens,
             num_preemptions_total=s.preemptions,
         )
+
+
+def forced_call_delta(
+    request_id: str, forced_tool: dict[str, Any] | None, text: str, first: bool
+) -> list[ToolCallDelta] | None:
+    """A forced tool's call fragment: the generated text is its arguments (id, type, name first)."""
+    if forced_tool is None or not (text or first):
+        return None
+    function = FunctionCallDelta(name=forced_tool["name"] if first else None, arguments=text)
+    if first:
+        return [ToolCallDelta(index=0, id=f"call_{request_id[:24]}", type="function", function=function)]
+    return [ToolCallDelta(index=0, function=function)]

@@ -23,13 +23,17 @@ def chat_conversation(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return [m.model_dump(mode="json", exclude_none=True) for m in messages]
 
 
-async def render_chat(renderer: Any, messages: Sequence[ChatMessage]) -> Any:
-    """The engine input (with `prompt_token_ids`) of a chat, rendered by the model's chat template."""
+async def render_chat(renderer: Any, messages: Sequence[ChatMessage], tools: list[dict[str, Any]] | None = None) -> Any:
+    """The engine input (with `prompt_token_ids`) of a chat, rendered by the model's chat template.
+
+    `tools` (OpenAI's tool definitions) reach the template as its `tools` variable, as vLLM's
+    OpenAI server passes them (vllm/renderers/online_renderer.py, preprocess_chat)."""
     from vllm.renderers.params import ChatParams
 
-    params = ChatParams(
-        chat_template_kwargs={"add_generation_prompt": True, "continue_final_message": False, "tokenize": False}
-    )
+    kwargs: dict[str, Any] = {"add_generation_prompt": True, "continue_final_message": False, "tokenize": False}
+    if tools:
+        kwargs["tools"] = tools
+    params = ChatParams(chat_template_kwargs=kwargs)
     # No length limit here: the engine's admission check judges the rendered length, as for a prompt.
     tok_params = dataclasses.replace(renderer.default_chat_tok_params, max_total_tokens=None)
     _, (engine_input,) = await renderer.render_chat_async([chat_conversation(messages)], params, tok_params)
