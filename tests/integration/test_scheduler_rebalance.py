@@ -19,9 +19,9 @@ from llmbus import topics as t
 from llmbus.client import collect_results
 from llmbus.messages import Control, ControlAction, InferenceResult, OutcomeStatus, ResultStatus
 from llmbus.replies import publish_result
+from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
-from llmbus.request_key import request_key
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
 from tests.support import ServiceProc
 

@@ -39,8 +39,8 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
-from llmbus.settings import BusSettings
 from llmbus.request_key import request_key
+from llmbus.settings import BusSettings
 from tests.fixtures.tiny_llama import build_tiny_llama
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 

@@ -288,10 +288,10 @@ class TokenChunk(Message):
     attempt: int = 1
     route_reason: str | None = Field(default=None, description="On the final chunk: the router's decision.")
 
-
     @property
     def request_key(self) -> RequestKey:
         return request_key(self.tenant, self.request_id)
+
 
 class Timings(Part):
     """Milliseconds, measured by the services on the path."""
