@@ -188,13 +188,13 @@ class GpuLedger:
         The handler of llm.results adds what it holds, and a tick adds what it finds held and not
         here -- both, when the tick read while the handler was between the two. Twice pending, a
         result was priced twice under one record id (the second copy at 0, its share gone)."""
-        taken: dict[str, set[str]] = {}  # worker id -> request ids waiting (read once per worker)
+        taken: dict[str, set[str]] = {}  # worker id -> request keys waiting (read once per worker)
         records: list[CostRecord] = []
         for one in served:
             if (ids := taken.get(one.worker_id)) is None:
                 ids = taken[one.worker_id] = self.pending_ids(one.worker_id)
-            if one.result.request_id not in ids:
-                ids.add(one.result.request_id)
+            if one.result.request_key not in ids:
+                ids.add(one.result.request_key)
                 records += self._add(one)
         return records
 
@@ -244,7 +244,7 @@ class GpuLedger:
                 life.busy_ms.clear()
 
     def pending_ids(self, worker_id: str) -> set[str]:
-        """The worker's results waiting here for their intervals (its orphans included)."""
+        """The request keys of the worker's results waiting here for their intervals (its orphans included)."""
         waiting = [
             r for life in [*self.retired, *self.workers.values()] if life.worker_id == worker_id for r in life.pending
         ]
@@ -354,12 +354,12 @@ class GpuLedger:
             life.running_micro[r.result.request_key] = life.running_micro.get(r.result.request_key, 0) + share
         life.cold_micro_total += cold_micro
         if self.keep_bills:
-            shares_by_id = {r.result.request_id: share for r, share in zip(active, shares, strict=True)}
+            shares_by_id = {r.result.request_key: share for r, share in zip(active, shares, strict=True)}
             bill = IntervalBill(life.worker_id, a, b, alive, cost, cold_micro, idle_micro, shares_by_id)
             self.bills.append(bill)
         if idle_micro:
             yield self._platform_record(life, CostKind.IDLE, idle_micro, f"idle:{life.worker_id}:{a}", a)
-        done = sorted((r for r in life.pending if r.end_ms <= b), key=lambda r: (r.end_ms, r.result.request_id))
+        done = sorted((r for r in life.pending if r.end_ms <= b), key=lambda r: (r.end_ms, r.result.request_key))
         if done:
             life.pending = [r for r in life.pending if r.end_ms > b]
             for r in done:
