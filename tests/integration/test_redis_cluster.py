@@ -143,9 +143,9 @@ async def test_the_router_cache_fills_and_hits_on_a_cluster(cluster: redis.Redis
     cache = RedisResponseCache(cluster, namespace, ttl_s=60)
     key = cache_key(InferenceRequest(prompt="2+2?", temperature=0.0, tenant="acme"), "m")
     try:
-        assert await cache.lookup(key, pending_id="r-1") is None
+        assert await cache.lookup(key, pending_id="acme:r-1") is None
         assert await cache.complete(ok_result("r-1", "acme")), "the miss was marked pending"
-        hit = await cache.lookup(key, pending_id="r-2")
+        hit = await cache.lookup(key, pending_id="acme:r-2")
         assert hit is not None and hit.text == "4"
     finally:
         await _clean(cluster, namespace)

@@ -207,7 +207,7 @@ async def test_a_final_error_waits_for_a_pending_claim_instead_of_leaving_the_re
     not take the claim for a published result."""
     handlers = make_handlers(client, namespace)
     handlers.fence.claim_lease_ms = 300
-    assert await handlers.fence.claim_final("r5", 1)  # the attempt's claim, never published
+    assert await handlers.fence.claim_final("default:r5", 1)  # the attempt's claim, never published
     request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record("r5").value), now_ms(), 16, 0)
     async with handlers._lock:
         await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
@@ -215,7 +215,7 @@ async def test_a_final_error_waits_for_a_pending_claim_instead_of_leaving_the_re
     await deferred_errors_settled(handlers)
     [result] = publisher(handlers).of(InferenceResult)
     assert result.error is not None and result.error.code == ErrorCode.MAX_ATTEMPTS
-    assert await handlers.fence.holder("r5") == "done:scheduler"
+    assert await handlers.fence.holder("default:r5") == "done:scheduler"
 
 
 async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanwhile(
@@ -223,11 +223,11 @@ async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanw
 ) -> None:
     handlers = make_handlers(client, namespace)
     handlers.fence.claim_lease_ms = 300
-    assert await handlers.fence.claim_final("r6", 1)
+    assert await handlers.fence.claim_final("default:r6", 1)
     request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record("r6").value), now_ms(), 16, 0)
     async with handlers._lock:
         await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
-    await handlers.fence.final_published("r6", 1)  # the attempt's result went out after all
+    await handlers.fence.final_published("default:r6", 1)  # the attempt's result went out after all
     await deferred_errors_settled(handlers)
     assert not publisher(handlers).of(InferenceResult)
 
