@@ -24,7 +24,8 @@ async def test_one_leader_and_each_follower_handed_over_once(client: redis.Redis
     assert len(leaders) == 1  # the script is atomic: exactly one of eight concurrent joins leads
     leader_id = f"default:r{leaders[0]}"  # leaders and followers by request key
     assert {leader for leader in joined if leader} == {leader_id}
-    assert await store.join("acme:k", routed("r1" if leader_id != "default:r1" else "r2")) == leader_id  # redelivery: same
+    again = routed("r1" if leader_id != "default:r1" else "r2")
+    assert await store.join("acme:k", again) == leader_id  # redelivery: same
     assert await store.join("acme:other", routed("x")) is None  # another key, another leader
 
     followers = await store.finish(leader_id)

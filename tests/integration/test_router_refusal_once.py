@@ -62,5 +62,5 @@ async def test_a_refused_copy_that_comes_first_is_the_only_result(fence: Request
     assert refusal.status == ResultStatus.ERROR and refusal.error is not None
     assert refusal.error.code == ErrorCode.FORBIDDEN
     assert await fence.holder("default:r-2") == "done:0"
-    assert not await fence.claim_final("default:r-2", 1), "the worker attempt of the real request may not publish a second"
+    assert not await fence.claim_final("default:r-2", 1), "the real request's worker attempt may not publish a second"
     assert await fence.superseded("default:r-2", 1), "and it stops before it runs"
