@@ -66,7 +66,7 @@ class Fence(MemoryFence):
 async def park(store: RedisCoalescer, n: int) -> list[str]:
     assert await store.join(KEY, routed("lead")) is None
     ids = [f"f{i}" for i in range(n)]
-    assert await asyncio.gather(*[store.join(KEY, routed(i)) for i in ids]) == ["acme:lead"] * n  # the leader by its request key
+    assert await asyncio.gather(*[store.join(KEY, routed(i)) for i in ids]) == ["acme:lead"] * n  # by request key
     return ids
 
 
