@@ -354,7 +354,7 @@ class GpuLedger:
             life.running_micro[r.result.request_key] = life.running_micro.get(r.result.request_key, 0) + share
         life.cold_micro_total += cold_micro
         if self.keep_bills:
-            shares_by_id = {r.result.request_key: share for r, share in zip(active, shares, strict=True)}
+            shares_by_id: dict[str, int] = {r.result.request_key: s for r, s in zip(active, shares, strict=True)}
             bill = IntervalBill(life.worker_id, a, b, alive, cost, cold_micro, idle_micro, shares_by_id)
             self.bills.append(bill)
         if idle_micro:
