@@ -96,6 +96,7 @@ class ScriptedFleet:
     async def answer(self, dispatch: Dispatch, status: OutcomeStatus, code: ErrorCode | None = None) -> None:
         outcome = DispatchOutcome(
             request_id=dispatch.request_id,
+            tenant=dispatch.routed.request.tenant,
             worker_id=dispatch.worker_id,
             attempt=dispatch.attempt,
             status=status,
