@@ -80,12 +80,12 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
         fence = dispatch_markers(client, bus_settings.topic_prefix)
         try:
             for dispatch in placed:
-                assert await fence.claim_final(dispatch.request_id, dispatch.attempt), "the old owner answered it"
+                assert await fence.claim_final(dispatch.request_key, dispatch.attempt), "the old owner answered it"
                 result = InferenceResult(
                     request_id=dispatch.request_id, tenant="default", status=ResultStatus.OK, text="ok"
                 )
                 await publish_result(bus.publisher, bus.topics, result, None)
-                await fence.final_published(dispatch.request_id, dispatch.attempt)
+                await fence.final_published(dispatch.request_key, dispatch.attempt)
                 await fleet.answer(dispatch, OutcomeStatus.COMPLETED)
         finally:
             await client.aclose()
