@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.request_key import request_key
 from services.autoscaler.policy import FleetTable, ScalingPolicy
 from services.engine_worker.engines.sim.profiles import SimProfile
 from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
@@ -204,12 +205,14 @@ def replay_day(
                 now,
             )
         elif kind == "finish":
-            placement = core.fleet.placement_of(arg)
+            placement = core.fleet.placement_of(request_key("default", arg))  # the tenant SchedRequest defaults to
             assert placement is not None
             recorder.on_outcome(placement, int(now))
             w = workers[placement.worker_id]
             w.running -= 1
-            apply(core.on_outcome(arg, placement.attempt, OutcomeStatus.COMPLETED, None, int(now)), now)
+            apply(
+                core.on_outcome(placement.request_key, placement.attempt, OutcomeStatus.COMPLETED, None, int(now)), now
+            )
             if w.state == WorkerState.DRAINING and w.running == 0:
                 finish_worker(w, now)
         elif kind == "ready":

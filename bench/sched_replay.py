@@ -14,6 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.request_key import request_key
 from llmbus.tokens import CHARS_PER_TOKEN, prefix_block_hashes
 from services.engine_worker.engines.sim.core import SimCore, SimRequest
 from services.engine_worker.engines.sim.profiles import SimProfile
@@ -246,7 +247,11 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
                     res.e2e_ms.append(now_ms - arrival_ms[out.request_id])
                     apply(
                         sched.on_outcome(
-                            out.request_id, placed_attempt[out.request_id], OutcomeStatus.COMPLETED, None, int(now_ms)
+                            request_key("default", out.request_id),  # the tenant SchedRequest defaults to
+                            placed_attempt[out.request_id],
+                            OutcomeStatus.COMPLETED,
+                            None,
+                            int(now_ms),
                         ),
                         now_ms,
                     )

@@ -53,6 +53,7 @@ from llmbus.messages import (
     ScaleDecision,
     WorkerStatus,
 )
+from llmbus.request_key import RequestKey
 from services.cost_accounting import metrics
 from services.cost_accounting.core import budgets as b
 from services.cost_accounting.core.aggregates import agg_key, scaling_increments
@@ -140,7 +141,7 @@ class CostHandlers:
         if len(raw) >= self.batch_full_records:
             self._busy_until_s = time.monotonic() + self.settle_s
         results: list[InferenceResult] = []
-        payloads: dict[str, bytes] = {}  # request id -> the result as it came (held as it is)
+        payloads: dict[RequestKey, bytes] = {}  # request -> the result as it came (held as it is)
         for record in raw:
             try:
                 result = decode(record, InferenceResult)
@@ -148,18 +149,18 @@ class CostHandlers:
                 await self.dead_letter(record, exc)
             else:
                 results.append(result)
-                payloads[result.request_id] = record.value or b""
+                payloads[result.request_key] = record.value or b""
         await self.recover()
-        seen = await self.store.seen([r.request_id for r in results])
+        seen = await self.store.seen(results)
         costed: list[CostRecord] = []
         served: list[ServedRequest] = []
-        fresh: set[str] = set()
+        fresh: set[RequestKey] = set()
         outcomes: dict[str, int] = defaultdict(int)
         for result, was_seen in zip(results, seen, strict=True):
-            if was_seen or result.request_id in fresh:
+            if was_seen or result.request_key in fresh:
                 outcomes["duplicate"] += 1
                 continue
-            fresh.add(result.request_id)
+            fresh.add(result.request_key)
             priced = price_result(result, self.book)
             if isinstance(priced, ServedRequest):
                 served.append(priced)
@@ -168,7 +169,7 @@ class CostHandlers:
                 costed.append(priced)
                 outcomes[priced.kind.value] += 1
         # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
-        await self.store.hold([(s.result, payloads[s.result.request_id]) for s in served])
+        await self.store.hold([(s.result, payloads[s.result.request_key]) for s in served])
         # A worker another replica prices: its owner reads the result from where it is held.
         mine = [s for s in served if s.worker_id in self._owned or s.worker_id not in self.ledger.workers]
         late = self.ledger.add_all(mine)

@@ -8,7 +8,8 @@ import json
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
-from llmbus.messages import CostKind, CostRecord, InferenceResult
+from llmbus.messages import CostKind, CostRecord, InferenceResult, now_ms
+from llmbus.request_key import request_key
 from llmbus.state import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
 from services.cost_accounting.core.gpu_ledger import Cursor
@@ -118,6 +119,7 @@ class CostStore:
         self.client = client
         self.ns = namespace
         self.ttl_s = dedupe_ttl_s
+        self.started_at_ms = now_ms()  # results completed before it may carry a marker of the older scheme
         self._apply = client.register_script(_APPLY)
         self._bill = client.register_script(_BILL)
         self._bill_one = client.register_script(_BILL_ONE)
@@ -126,16 +128,28 @@ class CostStore:
         self._lease = client.register_script(_LEASE)
         self._stage = client.register_script(_STAGE)
 
-    def _seen(self, request_id: str) -> str:
-        return f"{self.ns}cost:seen:{request_id}"
+    def _seen(self, key: str) -> str:
+        """A result's dedupe marker, by its request key (tenant and request id)."""
+        return f"{self.ns}cost:seen:{key}"
 
     def _pending(self, worker_id: str) -> str:
         return f"{self.ns}cost:pending:{worker_id}"
 
     # -- results: billed once -----------------------------------------------------------------
-    async def seen(self, request_ids: list[str]) -> list[bool]:
-        """Which results of the batch were taken already (one script for the batch)."""
-        return await self._with_marker(self._seen(""), request_ids)
+    async def seen(self, results: list[InferenceResult]) -> list[bool]:
+        """Which results of the batch were taken already (one script for the batch).
+
+        A result completed before this replica started is also looked up under the marker it had
+        before request keys carried the tenant (`cost:seen:<request id>`): what an older version
+        billed just before an upgrade is not billed again. Markers are only written under the
+        request key, so the older ones are read only until they expire (the dedupe TTL) and only
+        for results from before the upgrade."""
+        keys = [r.request_key for r in results]
+        legacy = [i for i, r in enumerate(results) if r.completed_at_ms < self.started_at_ms]
+        flags = await self._with_marker(self._seen(""), [*keys, *(results[i].request_id for i in legacy)])
+        for n, i in enumerate(legacy):
+            flags[i] = flags[i] or flags[len(keys) + n]
+        return flags[: len(keys)]
 
     async def _with_marker(self, prefix: str, ids: list[str]) -> list[bool]:
         flags = [False] * len(ids)
@@ -151,12 +165,12 @@ class CostStore:
             return
         by_worker: dict[str, dict[FieldT, EncodableT]] = {}
         for r, payload in results:
-            by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_id] = payload
+            by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_key] = payload
         async with self.client.pipeline(transaction=True) as pipe:
             for key, held in by_worker.items():
                 pipe.hset(key, mapping=held)
                 pipe.expire(key, self.ttl_s)
-            await self._mark(keys=[self._seen(r.request_id) for r, _ in results], args=[self.ttl_s], client=pipe)
+            await self._mark(keys=[self._seen(r.request_key) for r, _ in results], args=[self.ttl_s], client=pipe)
             await pipe.execute()
 
     async def release(self, records: list[CostRecord], cursors: dict[str, Cursor]) -> None:
@@ -164,10 +178,10 @@ class CostStore:
         done: dict[str, list[str]] = {}
         for r in records:
             if r.worker_id and r.kind == "self_hosted":
-                done.setdefault(self._pending(r.worker_id), []).append(r.request_id)
+                done.setdefault(self._pending(r.worker_id), []).append(request_key(r.tenant, r.request_id))
         async with self.client.pipeline(transaction=True) as pipe:
-            for key, request_ids in done.items():  # one HDEL per worker, not one per record
-                pipe.hdel(key, *request_ids)
+            for key, request_keys in done.items():  # one HDEL per worker, not one per record
+                pipe.hdel(key, *request_keys)
             for worker_id, cursor in cursors.items():
                 pipe.hset(f"{self.ns}cost:cursor", worker_id, json.dumps(cursor))
             await pipe.execute()
@@ -184,17 +198,17 @@ class CostStore:
         return {w for w, owned in zip(worker_ids, replies, strict=True) if owned}
 
     async def held_ids(self, worker_ids: list[str]) -> dict[str, set[str]]:
-        """The request ids held for each worker, whichever replica took them."""
+        """The request keys held for each worker, whichever replica took them."""
         async with self.client.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
                 pipe.hkeys(self._pending(worker_id))
             replies = await pipe.execute()
         return {w: {text_of(k) for k in keys} for w, keys in zip(worker_ids, replies, strict=True)}
 
-    async def held_results(self, worker_id: str, request_ids: list[str]) -> list[InferenceResult]:
-        if not request_ids:
+    async def held_results(self, worker_id: str, request_keys: list[str]) -> list[InferenceResult]:
+        if not request_keys:
             return []
-        raw = await self.client.hmget(self._pending(worker_id), request_ids)
+        raw = await self.client.hmget(self._pending(worker_id), request_keys)
         return [InferenceResult.model_validate_json(v) for v in raw if v is not None]
 
     async def cursor(self, worker_id: str) -> Cursor | None:
@@ -242,7 +256,7 @@ class CostStore:
         return [v.encode() if isinstance(v, str) else v for v in (await self.client.hgetall(self._outbox)).values()]
 
     def _seen_marker_of(self, record: CostRecord) -> list[str]:
-        return [self._seen(record.request_id)] if _prices_a_result(record) else []
+        return [self._seen(request_key(record.tenant, record.request_id))] if _prices_a_result(record) else []
 
     async def bill(self, records: list[CostRecord]) -> list[bool]:
         """Apply each (published) record to the aggregates once, by record id, mark the results it
@@ -274,7 +288,7 @@ class CostStore:
         return [i in new for i in range(len(records))]
 
     def _bill_args(self, unique: list[CostRecord]) -> list[str | int]:
-        seen = [r.request_id for r in unique if _prices_a_result(r)]
+        seen = [request_key(r.tenant, r.request_id) for r in unique if _prices_a_result(r)]
         args: list[str | int] = [self.ttl_s, self.ns, len(unique), len(seen), *(r.record_id for r in unique), *seen]
         for key, fields in batch_increments(unique, self.ns).items():
             args += [key, TTL_S[_period_of(key)], len(fields)]

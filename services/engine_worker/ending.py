@@ -63,12 +63,12 @@ class AttemptEnd:
         """
         # The claim is taken while the last content chunks are still in flight: it gates only the
         # final records (a superseded attempt's chunks are dropped by readers on their attempt).
-        if not await self.fence.claim_final(dispatch.request_id, dispatch.attempt):
+        if not await self.fence.claim_final(dispatch.request_key, dispatch.attempt):
             log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
             await self.outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
         retry_for_s = self.bus.settings.publish_retry_s
-        async with claim_kept(self.fence, dispatch.request_id, dispatch.attempt):
+        async with claim_kept(self.fence, dispatch.request_key, dispatch.attempt):
             if stream is not None:
                 # Nothing final is out yet: if the chunks cannot be delivered, the request is handed
                 # back (the scheduler places it again once this claim's lease has lapsed).
@@ -138,7 +138,7 @@ class AttemptEnd:
         deadline_s = time.monotonic() + self.fence.claim_lease_ms / 1000
         while True:
             try:
-                await self.fence.final_published(dispatch.request_id, dispatch.attempt)
+                await self.fence.final_published(dispatch.request_key, dispatch.attempt)
                 return
             except Exception:
                 if time.monotonic() >= deadline_s:
@@ -156,6 +156,7 @@ class AttemptEnd:
     ) -> DispatchOutcome:
         return DispatchOutcome(
             request_id=dispatch.request_id,
+            tenant=dispatch.routed.request.tenant,
             worker_id=self.worker_id,
             attempt=dispatch.attempt,
             status=status,

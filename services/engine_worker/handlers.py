@@ -38,6 +38,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import reply_topic_of
+from llmbus.request_key import RequestKey
 from llmbus.tool_calls import assemble_tool_calls
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.ending import AttemptEnd, ResultOut
@@ -76,10 +77,10 @@ class WorkerHandlers:
         # Called when Control(drain) arrives: the lifecycle heartbeats DRAINING at once, so the
         # scheduler stops placing here (each refused dispatch would burn one of the request's attempts).
         self.on_drain: Callable[[], Awaitable[None]] | None = None
-        self.running: dict[str, int] = {}  # request id → attempt handled here now (claimed before any await)
+        self.running: dict[RequestKey, int] = {}  # request → attempt handled here now (claimed before any await)
         # request id → when its engine span began (the result's engine_ms counts from here): the
         # heartbeat says the oldest, so cost-accounting keeps the intervals it ran in open until it ends.
-        self.engine_started_ms: dict[str, float] = {}
+        self.engine_started_ms: dict[RequestKey, float] = {}
         self.engine_failures = 0
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
@@ -105,7 +106,7 @@ class WorkerHandlers:
                 raise
 
     async def _handle(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
-        running_attempt = self.running.get(dispatch.request_id)
+        running_attempt = self.running.get(dispatch.request_key)
         if running_attempt == dispatch.attempt:
             return  # the same attempt re-sent while it runs here (a restarted scheduler): one run only
         if running_attempt is not None:
@@ -115,15 +116,15 @@ class WorkerHandlers:
             await self._retryable(dispatch, busy)
             return
         # Check and claim with no await between: a second copy handled concurrently sees the claim.
-        self.running[dispatch.request_id] = dispatch.attempt
+        self.running[dispatch.request_key] = dispatch.attempt
         try:
             await self._admit_and_run(dispatch, record)
         finally:
-            if self.running.get(dispatch.request_id) == dispatch.attempt:
-                del self.running[dispatch.request_id]
+            if self.running.get(dispatch.request_key) == dispatch.attempt:
+                del self.running[dispatch.request_key]
 
     async def _admit_and_run(self, dispatch: Dispatch, record: ConsumerRecord) -> None:
-        if await self.fence.superseded(dispatch.request_id, dispatch.attempt):
+        if await self.fence.superseded(dispatch.request_key, dispatch.attempt):
             await self._outcome(dispatch, OutcomeStatus.DUPLICATE)  # finished already, or a later attempt runs
             return
         if (cooling_s := self.cooldown_until_s - time.monotonic()) > 0:
@@ -140,6 +141,7 @@ class WorkerHandlers:
 
     async def on_control(self, record: ConsumerRecord) -> None:
         control = decode(record, Control)
+        # A cancel names the request by its key (tenant and request id): one tenant cannot cancel another's.
         if control.action == ControlAction.CANCEL and control.target_id in self.running:
             await self.engine.abort(control.target_id)
         elif control.action == ControlAction.DRAIN and control.target_id == self.settings.worker_id:
@@ -149,8 +151,8 @@ class WorkerHandlers:
 
     async def abort_all(self) -> None:
         """Drain's last step: whatever still runs is aborted and handed back to the scheduler."""
-        for request_id in list(self.running):
-            await self.engine.abort(request_id)
+        for key in list(self.running):
+            await self.engine.abort(key)
 
     async def _run(self, dispatch: Dispatch, headers: dict[str, str]) -> None:
         routed = dispatch.routed
@@ -182,7 +184,7 @@ class WorkerHandlers:
             attempt=dispatch.attempt,
         )
         engine_request = EngineRequest(
-            request_id=request.request_id,
+            request_id=request.request_key,  # the engine's own id: unique per (tenant, request id) on this worker
             prompt=prompt,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -198,11 +200,11 @@ class WorkerHandlers:
             messages=tuple(request.messages) if request.prompt is None else (),
         )
         started_ms = time.time() * 1000
-        self.engine_started_ms[request.request_id] = started_ms
+        self.engine_started_ms[request.request_key] = started_ms
         try:
             await self._generate(dispatch, engine_request, reply_topic, batcher, started_ms)
         finally:
-            self.engine_started_ms.pop(request.request_id, None)
+            self.engine_started_ms.pop(request.request_key, None)
 
     def oldest_running_started_at_ms(self) -> int | None:
         return int(min(self.engine_started_ms.values())) if self.engine_started_ms else None
@@ -236,7 +238,7 @@ class WorkerHandlers:
                 if not superseded and time.monotonic() >= next_check_s:
                     next_check_s = time.monotonic() + self.settings.superseded_check_s
                     if superseded := await self._still_superseded(dispatch):
-                        await self.engine.abort(request.request_id)  # the stream ends with "abort"
+                        await self.engine.abort(request.request_key)  # the stream ends with "abort"
         except EngineError as failed:
             await self._engine_failed(dispatch, failed, reply_topic, batcher.last_seq)
             return
@@ -281,7 +283,7 @@ class WorkerHandlers:
 
     async def _still_superseded(self, dispatch: Dispatch) -> bool:
         try:
-            return await self.fence.superseded(dispatch.request_id, dispatch.attempt)
+            return await self.fence.superseded(dispatch.request_key, dispatch.attempt)
         except Exception:  # Redis away: keep generating; the claim at the end decides
             log.warning("superseded check failed for %s", dispatch.dedupe_key, exc_info=True)
             return False

@@ -74,7 +74,7 @@ class Exchange:
         self.closed = True
         self.relay.forget(self)
         if not self.finished:
-            self.relay.cancel_later(self.request.request_id, reason)
+            self.relay.cancel_later(self.request, reason)
         self._end_span()
 
     def _end_span(self) -> None:
@@ -177,20 +177,26 @@ class Relay:
         self.replies.queues.pop(exchange.request.request_id.encode(), None)
         self.in_flight -= 1
 
-    def cancel_later(self, request_id: str, reason: str) -> None:
+    def cancel_later(self, request: InferenceRequest, reason: str) -> None:
         """Publish the cancel in its own task: the caller may be a response being torn down."""
-        self._in_background(self._cancel(request_id, reason))
+        self._in_background(self._cancel(request, reason))
 
     def _in_background(self, send: Coroutine[Any, Any, object]) -> None:
         task = asyncio.ensure_future(send)
         self._cancels.add(task)
         task.add_done_callback(self._cancels.discard)
 
-    async def _cancel(self, request_id: str, reason: str) -> None:
-        control = Control(action=ControlAction.CANCEL, target_id=request_id, reason=reason)
+    async def _cancel(self, request: InferenceRequest, reason: str) -> None:
+        # By its request key (tenant and request id): a cancel stops this tenant's request only.
+        control = Control(action=ControlAction.CANCEL, target_id=request.request_key, reason=reason)
+        request_id = request.request_id
         try:
             await self.bus.publisher.publish(
-                self.bus.topics.name(t.CONTROL), control, key=request_id, request_id=request_id
+                self.bus.topics.name(t.CONTROL),
+                control,
+                key=control.target_id,
+                request_id=request_id,
+                tenant=request.tenant,
             )
             log.info("cancelled %s: %s", request_id, reason)
         except Exception:

@@ -48,8 +48,9 @@ class RedisResponseCache:
     def _entry_key(self, key: str) -> str:
         return f"llmbus:{self._namespace}:cache:{key}"
 
-    def _pending_key(self, request_id: str) -> str:
-        return f"llmbus:{self._namespace}:cache-pending:{request_id}"
+    def _pending_key(self, request: str) -> str:
+        """The pending mark of a request, by its request key (tenant and request id)."""
+        return f"llmbus:{self._namespace}:cache-pending:{request}"
 
     async def lookup(self, key: str, pending_id: str | None = None) -> CachedAnswer | None:
         """The answer cached under `key`; on a miss, `pending_id` (if given) is remembered as pending
@@ -83,7 +84,7 @@ class RedisResponseCache:
         """Store a finished answer if its request was cacheable; True when stored."""
         if result.status != ResultStatus.OK or result.cached or result.shadow:
             return False
-        pending = self._pending_key(result.request_id)
+        pending = self._pending_key(result.request_key)
         key_raw = await self._batch.call(lambda pipe: pipe.getdel(pending))
         if key_raw is None or result.tool_calls:
             return False  # (tool calls: a cached answer replays text only, so they are not kept)

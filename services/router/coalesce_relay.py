@@ -16,6 +16,7 @@ from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.messages import InferenceResult, RoutedRequest
 from llmbus.replies import publish_result, reply_topic_of
+from llmbus.request_key import RequestKey
 from services.router.coalescing import RedisCoalescer
 from services.router.policy.coalesce import outcome_for, own_generation
 from services.router.policy.config import CoalescePolicy
@@ -32,7 +33,7 @@ COALESCE_FALLBACKS = Counter(
     "llmbus_router_coalesce_fallbacks_total", "Followers sent to their own generation", ["reason"]
 )
 
-Claim = Callable[[str], Awaitable[bool]]
+Claim = Callable[[RequestKey], Awaitable[bool]]
 
 
 class CoalesceRelay:
@@ -42,7 +43,7 @@ class CoalesceRelay:
         store: RedisCoalescer,
         policy: CoalescePolicy,
         claim_answer: Claim,
-        answered: Callable[[str], Awaitable[None]],
+        answered: Callable[[RequestKey], Awaitable[None]],
     ) -> None:
         self.bus = bus
         self.store = store
@@ -55,7 +56,7 @@ class CoalesceRelay:
         """A final result: if it was a leader's, every follower behind it is answered or routed."""
         if result.shadow or result.cached:
             return  # neither leads: shadows never coalesce, a cached answer generated nothing
-        followers = await self.store.finish(result.request_id)
+        followers = await self.store.finish(result.request_key)
         if followers:
             await asyncio.gather(*[self._follow_up(fid, result) for fid in followers])
 
@@ -77,7 +78,7 @@ class CoalesceRelay:
 
     async def _publish_answer(self, follower: RoutedRequest, outcome: RouteOutcome) -> None:
         assert outcome.result is not None
-        if not await self._claim_answer(follower.request_id):
+        if not await self._claim_answer(follower.request_key):
             log.info("%s: answered already; the coalesced answer is not sent again", follower.request_id)
             return
         await publish_result(
@@ -87,7 +88,7 @@ class CoalesceRelay:
             reply_topic_of(self.bus.topics, follower.request.reply_topic),
             content_chunks=outcome.content_chunks,
         )
-        await self._answered(follower.request_id)
+        await self._answered(follower.request_key)
         if outcome.result.cached:
             COALESCED.inc()
         else:
@@ -96,7 +97,7 @@ class CoalesceRelay:
     async def _route_alone(self, follower: RoutedRequest, why: str) -> None:
         COALESCE_FALLBACKS.labels(why).inc()
         await self._publish_routed(own_generation(follower, why))
-        await self.store.done(follower.request_id)
+        await self.store.done(follower.request_key)
 
     async def _publish_routed(self, routed: RoutedRequest) -> None:
         await self.bus.publisher.publish(

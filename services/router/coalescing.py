@@ -102,7 +102,7 @@ class RedisCoalescer:
             leader = await self._join(
                 [f"{self._prefix}lead:{key}", self._waiting],
                 [
-                    routed.request_id,
+                    routed.request_key,  # leaders and followers by request key: tenant and request id
                     key,
                     self._lead_ttl_ms,
                     self._park_ttl_ms,

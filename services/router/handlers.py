@@ -30,6 +30,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_error, publish_result, reply_topic_of
+from llmbus.request_key import RequestKey, request_key
 from llmbus.tenancy import Refused
 from llmbus.tokens import try_load
 from services.router.budgets import BudgetBook
@@ -110,7 +111,7 @@ class RouterHandlers:
         did not go out (the broker stayed away past publish_retry_s, or refused it): the client gets its
         final error. The answer is claimed first, so if the routed record is written after all (or the
         request comes again), the attempt that runs it publishes no second result."""
-        if not await self._claim_answer(request.request_id):
+        if not await self._claim_answer(request.request_key):
             return
         await publish_error(
             self.bus.publisher,
@@ -128,7 +129,7 @@ class RouterHandlers:
             attempt=ROUTER_ATTEMPT,
             **self.core.request_facts(request, "unroutable"),
         )
-        await self._answered(request.request_id)
+        await self._answered(request.request_key)
 
     async def _authorise(self, record: ConsumerRecord, request: InferenceRequest) -> InferenceRequest:
         """The request as the authenticated tenant's, with a reply topic it may use; else Refused."""
@@ -153,16 +154,18 @@ class RouterHandlers:
         that a worker answers (or already did) is not a second result, which cost-accounting would
         bill ($0) in place of the real one."""
         await self.bus.send_dead_letter(record, ErrorCode.FORBIDDEN, refused.reason, request.request_id)
-        if not await self._claim_answer(request.request_id):
-            log.info(
-                "%s: refused copy of a request answered (or in flight) already; no second result", request.request_id
-            )
-            return
         try:
             source = tenancy.source_of(record.topic.removeprefix(self.bus.topics.prefix))
         except Refused:  # not a request topic we know a tenant of: answer on llm.results only
             source = None
         tenant = (source.tenant if source else None) or request.tenant
+        # The marker of the request as the authenticated tenant's: the one its real copy would take.
+        key = request_key(tenant, request.request_id)
+        if not await self._claim_answer(key):
+            log.info(
+                "%s: refused copy of a request answered (or in flight) already; no second result", request.request_id
+            )
+            return
         await publish_error(
             self.bus.publisher,
             self.bus.topics,
@@ -174,7 +177,7 @@ class RouterHandlers:
             reply_topic=await self._fallback_reply_topic(tenant) if source is not None else None,
             **self.core.request_facts(request.model_copy(update={"tenant": tenant}), "refused:forbidden"),
         )
-        await self._answered(request.request_id)
+        await self._answered(key)
 
     def _authenticated_tenant(self, record: ConsumerRecord) -> str | None:
         try:
@@ -194,7 +197,7 @@ class RouterHandlers:
             log.debug("%s: coalesced behind %s", request.request_id, outcome.parked_behind)
             return  # answered when the leader's result comes (CoalesceRelay), or routed alone after max_wait_s
         if outcome.result is not None:
-            if not await self._claim_answer(request.request_id):
+            if not await self._claim_answer(request.request_key):
                 log.info(
                     "%s: already routed or answered (a redelivered request); not answered again", request.request_id
                 )
@@ -210,7 +213,7 @@ class RouterHandlers:
                 content_chunks=[chunk.model_copy(update=mine) for chunk in outcome.content_chunks],
                 retry_for_s=self.bus.settings.publish_retry_s,
             )
-            await self._answered(request.request_id)
+            await self._answered(request.request_key)
             return
         assert outcome.routed is not None
         # The primary and its shadow copies go out together; the record is done when all are acknowledged.
@@ -229,24 +232,24 @@ class RouterHandlers:
             ]
         )
 
-    async def _claim_answer(self, request_id: str) -> bool:
+    async def _claim_answer(self, key: RequestKey) -> bool:
         """False when a worker attempt or an earlier delivery owns the result. Redis away: answer
         anyway (a second result needs a redelivery during the outage; no answer would be certain)."""
         if self.fence is None:
             return True
         try:
-            return await self.fence.claim_final(request_id, ROUTER_ATTEMPT)
+            return await self.fence.claim_final(key, ROUTER_ATTEMPT)
         except Exception:
-            log.warning("final marker of %s unreachable; answering without it", request_id, exc_info=True)
+            log.warning("final marker of %s unreachable; answering without it", key, exc_info=True)
             return True
 
-    async def _answered(self, request_id: str) -> None:
+    async def _answered(self, key: RequestKey) -> None:
         if self.fence is None:
             return
         try:
-            await self.fence.final_published(request_id, ROUTER_ATTEMPT)
+            await self.fence.final_published(key, ROUTER_ATTEMPT)
         except Exception:  # the pending claim's lease runs out by itself
-            log.warning("could not mark %s answered", request_id, exc_info=True)
+            log.warning("could not mark %s answered", key, exc_info=True)
 
     async def on_result(self, record: ConsumerRecord) -> None:
         result = decode(record, InferenceResult)
@@ -288,9 +291,9 @@ class RouterHandlers:
         await self.bus.send_dead_letter(record, bad.code, bad.reason, bad.request_id)
         if bad.request_id is None:
             return  # nobody to answer: the DLQ entry is the only trace
-        if not await self._claim_answer(bad.request_id):
-            return  # a request of that id was answered already (or is in flight): one result per id
         tenant = self._authenticated_tenant(record) or bad.tenant or "default"
+        if not await self._claim_answer(request_key(tenant, bad.request_id)):
+            return  # that tenant's request of that id was answered already (or is in flight): one result each
         await publish_error(
             self.bus.publisher,
             self.bus.topics,
@@ -301,4 +304,4 @@ class RouterHandlers:
             attempt=ROUTER_ATTEMPT,
             reply_topic=await self._fallback_reply_topic(tenant),
         )
-        await self._answered(bad.request_id)
+        await self._answered(request_key(tenant, bad.request_id))

@@ -95,8 +95,8 @@ class RedisSemanticCache:
         if result.status != ResultStatus.OK or result.cached or result.shadow:
             return False
         pipe = self._client.pipeline(transaction=True)
-        pipe.hgetall(self._pending(result.request_id))
-        pipe.delete(self._pending(result.request_id))
+        pipe.hgetall(self._pending(result.request_key))
+        pipe.delete(self._pending(result.request_key))
         pending, _ = await pipe.execute()
         if not pending:
             return False

@@ -41,6 +41,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.replies import publish_error, reply_topic_of
+from llmbus.request_key import RequestKey
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.types import Placement, SchedRequest
@@ -59,12 +60,12 @@ class SchedulerHandlers:
         self.settings = settings
         self.core = core
         self.store = store
-        self._answered: dict[str, asyncio.Future[None]] = {}  # request id → set when placed or answered
-        self._source: dict[str, TopicPartition] = {}  # request id → llm.routed partition of its open record
-        self._spans: dict[str, trace.Span] = {}  # request id → the span of its llm.routed record, until answered
+        self._answered: dict[RequestKey, asyncio.Future[None]] = {}  # request → set when placed or answered
+        self._source: dict[RequestKey, TopicPartition] = {}  # request → llm.routed partition of its open record
+        self._spans: dict[RequestKey, trace.Span] = {}  # request → the span of its llm.routed record, until answered
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
-        self._restored: set[str] = set()  # placements loaded from Redis whose Dispatch may never have gone out
-        self._delivering: set[str] = set()  # request ids whose Dispatch awaits its ack (`_deliver`)
+        self._restored: set[RequestKey] = set()  # placements loaded from Redis whose Dispatch may never have gone out
+        self._delivering: set[RequestKey] = set()  # requests whose Dispatch awaits its ack (`_deliver`)
         self._later: set[asyncio.Task[None]] = set()  # final errors waiting for a lease; acks being confirmed
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
         self.pool_stats = PoolStatsRecorder(
@@ -74,7 +75,7 @@ class SchedulerHandlers:
     async def restore(self) -> int:
         placements = await self.store.load(self.settings.prefix_block_tokens, self.settings.max_prefix_blocks)
         self.core.fleet.restore(placements)
-        self._restored = {p.request_id for p in placements}
+        self._restored = {p.request_key for p in placements}
         return len(placements)
 
     # -- consumers ---------------------------------------------------------------------------
@@ -94,7 +95,8 @@ class SchedulerHandlers:
             if control.action != ControlAction.CANCEL:
                 return
             async with self._lock:
-                request = self.core.cancel(control.target_id)  # a queued one; a placed one is its worker's
+                # The target is the request's key (tenant and id): a tenant cancels its own requests only.
+                request = self.core.cancel(RequestKey(control.target_id))  # a queued one; a placed one is its worker's
                 if request is not None:
                     await self._publish([FinalError(request, ErrorInfo.of(ErrorCode.CANCELLED, "cancelled"))])
 
@@ -108,15 +110,15 @@ class SchedulerHandlers:
             self.settings.max_prefix_blocks,
             spec.tokenizer if spec is not None else None,
         )
-        restored = self.core.fleet.placement_of(request.request_id)
-        if restored is not None and request.request_id in self._restored:
-            self._restored.discard(request.request_id)
+        rid = request.key
+        restored = self.core.fleet.placement_of(rid)
+        if restored is not None and rid in self._restored:
+            self._restored.discard(rid)
             # Placed before a restart (the placement came from Redis) and its record redelivered:
             # the scheduler may have died between the claim and the Dispatch, so send it again.
             # The worker drops a Dispatch for a request it is running or has finished.
             await self._send(restored.worker_id, routed, restored.attempt, request.prefix_block_hashes)
             return
-        rid = request.request_id
         self.pool_stats.on_arrival(request.model, now_ms())
         answered = self._answered.setdefault(rid, asyncio.get_running_loop().create_future())
         self._source[rid] = TopicPartition(record.topic, record.partition)
@@ -142,7 +144,7 @@ class SchedulerHandlers:
         except BadMessage:
             return  # the router wrote it: nothing to answer that it did not already
         request = SchedRequest.from_routed(routed, now_ms(), self.settings.prefix_block_tokens, 0)
-        self._resolve(request.request_id)
+        self._resolve(request.key)
         await self._fail(FinalError(request, _internal(exc)))
 
     def hand_over(self, revoked: set[TopicPartition]) -> int:
@@ -163,15 +165,16 @@ class SchedulerHandlers:
 
     async def on_outcome(self, record: ConsumerRecord) -> None:
         outcome = decode(record, DispatchOutcome)
+        key = outcome.request_key
         try:
-            await self.store.release(outcome.request_id, outcome.attempt)
+            await self.store.release(key, outcome.attempt)
         except Exception:  # the claim expires by itself; the outcome must still be acted on
             log.warning("could not release the claim of %s:%d", outcome.request_id, outcome.attempt, exc_info=True)
         async with self._lock:
-            self.pool_stats.on_outcome(self.core.fleet.placement_of(outcome.request_id), now_ms())
+            self.pool_stats.on_outcome(self.core.fleet.placement_of(key), now_ms())
             await self._publish(
                 self.core.on_outcome(
-                    outcome.request_id, outcome.attempt, outcome.status, outcome.error, now_ms(), outcome.prompt_tokens
+                    key, outcome.attempt, outcome.status, outcome.error, now_ms(), outcome.prompt_tokens
                 )
             )
 
@@ -212,7 +215,7 @@ class SchedulerHandlers:
         error is raised after). A placement's Dispatch is left on its way (`_deliver`)."""
         failed: list[Exception] = []
         for action in actions:
-            span = self._spans.get(action.request.request_id, trace.get_current_span())
+            span = self._spans.get(action.request.key, trace.get_current_span())
             on_its_way = False
             try:
                 with trace.use_span(span, end_on_exit=False):
@@ -228,7 +231,7 @@ class SchedulerHandlers:
                 failed.append(exc)
             finally:
                 if not on_its_way:  # else resolved by `_deliver` once acknowledged or rolled back
-                    self._resolve(action.request.request_id)
+                    self._resolve(action.request.key)
         if failed:
             raise failed[0]
 
@@ -239,15 +242,15 @@ class SchedulerHandlers:
         try:
             await self._deliver_or_roll_back(action, routed, claim)
         finally:
-            self._delivering.discard(placement.request_id)
+            self._delivering.discard(placement.request_key)
 
     async def _deliver_or_roll_back(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
         placement = action.placement
         try:
             if claim and not await self.store.claim(placement):
                 async with self._lock:  # another instance placed this attempt first: count nothing here
-                    self.core.forget(placement.request_id, placement.attempt)
-                self._resolve(placement.request_id)
+                    self.core.forget(placement.request_key, placement.attempt)
+                self._resolve(placement.request_key)
                 return
             await self._send(placement.worker_id, routed, placement.attempt, action.request.prefix_block_hashes)
         except Exception as exc:
@@ -257,19 +260,19 @@ class SchedulerHandlers:
                     await self._roll_back(placement)
                     await self._fail(FinalError(action.request, _internal(exc)))
             except Exception as fail_exc:  # noqa: BLE001 - its record's handler raises it (DLQ, answer)
-                self._resolve(placement.request_id, fail_exc)
+                self._resolve(placement.request_key, fail_exc)
                 return
         else:
             self.pool_stats.on_placed(placement, routed.routed_at_ms, now_ms())
             # Debug, not info: one line per request is a write per request (the result records where it ran).
             log.debug("placed %s attempt %d on %s", placement.request_id, placement.attempt, placement.worker_id)
-        self._resolve(placement.request_id)
+        self._resolve(placement.request_key)
 
     async def _roll_back(self, placement: Placement) -> None:
         """No phantom placement stays counted, and the request id is not "held" any more."""
-        self.core.forget(placement.request_id, placement.attempt)
+        self.core.forget(placement.request_key, placement.attempt)
         with contextlib.suppress(Exception):
-            await self.store.release_own(placement.request_id, placement.attempt)
+            await self.store.release_own(placement.request_key, placement.attempt)
 
     def _keep(self, task: asyncio.Task[None]) -> None:
         self._later.add(task)
@@ -284,7 +287,7 @@ class SchedulerHandlers:
         placement = action.placement
         request = placement.request
         if request.routed is None:
-            self.core.forget(placement.request_id, placement.attempt)
+            self.core.forget(placement.request_key, placement.attempt)
             return False
         if placement.attempt > 1:
             try:
@@ -292,23 +295,23 @@ class SchedulerHandlers:
                     return False
                 if not await self.store.claim(placement):
                     # Another instance placed this attempt first: count nothing here.
-                    self.core.forget(placement.request_id, placement.attempt)
+                    self.core.forget(placement.request_key, placement.attempt)
                     return False
-                await self.store.release_own(placement.request_id, placement.attempt - 1)
+                await self.store.release_own(placement.request_key, placement.attempt - 1)
             except Exception:
                 await self._roll_back(placement)
                 raise
-        self._delivering.add(placement.request_id)
+        self._delivering.add(placement.request_key)
         self._keep(asyncio.create_task(self._deliver(action, request.routed, claim=placement.attempt == 1)))
         return True
 
     async def _supersede(self, action: PlaceAction) -> bool:
         """Fence off the earlier attempts before sending this one; False when it must not go out now."""
         placement = action.placement
-        verdict = await self.fence.supersede(placement.request_id, placement.attempt)
+        verdict = await self.fence.supersede(placement.request_key, placement.attempt)
         if verdict == Superseded.FENCED:
             return True
-        self.core.forget(placement.request_id, placement.attempt)
+        self.core.forget(placement.request_key, placement.attempt)
         if verdict == Superseded.RESULT_PENDING:
             # An earlier attempt is publishing its result (or died doing so): ask again after its lease.
             self.core.delay(placement.request, now_ms() + self.fence.claim_lease_ms)
@@ -337,14 +340,14 @@ class SchedulerHandlers:
     async def _fail(self, action: FinalError) -> None:
         request = action.request
         try:
-            await self.store.release_own(request.request_id, request.attempt)
+            await self.store.release_own(request.key, request.attempt)
         except Exception:  # the claim expires by itself; the answer matters more
             log.warning("could not release the claim of %s", request.request_id, exc_info=True)
         routed = request.routed
         if routed is None:
             return
         if (rerouted := fall_back(routed, routed.model, action.error.code)) is not None:
-            if not await self.fence.restart(request.request_id):
+            if not await self.fence.restart(request.key):
                 return  # an earlier attempt's result is out after all
             # This model can't take it, the router gave a chain: the next model gets it.
             log.info("%s: %s", request.request_id, rerouted.route_reason)
@@ -356,8 +359,8 @@ class SchedulerHandlers:
                 tenant=request.tenant,
             )
             return
-        if not await self._claim_for_error(request.request_id):
-            if await self._result_pending(request.request_id):
+        if not await self._claim_for_error(request.key):
+            if await self._result_pending(request.key):
                 # An attempt claimed the result and has not marked it out: it is publishing (its claim
                 # renewed meanwhile) or died doing so. Ask again once its lease can have run out, or
                 # the request would end with no answer at all.
@@ -382,11 +385,11 @@ class SchedulerHandlers:
             **routed.facts(),
         )
 
-    async def _result_pending(self, request_id: str) -> bool:
+    async def _result_pending(self, key: RequestKey) -> bool:
         try:
-            holder = await self.fence.holder(request_id)
+            holder = await self.fence.holder(key)
         except Exception:  # Redis away: the claim attempt above said what it could
-            log.warning("final marker of %s unreadable", request_id, exc_info=True)
+            log.warning("final marker of %s unreadable", key, exc_info=True)
             return False
         return holder is not None and holder.startswith("pending:")
 
@@ -405,16 +408,16 @@ class SchedulerHandlers:
         self._later.add(task)
         task.add_done_callback(self._later.discard)
 
-    async def _claim_for_error(self, request_id: str) -> bool:
+    async def _claim_for_error(self, key: RequestKey) -> bool:
         try:
-            return await self.fence.claim_for_error(request_id)
+            return await self.fence.claim_for_error(key)
         except Exception:  # better a (rare) second answer than none: no worker can claim either
-            log.warning("final marker of %s unreachable; publishing its error anyway", request_id, exc_info=True)
+            log.warning("final marker of %s unreachable; publishing its error anyway", key, exc_info=True)
             return True
 
-    def _resolve(self, request_id: str, error: Exception | None = None) -> None:
-        self._spans.pop(request_id, None)
-        future = self._answered.pop(request_id, None)
+    def _resolve(self, key: RequestKey, error: Exception | None = None) -> None:
+        self._spans.pop(key, None)
+        future = self._answered.pop(key, None)
         if future is not None and not future.done():
             if error is None:
                 future.set_result(None)

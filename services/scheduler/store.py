@@ -24,6 +24,7 @@ import redis.asyncio as redis
 
 from llmbus.messages import RoutedRequest
 from llmbus.redis_batch import RedisBatcher
+from llmbus.request_key import RequestKey
 from services.scheduler.policy.types import Placement, SchedRequest
 
 # KEYS: the placement. ARGV: this instance. 1: deleted; 0: absent or another instance's.
@@ -94,23 +95,23 @@ class PlacementStore:
         self._batch = RedisBatcher(client)
         self._release_own = self._batch.script(_RELEASE_OWN)
 
-    def key(self, request_id: str, attempt: int) -> str:
-        return f"{self._prefix}{request_id}:{attempt}"
+    def key(self, request: RequestKey, attempt: int) -> str:
+        return f"{self._prefix}{request}:{attempt}"
 
     async def claim(self, placement: Placement) -> bool:
         """Record the placement unless this attempt was already placed (by anyone); True if ours."""
-        key = self.key(placement.request_id, placement.attempt)
+        key = self.key(placement.request_key, placement.attempt)
         value = encode(placement, self.instance_id)
         return bool(await self._batch.call(lambda pipe: pipe.set(key, value, nx=True, ex=self.ttl_s)))
 
-    async def release(self, request_id: str, attempt: int) -> None:
+    async def release(self, request: RequestKey, attempt: int) -> None:
         """The attempt is over (its outcome arrived): whoever placed it, the claim goes."""
-        key = self.key(request_id, attempt)
+        key = self.key(request, attempt)
         await self._batch.call(lambda pipe: pipe.delete(key))
 
-    async def release_own(self, request_id: str, attempt: int) -> bool:
+    async def release_own(self, request: RequestKey, attempt: int) -> bool:
         """Delete the claim only if this instance holds it; True if it did."""
-        return bool(await self._release_own([self.key(request_id, attempt)], [self.instance_id]))
+        return bool(await self._release_own([self.key(request, attempt)], [self.instance_id]))
 
     async def raw_values(self) -> AsyncIterator[bytes | str]:
         """Every stored placement, read in SCAN batches (bounded replies)."""
@@ -126,14 +127,14 @@ class PlacementStore:
                     yield value
 
     async def load(self, prefix_block_tokens: int, max_prefix_blocks: int) -> list[Placement]:
-        latest: dict[str, Placement] = {}
+        latest: dict[RequestKey, Placement] = {}
         async for value in self.raw_values():
             placement = decode_placement(value, prefix_block_tokens, max_prefix_blocks)
             if placement is None:
                 continue
-            known = latest.get(placement.request_id)
+            known = latest.get(placement.request_key)
             if known is None or placement.attempt > known.attempt:
-                latest[placement.request_id] = placement
+                latest[placement.request_key] = placement
         return list(latest.values())
 
 

@@ -220,16 +220,16 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
         assert all(len(v) == 1 for v in by_request.values()), "a record was published twice"
 
         # hosted: tokens x prices, cached input at its own price
-        h1, h2, h3 = (by_request[r.request_id][0] for r in hosted)
+        h1, h2, h3 = (by_request[r.request_key][0] for r in hosted)  # record ids: `<tenant>:<request id>`
         assert h1.cost_micro_usd == 1000 * 2 + 200 * 0.5 + 300 * 8 and h1.kind == CostKind.HOSTED
         assert h2.cost_micro_usd == 5000 * 0.4 + 1000 * 1.6
         assert h3.booked_to == BookedTo.EXPERIMENT and h3.experiment_id == "exp-h"
         # the cache hit costs 0 and records what the model would have cost
-        hit = by_request[again.request_id][0]
+        hit = by_request[again.request_key][0]
         assert hit.kind == CostKind.CACHE and hit.cost_micro_usd == 0 and hit.saving_micro_usd > 0
         # shadows of self-hosted requests are the experiment's
         for a in asks:
-            shadow = by_request[f"{a.request_id}.shadow.shx"][0]
+            shadow = by_request[f"acme:{a.request_id}.shadow.shx"][0]
             assert shadow.kind == CostKind.SELF_HOSTED and shadow.booked_to == BookedTo.EXPERIMENT
             assert shadow.experiment_id == "shx"
         # the worker's life: requests + idle + wasted cold start = instance-hours x price, exactly

@@ -8,6 +8,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.messages import InferenceRequest, RoutedRequest
+from llmbus.request_key import request_key
 from services.scheduler.policy.types import Placement, SchedRequest
 from services.scheduler.store import PlacementStore
 
@@ -27,18 +28,22 @@ async def test_only_the_owner_releases_a_claim(client: redis.Redis, namespace: s
     assert await new_owner.claim(placement("r1"))
     assert not await old_owner.claim(placement("r1"))  # the race: one claim per attempt
     # The old owner (it lost the partition in a rebalance) gives up on r1: the new owner's claim stays.
-    assert not await old_owner.release_own("r1", 1)
-    assert json.loads(await client.get(new_owner.key("r1", 1)))["instance"] == "new-owner"
-    assert await new_owner.release_own("r1", 1)
-    assert await client.get(new_owner.key("r1", 1)) is None
+    assert not await old_owner.release_own(request_key("default", "r1"), 1)
+    assert json.loads(await client.get(new_owner.key(request_key("default", "r1"), 1)))["instance"] == "new-owner"
+    assert await new_owner.release_own(request_key("default", "r1"), 1)
+    assert await client.get(new_owner.key(request_key("default", "r1"), 1)) is None
 
 
 async def test_claims_expire_and_an_outcome_releases_any_owners(client: redis.Redis, namespace: str) -> None:
     store = PlacementStore(client, namespace, "s1", ttl_s=120)
     await store.claim(placement("r2"))
-    assert 0 < await client.ttl(store.key("r2", 1)) <= 120, "a claim whose outcome never comes must not stay forever"
-    await PlacementStore(client, namespace, "s2").release("r2", 1)  # the attempt's outcome, read by s2
-    assert await client.get(store.key("r2", 1)) is None
+    assert 0 < await client.ttl(store.key(request_key("default", "r2"), 1)) <= 120, (
+        "a claim whose outcome never comes must not stay forever"
+    )
+    await PlacementStore(client, namespace, "s2").release(
+        request_key("default", "r2"), 1
+    )  # the attempt's outcome, read by s2
+    assert await client.get(store.key(request_key("default", "r2"), 1)) is None
 
 
 async def test_load_walks_every_claim_in_batches_and_keeps_the_latest_attempt(

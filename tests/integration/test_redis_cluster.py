@@ -19,6 +19,7 @@ from redis.cluster import key_slot
 from llmbus.fencing import RequestFence, Superseded
 from llmbus.messages import InferenceRequest, now_ms
 from llmbus.redis_batch import RedisBatcher
+from llmbus.request_key import request_key
 from llmbus.state import redis_client
 from services.router.cache import RedisResponseCache
 from services.router.limits import RedisRateLimiter
@@ -142,9 +143,9 @@ async def test_the_router_cache_fills_and_hits_on_a_cluster(cluster: redis.Redis
     cache = RedisResponseCache(cluster, namespace, ttl_s=60)
     key = cache_key(InferenceRequest(prompt="2+2?", temperature=0.0, tenant="acme"), "m")
     try:
-        assert await cache.lookup(key, pending_id="r-1") is None
+        assert await cache.lookup(key, pending_id="acme:r-1") is None
         assert await cache.complete(ok_result("r-1", "acme")), "the miss was marked pending"
-        hit = await cache.lookup(key, pending_id="r-2")
+        hit = await cache.lookup(key, pending_id="acme:r-2")
         assert hit is not None and hit.text == "4"
     finally:
         await _clean(cluster, namespace)
@@ -156,8 +157,8 @@ async def test_the_scheduler_placements_resume_from_a_cluster(cluster: redis.Red
     try:
         assert all(await asyncio.gather(*(store.claim(placement(f"r{i}")) for i in range(120))))
         assert await store.claim(placement("r7", attempt=2, worker="w2"))
-        assert not await PlacementStore(cluster, namespace, "s2").release_own("r1", 1)
-        assert await store.release_own("r1", 1)
+        assert not await PlacementStore(cluster, namespace, "s2").release_own(request_key("default", "r1"), 1)
+        assert await store.release_own(request_key("default", "r1"), 1)
         loaded = {p.request_id: p for p in await store.load(16, 64)}
         assert len(loaded) == 119 and "r1" not in loaded and loaded["r7"].attempt == 2
     finally:

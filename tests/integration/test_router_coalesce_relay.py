@@ -66,14 +66,14 @@ class Fence(MemoryFence):
 async def park(store: RedisCoalescer, n: int) -> list[str]:
     assert await store.join(KEY, routed("lead")) is None
     ids = [f"f{i}" for i in range(n)]
-    assert await asyncio.gather(*[store.join(KEY, routed(i)) for i in ids]) == ["lead"] * n
+    assert await asyncio.gather(*[store.join(KEY, routed(i)) for i in ids]) == ["acme:lead"] * n  # by request key
     return ids
 
 
 async def test_followers_get_the_leaders_answer_once_each_on_their_own_topics(store: RedisCoalescer) -> None:
     fence = Fence()
     followers = await park(store, 3)
-    await fence.claim_final("f2", 1)  # f2 was answered elsewhere already (a redelivered copy, say)
+    await fence.claim_final("acme:f2", 1)  # f2 was answered elsewhere already (a redelivered copy, say)
     relay, publisher = relay_on(store, fence)
     leader = InferenceResult(
         request_id="lead", tenant="acme", status=ResultStatus.OK, model="m", text="42", usage=Usage(completion_tokens=1)

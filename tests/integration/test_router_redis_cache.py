@@ -69,7 +69,7 @@ async def test_failed_shadow_and_foreign_results_are_not_stored(cache: RedisResp
     request = InferenceRequest(prompt="q", temperature=0.0, tenant="acme")
     key = cache_key(request, "m")
     for rid in ("e", "s", "x"):
-        assert await cache.lookup(key, pending_id=rid) is None
+        assert await cache.lookup(key, pending_id=f"acme:{rid}") is None  # marks are by request key
     failed = InferenceResult(
         request_id="e", tenant="acme", status=ResultStatus.ERROR, error=ErrorInfo.of(ErrorCode.ENGINE_FAILED, "boom")
     )
@@ -83,7 +83,7 @@ async def test_failed_shadow_and_foreign_results_are_not_stored(cache: RedisResp
 async def test_entries_expire(client: redis.Redis, cache: RedisResponseCache) -> None:
     request = InferenceRequest(prompt="q", temperature=0.0, tenant="acme")
     key = cache_key(request, "m")
-    assert await cache.lookup(key, pending_id="r") is None
+    assert await cache.lookup(key, pending_id="acme:r") is None
     assert await cache.complete(ok_result("r", "acme"))
     ttl_s = await client.ttl(f"llmbus:{cache._namespace}:cache:{key}")
     assert 0 < ttl_s <= 60
@@ -94,12 +94,12 @@ async def test_entries_expire(client: redis.Redis, cache: RedisResponseCache) ->
 async def test_a_lookup_marks_only_a_miss_pending(client: redis.Redis, cache: RedisResponseCache) -> None:
     """A miss is marked pending (its result fills the entry), a hit is not."""
     key = cache_key(InferenceRequest(prompt="q", temperature=0.0, tenant="acme"), "m")
-    assert await cache.lookup(key, pending_id="first") is None
-    assert await client.ttl(f"llmbus:{cache._namespace}:cache-pending:first") > 0
+    assert await cache.lookup(key, pending_id="acme:first") is None
+    assert await client.ttl(f"llmbus:{cache._namespace}:cache-pending:acme:first") > 0
     assert await cache.complete(ok_result("first", "acme"))
-    hit = await cache.lookup(key, pending_id="second")
+    hit = await cache.lookup(key, pending_id="acme:second")
     assert hit is not None and hit.text == "4"
-    assert await client.exists(f"llmbus:{cache._namespace}:cache-pending:second") == 0
+    assert await client.exists(f"llmbus:{cache._namespace}:cache-pending:acme:second") == 0
 
 
 async def test_an_answer_of_tool_calls_is_not_cached(cache: RedisResponseCache) -> None:

@@ -48,11 +48,11 @@ def fence(client: redis.Redis, namespace: str) -> RequestFence:
 
 async def test_a_refused_copy_after_the_worker_answered_publishes_no_second_result(fence: RequestFence) -> None:
     handlers, publisher = router_on(fence)
-    assert await fence.claim_final("r-1", 1)  # the real request, routed, answered by attempt 1
-    await fence.final_published("r-1", 1)
+    assert await fence.claim_final("default:r-1", 1)  # the real request, routed, answered by attempt 1
+    await fence.final_published("default:r-1", 1)
     await handlers.on_request(refused_copy("r-1"))
     assert publisher.of(InferenceResult) == []
-    assert await fence.holder("r-1") == "done:1"
+    assert await fence.holder("default:r-1") == "done:1"
 
 
 async def test_a_refused_copy_that_comes_first_is_the_only_result(fence: RequestFence) -> None:
@@ -61,6 +61,6 @@ async def test_a_refused_copy_that_comes_first_is_the_only_result(fence: Request
     [refusal] = publisher.of(InferenceResult)
     assert refusal.status == ResultStatus.ERROR and refusal.error is not None
     assert refusal.error.code == ErrorCode.FORBIDDEN
-    assert await fence.holder("r-2") == "done:0"
-    assert not await fence.claim_final("r-2", 1), "the worker attempt of the real request may not publish a second"
-    assert await fence.superseded("r-2", 1), "and it stops before it runs"
+    assert await fence.holder("default:r-2") == "done:0"
+    assert not await fence.claim_final("default:r-2", 1), "the real request's worker attempt may not publish a second"
+    assert await fence.superseded("default:r-2", 1), "and it stops before it runs"

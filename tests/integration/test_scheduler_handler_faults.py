@@ -26,6 +26,7 @@ from llmbus.messages import (
     WorkerStatus,
     now_ms,
 )
+from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers
 from llmbus.topics import Topics
@@ -149,9 +150,9 @@ async def test_a_failed_claim_or_dispatch_is_rolled_back_and_answered(
     assert result.error.code == ErrorCode.INTERNAL and result.error.retryable
     assert [c for c in publisher(handlers).of(TokenChunk) if c.final]
     # Core state rolled back: no phantom placement counted against the worker, nothing held.
-    assert handlers.core.fleet.placement_of("r1") is None
+    assert handlers.core.fleet.placement_of(request_key("default", "r1")) is None
     assert handlers.core.fleet.workers["w1"].inflight_count == 0
-    assert await client.get(handlers.store.key("r1", 1)) is None
+    assert await client.get(handlers.store.key(request_key("default", "r1"), 1)) is None
     # A later delivery of the same request id is placed, not ignored as "already held".
     await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
     assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["r1"]
@@ -175,21 +176,26 @@ async def test_revoked_partitions_are_handed_over_and_the_old_owner_never_answer
     # No worker yet: on the old owner the request waits (its record open), with a short deadline.
     waiting = asyncio.create_task(old.on_routed(routed_record("r3", partition=0, deadline_ms=now_ms() + 300)))
     other = asyncio.create_task(old.on_routed(routed_record("r4", partition=1)))
-    await until(lambda: old.core.queues.holds("m", "r3") and old.core.queues.holds("m", "r4"))
+    await until(
+        lambda: (
+            old.core.queues.holds("m", request_key("default", "r3"))
+            and old.core.queues.holds("m", request_key("default", "r4"))
+        )
+    )
     assert not waiting.done()
     # Rebalance: partition 0 goes to the new owner, which places r3 (attempt 1, its own claim).
     assert old.hand_over({TopicPartition(f"{PREFIX}llm.routed", 0)}) == 1
     with pytest.raises(asyncio.CancelledError):
         await waiting  # cancelled, so its offset stays uncommitted for the new owner
-    assert not other.done() and old.core.queues.holds("m", "r4")  # partition 1 stays here
+    assert not other.done() and old.core.queues.holds("m", request_key("default", "r4"))  # partition 1 stays here
     await add_worker(new)
     await asyncio.wait_for(new.on_routed(routed_record("r3", partition=0)), 5)
-    assert await client.get(new.store.key("r3", 1)) is not None
+    assert await client.get(new.store.key(request_key("default", "r3"), 1)) is not None
     # Past r3's deadline the old owner's timer finds nothing of r3: no DEADLINE_EXCEEDED, claim intact.
     # (The timer is told the time: 400 ms on, past the 300 ms deadline, without waiting for it.)
     await old._publish(old.core.tick(now_ms() + 400))
     assert not [r for r in publisher(old).of(InferenceResult) if r.request_id == "r3"]
-    assert await client.get(new.store.key("r3", 1)) is not None
+    assert await client.get(new.store.key(request_key("default", "r3"), 1)) is not None
     other.cancel()
 
 
@@ -201,7 +207,7 @@ async def test_a_final_error_waits_for_a_pending_claim_instead_of_leaving_the_re
     not take the claim for a published result."""
     handlers = make_handlers(client, namespace)
     handlers.fence.claim_lease_ms = 300
-    assert await handlers.fence.claim_final("r5", 1)  # the attempt's claim, never published
+    assert await handlers.fence.claim_final("default:r5", 1)  # the attempt's claim, never published
     request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record("r5").value), now_ms(), 16, 0)
     async with handlers._lock:
         await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
@@ -209,7 +215,7 @@ async def test_a_final_error_waits_for_a_pending_claim_instead_of_leaving_the_re
     await deferred_errors_settled(handlers)
     [result] = publisher(handlers).of(InferenceResult)
     assert result.error is not None and result.error.code == ErrorCode.MAX_ATTEMPTS
-    assert await handlers.fence.holder("r5") == "done:scheduler"
+    assert await handlers.fence.holder("default:r5") == "done:scheduler"
 
 
 async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanwhile(
@@ -217,11 +223,11 @@ async def test_a_final_error_is_dropped_when_the_pending_attempt_publishes_meanw
 ) -> None:
     handlers = make_handlers(client, namespace)
     handlers.fence.claim_lease_ms = 300
-    assert await handlers.fence.claim_final("r6", 1)
+    assert await handlers.fence.claim_final("default:r6", 1)
     request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record("r6").value), now_ms(), 16, 0)
     async with handlers._lock:
         await handlers._fail(FinalError(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed")))
-    await handlers.fence.final_published("r6", 1)  # the attempt's result went out after all
+    await handlers.fence.final_published("default:r6", 1)  # the attempt's result went out after all
     await deferred_errors_settled(handlers)
     assert not publisher(handlers).of(InferenceResult)
 
@@ -278,12 +284,14 @@ async def test_the_next_request_is_placed_while_a_first_attempts_claim_is_at_red
     await asyncio.wait_for(at_redis.wait(), 5)
     await asyncio.wait_for(handlers.on_routed(routed_record("fast", partition=1)), 5)
     assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["fast"]
-    assert handlers.core.fleet.placement_of("slow") is not None, "counted on its worker while it is claimed"
+    assert handlers.core.fleet.placement_of(request_key("default", "slow")) is not None, (
+        "counted on its worker while it is claimed"
+    )
     assert not slow.done(), "its record stays open until its claim and Dispatch are through"
     claimed.set()
     await asyncio.wait_for(slow, 5)
     assert sorted(d.request_id for d in publisher(handlers).of(Dispatch)) == ["fast", "slow"]
-    assert await client.get(handlers.store.key("slow", 1)) is not None
+    assert await client.get(handlers.store.key(request_key("default", "slow"), 1)) is not None
 
 
 async def test_a_first_attempt_another_instance_claimed_is_forgotten_without_an_answer(
@@ -293,9 +301,11 @@ async def test_a_first_attempt_another_instance_claimed_is_forgotten_without_an_
     nothing, answers nothing, counts nothing, and its record is done."""
     handlers = make_handlers(client, namespace)
     await add_worker(handlers)
-    await client.set(handlers.store.key("r1", 1), '{"instance": "s2"}')
+    await client.set(handlers.store.key(request_key("default", "r1"), 1), '{"instance": "s2"}')
     await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
     assert not publisher(handlers).of(Dispatch) and not publisher(handlers).of(InferenceResult)
-    assert handlers.core.fleet.placement_of("r1") is None
+    assert handlers.core.fleet.placement_of(request_key("default", "r1")) is None
     assert handlers.core.fleet.workers["w1"].inflight_count == 0
-    assert "s2" in str(await client.get(handlers.store.key("r1", 1))), "the winner's claim is left alone"
+    assert "s2" in str(await client.get(handlers.store.key(request_key("default", "r1"), 1))), (
+        "the winner's claim is left alone"
+    )

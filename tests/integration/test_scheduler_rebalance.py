@@ -19,6 +19,7 @@ from llmbus import topics as t
 from llmbus.client import collect_results
 from llmbus.messages import Control, ControlAction, InferenceResult, OutcomeStatus, ResultStatus
 from llmbus.replies import publish_result
+from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
@@ -70,8 +71,8 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
         # Every request is cancelled while the joiner's attempts run: what the first instance still
         # holds it answers (cancelled); what it handed over it must not answer.
         for rid in ids:
-            cancel = Control(action=ControlAction.CANCEL, target_id=rid)
-            await bus.publisher.publish(bus.topics.name(t.CONTROL), cancel, key=rid)
+            cancel = Control(action=ControlAction.CANCEL, target_id=request_key("default", rid))
+            await bus.publisher.publish(bus.topics.name(t.CONTROL), cancel, key=cancel.target_id)
         found = await collect_results(bus_settings, set(ids), timeout_s=5, tail=results)
         # The test plays the worker and finishes each attempt the way a worker does: claim the
         # final marker, publish the result, report the outcome.
@@ -79,12 +80,12 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
         fence = dispatch_markers(client, bus_settings.topic_prefix)
         try:
             for dispatch in placed:
-                assert await fence.claim_final(dispatch.request_id, dispatch.attempt), "the old owner answered it"
+                assert await fence.claim_final(dispatch.request_key, dispatch.attempt), "the old owner answered it"
                 result = InferenceResult(
                     request_id=dispatch.request_id, tenant="default", status=ResultStatus.OK, text="ok"
                 )
                 await publish_result(bus.publisher, bus.topics, result, None)
-                await fence.final_published(dispatch.request_id, dispatch.attempt)
+                await fence.final_published(dispatch.request_key, dispatch.attempt)
                 await fleet.answer(dispatch, OutcomeStatus.COMPLETED)
         finally:
             await client.aclose()

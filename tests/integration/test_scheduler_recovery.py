@@ -96,6 +96,7 @@ class ScriptedFleet:
     async def answer(self, dispatch: Dispatch, status: OutcomeStatus, code: ErrorCode | None = None) -> None:
         outcome = DispatchOutcome(
             request_id=dispatch.request_id,
+            tenant=dispatch.routed.request.tenant,
             worker_id=dispatch.worker_id,
             attempt=dispatch.attempt,
             status=status,
@@ -194,7 +195,7 @@ async def test_retryable_failure_goes_to_another_worker_then_max_attempts(
 
         client = redis_client(bus_settings.redis_url)
         try:  # a redelivery of attempt 1 (its worker restarting) will be skipped, not run twice
-            assert await dispatch_markers(client, bus_settings.topic_prefix).superseded(rid, 1)
+            assert await dispatch_markers(client, bus_settings.topic_prefix).superseded(second.request_key, 1)
         finally:
             await client.aclose()
         await fleet.answer(second, OutcomeStatus.RETRYABLE, ErrorCode.OVER_CAPACITY)

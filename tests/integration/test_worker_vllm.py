@@ -39,6 +39,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
+from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from tests.fixtures.tiny_llama import build_tiny_llama
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
@@ -215,7 +216,9 @@ async def test_cancel_through_llm_control_aborts_mid_stream(worker: Harness) -> 
         await tokens.stop()
     for target in (rid, *others):
         await worker.bus.publisher.publish(
-            worker.topics.name(t.CONTROL), Control(action=ControlAction.CANCEL, target_id=target), key=target
+            worker.topics.name(t.CONTROL),
+            Control(action=ControlAction.CANCEL, target_id=request_key("acme", target)),
+            key=request_key("acme", target),
         )
     everyone = {rid, *others}
     results = await worker.collect(t.RESULTS, InferenceResult, lambda seen: {r.request_id for r in seen} >= everyone)

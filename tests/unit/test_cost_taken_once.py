@@ -41,7 +41,7 @@ def test_a_result_added_twice_is_priced_once() -> None:
         records += ledger.close(T0 + sent_ms)
     records += ledger.close(T0 + 200_000)
     requests = [r for r in records if r.kind == CostKind.SELF_HOSTED]
-    assert sorted(r.record_id for r in requests) == ["r1", "r2"]
+    assert sorted(r.record_id for r in requests) == ["acme:r1", "acme:r2"]  # `<tenant>:<request id>`
     assert all(r.cost_micro_usd > 0 for r in requests)
     report = check_bills(records, ["r1", "r2"], {"w1": BOOK.pool_rate("sim").cost_micro(90_000)})
     assert report.ok, report

@@ -29,8 +29,8 @@ class FakeRelay:
     def forget(self, exchange: Exchange) -> None:
         self.forgotten += 1
 
-    def cancel_later(self, request_id: str, reason: str) -> None:
-        self.cancelled.append(request_id)
+    def cancel_later(self, request: InferenceRequest, reason: str) -> None:
+        self.cancelled.append(request.request_id)
 
 
 def exchange_of(chunks: list[TokenChunk]) -> tuple[Exchange, FakeRelay]:

@@ -191,5 +191,5 @@ async def test_a_routed_request_that_cannot_go_out_is_answered_and_fenced() -> N
         await handlers.on_request(request_record("r8"))
     [result] = publisher.of(InferenceResult)
     assert result.error is not None and result.error.code == ErrorCode.INTERNAL and result.attempt == 0
-    assert fence.final["r8"] == "done:0"
-    assert not await fence.claim_final("r8", 1)  # the routed record, if written after all, gets no second answer
+    assert fence.final["default:r8"] == "done:0"
+    assert not await fence.claim_final("default:r8", 1)  # the routed record, if written later, gets no second answer

@@ -110,7 +110,7 @@ async def test_a_cache_hit_carries_the_facts_and_its_own_route_reason() -> None:
     request = ask()
     first = await c.route(request)
     assert first.routed is not None
-    cache.entries[cache.pending[request.request_id]] = CachedAnswer(
+    cache.entries[cache.pending[request.request_key]] = CachedAnswer(
         text="4", usage=Usage(prompt_tokens=3, completion_tokens=1), model="gpt-4.1-mini"
     )
     hit = await c.route(request.model_copy(update={"request_id": "second"}))

@@ -63,7 +63,7 @@ def router(fence: MemoryFence) -> tuple[RouterHandlers, RecordingPublisher]:
 
 async def test_a_redelivered_request_already_answered_by_a_worker_is_not_answered_from_the_cache() -> None:
     fence = MemoryFence()
-    fence.final["r1"] = "done:1"  # the first delivery was routed; attempt 1 published the result
+    fence.final["default:r1"] = "done:1"  # the first delivery was routed; attempt 1 published the result
     handlers, publisher = router(fence)
     await handlers.on_request(request_record())
     assert publisher.sent == []
@@ -74,8 +74,8 @@ async def test_a_cache_hit_claims_the_final_marker_so_a_running_attempt_publishe
     handlers, publisher = router(fence)
     await handlers.on_request(request_record())
     [result] = publisher.of(InferenceResult)
-    assert result.cached and fence.final["r1"] == "done:0"
-    assert not await fence.claim_final("r1", 1)  # a worker attempt of an earlier delivery is refused
+    assert result.cached and fence.final["default:r1"] == "done:0"
+    assert not await fence.claim_final("default:r1", 1)  # a worker attempt of an earlier delivery is refused
     await handlers.on_request(request_record())  # delivered once more: no second answer
     assert len(publisher.of(InferenceResult)) == 1
 
@@ -124,7 +124,7 @@ async def test_the_routers_answer_carries_the_attempt_it_claimed_the_final_marke
     fence = MemoryFence()
     handlers, publisher = router(fence)
     await handlers.on_request(request_record())
-    assert fence.final["r1"] == "done:0"  # the router's claim: attempt 0, below every worker attempt
+    assert fence.final["default:r1"] == "done:0"  # the router's claim: attempt 0, below every worker attempt
     [result] = publisher.of(InferenceResult)
     chunks = publisher.of(TokenChunk)
     assert [c.final for c in chunks] == [False, True]  # the cached text, then the final chunk

@@ -163,8 +163,8 @@ async def test_cache_hit_is_a_final_cached_result_with_a_content_chunk() -> None
     c = core(cache=cache)
     request = InferenceRequest(prompt="2+2?", temperature=0.0, tenant="acme")
     first = await c.route(request)
-    assert first.routed and cache.pending == {request.request_id: cache_key(first.routed.request, "gpt-4.1-mini")}
-    cache.entries[cache.pending[request.request_id]] = CachedAnswer(
+    assert first.routed and cache.pending == {request.request_key: cache_key(first.routed.request, "gpt-4.1-mini")}
+    cache.entries[cache.pending[request.request_key]] = CachedAnswer(
         text="4", usage=Usage(prompt_tokens=3, completion_tokens=1), model="gpt-4.1-mini"
     )
     again = await c.route(request.model_copy(update={"request_id": "second"}))

@@ -77,7 +77,7 @@ async def test_a_semantic_hit_answers_marked_as_such_and_a_miss_is_remembered() 
     miss_cache = FakeSemantic(None)
     core = RouterCore(policy_with(), build_scorer("heuristic"), cache=NoExactCache(), semantic=miss_cache)
     miss = await core.route(ask("m"))
-    assert miss.routed is not None and miss_cache.pending == [("m", "acme", miss.routed.model)]
+    assert miss.routed is not None and miss_cache.pending == [("acme:m", "acme", miss.routed.model)]
     sampled = await core.route(ask("s", temperature=0.9))
     assert sampled.routed is not None and miss_cache.asked == ["m"]  # a sampled request never asks
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.request_key import request_key
 from services.scheduler.policy.core import PlaceAction, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.types import SchedRequest
@@ -39,8 +40,8 @@ def test_pool_stats_window() -> None:
             assert isinstance(a, PlaceAction)
             recorder.on_placed(a.placement, 1100, 1100)
     # r0 finishes at 1600; r1 is placed then, after 500 ms in the queue
-    recorder.on_outcome(core.fleet.placement_of("r0"), 1600)
-    for a in core.on_outcome("r0", 1, OutcomeStatus.COMPLETED, None, 1600):
+    recorder.on_outcome(core.fleet.placement_of(request_key("default", "r0")), 1600)
+    for a in core.on_outcome(request_key("default", "r0"), 1, OutcomeStatus.COMPLETED, None, 1600):
         assert isinstance(a, PlaceAction)
         recorder.on_placed(a.placement, 1100, 1600)
     (stats,) = recorder.snapshot(core, 2000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmbus.request_key import request_key
 from services.scheduler.policy.queue import FlowQueues, ModelQueue
 from services.scheduler.policy.types import SchedRequest
 
@@ -98,7 +99,7 @@ def test_flow_queues_are_per_model() -> None:
     queues = FlowQueues(max_queued_per_model=1)
     assert queues.of("m1").push(r("a"))
     assert queues.of("m2").push(r("b"))
-    assert len(queues) == 2 and queues.find("b") is queues.of("m2")
+    assert len(queues) == 2 and queues.find(request_key("t", "b")) is queues.of("m2")
 
 
 @given(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
+from llmbus.request_key import request_key
 from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.recovery import Done, GiveUp, RecoveryPolicy, Retry
@@ -58,10 +59,10 @@ def test_dead_worker_requests_move_to_a_live_worker() -> None:
     assert [(a.placement.worker_id, a.placement.attempt) for a in actions] == [("w2", 2)]
     assert "w1" not in c.fleet.workers
     # A late outcome of the dead worker's attempt is ignored; the new attempt's completes.
-    assert c.on_outcome("r1", 1, OutcomeStatus.COMPLETED, None, NOW_MS + 1100) == []
-    assert c.fleet.placement_of("r1").attempt == 2
-    c.on_outcome("r1", 2, OutcomeStatus.COMPLETED, None, NOW_MS + 1200)
-    assert c.fleet.placement_of("r1") is None
+    assert c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.COMPLETED, None, NOW_MS + 1100) == []
+    assert c.fleet.placement_of(request_key("default", "r1")).attempt == 2
+    c.on_outcome(request_key("default", "r1"), 2, OutcomeStatus.COMPLETED, None, NOW_MS + 1200)
+    assert c.fleet.placement_of(request_key("default", "r1")) is None
 
 
 def test_retry_goes_to_another_worker_then_max_attempts() -> None:
@@ -70,10 +71,10 @@ def test_retry_goes_to_another_worker_then_max_attempts() -> None:
     c.on_heartbeat(hb("w2"), NOW_MS)
     [first] = c.submit(req(request_id="r1"), NOW_MS)
     failed = ErrorInfo.of(ErrorCode.ENGINE_FAILED, "sampler hiccup")
-    [second] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, failed, NOW_MS + 10)
+    [second] = c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, failed, NOW_MS + 10)
     assert isinstance(second, PlaceAction)
     assert second.placement.worker_id != first.placement.worker_id and second.placement.attempt == 2
-    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, failed, NOW_MS + 20)
+    [final] = c.on_outcome(request_key("default", "r1"), 2, OutcomeStatus.RETRYABLE, failed, NOW_MS + 20)
     assert isinstance(final, FinalError) and final.error.code == ErrorCode.MAX_ATTEMPTS
 
 
@@ -83,8 +84,8 @@ def test_full_fleet_queues_then_releases_when_capacity_frees() -> None:
     [a] = c.submit(req(request_id="r1"), NOW_MS)
     assert isinstance(a, PlaceAction)
     assert c.submit(req(request_id="r2"), NOW_MS) == []  # waits
-    assert "r2" in c.queues.of("m")
-    [b] = c.on_outcome("r1", 1, OutcomeStatus.COMPLETED, None, NOW_MS + 5)
+    assert request_key("default", "r2") in c.queues.of("m")
+    [b] = c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.COMPLETED, None, NOW_MS + 5)
     assert isinstance(b, PlaceAction) and b.request.request_id == "r2"
 
 
@@ -146,7 +147,7 @@ def test_stopped_or_draining_worker_gets_nothing_new_and_stopped_loses_its_reque
     c.on_heartbeat(hb("w1", state=WorkerState.DRAINING), NOW_MS + 1)
     assert c.submit(req(request_id="r2"), NOW_MS + 1) == []  # queued: w1 drains
     c.on_heartbeat(hb("w2"), NOW_MS + 2)  # r2 released to w2
-    assert c.fleet.placement_of("r2").worker_id == "w2"
+    assert c.fleet.placement_of(request_key("default", "r2")).worker_id == "w2"
     actions = c.on_heartbeat(hb("w1", state=WorkerState.STOPPED), NOW_MS + 3)
     assert [(a.request.request_id, a.placement.worker_id, a.placement.attempt) for a in actions] == [("r1", "w2", 2)]
 
@@ -164,7 +165,7 @@ def test_heartbeats_replayed_at_startup_do_not_revive_a_dead_worker() -> None:
     c.on_heartbeat(hb("old", sent_at_ms=NOW_MS - 60_000), NOW_MS, replayed=True)  # read back from the compacted topic
     assert c.submit(req(request_id="r1"), NOW_MS) == []  # not placed on a silent worker: it waits
     c.on_heartbeat(hb("new", sent_at_ms=NOW_MS + 1001), NOW_MS + 1001)
-    assert c.fleet.placement_of("r1").worker_id == "new"
+    assert c.fleet.placement_of(request_key("default", "r1")).worker_id == "new"
     c.tick(NOW_MS + 1001)  # a full timeout after the scheduler started watching, and far behind "new"
     assert "old" not in c.fleet.workers
 

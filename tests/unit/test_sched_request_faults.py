@@ -4,6 +4,7 @@ workers with clocks behind, and bounded queues (issue 9, defects 6, 7 and 10).""
 from __future__ import annotations
 
 from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from llmbus.request_key import request_key
 from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.queue import FlowQueues
@@ -25,7 +26,7 @@ def test_an_invalid_request_reported_retryable_is_final_not_retried_elsewhere() 
     [first] = c.submit(req(request_id="r1"), NOW_MS)
     wid = first.placement.worker_id
     invalid = ErrorInfo.of(ErrorCode.INVALID_REQUEST, "upstream HTTP 400")
-    [action] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, invalid, NOW_MS + 10)
+    [action] = c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, invalid, NOW_MS + 10)
     assert isinstance(action, FinalError) and action.error.code == ErrorCode.INVALID_REQUEST
     assert wid in c.fleet.workers and c.stats.retried == 0
 
@@ -38,7 +39,7 @@ def test_a_busy_upstream_cools_its_worker_down_and_the_retry_backs_off_then_goes
     busy_worker = first.placement.worker_id
     other = "w2" if busy_worker == "w1" else "w1"
     busy = ErrorInfo.of(ErrorCode.OVER_CAPACITY, "upstream HTTP 429", retry_after_ms=7_000)
-    assert c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, busy, NOW_MS) == []  # backing off
+    assert c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, busy, NOW_MS) == []  # backing off
     assert c.submit(req(request_id="r1"), NOW_MS) == []  # held: a redelivery is not taken twice
     assert placed_on(c.tick(NOW_MS + c.recovery.backoff_ms(1))) == [(other, 2)]
     # The busy worker takes nothing new until Retry-After has passed, even when it is the only choice.
@@ -85,6 +86,6 @@ def test_flow_queues_count_a_tenant_over_all_models() -> None:
     assert queues.admit(req(request_id="x2", tenant="t", model="m2")) is None
     assert queues.admit(req(request_id="x3", tenant="t", model="m3")) is not None
     assert queues.admit(req(request_id="x3", tenant="t", model="m3"), force=True) is None  # a retry is never lost
-    queues.of("m1").remove("x1")
+    queues.of("m1").remove(request_key("t", "x1"))
     queues.prune()
     assert set(queues.by_model) == {"m2", "m3"} and queues.queued_of("t") == 2

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from llmbus.request_key import request_key
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.plugins.pickers import MaxScorePicker, RoundRobinPicker
 from services.scheduler.policy.plugins.scorers_affinity import PrefixAffinityScorer, SessionAffinityScorer
@@ -159,14 +160,14 @@ def test_prefill_backlog_estimate_is_corrected_by_outcomes_and_idle_heartbeats()
     fleet.place(req(3_000, 1, request_id="small"), "a", NOW_MS)
     view = fleet.workers["a"]
     assert view.prefill_backlog_at(NOW_MS + 1000, 1.0) == 52_000
-    fleet.finish("big", 1, NOW_MS + 1000)  # it finished, so its prefill is certainly done
+    fleet.finish(request_key("default", "big"), 1, NOW_MS + 1000)  # it finished, so its prefill is certainly done
     assert view.prefill_backlog_at(NOW_MS + 1000, 1.0) == 3_000
     # A heartbeat from an idle engine: nothing placed before it can still be queued.
-    fleet.finish("small", 1, NOW_MS + 1000)
+    fleet.finish(request_key("default", "small"), 1, NOW_MS + 1000)
     fleet.place(req(20_000, 1, request_id="x"), "a", NOW_MS + 1000)
     fleet.on_heartbeat(hb("a", num_requests_running=1, sent_at_ms=NOW_MS + 1500), NOW_MS + 1500)  # x runs
     assert view.prefill_backlog_at(NOW_MS + 1500, 1.0) == 20_000 - 500
-    fleet.finish("x", 1, NOW_MS + 1600)
+    fleet.finish(request_key("default", "x"), 1, NOW_MS + 1600)
     fleet.place(req(7_000, 1, request_id="z"), "a", NOW_MS + 1700)  # placed after the next heartbeat was sent
     view.prefill_backlog_tokens += 40_000  # a wrong estimate ...
     fleet.on_heartbeat(hb("a", num_requests_running=0, sent_at_ms=NOW_MS + 1650), NOW_MS + 2000)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from llmbus.request_key import request_key
 from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
 from tests.unit.test_sched_filters import NOW_MS, hb, req
@@ -25,10 +26,10 @@ def test_oom_retry_goes_to_a_worker_with_more_free_kv_and_a_second_oom_is_final(
     assert isinstance(first, PlaceAction) and first.placement.worker_id == "small"  # where it runs out of memory
     c.on_heartbeat(hb("same", kv_blocks_free=40), NOW_MS)
     c.on_heartbeat(hb("big", kv_blocks_free=900, num_requests_running=7), NOW_MS)  # busier: scorers prefer "same"
-    [retry] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
+    [retry] = c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
     assert isinstance(retry, PlaceAction) and retry.placement.worker_id == "big"
     assert retry.placement.attempt == 2
-    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 20)
+    [final] = c.on_outcome(request_key("default", "r1"), 2, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 20)
     assert isinstance(final, FinalError)
     assert final.error.code == ErrorCode.ENGINE_OOM and not final.error.retryable, "not max_attempts, not a 3rd try"
 
@@ -39,8 +40,10 @@ def test_oom_retry_waits_until_a_worker_has_more_free_kv() -> None:
     c.on_heartbeat(hb("w2", kv_blocks_free=60), NOW_MS)
     [placed] = c.submit(req(request_id="r1", prompt_tokens=200, max_tokens=200), NOW_MS)
     assert isinstance(placed, PlaceAction) and placed.placement.worker_id == "w1"
-    assert c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10) == []  # w2 has less: it waits
-    assert "r1" in c.queues.of("m")
+    assert (
+        c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10) == []
+    )  # w2 has less: it waits
+    assert request_key("default", "r1") in c.queues.of("m")
     [later] = c.on_heartbeat(hb("w2", kv_blocks_free=700, sent_at_ms=NOW_MS + 50), NOW_MS + 50)
     assert isinstance(later, PlaceAction) and later.placement.worker_id == "w2"
 
@@ -51,7 +54,7 @@ def test_oom_with_no_worker_that_could_ever_have_more_free_kv_is_final_at_once()
     c.on_heartbeat(hb("w2", kv_blocks_total=100, kv_blocks_free=90), NOW_MS)
     [placed] = c.submit(req(request_id="r1", prompt_tokens=200, max_tokens=200), NOW_MS)
     assert isinstance(placed, PlaceAction)
-    [final] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
+    [final] = c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
     assert isinstance(final, FinalError) and final.error.code == ErrorCode.ENGINE_OOM
     assert not final.error.retryable
 
@@ -64,7 +67,9 @@ def test_a_worker_count_over_every_max_model_len_is_a_final_prompt_too_long_not_
     [placed] = c.submit(req(request_id="r1", prompt_tokens=5000, max_tokens=3000), NOW_MS)
     assert isinstance(placed, PlaceAction)
     refused = ErrorInfo.of(ErrorCode.OVER_CAPACITY, "prompt 6200 + max_tokens 3000 > max_model_len 8192")
-    [final] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200)
+    [final] = c.on_outcome(
+        request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200
+    )
     assert isinstance(final, FinalError)
     assert final.error.code == ErrorCode.PROMPT_TOO_LONG and not final.error.retryable
 
@@ -76,7 +81,9 @@ def test_a_worker_count_that_a_longer_worker_fits_is_retried_there() -> None:
     assert isinstance(placed, PlaceAction)
     c.on_heartbeat(hb("long", max_model_len=32768), NOW_MS)
     refused = ErrorInfo.of(ErrorCode.OVER_CAPACITY, "too long here")
-    [retry] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200)
+    [retry] = c.on_outcome(
+        request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, refused, NOW_MS + 10, prompt_tokens=6200
+    )
     assert isinstance(retry, PlaceAction) and retry.placement.worker_id == "long"
     assert retry.request.prompt_tokens == 6200
 
@@ -87,7 +94,7 @@ def test_an_oom_on_a_worker_that_reports_no_kv_cache_is_retried_once_elsewhere()
     [placed] = c.submit(req(request_id="r1"), NOW_MS)
     assert isinstance(placed, PlaceAction)
     c.on_heartbeat(hb("w2", kv_blocks_total=0, kv_blocks_free=0), NOW_MS)
-    [retry] = c.on_outcome("r1", 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
+    [retry] = c.on_outcome(request_key("default", "r1"), 1, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 10)
     assert isinstance(retry, PlaceAction) and retry.placement.worker_id == "w2"
-    [final] = c.on_outcome("r1", 2, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 20)
+    [final] = c.on_outcome(request_key("default", "r1"), 2, OutcomeStatus.RETRYABLE, OOM, NOW_MS + 20)
     assert isinstance(final, FinalError) and final.error.code == ErrorCode.ENGINE_OOM

@@ -109,7 +109,7 @@ async def test_chunks_that_cannot_be_delivered_hand_the_request_back_with_nothin
     assert not publisher.of(InferenceResult) and not [c for c in publisher.of(TokenChunk) if c.final]
     [outcome] = publisher.of(DispatchOutcome)
     assert outcome.status == OutcomeStatus.RETRYABLE  # placed again once the pending claim's lease lapses
-    assert fence.final["r1"] == "pending:1"
+    assert fence.final["default:r1"] == "pending:1"
 
 
 class MarkerNeverSet(MemoryFence):

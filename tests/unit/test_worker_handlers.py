@@ -71,7 +71,7 @@ async def test_a_superseded_attempt_is_not_run_again() -> None:
     publisher = RecordingPublisher()
     record = dispatch_record()
     dispatch = Dispatch.model_validate_json(record.value)
-    markers = MarkedRedis({dispatch.request_id: 2})
+    markers = MarkedRedis({dispatch.request_key: 2})
     handlers = WorkerHandlers(
         FakeBus(publisher),
         WorkerSettings(worker_id="w1"),  # type: ignore[arg-type]
@@ -79,6 +79,6 @@ async def test_a_superseded_attempt_is_not_run_again() -> None:
         markers,
     )  # type: ignore[arg-type]
     await handlers.on_dispatch(record)
-    assert (dispatch.request_id, 1) in markers.asked
+    assert (dispatch.request_key, 1) in markers.asked
     [(_, outcome)] = publisher.sent  # no chunks, no result: only the outcome
     assert isinstance(outcome, DispatchOutcome) and outcome.status == OutcomeStatus.DUPLICATE

@@ -221,12 +221,12 @@ async def test_an_attempt_superseded_while_running_is_aborted_and_publishes_no_r
 
     async def step(i: int) -> None:
         if i == 2:
-            fence.fence["r1"] = 2  # the scheduler placed attempt 2 elsewhere (this worker looked dead)
+            fence.fence["default:r1"] = 2  # the scheduler placed attempt 2 elsewhere (this worker looked dead)
 
     engine = ScriptedEngine(tokens=50, on_step=step)
     handlers, publisher = worker(engine, fence, superseded_check_s=0.0)
     await handlers.on_dispatch(record(attempt=1))
-    assert engine.aborted == ["r1"]
+    assert engine.aborted == ["default:r1"]  # the engine knows a request by its key
     assert not publisher.of(InferenceResult) and not [c for c in publisher.of(TokenChunk) if c.final]
     assert len(publisher.of(TokenChunk)) < 10
     [outcome] = publisher.of(DispatchOutcome)
@@ -235,7 +235,7 @@ async def test_an_attempt_superseded_while_running_is_aborted_and_publishes_no_r
 
 async def test_only_the_attempt_that_claims_the_final_marker_publishes_the_result() -> None:
     fence = MemoryFence()
-    fence.final["r1"] = "pending:2"  # attempt 2 claimed it while this (zombie) attempt 1 ran
+    fence.final["default:r1"] = "pending:2"  # attempt 2 claimed it while this (zombie) attempt 1 ran
     handlers, publisher = worker(ScriptedEngine(tokens=3), fence, superseded_check_s=60.0)
     handlers_check = handlers.fence.superseded
     calls = 0
@@ -250,7 +250,7 @@ async def test_only_the_attempt_that_claims_the_final_marker_publishes_the_resul
     assert not publisher.of(InferenceResult), "a zombie attempt must not add a second result"
     assert not [c for c in publisher.of(TokenChunk) if c.final]
     assert publisher.of(DispatchOutcome)[0].status == OutcomeStatus.DUPLICATE
-    assert fence.final["r1"] == "pending:2"
+    assert fence.final["default:r1"] == "pending:2"
 
 
 class FlakyFencePublisher(RecordingPublisher):

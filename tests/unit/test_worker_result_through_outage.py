@@ -38,7 +38,7 @@ async def test_a_result_whose_publish_timed_out_is_not_followed_by_another_answe
     assert result.status == ResultStatus.OK
     retryable = [o for o in publisher.of(DispatchOutcome) if o.status == OutcomeStatus.RETRYABLE]
     assert not retryable, "handing it back would place another attempt: a second result"
-    assert fence.final["r1"] == "pending:1"  # the claim stays with this attempt
+    assert fence.final["default:r1"] == "pending:1"  # the claim stays with this attempt
 
 
 class SlowResult(RecordingPublisher):
@@ -66,7 +66,7 @@ async def test_the_claim_is_renewed_while_the_result_is_being_published() -> Non
     publisher, fence = SlowResult(), CountingFence()
     await worker_with(publisher, fence).on_dispatch(record())
     assert fence.claims >= 1 + 3, "0.5 s of publishing with a 150 ms lease: renewed every 50 ms"
-    assert fence.final["r1"] == "done:1"
+    assert fence.final["default:r1"] == "done:1"
     assert len(publisher.of(InferenceResult)) == 1
 
 

@@ -1,8 +1,14 @@
 """Fencing by attempt: of all the attempts a request may get, only one publishes its final result.
 
 Two Redis keys per request, shared by the scheduler and the workers, each changed only by
-a Lua script so every check-and-set is one atomic step. Both are `llmbus:<namespace>:{r:<request id>}:<kind>`:
+a Lua script so every check-and-set is one atomic step. Both are `llmbus:<namespace>:{r:<tenant>:<request id>}:<kind>`
+(the request's `RequestKey`: two tenants' requests of one id are two requests, each with its own one result);
 the hash tag keeps them in one Redis Cluster slot, as a script over both needs.
+
+Markers written before the tenant was part of the key (`{r:<request id>}`) are not read. During a
+rolling upgrade a Dispatch redelivered across the change, or a worker of the old version beside
+one of the new, could publish a second result for a request in flight then: upgrade the scheduler
+and every worker together once `llm.dispatch` is drained. The old markers expire with their TTL.
 
 - `fence:<request id>` — the highest attempt the scheduler placed. An attempt below it is
   superseded: its worker stops (checked before it starts and again while it runs) and may not
@@ -29,6 +35,7 @@ from typing import Protocol
 import redis.asyncio as redis
 
 from llmbus.redis_batch import RedisBatcher
+from llmbus.request_key import RequestKey
 
 log = logging.getLogger(__name__)
 
@@ -96,44 +103,44 @@ class RequestFence:
         self._claim_for_error = self._batch.script(_CLAIM_FOR_ERROR)
         self._restart = self._batch.script(_RESTART)
 
-    def _keys(self, request_id: str) -> list[str]:
-        # One hash tag for both ({r:<request id>}), so each script's keys share a Redis Cluster slot.
-        # The kind follows the tag: whatever braces an id holds, both keys hash the same text, and
+    def _keys(self, key: RequestKey) -> list[str]:
+        # One hash tag for both ({r:<tenant>:<request id>}), so each script's keys share a Redis Cluster
+        # slot. The kind follows the tag: whatever braces an id holds, both keys hash the same text, and
         # the "r:" keeps that text non-empty (an empty tag would hash each whole key apart).
-        base = f"llmbus:{self._namespace}:{{r:{request_id}}}"
+        base = f"llmbus:{self._namespace}:{{r:{key}}}"
         return [f"{base}:final", f"{base}:fence"]
 
-    async def superseded(self, request_id: str, attempt: int) -> bool:
+    async def superseded(self, key: RequestKey, attempt: int) -> bool:
         """True when this attempt may no longer run: a later one was placed, or another owns the result."""
-        keys = self._keys(request_id)
+        keys = self._keys(key)
         final, fence = await self._batch.call(lambda pipe: pipe.mget(keys))
         if fence is not None and int(fence) > attempt:
             return True
         return final is not None and final != f"pending:{attempt}".encode()
 
-    async def claim_final(self, request_id: str, attempt: int) -> bool:
+    async def claim_final(self, key: RequestKey, attempt: int) -> bool:
         """Take the right to publish the final result (call just before publishing it)."""
-        return bool(await self._claim(self._keys(request_id), [attempt, self.claim_lease_ms]))
+        return bool(await self._claim(self._keys(key), [attempt, self.claim_lease_ms]))
 
-    async def final_published(self, request_id: str, attempt: int) -> None:
-        final = self._keys(request_id)[0]
+    async def final_published(self, key: RequestKey, attempt: int) -> None:
+        final = self._keys(key)[0]
         await self._batch.call(lambda pipe: pipe.set(final, f"done:{attempt}", ex=self.final_ttl_s))
 
-    async def supersede(self, request_id: str, attempt: int) -> Superseded:
+    async def supersede(self, key: RequestKey, attempt: int) -> Superseded:
         """Before sending `attempt` (> 1): fence off the earlier ones, unless one owns the result."""
-        return Superseded(int(await self._supersede(self._keys(request_id), [attempt, self.final_ttl_s])))
+        return Superseded(int(await self._supersede(self._keys(key), [attempt, self.final_ttl_s])))
 
-    async def claim_for_error(self, request_id: str) -> bool:
+    async def claim_for_error(self, key: RequestKey) -> bool:
         """The scheduler's final error: True if it is the result (no attempt claimed one first)."""
-        return bool(await self._claim_for_error(self._keys(request_id), [self.final_ttl_s, _EVERY_ATTEMPT]))
+        return bool(await self._claim_for_error(self._keys(key), [self.final_ttl_s, _EVERY_ATTEMPT]))
 
-    async def restart(self, request_id: str) -> bool:
+    async def restart(self, key: RequestKey) -> bool:
         """A fallback to another model starts its attempts at 1 again; False: the result is taken."""
-        return bool(await self._restart(self._keys(request_id), []))
+        return bool(await self._restart(self._keys(key), []))
 
-    async def holder(self, request_id: str) -> str | None:
+    async def holder(self, key: RequestKey) -> str | None:
         """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""
-        final = self._keys(request_id)[0]
+        final = self._keys(key)[0]
         value = await self._batch.call(lambda pipe: pipe.get(final))
         return value.decode() if isinstance(value, bytes) else value
 
@@ -141,24 +148,24 @@ class RequestFence:
 class Claimant(Protocol):
     claim_lease_ms: int
 
-    async def claim_final(self, request_id: str, attempt: int) -> bool: ...
+    async def claim_final(self, key: RequestKey, attempt: int) -> bool: ...
 
 
-def claim_kept(fence: Claimant, request_id: str, attempt: int) -> contextlib.AbstractAsyncContextManager[None]:
+def claim_kept(fence: Claimant, key: RequestKey, attempt: int) -> contextlib.AbstractAsyncContextManager[None]:
     """The pending claim renewed (every third of its lease) while the body publishes the result.
 
     A publish that rides out a broker restart outlives the lease; an expired claim would let the
     scheduler place another attempt, whose result would be the second one.
     """
-    return _ClaimKept(fence, request_id, attempt)
+    return _ClaimKept(fence, key, attempt)
 
 
 class _ClaimKept(contextlib.AbstractAsyncContextManager[None]):
     # A timer, not a task, until the first renewal is due: nearly every publish is over long before,
     # and a task per request (started, cancelled, awaited) is most of what this would cost.
-    def __init__(self, fence: Claimant, request_id: str, attempt: int) -> None:
+    def __init__(self, fence: Claimant, key: RequestKey, attempt: int) -> None:
         self._fence = fence
-        self._request_id = request_id
+        self._key = key
         self._attempt = attempt
         self._timer: asyncio.TimerHandle | None = None
         self._renewing: asyncio.Task[None] | None = None
@@ -178,12 +185,12 @@ class _ClaimKept(contextlib.AbstractAsyncContextManager[None]):
         self._renewing = asyncio.get_running_loop().create_task(self._renew())
 
     async def _renew(self) -> None:
-        fence, request_id, attempt = self._fence, self._request_id, self._attempt
+        fence, key, attempt = self._fence, self._key, self._attempt
         while True:
             try:
-                if not await fence.claim_final(request_id, attempt):
-                    log.error("%s:%d: the claim was lost while its result was being published", request_id, attempt)
+                if not await fence.claim_final(key, attempt):
+                    log.error("%s:%d: the claim was lost while its result was being published", key, attempt)
                     return
             except Exception:  # Redis away too: try again while the lease lasts
-                log.warning("%s:%d: could not renew the claim", request_id, attempt, exc_info=True)
+                log.warning("%s:%d: could not renew the claim", key, attempt, exc_info=True)
             await asyncio.sleep(fence.claim_lease_ms / 3000)

@@ -49,7 +49,7 @@ def base_record(
     # (setting attributes afterwards goes through pydantic's slower __setattr__).
     return _TEMPLATE.model_copy(
         update=dict(
-            record_id=result.request_id,
+            record_id=result.request_key,  # unique across tenants: two may send one request id
             request_id=result.request_id,
             tenant=result.tenant,
             model=result.model or "",

@@ -65,7 +65,7 @@ class WorkerLife:
     waste_booked: bool = False
     cold_start_phases_s: dict[str, float] = field(default_factory=dict)  # from the heartbeat, for the waste record
     pending: list[ServedRequest] = field(default_factory=list)
-    running_micro: dict[str, int] = field(default_factory=dict)  # request id -> GPU share so far
+    running_micro: dict[str, int] = field(default_factory=dict)  # request key -> GPU share so far
     busy_ms: dict[str, float] = field(default_factory=dict)
     # (heartbeat sent_at_ms, oldest running request's start or None), from closed_until_ms on
     running_log: list[tuple[int, int | None]] = field(default_factory=list)
@@ -188,13 +188,13 @@ class GpuLedger:
         The handler of llm.results adds what it holds, and a tick adds what it finds held and not
         here -- both, when the tick read while the handler was between the two. Twice pending, a
         result was priced twice under one record id (the second copy at 0, its share gone)."""
-        taken: dict[str, set[str]] = {}  # worker id -> request ids waiting (read once per worker)
+        taken: dict[str, set[str]] = {}  # worker id -> request keys waiting (read once per worker)
         records: list[CostRecord] = []
         for one in served:
             if (ids := taken.get(one.worker_id)) is None:
                 ids = taken[one.worker_id] = self.pending_ids(one.worker_id)
-            if one.result.request_id not in ids:
-                ids.add(one.result.request_id)
+            if one.result.request_key not in ids:
+                ids.add(one.result.request_key)
                 records += self._add(one)
         return records
 
@@ -244,11 +244,11 @@ class GpuLedger:
                 life.busy_ms.clear()
 
     def pending_ids(self, worker_id: str) -> set[str]:
-        """The worker's results waiting here for their intervals (its orphans included)."""
+        """The request keys of the worker's results waiting here for their intervals (its orphans included)."""
         waiting = [
             r for life in [*self.retired, *self.workers.values()] if life.worker_id == worker_id for r in life.pending
         ]
-        return {r.result.request_id for r in [*waiting, *self.orphans] if r.worker_id == worker_id}
+        return {r.result.request_key for r in [*waiting, *self.orphans] if r.worker_id == worker_id}
 
     # -- closing -------------------------------------------------------------------------------
     def close(
@@ -345,21 +345,21 @@ class GpuLedger:
             lo, hi = max(r.start_ms, serve_lo), min(r.end_ms, serve_hi)
             work = r.prefill_tokens * self.prefill_w + r.decode_tokens * self.decode_w
             weights.append(max(work, 1e-9) * max(0, hi - lo) / (r.end_ms - r.start_ms))
-            life.busy_ms[r.result.request_id] = life.busy_ms.get(r.result.request_id, 0.0) + max(0, hi - lo)
+            life.busy_ms[r.result.request_key] = life.busy_ms.get(r.result.request_key, 0.0) + max(0, hi - lo)
         if sum(weights) <= 0:  # requests touched the interval but none inside the serving span
             idle_micro += busy_micro
             busy_micro = 0
         shares = split(busy_micro, weights)
         for r, share in zip(active, shares, strict=True):
-            life.running_micro[r.result.request_id] = life.running_micro.get(r.result.request_id, 0) + share
+            life.running_micro[r.result.request_key] = life.running_micro.get(r.result.request_key, 0) + share
         life.cold_micro_total += cold_micro
         if self.keep_bills:
-            shares_by_id = {r.result.request_id: share for r, share in zip(active, shares, strict=True)}
+            shares_by_id: dict[str, int] = {r.result.request_key: s for r, s in zip(active, shares, strict=True)}
             bill = IntervalBill(life.worker_id, a, b, alive, cost, cold_micro, idle_micro, shares_by_id)
             self.bills.append(bill)
         if idle_micro:
             yield self._platform_record(life, CostKind.IDLE, idle_micro, f"idle:{life.worker_id}:{a}", a)
-        done = sorted((r for r in life.pending if r.end_ms <= b), key=lambda r: (r.end_ms, r.result.request_id))
+        done = sorted((r for r in life.pending if r.end_ms <= b), key=lambda r: (r.end_ms, r.result.request_key))
         if done:
             life.pending = [r for r in life.pending if r.end_ms > b]
             for r in done:
@@ -377,8 +377,8 @@ class GpuLedger:
         return share
 
     def _request_record(self, life: WorkerLife, served: ServedRequest) -> CostRecord:
-        request_id = served.result.request_id
-        running = life.running_micro.pop(request_id, 0)
+        key = served.result.request_key
+        running = life.running_micro.pop(key, 0)
         cold = self._cold_share(life)
         return base_record(
             served.result,
@@ -389,7 +389,7 @@ class GpuLedger:
             pool=life.pool,
             gpu=life.rate.gpu,
             capacity=life.rate.capacity.value,
-            gpu_busy_ms=round(life.busy_ms.pop(request_id, 0.0), 3),
+            gpu_busy_ms=round(life.busy_ms.pop(key, 0.0), 3),
         )
 
     def _platform_record(self, life: WorkerLife, kind: CostKind, micro: int, record_id: str, at_ms: int) -> CostRecord:

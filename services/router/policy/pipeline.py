@@ -262,7 +262,7 @@ class RouterCore:
         )
         if self.cache is not None and self.policy.cache.enabled and cacheable(request):
             key = cache_key(request, model)
-            hit = await self.cache.lookup(key, pending_id=request.request_id)
+            hit = await self.cache.lookup(key, pending_id=request.request_key)
             if hit is not None:
                 return answered_from(routed, hit, f"cache_hit:{routed.route_reason}")
             if self.semantic is not None and semantic_eligible(request, self.policy):
@@ -270,7 +270,7 @@ class RouterCore:
                 if probe.answer is not None:
                     reason = f"{SEMANTIC_HIT}:{probe.similarity:.3f}:{routed.route_reason}"
                     return answered_from(routed, probe.answer, reason)
-                await self.semantic.remember_pending(request.request_id, key, request.tenant, model, probe.vector)
+                await self.semantic.remember_pending(request.request_key, key, request.tenant, model, probe.vector)
             if self.coalescer is not None and self.policy.coalesce.enabled:
                 leader_id = await self.coalescer.join(key, routed)
                 if leader_id is not None:

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from llmbus.messages import ErrorCode, ErrorInfo, ModelSpec, NodeProfile, OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.request_key import RequestKey
 from services.scheduler.policy.fleet import FleetView
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.plugins import CycleState
@@ -74,7 +75,7 @@ class SchedulerCore:
         self.queues = FlowQueues(
             self.config.max_queued_per_model, self.config.max_wait_ms, self.config.max_queued_per_tenant
         )
-        self.delayed: dict[str, SchedRequest] = {}  # retries waiting out a backoff (not_before_ms)
+        self.delayed: dict[RequestKey, SchedRequest] = {}  # retries waiting out a backoff (not_before_ms)
         self.recovery = RecoveryPolicy(self.config.max_attempts, self.config.heartbeat_timeout_ms)
         self.model_specs: dict[str, ModelSpec] = {}
         self.rng = random.Random(self.config.seed)
@@ -92,8 +93,8 @@ class SchedulerCore:
 
     def holds(self, request: SchedRequest) -> bool:
         """Placed, queued or waiting to be retried here."""
-        rid = request.request_id
-        return self.fleet.placement_of(rid) is not None or self.queues.holds(request.model, rid) or rid in self.delayed
+        key = request.key
+        return self.fleet.placement_of(key) is not None or self.queues.holds(request.model, key) or key in self.delayed
 
     def on_heartbeat(self, status: WorkerStatus, now_ms: int, replayed: bool = False) -> list[Action]:
         self.fleet.on_heartbeat(status, now_ms, replayed)
@@ -119,7 +120,7 @@ class SchedulerCore:
 
     def on_outcome(
         self,
-        request_id: str,
+        key: RequestKey,
         attempt: int,
         status: OutcomeStatus,
         error: ErrorInfo | None,
@@ -127,7 +128,7 @@ class SchedulerCore:
         prompt_tokens: int = 0,
     ) -> list[Action]:
         """`prompt_tokens`: the worker's count of the prompt (its engine's tokenizer), 0 when it sent none."""
-        placement = self.fleet.finish(request_id, attempt, now_ms)
+        placement = self.fleet.finish(key, attempt, now_ms)
         if placement is None:
             return []  # unknown, or a stale attempt we already placed again
         if status == OutcomeStatus.RETRYABLE and prompt_tokens > placement.request.prompt_tokens:
@@ -150,22 +151,22 @@ class SchedulerCore:
         actions = self._follow(decision, now_ms) if isinstance(decision, Retry | GiveUp) else []
         return actions + self._release(now_ms)
 
-    def cancel(self, request_id: str) -> SchedRequest | None:
+    def cancel(self, key: RequestKey) -> SchedRequest | None:
         """Drop a queued or delayed request (a placed one is cancelled by its worker)."""
-        if (delayed := self.delayed.pop(request_id, None)) is not None:
+        if (delayed := self.delayed.pop(key, None)) is not None:
             return delayed
-        queue = self.queues.find(request_id)
-        return queue.remove(request_id) if queue is not None else None
+        queue = self.queues.find(key)
+        return queue.remove(key) if queue is not None else None
 
-    def forget(self, request_id: str, attempt: int) -> Placement | None:
+    def forget(self, key: RequestKey, attempt: int) -> Placement | None:
         """Undo a placement that was not published (another instance claimed it first, or Redis or
         Kafka failed): the request is no longer held, so a redelivery or retry of it is taken again."""
-        return self.fleet.finish(request_id, attempt)
+        return self.fleet.finish(key, attempt)
 
     def delay(self, request: SchedRequest, until_ms: int) -> None:
         """Hold a request out of the queues until `until_ms`; `tick` admits it then."""
         request.not_before_ms = until_ms
-        self.delayed[request.request_id] = request
+        self.delayed[request.key] = request
 
     def tick(self, now_ms: int) -> list[Action]:
         if self.watching_since_ms is None:
@@ -174,12 +175,12 @@ class SchedulerCore:
         for worker_id in self.fleet.dead_workers(now_ms, self.recovery.heartbeat_timeout_ms, self.watching_since_ms):
             actions += self._lose_worker(worker_id, now_ms)
         for request in [r for r in self.delayed.values() if r.not_before_ms <= now_ms]:
-            del self.delayed[request.request_id]
+            del self.delayed[request.key]
             actions += self._admit(request, now_ms, force=True)
         for model, queue in self.queues.by_model.items():
             if len(queue) and self._nobody_serves(model, now_ms):
                 for request in [r for r in queue.in_order() if _has_fallback(r)]:
-                    queue.remove(request.request_id)
+                    queue.remove(request.key)
                     unavailable = ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {model!r}")
                     actions.append(self._final(request, unavailable))
             for request in queue.expire(now_ms):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from llmbus.messages import NodeProfile, WorkerState, WorkerStatus
+from llmbus.request_key import RequestKey
 from services.scheduler.policy.types import Placement, SchedRequest, WorkerView, blocks_for
 
 
@@ -20,7 +21,7 @@ class FleetView:
         self.prefill_tokens_per_ms = prefill_tokens_per_s / 1000
         self.workers: dict[str, WorkerView] = {}
         self._node_cc: dict[str, str] = {}  # node id → compute capability of its first GPU
-        self._by_request: dict[str, Placement] = {}  # request id → its live placement
+        self._by_request: dict[RequestKey, Placement] = {}  # request → its live placement
         self.newest_heartbeat_ms = 0  # receive time of the newest heartbeat read from any worker
 
     # -- inputs -------------------------------------------------------------------------
@@ -73,7 +74,7 @@ class FleetView:
         if view is None:
             return []
         for placement in view.inflight.values():
-            self._by_request.pop(placement.request_id, None)
+            self._by_request.pop(placement.request_key, None)
         return list(view.inflight.values())
 
     # -- placements ---------------------------------------------------------------------
@@ -95,7 +96,7 @@ class FleetView:
             uncached_tokens_est=uncached,
         )
         view.inflight[placement.key] = placement
-        self._by_request[request.request_id] = placement
+        self._by_request[request.key] = placement
         return placement
 
     def restore(self, placements: Iterable[Placement]) -> None:
@@ -110,14 +111,14 @@ class FleetView:
                     state=WorkerState.STARTING,
                 )
             view.inflight[placement.key] = placement
-            self._by_request[placement.request_id] = placement
+            self._by_request[placement.request_key] = placement
 
-    def finish(self, request_id: str, attempt: int, now_ms: int | None = None) -> Placement | None:
+    def finish(self, key: RequestKey, attempt: int, now_ms: int | None = None) -> Placement | None:
         """Release a placement when its outcome arrives; None for an unknown or stale attempt."""
-        placement = self._by_request.get(request_id)
+        placement = self._by_request.get(key)
         if placement is None or placement.attempt != attempt:
             return None
-        del self._by_request[request_id]
+        del self._by_request[key]
         view = self.workers.get(placement.worker_id)
         if view is not None:
             view.inflight.pop(placement.key, None)
@@ -131,8 +132,8 @@ class FleetView:
         if view is not None:
             view.cooldown_until_ms = max(view.cooldown_until_ms, until_ms)
 
-    def placement_of(self, request_id: str) -> Placement | None:
-        return self._by_request.get(request_id)
+    def placement_of(self, key: RequestKey) -> Placement | None:
+        return self._by_request.get(key)
 
     # -- queries ------------------------------------------------------------------------
     def heard(

@@ -17,6 +17,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from llmbus.request_key import RequestKey
 from services.scheduler.policy.types import SchedRequest
 
 _NO_DEADLINE = 2**62
@@ -35,15 +36,15 @@ class ModelQueue:
         self.max_queued = max_queued
         self.max_wait_ms = max_wait_ms
         self._levels: dict[int, _Level] = {}
-        self._ids: dict[str, SchedRequest] = {}
+        self._ids: dict[RequestKey, SchedRequest] = {}
         self._per_tenant: dict[str, int] = {}
         self._seq = itertools.count()
 
     def __len__(self) -> int:
         return len(self._ids)
 
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._ids
+    def __contains__(self, key: RequestKey) -> bool:
+        return key in self._ids
 
     def count_of(self, tenant: str) -> int:
         return self._per_tenant.get(tenant, 0)
@@ -57,7 +58,7 @@ class ModelQueue:
 
         `force` skips the bound: a retry of a request we already accepted must not be lost.
         """
-        if request.request_id in self._ids:
+        if request.key in self._ids:
             return True
         if not force and len(self._ids) >= self.max_queued:
             return False
@@ -68,7 +69,7 @@ class ModelQueue:
             level.turn.append(request.tenant)
         deadline = request.deadline_ms if request.deadline_ms is not None else _NO_DEADLINE
         bisect.insort(heap, (deadline, next(self._seq), request), key=lambda e: (e[0], e[1]))
-        self._ids[request.request_id] = request
+        self._ids[request.key] = request
         self._per_tenant[request.tenant] = self._per_tenant.get(request.tenant, 0) + 1
         return True
 
@@ -88,9 +89,9 @@ class ModelQueue:
                         remaining -= 1
                         yield lists[tenant][i][2]
 
-    def remove(self, request_id: str) -> SchedRequest | None:
+    def remove(self, key: RequestKey) -> SchedRequest | None:
         """Take a request out (placed, cancelled); its tenant goes to the back of the turn order."""
-        request = self._ids.pop(request_id, None)
+        request = self._ids.pop(key, None)
         if request is None:
             return None
         left = self._per_tenant[request.tenant] - 1
@@ -100,7 +101,7 @@ class ModelQueue:
             del self._per_tenant[request.tenant]
         level = self._levels[request.priority]
         heap = level.tenants[request.tenant]
-        heap[:] = [entry for entry in heap if entry[2].request_id != request_id]
+        heap[:] = [entry for entry in heap if entry[2].key != key]
         level.turn.remove(request.tenant)
         if heap:
             level.turn.append(request.tenant)
@@ -120,7 +121,7 @@ class ModelQueue:
         misses = 0
         for request in self.in_order():
             if try_place(request):
-                self.remove(request.request_id)
+                self.remove(request.key)
                 placed.append(request)
                 misses = 0
             else:
@@ -133,7 +134,7 @@ class ModelQueue:
         """Remove and return requests whose deadline (or wait limit) has passed."""
         late = [r for r in self._ids.values() if now_ms >= self.expires_at_ms(r)]
         for r in late:
-            self.remove(r.request_id)
+            self.remove(r.key)
         return late
 
 
@@ -154,9 +155,9 @@ class FlowQueues:
             q = self.by_model[model] = ModelQueue(self.max_queued_per_model, self.max_wait_ms)
         return q
 
-    def holds(self, model: str, request_id: str) -> bool:
+    def holds(self, model: str, key: RequestKey) -> bool:
         q = self.by_model.get(model)
-        return q is not None and request_id in q
+        return q is not None and key in q
 
     def queued_of(self, tenant: str) -> int:
         return sum(q.count_of(tenant) for q in self.by_model.values())
@@ -164,7 +165,7 @@ class FlowQueues:
     def admit(self, request: SchedRequest, force: bool = False) -> str | None:
         """Queue the request; the reason when it is refused (None: queued). `force` skips the bounds."""
         queue = self.of(request.model)
-        if not force and request.request_id not in queue and (refused := self._over_tenant_cap(request.tenant)):
+        if not force and request.key not in queue and (refused := self._over_tenant_cap(request.tenant)):
             return refused
         if not queue.push(request, force=force):
             return f"{len(queue)} requests already wait for {request.model}"
@@ -183,5 +184,5 @@ class FlowQueues:
     def __len__(self) -> int:
         return sum(len(q) for q in self.by_model.values())
 
-    def find(self, request_id: str) -> ModelQueue | None:
-        return next((q for q in self.by_model.values() if request_id in q), None)
+    def find(self, key: RequestKey) -> ModelQueue | None:
+        return next((q for q in self.by_model.values() if key in q), None)

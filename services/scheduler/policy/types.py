@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmbus.messages import RoutedRequest, WorkerState
+from llmbus.request_key import RequestKey, request_key
 from llmbus.tokens import count_tokens, prefix_block_hashes
 
 
@@ -34,6 +35,11 @@ class SchedRequest:
     kv_blocks_free_over: int | None = None
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
     engine_features: frozenset[str] = frozenset()  # what its engine must honour (JSON, tools, suffix)
+
+    @property
+    def key(self) -> RequestKey:
+        """What the scheduler holds it by: two tenants may send one request id."""
+        return request_key(self.tenant, self.request_id)
 
     @property
     def total_tokens(self) -> int:
@@ -82,8 +88,12 @@ class Placement:
     uncached_tokens_est: int = 0  # prompt tokens the worker must compute (no prefix hit)
 
     @property
+    def request_key(self) -> RequestKey:
+        return self.request.key
+
+    @property
     def key(self) -> str:
-        return f"{self.request_id}:{self.attempt}"
+        return f"{self.request_key}:{self.attempt}"
 
 
 @dataclass

@@ -205,22 +205,27 @@ def audit(
             report.lost += 1
             report.note("lost", request_id)
             continue
-        if len(results) > 1:
+        # One result per (tenant, request id): another tenant's request of the same id (a foreign
+        # copy) is another request, with its own one result; two of one tenant are doubled.
+        by_tenant: dict[str, list[InferenceResult]] = defaultdict(list)
+        for r in results:
+            by_tenant[r.tenant].append(r)
+        if any(len(same) > 1 for same in by_tenant.values()):
             report.doubled += 1
             report.note(
                 "doubled",
                 f"{request_id}: {len(results)} results "
-                + ", ".join(f"{r.produced_by}/attempt {r.attempt}/{r.status.value}" for r in results),
+                + ", ".join(f"{r.tenant}/{r.produced_by}/attempt {r.attempt}/{r.status.value}" for r in results),
             )
             continue
-        [result] = results
+        result = results[0]  # the first one written: the sender's, whichever tenants also used the id
         report.answered += 1
         if result.status == ResultStatus.OK:
             report.ok_results += 1
         else:
             code = result.error.code.value if result.error else "unknown"
             report.error_results[code] = report.error_results.get(code, 0) + 1
-        problem = _chunk_problem(result, decoded.chunks.get((request_id, False), {}), report)
+        problem = _chunk_problem(result, _of_tenant(decoded.chunks.get((request_id, False), {}), result.tenant), report)
         if problem is not None:
             report.bad_chunks += 1
             report.note("bad_chunks", f"{request_id}: {problem}")
@@ -231,6 +236,12 @@ def audit(
     if account_requests:
         _account_requests(topics, decoded, report)
     return report
+
+
+def _of_tenant(chunks: dict[int, list[tuple[str, TokenChunk]]], tenant: str) -> dict[int, list[tuple[str, TokenChunk]]]:
+    """The chunks of one tenant's request (another tenant may use the same request id)."""
+    mine = {n: [(topic, c) for topic, c in sent if c.tenant == tenant] for n, sent in chunks.items()}
+    return {n: sent for n, sent in mine.items() if sent}
 
 
 def _account_requests(topics: t.Topics, decoded: _Decoded, report: AuditReport) -> None:

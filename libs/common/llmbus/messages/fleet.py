@@ -9,6 +9,7 @@ from pydantic import Field
 
 from llmbus.messages.base import Message, Part, now_ms
 from llmbus.messages.errors import ErrorInfo
+from llmbus.request_key import RequestKey, request_key
 
 
 class WorkerState(StrEnum):
@@ -136,6 +137,11 @@ class DispatchOutcome(Message):
     """engine-worker → scheduler on llm.outcomes (key: request id): one per dispatch attempt."""
 
     request_id: str
+    tenant: str = Field(
+        default="default",
+        max_length=64,
+        description="The request's tenant: with request_id, which request this is (two tenants may use one id).",
+    )
     worker_id: str
     attempt: int
     status: OutcomeStatus
@@ -145,6 +151,10 @@ class DispatchOutcome(Message):
     completion_tokens: int = 0
     finished_at_ms: int = Field(default_factory=now_ms)
 
+    @property
+    def request_key(self) -> RequestKey:
+        return request_key(self.tenant, self.request_id)
+
 
 class ControlAction(StrEnum):
     CANCEL = "cancel"
@@ -152,7 +162,7 @@ class ControlAction(StrEnum):
 
 
 class Control(Message):
-    """On llm.control (key: target id: a request id for cancel, a worker id for drain)."""
+    """On llm.control (key: target id: the request's key `<tenant>:<request id>` for cancel, a worker id for drain)."""
 
     action: ControlAction
     target_id: str

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from llmbus.messages.base import Message, Part, new_request_id, now_ms
 from llmbus.messages.errors import ErrorInfo
+from llmbus.request_key import RequestKey, request_key
 
 DEFAULT_REPLY_TOPIC = "llm.tokens"
 # The model name that means "the router's policy chooses", on the bus as at the gateway.
@@ -126,6 +127,11 @@ class InferenceRequest(Message):
         default=None, max_length=2_000_000, description="Text after the insertion point (fill-in-the-middle)."
     )
 
+    @property
+    def request_key(self) -> RequestKey:
+        """The key of state kept for this request: its tenant and request id together."""
+        return request_key(self.tenant, self.request_id)
+
     @field_validator("model")
     @classmethod
     def _auto_is_no_model(cls, model: str | None) -> str | None:
@@ -204,6 +210,10 @@ class RoutedRequest(Message):
     def request_id(self) -> str:
         return self.request.request_id
 
+    @property
+    def request_key(self) -> RequestKey:
+        return self.request.request_key
+
     def facts(self, route_reason: str | None = None) -> RequestFacts:
         """What a result of this request carries so it can be analysed without a join with llm.requests;
         `route_reason`: the result's own (a cache hit's, a coalesced follower's) in place of the routing's."""
@@ -231,8 +241,12 @@ class Dispatch(Message):
         return self.routed.request.request_id
 
     @property
+    def request_key(self) -> RequestKey:
+        return self.routed.request.request_key
+
+    @property
     def dedupe_key(self) -> str:
-        return f"{self.request_id}:{self.attempt}"
+        return f"{self.request_key}:{self.attempt}"
 
 
 class Usage(Part):
@@ -273,6 +287,10 @@ class TokenChunk(Message):
     shadow: bool = False
     attempt: int = 1
     route_reason: str | None = Field(default=None, description="On the final chunk: the router's decision.")
+
+    @property
+    def request_key(self) -> RequestKey:
+        return request_key(self.tenant, self.request_id)
 
 
 class Timings(Part):
@@ -330,3 +348,7 @@ class InferenceResult(Message):
     )
     category: str | None = Field(default=None, description="The request's category (chat, quick_edit, ...).")
     tier: str | None = Field(default=None, description="Tier of the model the router chose; None if none was.")
+
+    @property
+    def request_key(self) -> RequestKey:
+        return request_key(self.tenant, self.request_id)

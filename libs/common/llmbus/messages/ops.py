@@ -115,7 +115,11 @@ class CostRecord(Message):
     cost_usd: float
     experiment_id: str | None = None
     cached_saving_usd: float = 0.0
-    record_id: str = Field(default="", description="Dedupe key: the request id, or idle:<worker>:<interval start>.")
+    record_id: str = Field(
+        default="",
+        description="Dedupe key: the request's key `<tenant>:<request id>` (unique across tenants), "
+        "or idle:<worker>:<interval start>.",
+    )
     kind: CostKind = CostKind.HOSTED
     booked_to: BookedTo = BookedTo.TENANT
     cost_micro_usd: int = 0

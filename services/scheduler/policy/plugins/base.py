@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmbus.messages import ModelSpec
+from llmbus.request_key import RequestKey
 from services.scheduler.policy.fleet import FleetView
 from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
 from services.scheduler.policy.types import SchedRequest, WorkerView
@@ -30,15 +31,15 @@ class CycleState:
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     prefix_block_tokens: int = 16  # tokens per hash in SchedRequest.prefix_block_hashes
     heartbeat_timeout_ms: int | None = None  # a worker heard from longer ago is not placed on
-    _matches: dict[str, tuple[list[str], dict[str, int]]] = field(default_factory=dict)
+    _matches: dict[RequestKey, tuple[list[str], dict[str, int]]] = field(default_factory=dict)
 
     def prefix_matches(self, request: SchedRequest) -> dict[str, int]:
         """Worker id → leading prompt blocks it holds; computed once per cycle and request."""
-        cached = self._matches.get(request.request_id)
+        cached = self._matches.get(request.key)
         if cached is not None and cached[0] is request.prefix_block_hashes:
             return cached[1]
         found = self.prefix_index.matched_blocks(request.prefix_block_hashes, self.now_ms)
-        self._matches[request.request_id] = (request.prefix_block_hashes, found)
+        self._matches[request.key] = (request.prefix_block_hashes, found)
         return found
 
     def uncached_tokens(self, request: SchedRequest, worker_id: str) -> int:
