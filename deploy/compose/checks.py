@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any
 
+import yaml
 from project import HERE, Stack
 from steps import StepFailed, http_json, metric_text, say, step, wait_for
 
@@ -181,19 +182,34 @@ def redis_restart_keeps_keys(stack: Stack, api_key: str) -> None:
         say("    the API key still authenticates: answered")
 
 
+def llmbus_targets() -> int:
+    """How many targets the stack's Prometheus scrapes in its `llmbus` job (deploy/prometheus/prometheus.yml)."""
+    config = yaml.safe_load((HERE.parent / "prometheus" / "prometheus.yml").read_text())
+    [job] = [j for j in config["scrape_configs"] if j["job_name"] == "llmbus"]
+    return sum(len(group["targets"]) for group in job["static_configs"])
+
+
+LLMBUS_TARGETS = llmbus_targets()
+
+
 def prometheus_scrapes(stack: Stack) -> None:
     with step("Prometheus: every llmbus target up, alert rules loaded"):
         url = f"http://127.0.0.1:{stack.port('9090')}/api/v1"
         down: list[str] = []
+        found: list[str] = []
 
         def all_up() -> bool:
-            nonlocal down
+            nonlocal down, found
             targets = http_json(f"{url}/targets")["data"]["activeTargets"]
             mine = [t for t in targets if t["labels"]["job"] == "llmbus"]
+            found = [t["labels"]["instance"] for t in mine]
             down = [t["labels"]["instance"] for t in mine if t["health"] != "up"]
-            return len(mine) == 11 and not down
+            return len(mine) == LLMBUS_TARGETS and not down
 
-        wait_for("every llmbus target up", all_up, 60, lambda: None)
+        try:
+            wait_for("every llmbus target up", all_up, 60)
+        except StepFailed as exc:
+            raise StepFailed(f"{exc}; {len(found)} of {LLMBUS_TARGETS} targets listed, down: {down}") from None
         collector = [
             t for t in http_json(f"{url}/targets")["data"]["activeTargets"] if t["labels"]["job"] == "otel-collector"
         ]
@@ -202,7 +218,7 @@ def prometheus_scrapes(stack: Stack) -> None:
         rules = [r["name"] for g in http_json(f"{url}/rules")["data"]["groups"] for r in g["rules"]]
         if len(rules) < 6:
             raise StepFailed(f"alert rules loaded: {rules}")
-        say(f"    11 llmbus targets and the collector up; rules: {', '.join(rules)}")
+        say(f"    {LLMBUS_TARGETS} llmbus targets and the collector up; rules: {', '.join(rules)}")
 
 
 def keda_queries_evaluate(stack: Stack) -> None:
