@@ -153,7 +153,7 @@ async def test_crash_mid_batch_bills_each_result_once(
         assert totals["requests"] == RESULTS
         assert totals["cost"] == expected_micro
         logged = await cost_log(bus_settings, costs_topic)
-        assert {c.record_id for c in logged} == {r.request_id for r in backlog}
+        assert {c.record_id for c in logged} == {r.request_key for r in backlog}
         copies: dict[str, bytes] = {}
         for c in logged:  # a record published twice is the same record twice
             assert copies.setdefault(c.record_id, c.to_bytes()) == c.to_bytes()

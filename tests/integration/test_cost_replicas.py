@@ -121,7 +121,7 @@ async def test_two_replicas_bill_each_result_once_and_each_worker_life_exactly(
 
         # Every result taken (billed, or held for its worker's intervals) before any heartbeat: none is late.
         async def all_taken() -> bool:
-            keys = [f"{bus_settings.topic_prefix}cost:seen:{r.request_id}" for r in results]
+            keys = [f"{bus_settings.topic_prefix}cost:seen:{r.request_key}" for r in results]
             return int(await redis.exists(*keys)) == len(keys)
 
         await eventually(all_taken, timeout_s=90, interval_s=0.5)

@@ -86,7 +86,8 @@ async def test_a_result_and_its_cost_record_carry_session_user_category_and_tier
     assert cost is not None, "no cost record for the result"
     assert (cost.session_id, cost.user_id, cost.category, cost.tier) == ("sess-1", hashed, "chat", "sim")
     assert cost.route_reason == "rule:explicit"
-    assert cost_key == ask.request_id.encode()  # keyed by record id: a big tenant spreads (docs/topics.md)
+    # keyed by record id (<tenant>:<request id>): a big tenant spreads (docs/topics.md)
+    assert cost_key == ask.request_key.encode()
 
 
 @pytest.mark.redis

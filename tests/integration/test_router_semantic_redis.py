@@ -53,8 +53,8 @@ async def answer(exact: RedisResponseCache, semantic: RedisSemanticCache, reques
     key = cache_key(request, MODEL)
     probe = await semantic.lookup(request, MODEL)
     assert probe.answer is None
-    assert await exact.lookup(key, pending_id=request.request_id) is None
-    await semantic.remember_pending(request.request_id, key, request.tenant, MODEL, probe.vector)
+    assert await exact.lookup(key, pending_id=request.request_key) is None
+    await semantic.remember_pending(request.request_key, key, request.tenant, MODEL, probe.vector)
     result = InferenceResult(
         request_id=request.request_id,
         tenant=request.tenant,
@@ -85,7 +85,7 @@ async def test_failed_or_foreign_results_are_not_indexed(client: redis.Redis, na
     _, semantic = caches(client, namespace)
     request = ask("r1", "kafka what is it")
     probe = await semantic.lookup(request, MODEL)
-    await semantic.remember_pending("r1", cache_key(request, MODEL), "acme", MODEL, probe.vector)
+    await semantic.remember_pending(request.request_key, cache_key(request, MODEL), "acme", MODEL, probe.vector)
     foreign = InferenceResult(request_id="r1", tenant="globex", status=ResultStatus.OK, text="x")
     assert not await semantic.complete(foreign)  # the pending mark is the request's tenant's
     assert not await semantic.complete(InferenceResult(request_id="r9", tenant="acme", status=ResultStatus.OK))

@@ -34,6 +34,7 @@ from llmbus import topics as t
 from llmbus.audit import Seen, read_namespace
 from llmbus.audit.bills import check_bills
 from llmbus.messages import BookedTo, CostKind, CostRecord
+from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from tests.reliability.effects import costs_in, results_in
@@ -60,15 +61,18 @@ def deduped_billing_problems(costs: list[CostRecord], result_ids: set[str]) -> t
     for record in billed:
         by_id.setdefault(record.record_id, []).append(record)
     problems += [
-        f"record {rid} is not its request id {r[0].request_id}" for rid, r in by_id.items() if rid != r[0].request_id
+        f"record {rid} is not its request's key {r[0].tenant}:{r[0].request_id}"
+        for rid, r in by_id.items()
+        if rid != request_key(r[0].tenant, r[0].request_id)
     ]
     problems += [
         f"record {rid}: copies priced apart {[c.cost_micro_usd for c in copies]}"
         for rid, copies in by_id.items()
         if len({(c.cost_micro_usd, c.tenant, c.booked_to) for c in copies}) > 1
     ]
-    problems += [f"result {rid} unbilled" for rid in sorted(result_ids - set(by_id))][:5]
-    problems += [f"record {rid} without a result" for rid in sorted(set(by_id) - result_ids)][:5]
+    billed_ids = {copies[0].request_id for copies in by_id.values()}
+    problems += [f"result {rid} unbilled" for rid in sorted(result_ids - billed_ids)][:5]
+    problems += [f"record of {rid} without a result" for rid in sorted(billed_ids - result_ids)][:5]
     per_tenant = Counter[str]()
     for copies in by_id.values():
         if copies[0].booked_to == BookedTo.TENANT:

@@ -16,6 +16,7 @@ import yaml
 
 from llmbus.cli.gc import parse_duration_ms
 from llmbus.settings import BusSettings
+from services.archive.config import ArchiveSettings
 from services.autoscaler.config import AutoscalerSettings
 from services.autoscaler.policy.config import PoolsFile
 from services.engine_worker.config import WorkerSettings
@@ -32,8 +33,12 @@ PREFIXES = {
     "LLMBUS_SCHEDULER_": SchedulerSettings,
     "LLMBUS_AUTOSCALER_": AutoscalerSettings,
     "LLMBUS_GATEWAY_": GatewaySettings,
+    "LLMBUS_ARCHIVE_": ArchiveSettings,
     "LLMBUS_": BusSettings,
 }
+
+
+NO_REDIS = {"archive"}  # its state is its files (services/archive/README.md)
 
 
 def documents(path: Path) -> list[dict]:
@@ -183,6 +188,7 @@ def test_every_pod_connects_secured_as_its_own_principal_from_its_own_secret() -
         "services.shadow_comparator": "shadow-comparator",
         "services.gateway": "gateway",
         "services.autoscaler": "autoscaler",
+        "services.archive": "archive",
     }
     pods = [(n, d["spec"]["template"]["spec"]) for n, d in workloads(docs).items()]
     pods += [(n, d["spec"]["template"]["spec"]) for n, d in by_kind(docs, "Job").items()]
@@ -195,4 +201,7 @@ def test_every_pod_connects_secured_as_its_own_principal_from_its_own_secret() -
         assert env["LLMBUS_KAFKA_SASL_USERNAME"]["value"] == principal, name
         secret = env["LLMBUS_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]
         assert secret == {"name": f"llmbus-kafka-{principal}", "key": "password"}, name
+        if principal in NO_REDIS:
+            assert "LLMBUS_REDIS_PASSWORD" not in env, name  # it never connects: it gets no password
+            continue
         assert env["LLMBUS_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "llmbus-redis", "key": "password"}
