@@ -20,7 +20,7 @@ from llmbus.client import TopicTail
 from llmbus.messages import BookedTo, ChatMessage, CostRecord, InferenceRequest, InferenceResult, ResultStatus
 from llmbus.settings import BusSettings
 from tests.integration.test_cost_e2e import COST_ENV, caught_up, read_log
-from tests.support import ServiceProc, eventually, wait_workers_ready
+from tests.support import ServiceProc, eventually, start_sim_stack, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 TENANTS = ("acme", "globex")
@@ -30,17 +30,7 @@ async def test_one_request_id_from_two_tenants_gets_two_results_each_billed_once
     bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path
 ) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
-    services.append(ServiceProc("services.cost_accounting", bus_settings, env=COST_ENV, log_dir=tmp_path).start())
-    services.append(ServiceProc("services.router", bus_settings, log_dir=tmp_path).start())
-    services.append(ServiceProc("services.scheduler", bus_settings, log_dir=tmp_path).start())
-    worker = ServiceProc(
-        "services.engine_worker",
-        bus_settings,
-        name="w1",
-        log_dir=tmp_path,
-        env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "20"},
-    ).start()
-    services.append(worker)
+    worker = start_sim_stack(bus_settings, services, tmp_path, COST_ENV)
     await wait_workers_ready(bus_settings, {"w1"}, timeout_s=120)
     bus = await Bus.start(bus_settings, t.CLIENT)
     results_tail = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
