@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
-from llmbus.request_key import request_key
+from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.contract.request_key import request_key
 from services.autoscaler.policy import FleetTable, ScalingPolicy
 from services.engine_worker.engines.sim.profiles import SimProfile
 from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.router_savings import savings_report
 from bench.semantic_cache_eval import evaluate as semantic_eval
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from services.router.policy.config import load_policy
 from services.router.policy.heuristic import HeuristicScorer
 from services.router.policy.learned import LearnedScorer

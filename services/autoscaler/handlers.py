@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from llmbus.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
+from llmbus.contract.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
 from services.autoscaler.actuators import Actuator
 from services.autoscaler.policy import Decision, FleetTable, ScalingPolicy
 from services.autoscaler.policy.config import PoolsFile, PoolSpec

@@ -8,13 +8,13 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.consumer import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state.store import dispatch_markers, redis_client
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.policy.core import CoreConfig, SchedulerCore

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
 from services.router.policy.config import load_policy
 from services.router.training.feedback import collect_samples

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from llmbus.messages import ChatMessage, ErrorCode, InferenceRequest
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest
+from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.engines.base import EngineError, EngineOutput, EngineRequest, RequestRejected
 from services.engine_worker.engines.vllm_engine import VllmEngine
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from llmbus.messages import ErrorCode
+from llmbus.contract.messages import ErrorCode
 from services.engine_worker.engines.base import (
     AdmissionError,
     EngineDead,

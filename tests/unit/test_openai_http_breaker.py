@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from llmbus.messages import ErrorCode, WorkerState, WorkerStatus
+from llmbus.contract.messages import ErrorCode, WorkerState, WorkerStatus
 from services.engine_worker.engines.base import EngineError, EngineRequest, RequestRejected, UpstreamBusy
 from services.engine_worker.engines.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
 from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine

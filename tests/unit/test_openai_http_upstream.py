@@ -9,7 +9,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from llmbus.messages import ChatMessage
+from llmbus.contract.messages import ChatMessage
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.base import EngineRequest
 from services.engine_worker.engines.factory import build_engine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
+from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
 from services.router.policy.complexity import build_scorer

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from llmbus.messages import ChatMessage, Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.contract.messages import (
+    ChatMessage,
+    Feedback,
+    InferenceRequest,
+    InferenceResult,
+    ResultStatus,
+    RoutedRequest,
+)
 from services.router.policy.complexity import build_scorer, build_scorer_with_fallback
 from services.router.policy.config import load_policy
 from services.router.policy.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbus.request_key import request_key
+from llmbus.contract.request_key import request_key
 from services.scheduler.policy.queue import FlowQueues, ModelQueue
 from services.scheduler.policy.types import SchedRequest
 

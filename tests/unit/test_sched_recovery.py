@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
-from llmbus.request_key import request_key
+from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
+from llmbus.contract.request_key import request_key
 from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.recovery import Done, GiveUp, RecoveryPolicy, Retry

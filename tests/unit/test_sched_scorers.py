@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmbus.request_key import request_key
+from llmbus.contract.request_key import request_key
 from services.scheduler.policy.pipeline import Pipeline
 from services.scheduler.policy.plugins.pickers import MaxScorePicker, RoundRobinPicker
 from services.scheduler.policy.plugins.scorers_affinity import PrefixAffinityScorer, SessionAffinityScorer

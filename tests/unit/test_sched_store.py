@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.messages import InferenceRequest, RoutedRequest
+from llmbus.contract.messages import InferenceRequest, RoutedRequest
 from services.scheduler.policy.types import Placement, SchedRequest
 from services.scheduler.store import decode_placement, encode
 

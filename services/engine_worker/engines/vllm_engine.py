@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmbus.messages import FunctionCallDelta, ToolCallDelta
+from llmbus.contract.messages import FunctionCallDelta, ToolCallDelta
 from services.engine_worker.engines import vllm_inputs
 from services.engine_worker.engines.base import (
     AdmissionError,

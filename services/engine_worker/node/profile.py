@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from llmbus.messages.fleet import GpuInfo, NodeProfile
+from llmbus.contract.messages.fleet import GpuInfo, NodeProfile
 
 
 def _text(value: Any) -> str:
@@ -151,7 +151,7 @@ def gpu_healthy(profile: NodeProfile, max_uncorrected_volatile: int = 0) -> bool
 def main() -> None:
     import json
 
-    from llmbus.messages.fleet import ModelFormat, ModelSpec
+    from llmbus.contract.messages.fleet import ModelFormat, ModelSpec
     from services.engine_worker.node.formats import NoFormatFits, choose_format
 
     profile = profile_node()

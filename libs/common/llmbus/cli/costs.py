@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmbus.messages import now_ms
+from llmbus.contract.messages import now_ms
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 
 console = Console()
 
@@ -140,9 +140,9 @@ def pricebook(path: str = typer.Argument(..., help="price book YAML (validated b
 
     import yaml
 
-    from llmbus import topics as t
     from llmbus.bus import Bus
-    from llmbus.messages import PriceBookUpdate
+    from llmbus.contract import topics as t
+    from llmbus.contract.messages import PriceBookUpdate
     from services.cost_accounting.core.prices import PriceBook
 
     raw = yaml.safe_load(Path(path).read_text())

@@ -8,7 +8,6 @@ import urllib.request
 import typer
 from rich.console import Console
 
-from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import acl, keys, scaling, stack, trace
@@ -22,7 +21,8 @@ from llmbus.cli.fleet_view import fleet_table, metrics_table
 from llmbus.cli.gc import gc as gc_command
 from llmbus.cli.router_cmds import router_app
 from llmbus.client import LlmbusClient, ready_workers
-from llmbus.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)

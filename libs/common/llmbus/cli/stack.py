@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 
 from llmbus.cli import stack_auth
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llmbus.messages import ModelSpec
-from llmbus.request_key import RequestKey
+from llmbus.contract.messages import ModelSpec
+from llmbus.contract.request_key import RequestKey
 from services.scheduler.policy.fleet import FleetView
 from services.scheduler.policy.prefix_index import PrefixIndex, SessionIndex
 from services.scheduler.policy.types import SchedRequest, WorkerView

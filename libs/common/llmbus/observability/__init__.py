@@ -1,0 +1,1 @@
+"""Logs, traces, metrics and profiles of a service process."""

@@ -1,0 +1,1 @@
+"""Who may do what: tenants and their topics, Kafka ACLs from the catalog, API keys (pure)."""

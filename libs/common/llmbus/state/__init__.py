@@ -1,0 +1,1 @@
+"""Redis-held state: the client, dedupe markers, the attempt fence and batched commands."""
