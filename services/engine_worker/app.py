@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
-from llmbus.bus.consumer import wait_assigned
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.bus.tables import read_table
 from llmbus.contract import contracts

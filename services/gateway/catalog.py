@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import BadMessage, decode, make_consumer, stop_consumer
+from llmbus.bus.catch_up import assigned_ends, reached
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ModelSpec, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
@@ -102,21 +103,22 @@ class CatalogFollower:
 
     async def _follow(self) -> None:
         loop = asyncio.get_running_loop()
-        while not (tps := list(self.consumer.assignment())):
-            await asyncio.sleep(0.05)
-        ends = await asyncio.wait_for(self.consumer.end_offsets(tps), self.settings.admin_timeout_s)
         started = loop.time()
+        while True:  # the catalog is the gateway's whole view: keep asking, but say so when it is slow
+            try:
+                ends = await assigned_ends(self.consumer, self.settings.admin_timeout_s)
+                break
+            except TimeoutError as exc:
+                log.warning("model catalog: %s; still waiting", exc)
         while True:
             batches = await self.consumer.getmany(timeout_ms=self.settings.poll_timeout_ms)
             for records in batches.values():
                 for record in records:
                     if record.value is not None:
                         await self._apply(record)
-            if not self.caught_up.is_set():
-                positions = [await self.consumer.position(tp) for tp in tps]
-                if all(pos >= ends[tp] for tp, pos in zip(tps, positions, strict=True)):
-                    self.caught_up.set()
-                    log.info("model catalog caught up in %.2fs", loop.time() - started)
+            if not self.caught_up.is_set() and await reached(self.consumer, ends, self.settings.admin_timeout_s):
+                self.caught_up.set()
+                log.info("model catalog caught up in %.2fs", loop.time() - started)
 
     async def stop(self) -> None:
         if self.task is not None:

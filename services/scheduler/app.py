@@ -9,7 +9,7 @@ import logging
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
-from llmbus.bus.consumer import wait_assigned
+from llmbus.bus.catch_up import assigned_ends
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
@@ -60,12 +60,8 @@ class HandOverListener(ConsumerRebalanceListener):
 
 async def end_offsets(consumer: AIOKafkaConsumer, topic: str, timeout_s: float) -> dict[int, int]:
     """Partition → end offset now: records below it were written before this process started."""
-    await wait_assigned(consumer, timeout_s)
-    tps = [tp for tp in consumer.assignment() if tp.topic == topic]
-    if not tps:
-        return {}
-    ends = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
-    return {tp.partition: offset for tp, offset in ends.items()}
+    ends = await assigned_ends(consumer, timeout_s)
+    return {tp.partition: offset for tp, offset in ends.items() if tp.topic == topic}
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:

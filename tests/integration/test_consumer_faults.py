@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics, open_admin
-from llmbus.bus.consumer import wait_assigned
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.contract.messages import InferenceRequest
 from llmbus.contract.topics import TopicSpec
 from llmbus.settings import BusSettings

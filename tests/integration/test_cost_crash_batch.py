@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import open_admin
+from llmbus.bus.catch_up import read_to_end
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord, InferenceResult, ResultStatus, Usage, now_ms
 from llmbus.settings import BusSettings
@@ -57,12 +58,10 @@ async def cost_log(settings: BusSettings, topic: str) -> list[CostRecord]:
     await asyncio.wait_for(consumer.start(), 30)
     out: list[CostRecord] = []
     try:
-        consumer.assign([TopicPartition(topic, p) for p, end in ends.items() if end > 0])
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while sum(ends.values()) > len(out) and loop.time() < deadline:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                out.extend(decode(r, CostRecord) for r in records if r.offset < ends[r.partition])  # type: ignore[arg-type]
+        parts = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0}
+        consumer.assign(list(parts))
+        async for record in read_to_end(consumer, parts, 60, call_timeout_s=30):
+            out.append(decode(record, CostRecord))  # type: ignore[arg-type]
     finally:
         await asyncio.wait_for(consumer.stop(), 30)
     return out

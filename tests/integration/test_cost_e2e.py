@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import open_admin
+from llmbus.bus.catch_up import assigned_ends, read_to_end
 from llmbus.bus.tables import read_table
 from llmbus.client import LlmbusClient, TopicTail
 from llmbus.contract import topics as t
@@ -58,18 +59,9 @@ async def read_log(settings: BusSettings, topic: str, model: type[Message], time
     await asyncio.wait_for(consumer.start(), 30)
     out = []
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not consumer.assignment() and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        ends = await asyncio.wait_for(consumer.end_offsets(list(consumer.assignment())), 30)
-        pending = {tp for tp, end in ends.items() if end > 0}
-        while pending and loop.time() < deadline:
-            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
-                out.extend(decode(r, model) for r in records)  # type: ignore[arg-type]
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-        assert not pending, "could not read the whole log in time"
+        ends = await assigned_ends(consumer, 30)
+        async for record in read_to_end(consumer, ends, timeout_s, call_timeout_s=30):
+            out.append(decode(record, model))  # type: ignore[arg-type]
     finally:
         await asyncio.wait_for(consumer.stop(), 30)
     return out

@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import BadMessage, Bus, decode
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.security import kafka_auth
 from llmbus.contract import topics as t
 from llmbus.contract.chunks import ChunkAssembler, TextUpdate
@@ -57,15 +58,10 @@ class TopicTail:
 
     async def _start(self) -> TopicTail:
         await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.admin_timeout_s
-        while not (tps := sorted(self.consumer.assignment())):
-            if loop.time() > deadline:
-                raise LookupError(f"topic {self.topic} has no partitions (does it exist?)")
-            await asyncio.sleep(0.05)
-        await asyncio.wait_for(self.consumer.seek_to_end(*tps), self.settings.admin_timeout_s)
-        for tp in tps:  # resolve positions now, so nothing produced after start() is missed
-            await asyncio.wait_for(self.consumer.position(tp), self.settings.admin_timeout_s)
+        try:  # positions resolved (at the end: offset reset latest), so nothing produced after start() is missed
+            await wait_assigned(self.consumer, self.settings.admin_timeout_s)
+        except TimeoutError:
+            raise LookupError(f"topic {self.topic} has no partitions (does it exist?)") from None
         return self
 
     async def records(self, timeout_s: float) -> AsyncIterator[bytes]:

@@ -9,6 +9,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from llmbus.audit.check import AuditReport, Seen, audit, request_id_of
 from llmbus.bus.admin import open_admin
+from llmbus.bus.catch_up import read_to_end
 from llmbus.bus.security import kafka_auth
 from llmbus.contract import topics as t
 from llmbus.contract.topics import Topics
@@ -47,25 +48,9 @@ async def read_namespace(settings: BusSettings, timeout_s: float = 120.0) -> lis
         consumer.assign(partitions)
         await asyncio.wait_for(consumer.seek_to_beginning(*partitions), settings.admin_timeout_s)
         ends = await asyncio.wait_for(consumer.end_offsets(partitions), settings.admin_timeout_s)
-        pending = {tp for tp, end in ends.items() if end > 0}
-        for tp in list(pending):
-            if await asyncio.wait_for(consumer.position(tp), settings.admin_timeout_s) >= ends[tp]:
-                pending.discard(tp)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while pending:
-            if loop.time() > deadline:
-                raise TimeoutError(f"audit: {len(pending)} partitions not read to their end within {timeout_s}s")
-            batches = await consumer.getmany(*pending, timeout_ms=500, max_records=10_000)
-            for tp, records in batches.items():
-                seen.extend(
-                    Seen(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ())) for r in records
-                )
-                if records and records[-1].offset + 1 >= ends[tp]:
-                    pending.discard(tp)
-            for tp in list(pending):  # transaction markers / compaction can leave the last offsets empty
-                if await asyncio.wait_for(consumer.position(tp), settings.admin_timeout_s) >= ends[tp]:
-                    pending.discard(tp)
+        records = read_to_end(consumer, ends, timeout_s, call_timeout_s=settings.admin_timeout_s, max_records=10_000)
+        async for r in records:
+            seen.append(Seen(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ())))
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
     log.info("audit read %d records from %d partitions", len(seen), len(partitions))

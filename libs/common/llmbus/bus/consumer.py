@@ -362,22 +362,6 @@ class _Attached(AbstractContextManager[None]):
             otel_context.detach(self._token)
 
 
-async def wait_assigned(consumer: AIOKafkaConsumer, timeout_s: float) -> None:
-    """Until the group has given `consumer` its partitions and their start positions are fixed.
-
-    `start()` returns before the group join: a consumer that starts at the log end
-    (auto_offset_reset=latest) would skip what is published in between. After this, nothing is.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not consumer.assignment():
-        if loop.time() > deadline:
-            raise TimeoutError(f"no partitions assigned within {timeout_s}s")
-        await asyncio.sleep(0.05)
-    for tp in consumer.assignment():
-        await asyncio.wait_for(consumer.position(tp), max(0.1, deadline - loop.time()))
-
-
 async def stop_consumer(consumer: AIOKafkaConsumer, timeout_s: float) -> None:
     try:
         await asyncio.wait_for(consumer.stop(), timeout_s)

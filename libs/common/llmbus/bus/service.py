@@ -41,8 +41,9 @@ from prometheus_client import Counter
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.codec import decode
-from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer, wait_assigned
+from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.bus.runtime import Bus, run_until_stopped
 from llmbus.bus.tables import read_table

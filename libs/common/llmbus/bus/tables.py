@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer
 
+from llmbus.bus.catch_up import assigned_ends, read_to_end
 from llmbus.bus.codec import BadMessage, decode
 from llmbus.bus.security import kafka_auth
 from llmbus.contract.messages import Message
 from llmbus.settings import BusSettings
 
 M = TypeVar("M", bound=Message)
+log = logging.getLogger(__name__)
 
 
 async def read_table(
@@ -52,28 +55,22 @@ async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: fl
         request_timeout_ms=settings.request_timeout_ms,
         **kafka_auth(settings),
     )
-    log: list[tuple[str, M | None]] = []
+    records: list[tuple[str, M | None]] = []
     try:  # a start that fails (times out) is stopped too: an unstopped consumer keeps its connections
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not consumer.assignment() and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        partitions = list(consumer.assignment())
-        ends = await asyncio.wait_for(consumer.end_offsets(partitions), settings.admin_timeout_s)
-        pending = {tp for tp, end in ends.items() if end > 0}
-        while pending and loop.time() < deadline:
-            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
-                for record in records:
-                    if record.key is not None and record.value is None:
-                        log.append((record.key.decode(), None))
-                    elif record.key is not None:
-                        try:
-                            log.append((record.key.decode(), decode(record, model)))
-                        except BadMessage:
-                            continue
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
+        started = asyncio.get_running_loop().time()
+        ends = await assigned_ends(consumer, timeout_s)
+        remaining_s = timeout_s - (asyncio.get_running_loop().time() - started)
+        async for record in read_to_end(consumer, ends, remaining_s, call_timeout_s=settings.admin_timeout_s):
+            if record.key is not None and record.value is None:
+                records.append((record.key.decode(), None))
+            elif record.key is not None:
+                try:
+                    records.append((record.key.decode(), decode(record, model)))
+                except BadMessage:
+                    continue
+    except TimeoutError as exc:  # what came is the answer: a reader of a table starts with what it can get
+        log.warning("%s read up to the deadline only: %s", topic, exc)
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
-    return log
+    return records

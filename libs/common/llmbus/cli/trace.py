@@ -11,6 +11,7 @@ from rich.console import Console
 
 from llmbus.bus import BadMessage, decode
 from llmbus.bus.admin import open_admin
+from llmbus.bus.catch_up import NotReadToEnd, read_to_end
 from llmbus.bus.headers import REQUEST_ID, as_dict
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.tables import read_table
@@ -59,29 +60,22 @@ async def read_lineage(settings: BusSettings, request_id: str, since_s: float, t
         for tp in tps:
             found = starts.get(tp)
             consumer.seek(tp, found.offset if found is not None else ends[tp])
-        pending = {tp for tp in tps if ends[tp] > 0}
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while pending and asyncio.get_running_loop().time() < deadline:
-            for tp, records in (await consumer.getmany(*pending, timeout_ms=200)).items():
-                model = topics.spec_of(tp.topic).value
-                for record in records:
-                    if record.offset >= ends[tp]:
-                        continue
-                    headers = as_dict(record.headers)
-                    if headers.get(REQUEST_ID) != request_id and tp.topic != control_topic:
-                        continue
-                    try:
-                        message = decode(record, model)
-                    except BadMessage:
-                        continue
-                    if isinstance(message, Control) and message.target_id != request_id:
-                        continue
-                    lineage.add(message)
-            for tp in list(pending):
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-        if pending:
-            console.print(f"[yellow]not read to the end within {timeout_s:.0f}s: {len(pending)} partitions[/yellow]")
+        try:
+            async for record in read_to_end(consumer, ends, timeout_s, call_timeout_s=settings.admin_timeout_s):
+                headers = as_dict(record.headers)
+                if headers.get(REQUEST_ID) != request_id and record.topic != control_topic:
+                    continue
+                try:
+                    message = decode(record, topics.spec_of(record.topic).value)
+                except BadMessage:
+                    continue
+                if isinstance(message, Control) and message.target_id != request_id:
+                    continue
+                lineage.add(message)
+        except NotReadToEnd as short:
+            console.print(
+                f"[yellow]not read to the end within {timeout_s:.0f}s: {len(short.pending)} partitions[/yellow]"
+            )
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
     for attempt in lineage.attempts.values():
