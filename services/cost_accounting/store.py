@@ -10,7 +10,7 @@ from redis.typing import EncodableT, FieldT
 
 from llmbus.contract.messages import CostKind, CostRecord, InferenceResult, now_ms
 from llmbus.contract.request_key import request_key
-from llmbus.state.store import text_of
+from llmbus.state.text import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
 from services.cost_accounting.core.gpu_ledger import Cursor
 

@@ -18,6 +18,7 @@ from prometheus_client import Counter
 from llmbus.contract.messages import FinishReason, InferenceResult, ResultStatus, Usage
 from llmbus.observability.metric_children import children_of
 from llmbus.state.redis_batch import RedisBatcher
+from llmbus.state.text import text_of
 from services.router.policy.ports import CachedAnswer
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class RedisResponseCache:
         key_raw = await self._batch.call(lambda pipe: pipe.getdel(pending))
         if key_raw is None or result.tool_calls:
             return False  # (tool calls: a cached answer replays text only, so they are not kept)
-        key = key_raw.decode() if isinstance(key_raw, bytes) else str(key_raw)
+        key = text_of(key_raw)
         if not key.startswith(f"{result.tenant}:"):
             return False  # a result whose tenant differs from the request's never fills that tenant's cache
         if len(result.text.encode()) > self._max_text_bytes:

@@ -28,7 +28,7 @@ from prometheus_client import Counter
 
 from llmbus.contract.messages import RoutedRequest, now_ms
 from llmbus.state.redis_batch import RedisBatcher
-from llmbus.state.store import text_of
+from llmbus.state.text import text_of
 
 log = logging.getLogger(__name__)
 COALESCE_JOINS = Counter("llmbus_router_coalesce_joins_total", "Cacheable misses by coalescing role", ["role"])

@@ -18,7 +18,7 @@ import redis.asyncio as redis
 from prometheus_client import Counter
 
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus
-from llmbus.state.store import text_of
+from llmbus.state.text import text_of
 from services.router.cache import RedisResponseCache
 from services.router.policy.config import SemanticCachePolicy
 from services.router.policy.ports import SemanticProbe

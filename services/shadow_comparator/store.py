@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import redis.asyncio as redis
 
+from llmbus.state.text import text_of
 from services.shadow_comparator.core.aggregates import Increments
 
 # KEYS: pair, pending, gone, done ; ARGV: field, value, ttl_s, deadline_ms, primary id
@@ -64,10 +65,6 @@ class RequestLink(NamedTuple):
     tenant: str | None  # None: a link stored before tenants were kept (its feedback counts nowhere)
 
 
-def _str(raw: object) -> str:
-    return raw.decode() if isinstance(raw, bytes) else str(raw)
-
-
 class ComparatorStore:
     def __init__(
         self, client: redis.Redis, namespace: str, pair_ttl_s: int = 600, done_ttl_s: int = 7 * 24 * 3600
@@ -95,8 +92,8 @@ class ComparatorStore:
             ],
             args=[field, value, self.pair_ttl_s, now_ms + self.pair_ttl_s * 1000, primary_id],
         )
-        status = _str(reply[0])
-        fields = {_str(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
+        status = text_of(reply[0])
+        fields = {text_of(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
         return status, fields
 
     async def apply_once(
@@ -117,7 +114,7 @@ class ComparatorStore:
 
     async def read_agg(self, experiment_id: str, step: int, variant: str) -> dict[str, float]:
         raw = await self._r.hgetall(self.agg_key(experiment_id, step, variant))
-        return {_str(k): float(v) for k, v in raw.items()}
+        return {text_of(k): float(v) for k, v in raw.items()}
 
     async def remember_request(self, request_id: str, experiment_id: str, step: int, variant: str, tenant: str) -> None:
         link = f"{experiment_id}|{step}|{variant}|{tenant}"
@@ -127,7 +124,7 @@ class ComparatorStore:
         raw = await self._r.get(self.key("req", request_id))
         if raw is None:
             return None
-        exp, step, variant, *tenant = _str(raw).split("|", 3)
+        exp, step, variant, *tenant = text_of(raw).split("|", 3)
         return RequestLink(exp, int(step), variant, tenant[0] if tenant else None)
 
     async def count(self, **counters: int) -> None:
@@ -138,10 +135,10 @@ class ComparatorStore:
 
     async def stats(self) -> dict[str, int]:
         raw = await self._r.hgetall(self.key("stats"))
-        return {_str(k): int(v) for k, v in raw.items()}
+        return {text_of(k): int(v) for k, v in raw.items()}
 
     async def due(self, now_ms: int, limit: int = 500) -> list[str]:
-        return [_str(m) for m in await self._r.zrangebyscore(self.key("pending"), "-inf", now_ms, 0, limit)]
+        return [text_of(m) for m in await self._r.zrangebyscore(self.key("pending"), "-inf", now_ms, 0, limit)]
 
     async def sweep_one(self, primary_id: str) -> dict[str, bytes] | None:
         """Remove an expired pair (once: the zset removal decides who sweeps it); its leftover sides."""
@@ -152,14 +149,14 @@ class ComparatorStore:
         pipe.delete(self.key("pair", primary_id))
         pipe.set(self.key("gone", primary_id), "1", ex=self.done_ttl_s)
         fields, _, _ = await pipe.execute()
-        return {_str(k): v for k, v in fields.items()}
+        return {text_of(k): v for k, v in fields.items()}
 
     async def lead(self, owner: str, ttl_s: float) -> bool:
         """True while `owner` holds the decision lease: one instance decides, however many compare."""
         key = self.key("decider")
         if await self._r.set(key, owner, nx=True, px=int(ttl_s * 1000)):
             return True
-        if _str(await self._r.get(key)) == owner:
+        if text_of(await self._r.get(key)) == owner:
             await self._r.pexpire(key, int(ttl_s * 1000))
             return True
         return False

@@ -29,6 +29,7 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import BookedTo, Comparison, CostRecord, InferenceResult, ScaleDecision
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus.state.text import text_of
 from services.shadow_comparator.store import ComparatorStore
 
 # Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after
@@ -147,7 +148,7 @@ class Billing:
             pattern = f"{self.settings.topic_prefix}cost:agg:m*:tenant"
             async for key in client.scan_iter(match=pattern, count=100):
                 for field, value in (await asyncio.wait_for(client.hgetall(key), 10)).items():
-                    tenant, _, metric = (field.decode() if isinstance(field, bytes) else field).rpartition("|")
+                    tenant, _, metric = text_of(field).rpartition("|")
                     if metric == "cost":
                         cost[tenant] += int(value)
                     elif metric == "requests":

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "contract": set(),
     "tokens": set(),
     "observability": {"settings"},
-    "security": {"contract", "settings"},
+    "security": {"contract", "settings", "state"},  # API keys are kept in Redis
     "domain": {"contract"},
     "archive": {"contract"},
     "state": {"contract", "settings", "observability"},

@@ -17,6 +17,7 @@ import redis.asyncio as redis
 from pydantic import BaseModel, Field, StringConstraints
 
 from llmbus.contract.messages import now_ms
+from llmbus.state.text import text_of
 
 KEY_PREFIX = "sk-llmbus-"
 
@@ -63,7 +64,7 @@ class ApiKeyStore:
 
     async def export(self) -> list[StoredKey]:
         """Every key with its hash, oldest first: the backup `restore` takes."""
-        digests = {_text(k): _text(d) for k, d in (await self._client.hgetall(self._index)).items()}
+        digests = {text_of(k): text_of(d) for k, d in (await self._client.hgetall(self._index)).items()}
         keys = await self.list()
         return [StoredKey(**key.model_dump(), sha256=digests[key.key_id]) for key in keys if key.key_id in digests]
 
@@ -88,7 +89,7 @@ class ApiKeyStore:
         if digest is None:
             return False
         async with self._client.pipeline(transaction=True) as pipe:
-            pipe.delete(self._by_hash + _text(digest))
+            pipe.delete(self._by_hash + text_of(digest))
             pipe.hdel(self._index, key_id)
             await pipe.execute()
         return True
@@ -97,12 +98,8 @@ class ApiKeyStore:
         digests = await self._client.hgetall(self._index)
         if not digests:
             return []
-        raws = await self._client.mget([self._by_hash + _text(d) for d in digests.values()])
+        raws = await self._client.mget([self._by_hash + text_of(d) for d in digests.values()])
         return sorted((ApiKey.model_validate_json(raw) for raw in raws if raw), key=lambda k: k.created_at_ms)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def gateway_key_namespace(topic_prefix: str) -> str:

@@ -36,6 +36,7 @@ import redis.asyncio as redis
 
 from llmbus.contract.request_key import RequestKey
 from llmbus.state.redis_batch import RedisBatcher
+from llmbus.state.text import text_of
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class RequestFence:
         """The final marker's value (`pending:<attempt>`, `done:<attempt>`, `done:scheduler`), for tests and tools."""
         final = self._keys(key)[0]
         value = await self._batch.call(lambda pipe: pipe.get(final))
-        return value.decode() if isinstance(value, bytes) else value
+        return None if value is None else text_of(value)
 
 
 class Claimant(Protocol):

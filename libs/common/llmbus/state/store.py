@@ -9,11 +9,6 @@ from llmbus.settings import BusSettings
 from llmbus.state.fencing import RequestFence
 
 
-def text_of(raw: bytes | str) -> str:
-    """A Redis reply as text (clients without decode_responses return bytes)."""
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
 def redis_client(
     url: str, max_connections: int = 64, password: SecretStr | None = None, cluster: bool = False
 ) -> redis.Redis:
