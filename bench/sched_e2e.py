@@ -31,6 +31,7 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult, RoutedRequest, WorkerState, WorkerStatus
+from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
 from tests.support import drop_namespace, fresh_settings
 
@@ -39,25 +40,8 @@ MODEL = "sim-llama-8b"
 
 
 def spawn(module: str, settings: BusSettings, env: dict[str, str], log_name: str) -> subprocess.Popen[bytes]:
-    full_env = (
-        os.environ
-        | {
-            "LLMBUS_TOPIC_PREFIX": settings.topic_prefix,
-            "LLMBUS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "LLMBUS_REDIS_URL": settings.redis_url,
-            "LLMBUS_LOG_JSON": "false",
-        }
-        | env
-    )
-    log = open(f"/tmp/{settings.topic_prefix}{log_name}.log", "ab")  # noqa: SIM115 - the child keeps it
-    return subprocess.Popen(
-        [sys.executable, "-m", module],
-        cwd=REPO,
-        env=full_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
+    log_path = Path(f"/tmp/{settings.topic_prefix}{log_name}.log")
+    return spawn_module(module, env=os.environ | bus_env(settings) | env, log_path=log_path, cwd=REPO)
 
 
 async def wait_ready(settings: BusSettings, n: int, timeout_s: float = 90) -> None:

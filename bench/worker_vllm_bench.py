@@ -35,7 +35,6 @@ import platform
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -71,6 +70,7 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Dispatch, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.process.launch import bus_env, spawn_module
 from services.engine_worker.engines.base import EngineRequest
 from services.engine_worker.engines.vllm_engine import VllmEngine
 from tests.fixtures.tiny_llama import build_tiny_llama
@@ -299,18 +299,15 @@ class WorkerUnderTest:
         self.log_path = Path("/tmp") / f"{self.settings.topic_prefix}worker-bench.log"
         self.env = env
         self.profile_path = profile_path
-        self.module = ["-m", WORKER_MODULE]
+        self.module = WORKER_MODULE
         self.proc: subprocess.Popen[bytes] | None = None
 
     def _spawn(self) -> None:
         env = (
             os.environ
             | VLLM_ENV
+            | bus_env(self.settings)
             | {
-                "LLMBUS_TOPIC_PREFIX": self.settings.topic_prefix,
-                "LLMBUS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
-                "LLMBUS_REDIS_URL": self.settings.redis_url,
-                "LLMBUS_LOG_JSON": "false",
                 "LLMBUS_LOG_LEVEL": "WARNING",
                 "LLMBUS_METRICS_PORT": str(self.metrics_port),
                 "LLMBUS_WORKER_WORKER_ID": WORKER_ID,
@@ -323,20 +320,11 @@ class WorkerUnderTest:
                 "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
                 "LLMBUS_WORKER_VLLM_CPU_KVCACHE_SPACE_GIB": "1",
                 "LLMBUS_WORKER_DRAIN_GRACE_S": "1",
-                "PYTHONUNBUFFERED": "1",
             }
             | self.env
         )
         prof = ["-m", "cProfile", "-o", str(self.profile_path)] if self.profile_path else []
-        with self.log_path.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, *prof, *self.module],
-                cwd=REPO,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        self.proc = spawn_module(self.module, env=env, log_path=self.log_path, cwd=REPO, python_args=prof)
 
     async def start(self) -> float:
         """Start the worker process; seconds until its heartbeat says ready."""

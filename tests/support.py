@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ import redis.asyncio as redis
 
 from llmbus.bus.admin import delete_topics_matching
 from llmbus.client import ready_workers
+from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,30 +54,9 @@ class ServiceProc:
 
     def start(self) -> ServiceProc:
         self.name = self.name or self.module.rsplit(".", 1)[-1]
-        env = (
-            os.environ
-            | {
-                "LLMBUS_TOPIC_PREFIX": self.settings.topic_prefix,
-                "LLMBUS_KAFKA_BOOTSTRAP": self.settings.kafka_bootstrap,
-                "LLMBUS_REDIS_URL": self.settings.redis_url,
-                # Topics a service creates (its dispatch or reply topic) get the test's replication.
-                "LLMBUS_REPLICATION_FACTOR": str(self.settings.replication_factor),
-                "LLMBUS_MIN_INSYNC_REPLICAS": str(self.settings.min_insync_replicas),
-                "LLMBUS_LOG_JSON": "false",
-                "PYTHONUNBUFFERED": "1",
-            }
-            | self.env
-        )
         self.log_path = self.log_dir / f"{self.settings.topic_prefix}{self.name}.log"
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module],
-                cwd=self.cwd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
+        env = os.environ | bus_env(self.settings) | self.env
+        self.proc = spawn_module(self.module, env=env, log_path=self.log_path, cwd=self.cwd)
         return self
 
     def kill(self) -> None:

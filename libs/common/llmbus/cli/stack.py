@@ -15,6 +15,7 @@ from pathlib import Path
 from redis.exceptions import RedisError
 
 from llmbus.cli import stack_auth
+from llmbus.process.launch import spawn_module
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 
@@ -80,17 +81,8 @@ def start(proc: ServiceProcess) -> int:
     if (pid := pid_of(proc)) is not None:
         return pid
     RUN_DIR.mkdir(parents=True, exist_ok=True)
-    env = os.environ | {"PYTHONUNBUFFERED": "1"} | proc.env | stack_auth.service_env(RUN_DIR, proc.module)
-    with proc.log_file.open("ab") as log:
-        child = subprocess.Popen(
-            [sys.executable, "-m", proc.module],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+    env = os.environ | proc.env | stack_auth.service_env(RUN_DIR, proc.module)
+    child = spawn_module(proc.module, env=env, log_path=proc.log_file, cwd=REPO, own_session=True)
     proc.pid_file.write_text(str(child.pid))
     return child.pid
 

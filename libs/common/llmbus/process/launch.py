@@ -1,0 +1,51 @@
+"""One way to start a service as its own process: `python -m <module>`, output appended to a log file.
+
+The CLI's dev stack, the tests' ServiceProc and the benchmarks all start services through this, so
+a service runs the same way under each: unbuffered output, no stdin, and the namespace settings of
+the caller's BusSettings in its environment.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from llmbus.settings import BusSettings
+
+
+def bus_env(settings: BusSettings) -> dict[str, str]:
+    """The LLMBUS_* variables that put a child on the same broker, Redis and topic namespace as `settings`."""
+    return {
+        "LLMBUS_TOPIC_PREFIX": settings.topic_prefix,
+        "LLMBUS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "LLMBUS_REDIS_URL": settings.redis_url,
+        # Topics a service creates (its dispatch or reply topic) get the caller's replication.
+        "LLMBUS_REPLICATION_FACTOR": str(settings.replication_factor),
+        "LLMBUS_MIN_INSYNC_REPLICAS": str(settings.min_insync_replicas),
+        "LLMBUS_LOG_JSON": "false",
+    }
+
+
+def spawn_module(
+    module: str,
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    cwd: Path,
+    python_args: Sequence[str] = (),
+    own_session: bool = False,
+) -> subprocess.Popen[bytes]:
+    """`python [python_args] -m module` with exactly `env` (plus PYTHONUNBUFFERED), stdout and stderr
+    appended to `log_path`. `own_session`: the child outlives its parent's terminal (`llmbus up`)."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, *python_args, "-m", module],
+            cwd=cwd,
+            env={**env, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=own_session,
+        )
