@@ -18,19 +18,15 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from llmbus.contract.config_file import StrictModel, load_yaml, shipped_or_path
 from services.autoscaler.policy.base import POLICIES, Bounds, ScalingPolicy, build_policy
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PolicySpec(_Strict):
+class PolicySpec(StrictModel):
     type: str
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -45,7 +41,7 @@ class PolicySpec(_Strict):
         return self
 
 
-class LocalSpec(_Strict):
+class LocalSpec(StrictModel):
     """Workers the local actuator starts for the pool (services.engine_worker processes)."""
 
     engine: Literal["sim", "vllm"] = "sim"
@@ -54,7 +50,7 @@ class LocalSpec(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class KubernetesSpec(_Strict):
+class KubernetesSpec(StrictModel):
     """The workload that runs the pool's workers: a StatefulSet (stable worker ids: a restarted pod
     reuses its dispatch topic) or a Deployment; exactly one."""
 
@@ -80,7 +76,7 @@ class KubernetesSpec(_Strict):
         return name
 
 
-class PoolSpec(_Strict):
+class PoolSpec(StrictModel):
     min_replicas: int = Field(default=0, ge=0)
     max_replicas: int = Field(default=1, ge=1)
     policy: PolicySpec
@@ -101,12 +97,9 @@ class PoolSpec(_Strict):
         return build_policy(self.policy.type, self.bounds, self.policy.params)
 
 
-class PoolsFile(_Strict):
+class PoolsFile(StrictModel):
     pools: dict[str, PoolSpec]
 
     @classmethod
     def load(cls, name_or_path: str) -> PoolsFile:
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = POLICIES_DIR / f"{name_or_path}.yaml"
-        return cls.model_validate(yaml.safe_load(path.read_text()))
+        return load_yaml(shipped_or_path(name_or_path, POLICIES_DIR), cls)

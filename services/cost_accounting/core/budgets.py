@@ -7,9 +7,9 @@ from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmbus.contract.config_file import load_yaml
 from llmbus.contract.messages import BudgetState
 
 DEFAULT_BUDGETS_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "budgets.yaml"
@@ -43,7 +43,7 @@ class BudgetPolicy(BaseModel):
 
 
 def load_budgets(path: str | Path | None = None) -> BudgetPolicy:
-    return BudgetPolicy.model_validate(yaml.safe_load(Path(path or DEFAULT_BUDGETS_PATH).read_text()) or {})
+    return load_yaml(path or DEFAULT_BUDGETS_PATH, BudgetPolicy)
 
 
 def period_key(period: Period, at_ms: int) -> str:

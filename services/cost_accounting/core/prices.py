@@ -17,17 +17,17 @@ from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llmbus.contract.config_file import StrictModel, load_yaml
 from services.cost_accounting.core.money import div_micro, ratio
 
 DEFAULT_PRICEBOOK_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "default.yaml"
 MS_PER_HOUR = 3_600_000
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Strict(StrictModel):
+    model_config = ConfigDict(frozen=True)
 
 
 class HostedPrice(_Strict):
@@ -188,5 +188,4 @@ class PriceBook(_Strict):
 
 
 def load_pricebook(path: str | Path | None = None) -> PriceBook:
-    raw = yaml.safe_load(Path(path or DEFAULT_PRICEBOOK_PATH).read_text())
-    return PriceBook.model_validate(raw)
+    return load_yaml(path or DEFAULT_PRICEBOOK_PATH, PriceBook)

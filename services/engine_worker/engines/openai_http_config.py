@@ -11,18 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from llmbus.contract.config_file import StrictModel, load_yaml
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.breaker import BreakerConfig
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class OpenAIHttpConfig(_Strict):
+class OpenAIHttpConfig(StrictModel):
     base_url: str = Field(min_length=1, description='Up to and including /v1, e.g. "https://api.example.com/v1".')
     model: str = Field(min_length=1, description="The name the fleet knows it by (ModelSpec.name).")
     upstream_model: str | None = Field(default=None, description="The name the server knows; default: `model`.")
@@ -53,13 +49,13 @@ class OpenAIHttpConfig(_Strict):
     )
 
 
-class UpstreamsFile(_Strict):
+class UpstreamsFile(StrictModel):
     upstreams: list[OpenAIHttpConfig] = Field(min_length=1)
 
 
 def load_upstreams(path: str | Path) -> dict[str, OpenAIHttpConfig]:
     """Model name → its upstream; a model listed twice is an error (which one would be meant?)."""
-    parsed = UpstreamsFile.model_validate(yaml.safe_load(Path(path).read_text()))
+    parsed = load_yaml(path, UpstreamsFile)
     by_model: dict[str, OpenAIHttpConfig] = {}
     for entry in parsed.upstreams:
         if entry.model in by_model:

@@ -12,19 +12,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from llmbus.contract.config_file import StrictModel, load_yaml
 from llmbus.contract.messages import ErrorCode
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ModelEntry(_Strict):
+class ModelEntry(StrictModel):
     """What the router must know about a model to route, cap and trim for it."""
 
     tier: str
@@ -38,7 +34,7 @@ class ModelEntry(_Strict):
     )
 
 
-class RuleWhen(_Strict):
+class RuleWhen(StrictModel):
     """Conditions of one rule; all that are set must hold (AND). An empty `when` matches everything."""
 
     complexity_gt: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -54,7 +50,7 @@ class RuleWhen(_Strict):
     models: list[str] | None = Field(default=None, description="The request names one of these models.")
 
 
-class Rule(_Strict):
+class Rule(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     when: RuleWhen = Field(default_factory=RuleWhen)
     target: str | None = None
@@ -70,7 +66,7 @@ class Rule(_Strict):
         return self
 
 
-class DefaultRoute(_Strict):
+class DefaultRoute(StrictModel):
     target: str
     fallback: list[str] = Field(default_factory=list)
 
@@ -90,7 +86,7 @@ class OverBudget(StrEnum):
     REJECT = "reject"  # final result with over_budget
 
 
-class TenantPolicy(_Strict):
+class TenantPolicy(StrictModel):
     tier: str | None = Field(default=None, description="Used when the request carries no tenant_tier.")
     requests_per_s: float = Field(default=50.0, gt=0.0)
     burst_requests: int = Field(default=100, ge=1)
@@ -103,21 +99,21 @@ class TenantPolicy(_Strict):
     )
 
 
-class LimitsPolicy(_Strict):
+class LimitsPolicy(StrictModel):
     max_prompt_tokens: int = Field(default=200_000, ge=1, description="Hard cap before any routing.")
     over_output_cap: OverCap = OverCap.CAP
     unknown_model: UnknownModel = UnknownModel.PASS
     unknown_model_defaults: ModelEntry = Field(default_factory=lambda: ModelEntry(tier="unknown"))
 
 
-class CachePolicy(_Strict):
+class CachePolicy(StrictModel):
     enabled: bool = True
     ttl_s: int = Field(default=3600, ge=1)
     pending_ttl_s: int = Field(default=900, ge=1, description="How long a routed request may take to finish.")
     max_text_bytes: int = Field(default=256_000, ge=1)
 
 
-class LatencyPolicy(_Strict):
+class LatencyPolicy(StrictModel):
     """`latency:` TTFT targets per tier, watched over a window (policy/latency.py)."""
 
     enabled: bool = True
@@ -131,7 +127,7 @@ class LatencyPolicy(_Strict):
     prefer_fallback_while_missing: bool = False
 
 
-class CoalescePolicy(_Strict):
+class CoalescePolicy(StrictModel):
     """`coalesce:` identical cacheable requests in flight share one generation (policy/coalesce.py).
 
     Only for requests the exact cache may answer (same key: same tenant, model, input, parameters).
@@ -158,7 +154,7 @@ class CoalescePolicy(_Strict):
         return self
 
 
-class SemanticCachePolicy(_Strict):
+class SemanticCachePolicy(StrictModel):
     """`semantic_cache:` answers a cacheable request from a similar earlier one of the same tenant and model.
 
     Off by default: with the packaged embedder no threshold reaches a usable precision on the
@@ -172,7 +168,7 @@ class SemanticCachePolicy(_Strict):
     max_prompt_chars: int = Field(default=4000, ge=1, description="Longer prompts are not embedded (exact cache only).")
 
 
-class ScorerPolicy(_Strict):
+class ScorerPolicy(StrictModel):
     name: str = "heuristic"
     params: dict[str, Any] = Field(default_factory=dict)
     fallback: str | None = Field(
@@ -180,7 +176,7 @@ class ScorerPolicy(_Strict):
     )
 
 
-class RouterPolicy(_Strict):
+class RouterPolicy(StrictModel):
     version: int = 1
     models: dict[str, ModelEntry]
     scorer: ScorerPolicy = Field(default_factory=ScorerPolicy)
@@ -230,5 +226,4 @@ def with_default_model(policy: RouterPolicy, model: str) -> RouterPolicy:
 
 
 def load_policy(path: str | Path | None = None) -> RouterPolicy:
-    raw = yaml.safe_load(Path(path or DEFAULT_POLICY_PATH).read_text())
-    return RouterPolicy.model_validate(raw)
+    return load_yaml(path or DEFAULT_POLICY_PATH, RouterPolicy)

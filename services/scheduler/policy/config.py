@@ -11,8 +11,9 @@ import dataclasses
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
+from llmbus.contract.config_file import StrictModel
 from services.scheduler.policy.plugins import FILTERS, PICKERS, SCORERS
 from services.scheduler.policy.plugins.base import PluginFactory
 
@@ -20,11 +21,7 @@ from services.scheduler.policy.plugins.base import PluginFactory
 REQUIRED_FILTER = "serves-model"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PluginSpec(_Strict):
+class PluginSpec(StrictModel):
     type: str
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -33,7 +30,7 @@ class ScorerSpec(PluginSpec):
     weight: float = Field(default=1.0, ge=0)
 
 
-class PipelineConfig(_Strict):
+class PipelineConfig(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     filters: list[PluginSpec] = Field(min_length=1)
     scorers: list[ScorerSpec] = Field(default_factory=list)

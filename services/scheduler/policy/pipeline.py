@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from llmbus.contract.config_file import load_yaml, shipped_or_path
 from services.scheduler.policy.config import PipelineConfig, build_plugin
 from services.scheduler.policy.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
 from services.scheduler.policy.types import SchedRequest, WorkerView
@@ -41,7 +40,10 @@ class Pipeline:
     @classmethod
     def from_dict(cls, cfg: dict[str, Any]) -> Pipeline:
         """Built from a validated PipelineConfig: a bad file fails here, at start-up, with the reason."""
-        spec = PipelineConfig.model_validate(cfg)
+        return cls.from_config(PipelineConfig.model_validate(cfg))
+
+    @classmethod
+    def from_config(cls, spec: PipelineConfig) -> Pipeline:
         filters = [build_plugin(FILTERS, f, "filter") for f in spec.filters]
         scorers = [(build_plugin(SCORERS, s, "scorer"), s.weight) for s in spec.scorers]
         return cls(spec.name, filters, scorers, build_plugin(PICKERS, spec.picker, "picker"))
@@ -49,10 +51,7 @@ class Pipeline:
     @classmethod
     def load(cls, name_or_path: str) -> Pipeline:
         """A shipped pipeline by name (`default`, `least-loaded`, `round-robin`) or a YAML path."""
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = PIPELINES_DIR / f"{name_or_path}.yaml"
-        return cls.from_dict(yaml.safe_load(path.read_text()))
+        return cls.from_config(load_yaml(shipped_or_path(name_or_path, PIPELINES_DIR), PipelineConfig))
 
     def pick(self, state: CycleState, request: SchedRequest) -> PickResult:
         workers = list(state.fleet.workers.values())
