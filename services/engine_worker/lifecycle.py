@@ -13,6 +13,7 @@ import time
 from llmbus.bus import Bus, ConsumerLoop
 from llmbus.contract import topics as t
 from llmbus.contract.messages import NodeProfile, WorkerState, now_ms
+from llmbus.process.periodic import run_every
 from services.engine_worker import metrics
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.engines.breaker import UpstreamHealth
@@ -80,12 +81,7 @@ class Lifecycle:
         await self.beat()
 
     async def heartbeat_forever(self) -> None:
-        while True:
-            try:
-                await self.beat()
-            except Exception:
-                log.warning("heartbeat failed", exc_info=True)
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+        await run_every(self.settings.heartbeat_interval_s, self.beat, name="heartbeat", at_once=True)
 
     async def watch_upstream_forever(self, interval_s: float = 0.2) -> None:
         """Probe a failing upstream when its breaker is due, and beat at once when degraded flips:
@@ -94,34 +90,31 @@ class Lifecycle:
         if not isinstance(engine, UpstreamHealth):
             return
         reported = engine.upstream_degraded
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await engine.probe_upstream_if_due()
-                if engine.upstream_degraded != reported:
-                    reported = engine.upstream_degraded
-                    log.warning("upstream %s", "failing: degraded" if reported else "answers again: ready")
-                    await self.beat()
-            except Exception:
-                log.warning("upstream watch failed", exc_info=True)
+
+        async def watch() -> None:
+            nonlocal reported
+            await engine.probe_upstream_if_due()
+            if engine.upstream_degraded != reported:
+                reported = engine.upstream_degraded
+                log.warning("upstream %s", "failing: degraded" if reported else "answers again: ready")
+                await self.beat()
+
+        await run_every(interval_s, watch, name="upstream watch")
 
     async def reprofile_forever(self) -> None:
         """ECC counts and free VRAM change: the node profile (and GPU health) is refreshed."""
-        while True:
-            await asyncio.sleep(self.settings.node_profile_interval_s)
-            try:
-                profile = await profile_and_publish(self.bus, self.settings.node_id)
-                self.profile = profile
-            except Exception:
-                log.warning("node profile failed", exc_info=True)
-                continue
-            ecc = sum(g.ecc_uncorrected_volatile or 0 for g in profile.gpus)
-            healthy = gpu_healthy(profile)
-            if healthy != self.plan.gpu_healthy:
-                log.error("GPU health changed: healthy=%s, uncorrected ECC=%d", healthy, ecc)
-            self.plan = NodePlan(
-                self.plan.settings, self.plan.model_format, self.plan.formats_supported, healthy, ecc, self.plan.reason
-            )
+        await run_every(self.settings.node_profile_interval_s, self.reprofile, name="node profile")
+
+    async def reprofile(self) -> None:
+        profile = await profile_and_publish(self.bus, self.settings.node_id)
+        self.profile = profile
+        ecc = sum(g.ecc_uncorrected_volatile or 0 for g in profile.gpus)
+        healthy = gpu_healthy(profile)
+        if healthy != self.plan.gpu_healthy:
+            log.error("GPU health changed: healthy=%s, uncorrected ECC=%d", healthy, ecc)
+        self.plan = NodePlan(
+            self.plan.settings, self.plan.model_format, self.plan.formats_supported, healthy, ecc, self.plan.reason
+        )
 
     async def restart_engine_on_failure(self) -> None:
         """A dead engine is restarted (with backoff); meanwhile dispatches are refused as retryable."""

@@ -17,6 +17,7 @@ from llmbus.bus.replies import publish_result, reply_topic_of
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceResult, RoutedRequest
 from llmbus.contract.request_key import RequestKey
+from llmbus.process.periodic import run_every
 from services.router.coalescing import RedisCoalescer
 from services.router.policy.coalesce import outcome_for, own_generation
 from services.router.policy.config import CoalescePolicy
@@ -116,14 +117,4 @@ class CoalesceRelay:
 
     async def sweep(self, stop: asyncio.Event) -> None:
         """Every replica sweeps; the claim makes each follower one replica's."""
-        while not stop.is_set():
-            try:
-                await self.sweep_once()
-            except Exception:
-                log.warning(
-                    "coalescing sweep failed; next round in %.1f s", self.policy.sweep_interval_s, exc_info=True
-                )
-            try:
-                await asyncio.wait_for(stop.wait(), self.policy.sweep_interval_s)
-            except TimeoutError:
-                pass
+        await run_every(self.policy.sweep_interval_s, self.sweep_once, name="coalescing sweep", stop=stop, at_once=True)

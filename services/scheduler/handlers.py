@@ -41,6 +41,7 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.request_key import RequestKey
 from llmbus.domain.fallback import fall_back
+from llmbus.process.periodic import run_every
 from llmbus.state.fencing import RequestFence, Superseded
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
@@ -179,16 +180,11 @@ class SchedulerHandlers:
             )
 
     async def run_timer(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), self.settings.tick_ms / 1000)
-            except TimeoutError:
-                pass
-            try:
-                async with self._lock:
-                    await self._publish(self.core.tick(now_ms()))
-            except Exception:  # logged; the timer must keep running
-                log.exception("timer actions failed")
+        await run_every(self.settings.tick_ms / 1000, self.tick, name="scheduler timer", stop=stop)
+
+    async def tick(self) -> None:
+        async with self._lock:
+            await self._publish(self.core.tick(now_ms()))
 
     # -- publishing ---------------------------------------------------------------------------
     # Decisions are made one event at a time under the lock: the core's calls, the fencing of later

@@ -20,6 +20,7 @@ from llmbus.bus import Bus
 from llmbus.contract import topics as t
 from llmbus.contract.messages import PoolStats, WorkerState, now_ms
 from llmbus.observability.metric_children import children_of
+from llmbus.process.periodic import run_every
 from services.scheduler.policy.core import SchedulerCore
 from services.scheduler.policy.types import Placement, WorkerView
 
@@ -173,13 +174,12 @@ async def publish_pool_stats(
 ) -> None:
     """Every interval_s: one PoolStats per pool on llm.pool-stats."""
     topic = bus.topics.name(t.POOL_STATS)
-    while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), interval_s)
-        except TimeoutError:
-            pass
+
+    async def sample() -> None:
         for stats in recorder.snapshot(core, now_ms()):
             try:
                 await bus.publisher.publish(topic, stats, key=stats.pool)
             except Exception:  # a missed sample is not worth stopping the scheduler for
                 log.warning("pool stats for %s not published", stats.pool, exc_info=True)
+
+    await run_every(interval_s, sample, name="pool stats", stop=stop)

@@ -49,6 +49,7 @@ from llmbus.bus.runtime import Bus, run_until_stopped
 from llmbus.bus.tables import read_table
 from llmbus.contract.declarations import Contract, Reads
 from llmbus.contract.topics import Topics
+from llmbus.process.periodic import run_every
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -247,19 +248,10 @@ class ServiceRuntime:
         for consumer in self._joins:
             await wait_assigned(consumer, self.settings.admin_timeout_s)
         self._tasks = [asyncio.create_task(loop.run(self._stop)) for loop in loops]
-        self._tasks += [asyncio.create_task(self._every(timer)) for timer in self.timers]
-
-    async def _every(self, timer: Timer) -> None:
-        while not self._stop.is_set():
-            try:
-                await asyncio.wait_for(self._stop.wait(), timer.interval_s)
-                return
-            except TimeoutError:
-                pass
-            try:
-                await timer.job()
-            except Exception:  # a failed tick (Redis or Kafka hiccup) is retried on the next one
-                log.exception("%s tick failed", timer.name)
+        self._tasks += [
+            asyncio.create_task(run_every(timer.interval_s, timer.job, name=timer.name, stop=self._stop))
+            for timer in self.timers
+        ]
 
     async def wait(self, stop: asyncio.Event) -> None:
         """Until `stop` is set or a loop fails (its error is raised after the others drained)."""
