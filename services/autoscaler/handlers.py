@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmbus.contract.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
-from services.autoscaler.actuators import Actuator
-from services.autoscaler.policy import Decision, FleetTable, ScalingPolicy
-from services.autoscaler.policy.config import PoolsFile, PoolSpec
-from services.autoscaler.policy.merge import PoolStatsMerger
+from services.autoscaler.adapters.actuators import Actuator
+from services.autoscaler.core import Decision, FleetTable, ScalingPolicy
+from services.autoscaler.core.config import PoolsFile, PoolSpec
+from services.autoscaler.core.merge import PoolStatsMerger
 
 log = logging.getLogger(__name__)
 

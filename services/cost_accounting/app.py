@@ -27,12 +27,12 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.budgets import load_budgets
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.prices import load_pricebook
 from services.cost_accounting.handlers import CostHandlers, Items
-from services.cost_accounting.store import CostStore
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from llmbus.contract.config_file import StrictModel, load_yaml, shipped_or_path
-from services.autoscaler.policy.config import PoolsFile
+from services.autoscaler.core.config import PoolsFile
 from services.cost_accounting.core.prices import load_pricebook
-from services.router.policy.config import load_policy
-from services.scheduler.policy.pipeline import Pipeline
+from services.router.core.config import load_policy
+from services.scheduler.core.pipeline import Pipeline
 
 
 class Limits(StrictModel):
@@ -35,8 +35,8 @@ def test_a_name_is_a_shipped_file_and_a_path_is_itself(tmp_path: Path) -> None:
     ("load", "shipped"),
     [
         (load_policy, "services/router/policies/default.yaml"),
-        (load_pricebook, "services/cost_accounting/pricebooks/default.yaml"),
-        (Pipeline.load, "services/scheduler/pipelines/default.yaml"),
+        (load_pricebook, "services/cost_accounting/policies/default.yaml"),
+        (Pipeline.load, "services/scheduler/policies/default.yaml"),
         (PoolsFile.load, "services/autoscaler/policies/default.yaml"),
     ],
 )

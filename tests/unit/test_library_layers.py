@@ -39,9 +39,9 @@ EXTRA: dict[str, set[str]] = {"llmbus.contract.schemagen": {"archive"}}
 CLI_SERVICE_IMPORTS = {
     "services.cost_accounting.core.planner",
     "services.cost_accounting.core.prices",
-    "services.cost_accounting.plan_report",
-    "services.cost_accounting.report",
-    "services.router.training.retrain",
+    "llmbus_tools.plan_report",
+    "llmbus_tools.cost_report",
+    "llmbus_tools.router_training.retrain",
 }
 
 

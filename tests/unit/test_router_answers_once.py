@@ -19,8 +19,8 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.topics import Topics
 from services.router.config import RouterSettings
+from services.router.core.pipeline import RouteOutcome
 from services.router.handlers import RouterHandlers
-from services.router.policy.pipeline import RouteOutcome
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 

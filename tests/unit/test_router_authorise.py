@@ -10,10 +10,10 @@ from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResul
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
 from services.router.config import RouterSettings
+from services.router.core.complexity import build_scorer
+from services.router.core.config import load_policy
+from services.router.core.pipeline import RouteOutcome, RouterCore
 from services.router.handlers import RouterHandlers
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import load_policy
-from services.router.policy.pipeline import RouteOutcome, RouterCore
 from tests.unit.test_worker_request_errors import RecordingPublisher
 
 

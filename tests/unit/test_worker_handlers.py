@@ -16,8 +16,8 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
+from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
 from services.engine_worker.config import WorkerSettings
-from services.engine_worker.engines.sim.engine import SimConfig, SimEngine
 from services.engine_worker.handlers import WorkerHandlers
 
 

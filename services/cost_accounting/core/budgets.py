@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from llmbus.contract.config_file import load_yaml
 from llmbus.contract.messages import BudgetState
 
-DEFAULT_BUDGETS_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "budgets.yaml"
+DEFAULT_BUDGETS_PATH = Path(__file__).resolve().parent.parent / "policies" / "budgets.yaml"
 
 
 class Period(StrEnum):

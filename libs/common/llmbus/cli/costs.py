@@ -25,8 +25,8 @@ def costs(
     pricebook: str | None = typer.Option(None, help="price book YAML (default: the service's)"),
 ) -> None:
     """Costs per tenant / model / experiment, today and this month, with savings (from Redis aggregates)."""
+    from llmbus_tools.cost_report import cost_report
     from services.cost_accounting.core.prices import load_pricebook  # the service package, at call time
-    from services.cost_accounting.report import cost_report
 
     settings = BusSettings()
 
@@ -95,9 +95,9 @@ def plan(
 
     import yaml
 
+    from llmbus_tools.plan_report import write
     from services.cost_accounting.core.planner import PlanInputs
     from services.cost_accounting.core.planner import plan as make_plan
-    from services.cost_accounting.plan_report import write
 
     fields: dict[str, Any] = yaml.safe_load(Path(config).read_text()) if config else {}
     flags = {

@@ -11,7 +11,7 @@ router_app = typer.Typer(help="router operations", no_args_is_help=True)
 def retrain(ctx: typer.Context) -> None:
     """Retrain the learned complexity scorer; replaces the model only if better on held-out data.
 
-    Options are those of `python -m services.router.training.retrain --help`."""
-    from services.router.training.retrain import main as retrain_main
+    Options are those of `python -m llmbus_tools.router_training.retrain --help`."""
+    from llmbus_tools.router_training.retrain import main as retrain_main
 
     raise typer.Exit(retrain_main(list(ctx.args)))

@@ -1,0 +1,1 @@
+"""llmbus_tools."""

@@ -1,0 +1,1 @@
+"""services/cost_accounting/adapters."""

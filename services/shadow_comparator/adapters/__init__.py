@@ -1,0 +1,1 @@
+"""services/shadow_comparator/adapters."""
