@@ -20,12 +20,12 @@ from pathlib import Path
 
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
 from llmbus.request_key import request_key
-from services.autoscaler.policy import FleetTable, ScalingPolicy
-from services.engine_worker.engines.sim.profiles import SimProfile
-from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.policy.types import SchedRequest
-from services.scheduler.pool_stats import PoolStatsRecorder
+from services.autoscaler.core import FleetTable, ScalingPolicy
+from services.engine_worker.adapters.engines.sim.profiles import SimProfile
+from services.scheduler.adapters.pool_stats import PoolStatsRecorder
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.core.types import SchedRequest
 
 POOL = "llama-large"
 

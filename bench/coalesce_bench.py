@@ -31,7 +31,7 @@ from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import ChatMessage, InferenceRequest, InferenceResult, TokenChunk
-from services.router.policy.config import load_policy
+from services.router.core.config import load_policy
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 REPORTS = Path(__file__).resolve().parent / "reports"

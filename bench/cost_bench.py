@@ -218,13 +218,13 @@ def _reference_loop() -> float:
 
 
 def _late_results() -> float:
-    from services.cost_accounting.metrics import LATE_RESULTS
+    from services.cost_accounting.adapters.metrics import LATE_RESULTS
 
     return sum(s.value for m in LATE_RESULTS.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 def _results_seen() -> float:
-    from services.cost_accounting.metrics import RESULTS
+    from services.cost_accounting.adapters.metrics import RESULTS
 
     return sum(
         sample.value for metric in RESULTS.collect() for sample in metric.samples if sample.name.endswith("_total")

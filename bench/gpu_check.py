@@ -5,7 +5,7 @@
     python -m bench.gpu_check --skip-tests      # without the vLLM engine tests
 
 Steps, each one's outcome in bench/reports/gpu_check.md (and .json):
-1. node profile from the real NVML (services/engine_worker/node/profile.py): GPUs, VRAM, driver,
+1. node profile from the real NVML (services/engine_worker/adapters/node/profile.py): GPUs, VRAM, driver,
    CUDA, compute capability, ECC counters, health, and the format an 8B model would run as.
 2. the vLLM engine tests (tests/integration/test_vllm_{engine,chat,scheduling}.py) on the GPU,
    with the tiny random-weight models; each session engine takes a small share of the VRAM.
@@ -69,14 +69,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def find_gpus(nvml: ModuleType | None = None) -> NodeProfile:
-    from services.engine_worker.node.profile import profile_node
+    from services.engine_worker.adapters.node.profile import profile_node
 
     return profile_node(nvml=nvml)
 
 
 def node_step(profile: NodeProfile) -> Step:
-    from services.engine_worker.node.formats import NoFormatFits, choose_format
-    from services.engine_worker.node.profile import gpu_healthy
+    from services.engine_worker.core.formats import NoFormatFits, choose_format
+    from services.engine_worker.core.node_plan import gpu_healthy
 
     gpu = profile.gpus[0]
     detail = f"{len(profile.gpus)} x {gpu.name}, {gpu.memory_total_bytes / 2**30:.1f} GiB, CC {gpu.compute_capability}"
@@ -110,8 +110,8 @@ def tests_step() -> Step:
 
 
 async def _engine_run(enforce_eager: bool | None) -> dict[str, Any]:
-    from services.engine_worker.engines.base import EngineRequest
-    from services.engine_worker.engines.vllm_engine import VllmEngine
+    from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+    from services.engine_worker.core.engine import EngineRequest
     from tests.fixtures.vllm_engine import tiny_vllm_config
 
     config = tiny_vllm_config(

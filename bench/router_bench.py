@@ -39,7 +39,7 @@ from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import Experiment, Variant
-from services.router.policy.config import load_policy
+from services.router.core.config import load_policy
 from tests.support import ServiceProc, fresh_settings
 
 ROOT = Path(__file__).resolve().parent.parent

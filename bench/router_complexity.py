@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from llmbus.messages import ChatMessage, InferenceRequest
-from services.router.policy.complexity import build_scorer
+from services.router.core.complexity import build_scorer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "services" / "router" / "data" / "complexity_labelled.jsonl"

@@ -2,7 +2,7 @@
 
     python -m bench.router_quality_bench [--seed 0] [--latency-requests 20000]
 
-Held-out = the groups `services/router/training/train.split` holds out (never seen in training);
+Held-out = the groups `llmbus_tools/router_training/train.split` holds out (never seen in training);
 metrics at the policy threshold (0.8) for each slice (all, hand, humaneval, synthetic): ROC AUC,
 precision / recall per tier. Latency: `LearnedScorer.score` and `HeuristicScorer.score` timed one
 call at a time in this one process (one core) over the corpus prompts (+ long documents), p50/p99.
@@ -28,11 +28,11 @@ from pathlib import Path
 from bench.router_savings import savings_report
 from bench.semantic_cache_eval import evaluate as semantic_eval
 from llmbus.messages import InferenceRequest
-from services.router.policy.config import load_policy
-from services.router.policy.heuristic import HeuristicScorer
-from services.router.policy.learned import LearnedScorer
-from services.router.training.corpus import load_corpus
-from services.router.training.train import evaluate, heuristic_score, model_score, split
+from llmbus_tools.router_training.corpus import load_corpus
+from llmbus_tools.router_training.train import evaluate, heuristic_score, model_score, split
+from services.router.core.config import load_policy
+from services.router.core.heuristic import HeuristicScorer
+from services.router.core.learned import LearnedScorer
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -159,7 +159,8 @@ def semantic_md(s: dict) -> list[str]:
         "## Semantic cache: precision and hit rate on paraphrase pairs",
         "",
         f"Embedder `{s['embedder']}` (packaged weights, nothing downloaded); {s['pairs']} hand-written pairs",
-        "(services/router/data/paraphrase_pairs.jsonl: paraphrases, near misses, unrelated). A pair is a hit",
+        "(llmbus_tools/router_training/data/paraphrase_pairs.jsonl: paraphrases, near misses, unrelated).",
+        "A pair is a hit",
         "when its cosine similarity is at or above the threshold; precision = hits that are paraphrases / hits,",
         "hit rate = paraphrases hit / paraphrases. Similarity by kind (min / median / max): "
         + "; ".join(f"{k} {v['min']} / {v['median']} / {v['max']}" for k, v in s["similarity_by_kind"].items())

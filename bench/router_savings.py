@@ -32,9 +32,9 @@ from pathlib import Path
 from bench.traces import MOONCAKE_CONVERSATION
 from llmbus.messages import InferenceRequest
 from services.cost_accounting.core.prices import PriceBook, load_pricebook
-from services.router.policy.complexity import ComplexityScorer
-from services.router.policy.config import RouterPolicy
-from services.router.policy.rules import RouteFeatures, decide_route
+from services.router.core.complexity import ComplexityScorer
+from services.router.core.config import RouterPolicy
+from services.router.core.rules import RouteFeatures, decide_route
 
 STRONG_MODEL = "gpt-4.1"
 

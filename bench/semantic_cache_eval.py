@@ -1,6 +1,6 @@
 """Semantic cache: precision and hit rate of the packaged embedder on paraphrase pairs, per threshold.
 
-Pairs: services/router/data/paraphrase_pairs.jsonl (paraphrases, near misses, unrelated; see its
+Pairs: llmbus_tools/router_training/data/paraphrase_pairs.jsonl (paraphrases, near misses, unrelated; see its
 README). A pair counts as a hit when the cosine similarity of its two prompts' embeddings is at or
 above the threshold; precision = hits that are paraphrases / hits (a wrong hit serves another
 question's answer); hit rate (recall) = paraphrases hit / paraphrases. The recommended threshold
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.router.embedders import build_embedder
+from services.router.adapters.embedders import build_embedder
 
 PAIRS = Path(__file__).resolve().parents[1] / "services" / "router" / "data" / "paraphrase_pairs.jsonl"
 THRESHOLDS = [round(0.5 + 0.02 * i, 2) for i in range(26)]  # 0.50 .. 1.00

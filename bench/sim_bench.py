@@ -29,8 +29,8 @@ import matplotlib.pyplot as plt
 
 from bench.sim_replay import AZURE_CONV_TRACE, ReplayResult, load_azure_trace, replay
 from bench.traces import shown
-from services.engine_worker.engines.sim.core import SimCore, SimRequest
-from services.engine_worker.engines.sim.profiles import SimProfile, get_profile
+from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
+from services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
 
 REPORTS = Path(__file__).parent / "reports"
 COMMAND = "python -m bench.sim_bench"
@@ -213,7 +213,7 @@ def write_markdown(report: dict, path: Path) -> None:
         f"Command (from the repo root): `{COMMAND}` — took {report['bench_wall_s']} s on {report['machine']}.",
         "",
         "Step time: `step_us = base + prefill_us_per_token x prefill tokens + decode_us_per_seq x decode seqs`",
-        "(BLIS calibration of Llama-3.1-8B, vLLM 0.8.4, TP 1; see services/engine_worker/engines/sim/profiles.yaml).",
+        "(BLIS calibration of Llama-3.1-8B, vLLM 0.8.4, TP 1; see services/engine_worker/policies/sim_profiles.yaml).",
         "Whether SimCore schedules like vLLM (same tokens per request per step as vLLM's own v1 Scheduler):",
         "see [sim_vllm_parity.md](sim_vllm_parity.md), `python -m bench.sim_vllm_parity`.",
         "",

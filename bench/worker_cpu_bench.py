@@ -106,9 +106,9 @@ async def measure(mode: str, requests: int, concurrency: int, max_tokens: int, w
     from llmbus.settings import BusSettings
     from llmbus.telemetry import setup_tracing
     from llmbus.topics import Topics
+    from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
     from services.engine_worker.config import WorkerSettings
-    from services.engine_worker.engines.base import EngineRequest
-    from services.engine_worker.engines.sim.engine import SimConfig, SimEngine
+    from services.engine_worker.core.engine import EngineRequest
     from services.engine_worker.handlers import WorkerHandlers
 
     setup_tracing("engine-worker", BusSettings())

@@ -71,8 +71,8 @@ from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.messages import Dispatch, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
-from services.engine_worker.engines.base import EngineRequest
-from services.engine_worker.engines.vllm_engine import VllmEngine
+from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from services.engine_worker.core.engine import EngineRequest
 from tests.fixtures.tiny_llama import build_tiny_llama
 from tests.fixtures.vllm_engine import TINY_MAX_MODEL_LEN, tiny_vllm_config
 from tests.support import REPO, fresh_settings, wait_workers_ready

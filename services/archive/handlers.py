@@ -19,8 +19,8 @@ from llmbus import topics as t
 from llmbus.archive.rows import Kind, Source, row_of
 from llmbus.bus import BadMessage, decode
 from llmbus.messages import ErrorCode
+from services.archive.adapters.store import ArchiveStore
 from services.archive.core.plan import BatchPlan, plan_batch
-from services.archive.store import ArchiveStore
 
 log = logging.getLogger(__name__)
 

@@ -10,19 +10,19 @@ from llmbus import topics as t
 from llmbus.bus.service import ServiceRuntime
 from llmbus.messages import ScaleDecision
 from llmbus.settings import BusSettings
-from services.autoscaler.actuators import Actuator, NoActuator
+from services.autoscaler.adapters.actuators import Actuator, NoActuator
 from services.autoscaler.config import AutoscalerSettings
+from services.autoscaler.core import FleetTable
+from services.autoscaler.core.config import PoolsFile
+from services.autoscaler.core.merge import PoolStatsMerger
 from services.autoscaler.handlers import AutoscalerHandlers
-from services.autoscaler.policy import FleetTable
-from services.autoscaler.policy.config import PoolsFile
-from services.autoscaler.policy.merge import PoolStatsMerger
 
 log = logging.getLogger(__name__)
 
 
 def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSettings) -> Actuator:
     if cfg.actuator == "local":
-        from services.autoscaler.actuators.local import LocalActuator
+        from services.autoscaler.adapters.actuators.local import LocalActuator
 
         # The workers join this autoscaler's bus (and namespace).
         bus_env = {
@@ -31,10 +31,12 @@ def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSetti
             "LLMBUS_REDIS_URL": settings.redis_url,
         }
         return LocalActuator(
-            {name: spec.local for name, spec in pools.pools.items()}, bus_env, cfg.worker_metrics_port_base
+            {name: spec.local for name, spec in pools.pools.items()},
+            bus_env | cfg.worker_env,
+            cfg.worker_metrics_port_base,
         )
     if cfg.actuator == "kubernetes":
-        from services.autoscaler.actuators.kubernetes import KubernetesActuator
+        from services.autoscaler.adapters.actuators.kubernetes import KubernetesActuator
 
         k8s = {name: spec.kubernetes for name, spec in pools.pools.items() if spec.kubernetes is not None}
         if missing := set(pools.pools) - set(k8s):

@@ -1,7 +1,7 @@
 """Autoscaler handlers (thin): heartbeats → the fleet table; pool statistics → policy → actuator.
 
 Each scheduler instance sends one PoolStats per pool every few seconds; the merger combines
-the instances' statistics of a pool (policy/merge.py) and each merged PoolStats is one
+the instances' statistics of a pool (core/merge.py) and each merged PoolStats is one
 evaluation of the pool's policy. A change is published as a ScaleDecision on llm.scaling (the
 policy, the signal values, the reason) and then applied through the actuator; so are the
 start-up moves that bring a pool to its minimum.
@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmbus.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
-from services.autoscaler.actuators import Actuator
-from services.autoscaler.policy import Decision, FleetTable, ScalingPolicy
-from services.autoscaler.policy.config import PoolsFile, PoolSpec
-from services.autoscaler.policy.merge import PoolStatsMerger
+from services.autoscaler.adapters.actuators import Actuator
+from services.autoscaler.core import Decision, FleetTable, ScalingPolicy
+from services.autoscaler.core.config import PoolsFile, PoolSpec
+from services.autoscaler.core.merge import PoolStatsMerger
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class CostSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMBUS_COST_", extra="ignore")
 
-    pricebook_path: str | None = None  # None: services/cost_accounting/pricebooks/default.yaml
-    budgets_path: str | None = None  # None: services/cost_accounting/pricebooks/budgets.yaml
+    pricebook_path: str | None = None  # None: services/cost_accounting/policies/default.yaml
+    budgets_path: str | None = None  # None: services/cost_accounting/policies/budgets.yaml
     # GPU ledger: interval length (must divide an hour), how long results of an interval may
     # still arrive after it ends, and after how long without heartbeat a worker counts as gone.
     interval_s: int = 60

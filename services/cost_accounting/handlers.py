@@ -54,20 +54,19 @@ from llmbus.messages import (
     WorkerStatus,
 )
 from llmbus.request_key import RequestKey
-from services.cost_accounting import metrics
+from services.cost_accounting.adapters import metrics
+from services.cost_accounting.adapters.publishing import Items
+from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.core import budgets as b
 from services.cost_accounting.core.aggregates import agg_key, scaling_increments
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook
-from services.cost_accounting.store import CostStore
 
 log = logging.getLogger(__name__)
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
-# (record, its encoded bytes, key) -> on llm.costs, every ack awaited
-Items = Sequence[tuple[CostRecord, bytes, str | None]]
 PublishRecords = Callable[[Items], Awaitable[None]]
 
 

@@ -19,14 +19,14 @@ from llmbus.bus.tables import read_table
 from llmbus.messages import ModelSpec, WorkerState, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
+from services.engine_worker.adapters.engines.factory import build_engine
+from services.engine_worker.adapters.lifecycle import Lifecycle
+from services.engine_worker.adapters.node.metrics import register_node_metrics
+from services.engine_worker.adapters.node.publish import profile_and_publish
 from services.engine_worker.config import WorkerSettings
-from services.engine_worker.engines.factory import build_engine
+from services.engine_worker.core.node_plan import plan_for
+from services.engine_worker.core.status import cold_start_phases
 from services.engine_worker.handlers import RunSite, WorkerHandlers
-from services.engine_worker.lifecycle import Lifecycle
-from services.engine_worker.node.metrics import register_node_metrics
-from services.engine_worker.node.plan import plan_for
-from services.engine_worker.node.publish import profile_and_publish
-from services.engine_worker.status import cold_start_phases
 
 log = logging.getLogger(__name__)
 PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready

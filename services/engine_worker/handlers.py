@@ -1,7 +1,7 @@
 """Engine-worker handlers: a dispatch becomes a token stream, one result and one outcome.
 
 An attempt publishes its final chunk and result only after claiming the request's final
-marker (llmbus.fencing; how an attempt ends on the bus is services/engine_worker/ending.py): a
+marker (llmbus.fencing; how an attempt ends on the bus is services/engine_worker/adapters/ending.py): a
 zombie attempt (its worker declared dead, then back) cannot add a second result. Superseded
 attempts are also checked for while they run, and aborted.
 Engine errors: a dead engine restarts the engine (one request's OOM does not); an upstream 4xx or a validation
@@ -40,9 +40,10 @@ from llmbus.messages import (
 from llmbus.replies import reply_topic_of
 from llmbus.request_key import RequestKey
 from llmbus.tool_calls import assemble_tool_calls
+from services.engine_worker.adapters.ending import AttemptEnd, ResultOut
+from services.engine_worker.adapters.streaming import ChunkBatcher, ReplyStream
 from services.engine_worker.config import WorkerSettings
-from services.engine_worker.ending import AttemptEnd, ResultOut
-from services.engine_worker.engines.base import (
+from services.engine_worker.core.engine import (
     AdmissionError,
     Engine,
     EngineError,
@@ -50,7 +51,6 @@ from services.engine_worker.engines.base import (
     EngineRequest,
     UpstreamBusy,
 )
-from services.engine_worker.streaming import ChunkBatcher, ReplyStream
 
 log = logging.getLogger(__name__)
 __all__ = ["ResultOut", "RunSite", "WorkerHandlers"]

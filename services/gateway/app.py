@@ -15,11 +15,11 @@ from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_topics
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from services.gateway.catalog import CatalogFollower, ModelCatalog
+from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from services.gateway.adapters.relay import Relay
+from services.gateway.adapters.server import server_config
 from services.gateway.config import GatewaySettings
-from services.gateway.http import Gateway, create_app
-from services.gateway.relay import Relay
-from services.gateway.server import server_config
+from services.gateway.handlers import Gateway, create_app
 
 log = logging.getLogger(__name__)
 

@@ -15,20 +15,20 @@ from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
-from services.router.budgets import BudgetBook
-from services.router.cache import RedisResponseCache
-from services.router.coalescing import RedisCoalescer
+from services.router.adapters.budgets import BudgetBook
+from services.router.adapters.cache import RedisResponseCache
+from services.router.adapters.coalescing import RedisCoalescer
+from services.router.adapters.embedders import build_embedder
+from services.router.adapters.latency_watch import LatencyReporter
+from services.router.adapters.limits import RedisRateLimiter
+from services.router.adapters.semantic_cache import RedisSemanticCache
+from services.router.adapters.state_follow import caught_up
 from services.router.config import RouterSettings
-from services.router.embedders import build_embedder
+from services.router.core.complexity import build_scorer_with_fallback
+from services.router.core.config import RouterPolicy, load_policy, with_default_model
+from services.router.core.latency import TierLatencyWatch
+from services.router.core.pipeline import RouterCore
 from services.router.handlers import RouterHandlers
-from services.router.latency_watch import LatencyReporter
-from services.router.limits import RedisRateLimiter
-from services.router.policy.complexity import build_scorer_with_fallback
-from services.router.policy.config import RouterPolicy, load_policy, with_default_model
-from services.router.policy.latency import TierLatencyWatch
-from services.router.policy.pipeline import RouterCore
-from services.router.semantic_cache import RedisSemanticCache
-from services.router.state_follow import caught_up
 
 
 def build_core(

@@ -15,12 +15,12 @@ from llmbus.bus.consumer import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
+from services.scheduler.adapters.pool_stats import publish_pool_stats
+from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.config import SchedulerSettings
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.scheduler import CoreConfig, SchedulerCore
 from services.scheduler.handlers import SchedulerHandlers
-from services.scheduler.policy.core import CoreConfig, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.pool_stats import publish_pool_stats
-from services.scheduler.store import PlacementStore
 
 log = logging.getLogger(__name__)
 OUTCOMES_IN_FLIGHT = 256

@@ -15,7 +15,7 @@ class SchedulerSettings(BaseSettings):
     # Names this process in claims and its own outcomes consumer group. Keep it stable across
     # restarts (e.g. the pod name) so a restarted instance resumes its outcomes where it stopped.
     instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
-    pipeline: str = "default"  # services/scheduler/pipelines/<name>.yaml, or a path to a YAML file
+    pipeline: str = "default"  # services/scheduler/policies/<name>.yaml, or a path to a YAML file
     max_in_flight: int = 10_000  # routed requests held (placed or waiting) at once
     max_attempts: int = 3
     heartbeat_stale_s: float = 5.0  # a worker silent this long is dead: its requests are placed again

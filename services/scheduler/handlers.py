@@ -42,11 +42,11 @@ from llmbus.messages import (
 )
 from llmbus.replies import publish_error, reply_topic_of
 from llmbus.request_key import RequestKey
+from services.scheduler.adapters.pool_stats import PoolStatsRecorder
+from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.config import SchedulerSettings
-from services.scheduler.policy.core import Action, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.types import Placement, SchedRequest
-from services.scheduler.pool_stats import PoolStatsRecorder
-from services.scheduler.store import PlacementStore
+from services.scheduler.core.scheduler import Action, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.core.types import Placement, SchedRequest
 
 log = logging.getLogger(__name__)
 

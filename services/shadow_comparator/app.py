@@ -24,10 +24,10 @@ from llmbus.bus.service import ServiceRuntime
 from llmbus.messages import Comparison
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from services.shadow_comparator.comparator import Comparator, ExperimentView
+from services.shadow_comparator.adapters.store import ComparatorStore
 from services.shadow_comparator.config import ComparatorSettings
+from services.shadow_comparator.core.comparator import Comparator, ExperimentView
 from services.shadow_comparator.handlers import ComparatorHandlers
-from services.shadow_comparator.store import ComparatorStore
 
 log = logging.getLogger(__name__)
 

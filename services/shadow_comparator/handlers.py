@@ -22,7 +22,7 @@ from llmbus.messages import (
     Feedback,
     InferenceResult,
 )
-from services.shadow_comparator.comparator import Comparator
+from services.shadow_comparator.core.comparator import Comparator
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from llmbus import topics as t
 from llmbus.bus import run_service
+from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.app import CostService, main
-from services.cost_accounting.store import CostStore
 
 
 def stop_dead_after(cls: type, name: str, flag: Path) -> None:

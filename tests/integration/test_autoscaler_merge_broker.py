@@ -16,7 +16,7 @@ from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_log
 from llmbus.messages import PoolStats, ScaleDecision, now_ms
 from llmbus.settings import BusSettings
-from services.autoscaler.actuators import NoActuator
+from services.autoscaler.adapters.actuators import NoActuator
 from services.autoscaler.app import build_app
 from services.autoscaler.config import AutoscalerSettings
 from tests.support import eventually

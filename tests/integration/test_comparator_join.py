@@ -22,9 +22,9 @@ from llmbus.messages import (
     Usage,
     now_ms,
 )
-from services.shadow_comparator.comparator import Comparator, ExperimentView
+from services.shadow_comparator.adapters.store import ComparatorStore
 from services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
-from services.shadow_comparator.store import ComparatorStore
+from services.shadow_comparator.core.comparator import Comparator, ExperimentView
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

@@ -23,7 +23,7 @@ from llmbus.messages import (
     Usage,
 )
 from llmbus.settings import BusSettings
-from services.router.policy.config import DEFAULT_POLICY_PATH
+from services.router.core.config import DEFAULT_POLICY_PATH
 from tests.support import ServiceProc
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -25,7 +25,7 @@ from llmbus.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
-from services.cost_accounting import store as store_module
+from services.cost_accounting.adapters import store as store_module
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.aggregates import agg_key, read_totals

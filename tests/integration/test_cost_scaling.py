@@ -16,10 +16,10 @@ from llmbus import topics as t
 from llmbus.bus.memory import MemoryBus
 from llmbus.messages import ScaleDecision
 from llmbus.settings import BusSettings
+from llmbus_tools.cost_report import cost_report
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.prices import load_pricebook
-from services.cost_accounting.report import cost_report
 from tests.support import redis_keys
 
 NOW = 1_780_000_000_000

@@ -13,10 +13,10 @@ from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.messages import ScaleDecision, now_ms
 from llmbus.settings import BusSettings
+from llmbus_tools.cost_report import cost_report
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.prices import load_pricebook
-from services.cost_accounting.report import cost_report
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

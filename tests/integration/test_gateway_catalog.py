@@ -11,7 +11,7 @@ from llmbus.bus import Bus
 from llmbus.bus.tables import read_log
 from llmbus.messages import DeadLetter, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
-from services.gateway.catalog import CatalogFollower, ModelCatalog
+from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 from tests.support import eventually
 
 pytestmark = pytest.mark.kafka

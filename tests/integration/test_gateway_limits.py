@@ -27,12 +27,12 @@ from llmbus.bus.admin import ensure_topics
 from llmbus.client import TopicTail
 from llmbus.messages import Control, ControlAction, TokenChunk
 from llmbus.settings import BusSettings
+from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from services.gateway.adapters.relay import Relay
+from services.gateway.adapters.server import server_config
 from services.gateway.app import _Server
-from services.gateway.catalog import CatalogFollower, ModelCatalog
 from services.gateway.config import GatewaySettings
-from services.gateway.http import Gateway, create_app
-from services.gateway.relay import Relay
-from services.gateway.server import server_config
+from services.gateway.handlers import Gateway, create_app
 from tests.support import eventually
 
 pytestmark = pytest.mark.kafka

@@ -16,7 +16,7 @@ from llmbus.bus.admin import ensure_topics
 from llmbus.client import TopicTail
 from llmbus.messages import DeadLetter, ErrorCode, InferenceRequest, TokenChunk
 from llmbus.settings import BusSettings
-from services.gateway.relay import Relay
+from services.gateway.adapters.relay import Relay
 
 pytestmark = pytest.mark.kafka
 

@@ -10,7 +10,9 @@ import pytest
 import pytest_asyncio
 
 from llmbus.messages import ErrorCode
-from services.engine_worker.engines.base import (
+from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
+from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
@@ -19,8 +21,6 @@ from services.engine_worker.engines.base import (
     RequestRejected,
     UpstreamBusy,
 )
-from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from services.engine_worker.engines.vllm_engine import VllmEngine
 from tests.fixtures.openai_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -9,8 +9,8 @@ import redis.asyncio as redis
 
 from llmbus.messages import InferenceRequest, RoutedRequest
 from llmbus.request_key import request_key
-from services.scheduler.policy.types import Placement, SchedRequest
-from services.scheduler.store import PlacementStore
+from services.scheduler.adapters.store import PlacementStore
+from services.scheduler.core.types import Placement, SchedRequest
 
 pytestmark = pytest.mark.redis
 

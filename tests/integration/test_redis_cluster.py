@@ -21,11 +21,11 @@ from llmbus.messages import InferenceRequest, now_ms
 from llmbus.redis_batch import RedisBatcher
 from llmbus.request_key import request_key
 from llmbus.state import redis_client
-from services.router.cache import RedisResponseCache
-from services.router.limits import RedisRateLimiter
-from services.router.policy.cache_key import cache_key
-from services.router.policy.config import TenantPolicy
-from services.scheduler.store import PlacementStore
+from services.router.adapters.cache import RedisResponseCache
+from services.router.adapters.limits import RedisRateLimiter
+from services.router.core.cache_key import cache_key
+from services.router.core.config import TenantPolicy
+from services.scheduler.adapters.store import PlacementStore
 from tests.integration.test_comparator_join import Harness, pair_stats, res, shadow_view
 from tests.integration.test_placement_store_redis import placement
 from tests.integration.test_router_redis_cache import ok_result

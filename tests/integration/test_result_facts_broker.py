@@ -29,9 +29,9 @@ from llmbus.messages import (
 )
 from llmbus.messages.base import now_ms
 from llmbus.settings import BusSettings
-from services.router.policy.config import load_policy
-from services.scheduler.policy.core import FinalError
-from services.scheduler.policy.types import SchedRequest
+from services.router.core.config import load_policy
+from services.scheduler.core.scheduler import FinalError
+from services.scheduler.core.types import SchedRequest
 from tests.integration.test_cost_e2e import COST_ENV, results_for
 from tests.integration.test_scheduler_handler_faults import make_handlers, namespace, publisher
 from tests.support import ServiceProc, start_sim_stack, wait_workers_ready

@@ -31,7 +31,7 @@ from llmbus.messages import (
     Variant,
 )
 from llmbus.settings import BusSettings
-from services.router.policy.config import load_policy
+from services.router.core.config import load_policy
 from tests.support import ServiceProc
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -14,7 +14,7 @@ from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail
 from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, RoutedRequest, Timings
 from llmbus.settings import BusSettings
-from services.router.policy.config import load_policy
+from services.router.core.config import load_policy
 from tests.support import ServiceProc, eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

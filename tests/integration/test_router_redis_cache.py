@@ -19,11 +19,11 @@ from llmbus.messages import (
     ToolCall,
     Usage,
 )
-from services.router.cache import RedisResponseCache
-from services.router.policy.cache_key import cache_key
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import load_policy
-from services.router.policy.pipeline import RouterCore
+from services.router.adapters.cache import RedisResponseCache
+from services.router.core.cache_key import cache_key
+from services.router.core.complexity import build_scorer
+from services.router.core.config import load_policy
+from services.router.core.pipeline import RouterCore
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

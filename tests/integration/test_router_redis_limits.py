@@ -9,8 +9,8 @@ import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from services.router.limits import RedisRateLimiter
-from services.router.policy.config import TenantPolicy
+from services.router.adapters.limits import RedisRateLimiter
+from services.router.core.config import TenantPolicy
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

@@ -8,8 +8,8 @@ from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.messages import Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
-from services.router.policy.config import load_policy
-from services.router.training.feedback import collect_samples
+from llmbus_tools.router_training.feedback import collect_samples
+from services.router.core.config import load_policy
 
 pytestmark = pytest.mark.kafka
 

@@ -10,11 +10,11 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, Usage
-from services.router.cache import RedisResponseCache
-from services.router.policy.cache_key import cache_key
-from services.router.policy.config import SemanticCachePolicy
-from services.router.policy.semantic import normalised
-from services.router.semantic_cache import RedisSemanticCache
+from services.router.adapters.cache import RedisResponseCache
+from services.router.adapters.semantic_cache import RedisSemanticCache
+from services.router.core.cache_key import cache_key
+from services.router.core.config import SemanticCachePolicy
+from services.router.core.semantic import normalised
 
 pytestmark = pytest.mark.redis
 MODEL = "m"

@@ -12,7 +12,7 @@ from llmbus.client import TopicTail, collect_results
 from llmbus.messages import ChatMessage, Experiment, InferenceRequest, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from services.router.policy.cache_key import cache_key
+from services.router.core.cache_key import cache_key
 from tests.support import ServiceProc, eventually, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

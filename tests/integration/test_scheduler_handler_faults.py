@@ -30,12 +30,12 @@ from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers
 from llmbus.topics import Topics
+from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.app import build_core
 from services.scheduler.config import SchedulerSettings
+from services.scheduler.core.scheduler import FinalError
+from services.scheduler.core.types import SchedRequest
 from services.scheduler.handlers import SchedulerHandlers
-from services.scheduler.policy.core import FinalError
-from services.scheduler.policy.types import SchedRequest
-from services.scheduler.store import PlacementStore
 from tests.support import redis_keys, until
 
 pytestmark = pytest.mark.redis

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
-from services.scheduler.store import PlacementStore
+from services.scheduler.adapters.store import PlacementStore
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
 from tests.support import ServiceProc, eventually
 

@@ -266,8 +266,8 @@ async def test_a_claim_without_its_dispatch_is_sent_after_a_restart(
     """The crash window between the Redis claim and the Dispatch: the placement is in Redis, the
     Dispatch never went out and the routed record was not committed. The next scheduler sends it."""
     from llmbus.state import redis_client
-    from services.scheduler.policy.types import Placement, SchedRequest
-    from services.scheduler.store import PlacementStore
+    from services.scheduler.adapters.store import PlacementStore
+    from services.scheduler.core.types import Placement, SchedRequest
 
     request = InferenceRequest(prompt="hello " * 20, max_tokens=16, model=MODEL)
     routed = RoutedRequest(request=request, model=MODEL)

@@ -40,8 +40,8 @@ from llmbus.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from services.router.training.feedback import read_feedback
-from services.shadow_comparator.store import ComparatorStore
+from llmbus_tools.router_training.feedback import read_feedback
+from services.shadow_comparator.adapters.store import ComparatorStore
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import ServiceProc, eventually, fresh_settings, wait_workers_ready
 

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 
 from llmbus.messages import ChatMessage, ErrorCode, InferenceRequest
 from llmbus.tool_calls import assemble_tool_calls
-from services.engine_worker.engines.base import EngineError, EngineOutput, EngineRequest, RequestRejected
-from services.engine_worker.engines.vllm_engine import VllmEngine
+from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

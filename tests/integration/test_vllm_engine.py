@@ -9,7 +9,8 @@ import signal
 import pytest
 
 from llmbus.messages import ErrorCode
-from services.engine_worker.engines.base import (
+from services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
+from services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
@@ -17,7 +18,6 @@ from services.engine_worker.engines.base import (
     EngineOutput,
     EngineRequest,
 )
-from services.engine_worker.engines.vllm_engine import VllmEngine, classify_error
 from tests.fixtures.vllm_engine import TINY_MAX_MODEL_LEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]

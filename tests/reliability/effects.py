@@ -29,7 +29,7 @@ from llmbus.client import TopicTail
 from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult, ScaleDecision
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
-from services.shadow_comparator.store import ComparatorStore
+from services.shadow_comparator.adapters.store import ComparatorStore
 
 # Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after
 # a minute plus 30 s of grace (the interval must divide an hour).

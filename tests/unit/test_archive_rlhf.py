@@ -24,8 +24,8 @@ from llmbus.messages import (
     Usage,
 )
 from llmbus.schemagen import rlhf_schema
+from services.archive.adapters.store import ArchiveStore
 from services.archive.core.plan import plan_batch
-from services.archive.store import ArchiveStore
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_764_547_200_000  # 2025-12-01T00:00:00Z

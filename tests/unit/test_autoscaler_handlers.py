@@ -8,7 +8,7 @@ from llmbus.bus.codec import decode
 from llmbus.bus.memory import MemoryBus
 from llmbus.messages import DeadLetter, PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
-from services.autoscaler.actuators import NoActuator
+from services.autoscaler.adapters.actuators import NoActuator
 from services.autoscaler.app import build_app
 from services.autoscaler.config import AutoscalerSettings
 

@@ -1,11 +1,11 @@
-"""Pool statistics of several scheduler instances merged per pool (services/autoscaler/policy/merge.py)."""
+"""Pool statistics of several scheduler instances merged per pool (services/autoscaler/core/merge.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from llmbus.messages import PoolStats
-from services.autoscaler.policy.merge import PoolStatsMerger, merge_pool_stats
+from services.autoscaler.core.merge import PoolStatsMerger, merge_pool_stats
 
 
 def stats(instance: str, sent_at_ms: int, window_s: float = 5.0, **fields: object) -> PoolStats:

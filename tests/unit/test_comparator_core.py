@@ -29,7 +29,7 @@ from llmbus.messages import (
     Timings,
     Usage,
 )
-from services.router.policy.experiments import pick_variant
+from services.router.core.experiments import pick_variant
 from services.shadow_comparator.core.aggregates import (
     PairStats,
     VariantStats,

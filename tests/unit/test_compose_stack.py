@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from llmbus import acls
-from services.router.policy.config import load_policy
+from services.router.core.config import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "deploy" / "compose"

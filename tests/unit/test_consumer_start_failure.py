@@ -16,7 +16,7 @@ from llmbus.bus import tables
 from llmbus.client import TopicTail
 from llmbus.messages import ModelSpec
 from llmbus.settings import BusSettings
-from services.gateway.catalog import CatalogFollower, ModelCatalog
+from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 
 
 def unused_port() -> int:

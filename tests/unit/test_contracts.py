@@ -12,7 +12,7 @@ from llmbus.bus.service import ServiceRuntime
 from llmbus.declarations import catalog_name
 from llmbus.messages import Control, ControlAction
 from llmbus.settings import BusSettings
-from services.autoscaler.actuators import NoActuator
+from services.autoscaler.adapters.actuators import NoActuator
 from services.autoscaler.app import build_app
 from services.autoscaler.config import AutoscalerSettings
 from services.cost_accounting.app import CostService

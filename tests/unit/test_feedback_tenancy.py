@@ -21,8 +21,8 @@ from llmbus.messages import (
     RoutedRequest,
 )
 from llmbus.settings import BusSettings
-from services.router.policy.config import load_policy
-from services.router.training.feedback import authenticated, join_samples
+from llmbus_tools.router_training.feedback import authenticated, join_samples
+from services.router.core.config import load_policy
 from services.shadow_comparator.core.join import feedback_belongs
 from services.shadow_comparator.handlers import ComparatorHandlers
 

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmbus.messages.fleet import ModelFormat
-from services.engine_worker.node.formats import (
+from services.engine_worker.core.formats import (
     MIN_COMPUTE_CAPABILITY,
     QUALITY_ORDER,
     NoFormatFits,

@@ -16,7 +16,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
-from services.gateway.catalog import ModelCatalog
+from services.gateway.adapters.catalog import ModelCatalog
 from services.gateway.core import errors
 from services.gateway.core.hints import BadHint, routing_hints
 from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported

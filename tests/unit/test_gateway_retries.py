@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from llmbus.messages import ErrorCode, ErrorInfo, FinishReason, InferenceRequest, TokenChunk
+from services.gateway.adapters.relay import Exchange
 from services.gateway.core.translate import ResponseShape
-from services.gateway.http import _sse_events
-from services.gateway.relay import Exchange
+from services.gateway.handlers import _sse_events
 
 
 def chunk(seq: int, delta: str = "", attempt: int = 1, final: bool = False, **fields: object) -> TokenChunk:

@@ -18,12 +18,12 @@ from llmbus.cli.gc import parse_duration_ms
 from llmbus.settings import BusSettings
 from services.archive.config import ArchiveSettings
 from services.autoscaler.config import AutoscalerSettings
-from services.autoscaler.policy.config import PoolsFile
+from services.autoscaler.core.config import PoolsFile
 from services.engine_worker.config import WorkerSettings
 from services.gateway.config import GatewaySettings
 from services.router.config import RouterSettings
+from services.scheduler.adapters.pool_stats import QUEUE_WAIT_SECONDS
 from services.scheduler.config import SchedulerSettings
-from services.scheduler.pool_stats import QUEUE_WAIT_SECONDS
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"

@@ -6,8 +6,8 @@ import pytest
 
 from llmbus.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile
 from services.engine_worker.config import WorkerSettings
-from services.engine_worker.node.formats import NoFormatFits
-from services.engine_worker.node.plan import plan_for
+from services.engine_worker.core.formats import NoFormatFits
+from services.engine_worker.core.node_plan import plan_for
 
 GIB = 1024**3
 SPEC = ModelSpec(

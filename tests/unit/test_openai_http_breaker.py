@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from llmbus.messages import ErrorCode, WorkerState, WorkerStatus
-from services.engine_worker.engines.base import EngineError, EngineRequest, RequestRejected, UpstreamBusy
-from services.engine_worker.engines.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
-from services.engine_worker.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.policy.types import SchedRequest
+from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
+from services.engine_worker.core.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
+from services.engine_worker.core.engine import EngineError, EngineRequest, RequestRejected, UpstreamBusy
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.core.types import SchedRequest
 from tests.unit.test_sched_fallback import routed
 
 

@@ -22,8 +22,8 @@ from aiokafka.errors import LeaderNotAvailableError, MessageSizeTooLargeError, O
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, RoutedRequest, TokenChunk
 from services.router.config import RouterSettings
+from services.router.core.pipeline import RouteOutcome
 from services.router.handlers import RouterHandlers
-from services.router.policy.pipeline import RouteOutcome
 from tests.unit.test_router_answers_once import EveryTopicExists, request_record
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 

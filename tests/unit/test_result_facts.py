@@ -25,13 +25,13 @@ from llmbus.settings import BusSettings
 from llmbus.tenancy import user_ref
 from services.cost_accounting.core.costing import price_result
 from services.cost_accounting.core.prices import load_pricebook
-from services.engine_worker.engines.openai_http import _status_error
+from services.engine_worker.adapters.engines.openai_http import _status_error
 from services.router.config import RouterSettings
+from services.router.core.coalesce import follower_answer, follower_error
+from services.router.core.config import RouterPolicy, load_policy
+from services.router.core.experiments import ExperimentBook
+from services.router.core.ports import CachedAnswer
 from services.router.handlers import RouterHandlers
-from services.router.policy.coalesce import follower_answer, follower_error
-from services.router.policy.config import RouterPolicy, load_policy
-from services.router.policy.experiments import ExperimentBook
-from services.router.policy.ports import CachedAnswer
 from tests.unit.test_router_authorise import FakeBus as AuthoriseBus
 from tests.unit.test_router_authorise import handlers_for
 from tests.unit.test_router_failures import EveryTopicExists, UnreachableRedisCore

@@ -19,8 +19,8 @@ from llmbus.messages import (
 from llmbus.replies import publish_result
 from llmbus.topics import Topics
 from services.router.config import RouterSettings
+from services.router.core.pipeline import RouteOutcome
 from services.router.handlers import RouterHandlers
-from services.router.policy.pipeline import RouteOutcome
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 

@@ -10,10 +10,10 @@ from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, TokenC
 from llmbus.settings import BusSettings
 from llmbus.topics import Topics
 from services.router.config import RouterSettings
+from services.router.core.complexity import build_scorer
+from services.router.core.config import load_policy
+from services.router.core.pipeline import RouteOutcome, RouterCore
 from services.router.handlers import RouterHandlers
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import load_policy
-from services.router.policy.pipeline import RouteOutcome, RouterCore
 from tests.unit.test_worker_request_errors import RecordingPublisher
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmbus.messages import InferenceRequest
-from services.router.policy.cache_key import cache_key, cacheable
+from services.router.core.cache_key import cache_key, cacheable
 
 
 def req(**kw: object) -> InferenceRequest:

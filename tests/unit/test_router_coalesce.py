@@ -16,16 +16,16 @@ from llmbus.messages import (
     ToolCall,
     Usage,
 )
-from services.router.policy.coalesce import (
+from services.router.core.coalesce import (
     FollowerVerdict,
     follower_answer,
     outcome_for,
     verdict_on,
 )
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import CoalescePolicy, RouterPolicy, load_policy
-from services.router.policy.pipeline import RouterCore
-from services.router.policy.ports import CachedAnswer
+from services.router.core.complexity import build_scorer
+from services.router.core.config import CoalescePolicy, RouterPolicy, load_policy
+from services.router.core.pipeline import RouterCore
+from services.router.core.ports import CachedAnswer
 
 
 class MemoryCache:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmbus.messages import ChatMessage, InferenceRequest
-from services.router.policy.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
+from services.router.core.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
 
 DATA = Path(__file__).resolve().parents[2] / "services" / "router" / "data" / "complexity_labelled.jsonl"
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, Timings
-from services.router.latency_watch import LatencyReporter
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import LatencyPolicy, load_policy
-from services.router.policy.latency import TierLatencyWatch, avoid_missing_tier
-from services.router.policy.pipeline import RouterCore
+from services.router.adapters.latency_watch import LatencyReporter
+from services.router.core.complexity import build_scorer
+from services.router.core.config import LatencyPolicy, load_policy
+from services.router.core.latency import TierLatencyWatch, avoid_missing_tier
+from services.router.core.pipeline import RouterCore
 
 
 def test_policy_defaults_are_the_design_targets() -> None:

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from llmbus.messages import ChatMessage, Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
-from services.router.policy.complexity import build_scorer, build_scorer_with_fallback
-from services.router.policy.config import load_policy
-from services.router.policy.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize
-from services.router.training.corpus import CORPUS_PATH, digest, load_corpus
-from services.router.training.feedback import join_samples, label_of
-from services.router.training.retrain import is_better
-from services.router.training.train import fit, split
+from llmbus_tools.router_training.corpus import CORPUS_PATH, digest, load_corpus
+from llmbus_tools.router_training.feedback import join_samples, label_of
+from llmbus_tools.router_training.retrain import is_better
+from llmbus_tools.router_training.train import fit, split
+from services.router.core.complexity import build_scorer, build_scorer_with_fallback
+from services.router.core.config import load_policy
+from services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize
 
 
 def test_shipped_model_is_versioned_against_the_shipped_corpus() -> None:

@@ -17,12 +17,12 @@ from llmbus.messages import (
     Variant,
 )
 from llmbus.tokens import estimate_tokens
-from services.router.policy.cache_key import cache_key
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import RouterPolicy, TenantPolicy, load_policy
-from services.router.policy.experiments import ExperimentBook
-from services.router.policy.pipeline import RouterCore
-from services.router.policy.ports import CachedAnswer, RateDecision
+from services.router.core.cache_key import cache_key
+from services.router.core.complexity import build_scorer
+from services.router.core.config import RouterPolicy, TenantPolicy, load_policy
+from services.router.core.experiments import ExperimentBook
+from services.router.core.pipeline import RouterCore
+from services.router.core.ports import CachedAnswer, RateDecision
 
 
 @dataclass

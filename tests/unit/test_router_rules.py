@@ -7,11 +7,11 @@ from pydantic import ValidationError
 
 from llmbus.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import RouterPolicy, load_policy
-from services.router.policy.heuristic import features_of
-from services.router.policy.pipeline import RouterCore
-from services.router.policy.rules import RouteFeatures, decide_route
+from services.router.core.complexity import build_scorer
+from services.router.core.config import RouterPolicy, load_policy
+from services.router.core.heuristic import features_of
+from services.router.core.pipeline import RouterCore
+from services.router.core.rules import RouteFeatures, decide_route
 
 STRONG, MID, SMALL, DEFAULT = "gpt-4.1", "llama-3.3-70b-instruct", "qwen2.5-coder-1.5b-instruct", "gpt-4.1-mini"
 

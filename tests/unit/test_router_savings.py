@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.router_savings import TraceRequest, replay
 from services.cost_accounting.core.prices import load_pricebook
-from services.router.policy.config import load_policy
+from services.router.core.config import load_policy
 
 
 def test_duplicates_are_coalesced_while_generating_then_hit_the_cache_until_the_ttl() -> None:

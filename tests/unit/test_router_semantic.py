@@ -6,12 +6,12 @@ import numpy as np
 import numpy.typing as npt
 
 from llmbus.messages import InferenceRequest, Usage
-from services.router.embedders import build_embedder
-from services.router.policy.complexity import build_scorer
-from services.router.policy.config import RouterPolicy, load_policy
-from services.router.policy.pipeline import RouterCore
-from services.router.policy.ports import CachedAnswer, SemanticProbe
-from services.router.policy.semantic import eligible, nearest, normalised
+from services.router.adapters.embedders import build_embedder
+from services.router.core.complexity import build_scorer
+from services.router.core.config import RouterPolicy, load_policy
+from services.router.core.pipeline import RouterCore
+from services.router.core.ports import CachedAnswer, SemanticProbe
+from services.router.core.semantic import eligible, nearest, normalised
 
 
 def policy_with(**semantic: object) -> RouterPolicy:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from llmbus.fallback import fall_back
 from llmbus.messages import ErrorCode, InferenceRequest, RoutedRequest, WorkerState, WorkerStatus
-from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.policy.types import SchedRequest
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.core.types import SchedRequest
 
 
 def core_with_worker(model: str, now_ms: int) -> SchedulerCore:

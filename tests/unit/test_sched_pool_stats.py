@@ -6,10 +6,10 @@ from prometheus_client import generate_latest
 
 from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
 from llmbus.request_key import request_key
-from services.scheduler.policy.core import PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.policy.types import SchedRequest
-from services.scheduler.pool_stats import ARRIVALS_TOTAL, PoolStatsRecorder
+from services.scheduler.adapters.pool_stats import ARRIVALS_TOTAL, PoolStatsRecorder
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.scheduler import PlaceAction, SchedulerCore
+from services.scheduler.core.types import SchedRequest
 
 
 def status(worker_id: str, state: WorkerState, sent_at_ms: int) -> WorkerStatus:

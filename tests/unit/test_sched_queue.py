@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmbus.request_key import request_key
-from services.scheduler.policy.queue import FlowQueues, ModelQueue
-from services.scheduler.policy.types import SchedRequest
+from services.scheduler.core.queue import FlowQueues, ModelQueue
+from services.scheduler.core.types import SchedRequest
 
 
 def r(rid: str, tenant: str = "t", priority: int = 0, deadline_ms: int | None = None, arrived_at_ms: int = 0):

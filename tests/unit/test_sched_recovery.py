@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
 from llmbus.request_key import request_key
-from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.policy.recovery import Done, GiveUp, RecoveryPolicy, Retry
-from services.scheduler.policy.types import Placement
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.recovery import Done, GiveUp, RecoveryPolicy, Retry
+from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from services.scheduler.core.types import Placement
 from tests.unit.test_sched_filters import NOW_MS, hb, req
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
 from llmbus.request_key import request_key
-from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
-from services.scheduler.policy.queue import FlowQueues
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.queue import FlowQueues
+from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from tests.unit.test_sched_filters import NOW_MS, hb, req
 
 

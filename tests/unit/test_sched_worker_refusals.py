@@ -7,8 +7,8 @@ import pytest
 
 from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
 from llmbus.request_key import request_key
-from services.scheduler.policy.core import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.policy.pipeline import Pipeline
+from services.scheduler.core.pipeline import Pipeline
+from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from tests.unit.test_sched_filters import NOW_MS, hb, req
 
 OOM = ErrorInfo.of(ErrorCode.ENGINE_OOM, "CUDA out of memory")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.engine_worker.engines.sim.text import AnswerText
+from services.engine_worker.adapters.engines.sim.text import AnswerText
 from services.shadow_comparator.core.compare import rouge_l_f1
 
 

@@ -16,11 +16,11 @@ from llmbus.messages import (
 )
 from llmbus.messages import ToolCallDelta as D
 from llmbus.tool_calls import assemble_tool_calls
-from services.engine_worker.engines.base import EngineRequest
-from services.engine_worker.engines.openai_http import _message_body, _tool_call_deltas
-from services.engine_worker.streaming import ChunkBatcher
+from services.engine_worker.adapters.engines.openai_http import _message_body, _tool_call_deltas
+from services.engine_worker.adapters.streaming import ChunkBatcher
+from services.engine_worker.core.engine import EngineRequest
 from services.gateway.core.translate import ResponseShape, finish_reason
-from services.router.policy.trimming import turn_tokens
+from services.router.core.trimming import turn_tokens
 from tests.unit.test_openai_http_breaker import Clock, Upstream, engine_on
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from llmbus.tool_calls import assemble_tool_calls
-from services.engine_worker.engines.structured import named_tool
-from services.engine_worker.engines.vllm_engine import forced_call_delta
+from services.engine_worker.adapters.engines.structured import named_tool
+from services.engine_worker.adapters.engines.vllm_engine import forced_call_delta
 
 LOOKUP_FUNCTION: dict[str, Any] = {"name": "lookup", "parameters": {"type": "object"}}
 LOOKUP: dict[str, Any] = {"type": "function", "function": LOOKUP_FUNCTION}

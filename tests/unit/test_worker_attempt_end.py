@@ -1,4 +1,4 @@
-"""How a worker's attempt ends on the bus (services/engine_worker/ending.py, llmbus.replies), with fakes:
+"""How a worker's attempt ends on the bus (services/engine_worker/adapters/ending.py, llmbus.replies), with fakes:
 
 - the order the rules ask for, in fewer round trips: the claim before any final record, every
   content chunk acknowledged before the final chunk, the final chunk enqueued beside the result,

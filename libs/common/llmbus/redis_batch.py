@@ -6,7 +6,7 @@ releases of finished placements). Each one alone is a socket write and a read, a
 profiles (bench/reports/pipeline_profile.md) show those syscalls as a large share of a
 service's CPU. Here a call with nothing else at Redis is sent at once, by its caller; while
 a round trip is under way new calls queue, and the next pipeline takes them all. There is
-no timer, so a lone call is never delayed (the pattern of services/router/limits.py).
+no timer, so a lone call is never delayed (the pattern of services/router/adapters/limits.py).
 
 Nothing about a command changes: each keeps its own reply or error, scripts stay atomic
 on their own, and the pipeline is not a transaction (no caller waits for another's

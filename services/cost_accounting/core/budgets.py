@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmbus.messages import BudgetState
 
-DEFAULT_BUDGETS_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "budgets.yaml"
+DEFAULT_BUDGETS_PATH = Path(__file__).resolve().parent.parent / "policies" / "budgets.yaml"
 
 
 class Period(StrEnum):

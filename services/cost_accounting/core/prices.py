@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.cost_accounting.core.money import div_micro, ratio
 
-DEFAULT_PRICEBOOK_PATH = Path(__file__).resolve().parent.parent / "pricebooks" / "default.yaml"
+DEFAULT_PRICEBOOK_PATH = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 MS_PER_HOUR = 3_600_000
 
 

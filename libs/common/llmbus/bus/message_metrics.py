@@ -113,7 +113,7 @@ def observe_published(service: str, value: Message) -> None:
         case RoutedRequest():
             _routed(value.model, _rule(value.route_reason), value.variant or "", str(value.shadow).lower()).inc()
         case Dispatch():
-            # Queue wait per pool is the scheduler's own histogram (services/scheduler/pool_stats.py).
+            # Queue wait per pool is the scheduler's own histogram (services/scheduler/adapters/pool_stats.py).
             _dispatches(value.worker_id, str(value.attempt > 1).lower()).inc()
         case Feedback():
             FEEDBACK_SCORE.observe(value.score)

@@ -1,0 +1,1 @@
+"""The archive's I/O: its Parquet store."""

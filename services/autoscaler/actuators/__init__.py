@@ -1,5 +1,0 @@
-"""Actuators behind one Protocol (`Actuator`): local processes, Kubernetes, or none (dry run)."""
-
-from services.autoscaler.actuators.base import Actuator, NoActuator
-
-__all__ = ["Actuator", "NoActuator"]

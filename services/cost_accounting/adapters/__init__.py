@@ -1,0 +1,1 @@
+"""Cost-accounting's I/O: its Redis store and its metrics."""

@@ -1,0 +1,1 @@
+"""The worker's pure code: the engine interface, heartbeat content, the format choice, the breaker."""

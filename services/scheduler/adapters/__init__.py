@@ -1,0 +1,1 @@
+"""The scheduler's I/O: its Redis store and the pool statistics it publishes."""

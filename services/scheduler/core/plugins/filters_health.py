@@ -1,0 +1,65 @@
+"""Filters on a worker's health and room: GPU healthy, and the request fits length and free KV."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmbus.messages import WorkerState
+from services.scheduler.core.plugins.base import FILTERS, CycleState, register
+from services.scheduler.core.types import SchedRequest, WorkerView, blocks_for
+
+
+@register(FILTERS, "gpu-healthy")
+@dataclass
+class GpuHealthyFilter:
+    """Drops workers whose GPU reports unhealthy or more uncorrected ECC errors than allowed."""
+
+    max_ecc_uncorrected: int = 0
+    name: str = "gpu-healthy"
+
+    def filter(self, state: CycleState, request: SchedRequest, workers: list[WorkerView]) -> list[WorkerView]:
+        return [
+            w
+            for w in workers
+            if w.gpu_healthy and w.state != WorkerState.UNHEALTHY and w.ecc_uncorrected <= self.max_ecc_uncorrected
+        ]
+
+
+@register(FILTERS, "fits-capacity")
+@dataclass
+class FitsCapacityFilter:
+    """prompt + max_tokens fit the worker's max model length, its free KV blocks and its batch.
+
+    Free KV = last heartbeat's free blocks minus what we placed since it was sent, so a
+    burst between heartbeats cannot overfill one worker. `kv_headroom` < 1 reserves room
+    (vLLM preempts rather than fails when the estimate is off, so a little slack is safe).
+    """
+
+    kv_headroom: float = 1.0
+    check_batch: bool = True
+    name: str = "fits-capacity"
+
+    def filter(self, state: CycleState, request: SchedRequest, workers: list[WorkerView]) -> list[WorkerView]:
+        kept = []
+        for w in workers:
+            if w.max_model_len and request.total_tokens > w.max_model_len:
+                continue
+            if w.kv_blocks_total and blocks_for(request.total_tokens, w.kv_block_size) > (
+                w.kv_blocks_free_est * self.kv_headroom
+            ):
+                continue
+            if self.check_batch and w.max_num_seqs and w.inflight_count >= w.max_num_seqs:
+                continue
+            kept.append(w)
+        return kept
+
+
+def never_fits(request: SchedRequest, workers: list[WorkerView]) -> bool:
+    """True when no worker serving the model could ever take it: longer than every max length, or
+    needing more KV blocks than any whole cache has (prompt and output must be in GPU memory at once)."""
+    serving = [w for w in workers if w.serves(request.model) and w.max_model_len]
+    return bool(serving) and all(
+        request.total_tokens > w.max_model_len
+        or (w.kv_blocks_total > 0 and -(-request.total_tokens // w.kv_block_size) > w.kv_blocks_total)
+        for w in serving
+    )

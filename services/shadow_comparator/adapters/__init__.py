@@ -1,0 +1,1 @@
+"""The comparator's I/O: its Redis store."""

@@ -1,0 +1,197 @@
+"""The comparator's work per record, over its store (core/ports.py); publishing is the caller's (no broker here).
+
+- results: a shadow result or a primary the shadow experiments may have mirrored is offered
+  to the join; each completed pair becomes a Comparison and counts once in its experiment's
+  pair aggregates. An A/B result counts once in its variant's aggregates and is linked to its
+  (experiment, step, variant) and its tenant, so costs and feedback arriving later join it by
+  request id; feedback counts only when it comes from that tenant (a tenant that learns
+  another's request id cannot pre-empt its feedback: the foreign one takes no once-only mark).
+- sweep: pairs past their TTL are removed and counted (missing primary, unshadowed primary).
+- decide: one verdict per lifecycle experiment from its current step's aggregates.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from llmbus.lifecycle import CANDIDATE, CONTROL
+from llmbus.messages import (
+    Comparison,
+    CostRecord,
+    Experiment,
+    ExperimentState,
+    Feedback,
+    InferenceResult,
+    now_ms,
+)
+from services.shadow_comparator.core.aggregates import (
+    PAIRS,
+    PairStats,
+    VariantStats,
+    cost_increments,
+    feedback_increments,
+    pair_increments,
+    variant_increments,
+)
+from services.shadow_comparator.core.compare import compare
+from services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
+from services.shadow_comparator.core.join import feedback_belongs, pair_ref
+from services.shadow_comparator.core.ports import PairStore
+from services.shadow_comparator.core.samples import not_a_sample, variant_model
+
+log = logging.getLogger(__name__)
+
+PublishComparison = Callable[[Comparison], Awaitable[None]]
+
+
+class ExperimentView:
+    """The experiments as llm.experiments last described them."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[str, Experiment] = {}
+
+    def apply(self, experiment: Experiment | None, experiment_id: str | None = None) -> None:
+        if experiment is None:
+            if experiment_id:
+                self.by_id.pop(experiment_id, None)
+            return
+        current = self.by_id.get(experiment.experiment_id)
+        if current is None or experiment.updated_at_ms >= current.updated_at_ms:
+            self.by_id[experiment.experiment_id] = experiment
+
+    def step_of(self, experiment_id: str) -> int:
+        experiment = self.by_id.get(experiment_id)
+        return experiment.step if experiment is not None else 0
+
+    def may_be_shadowed(self, model: str | None) -> bool:
+        """A primary is worth holding when an enabled shadow experiment covers its model."""
+        return any(
+            e.enabled and e.kind == "shadow" and e.shadow_model and (not e.match_models or model in e.match_models)
+            for e in self.by_id.values()
+        )
+
+    def lifecycle(self) -> list[Experiment]:
+        return [e for e in self.by_id.values() if e.ramp is not None and e.candidate_model and e.control_model]
+
+
+@dataclass
+class Comparator:
+    store: PairStore
+    experiments: ExperimentView
+    publish_comparison: PublishComparison
+    max_text_chars: int = 16_000
+
+    async def on_result(self, result: InferenceResult) -> None:
+        if result.experiment_id and result.variant and not result.shadow:
+            await self._count_variant(result)
+        ref = pair_ref(result)
+        if ref is None:
+            await self.store.count(unjoinable=1)
+            return
+        if not ref.is_shadow and not self.experiments.may_be_shadowed(result.model):
+            return
+        stored = result.model_copy(update={"text": result.text[: self.max_text_chars]})
+        done_id = f"{ref.primary_id}:{ref.experiment_id}" if ref.is_shadow else None
+        status, sides = await self.store.offer(ref.primary_id, ref.field, stored.to_bytes(), now_ms(), done_id)
+        if status in ("done", "dup"):
+            await self.store.count(duplicate=1)
+        if status == "late":
+            await self.store.count(**{f"late_{'shadow' if ref.is_shadow else 'primary'}": 1})
+            return
+        if status == "done" or "p" not in sides:
+            return
+        primary = InferenceResult.model_validate_json(sides["p"])
+        for name, raw in sides.items():
+            if name.startswith("s:"):
+                await self._pair(name.removeprefix("s:"), primary, InferenceResult.model_validate_json(raw))
+
+    async def _pair(self, experiment_id: str, primary: InferenceResult, shadow: InferenceResult) -> None:
+        comparison = compare(experiment_id, primary, shadow)
+        # Published before it is counted: a crash in between republishes the same comparison_id
+        # (readers dedupe on it) and counts it then, once.
+        await self.publish_comparison(comparison)
+        counted = await self.store.apply_once(
+            "pair",
+            comparison.comparison_id,
+            self.store.agg_key(experiment_id, self.experiments.step_of(experiment_id), PAIRS),
+            pair_increments(comparison),
+            settle=(primary.request_id, f"s:{experiment_id}"),
+        )
+        if counted:
+            await self.store.count(pairs=1)
+
+    async def _count_variant(self, result: InferenceResult) -> None:
+        assert result.experiment_id and result.variant
+        experiment = self.experiments.by_id.get(result.experiment_id)
+        if (why := not_a_sample(result, variant_model(experiment, result.variant))) is not None:
+            await self.store.count(**{f"not_a_sample_{why}": 1})
+            return
+        step = self.experiments.step_of(result.experiment_id)
+        agg = self.store.agg_key(result.experiment_id, step, result.variant)
+        if await self.store.apply_once("result", result.request_id, agg, variant_increments(result)):
+            await self.store.remember_request(
+                result.request_id, result.experiment_id, step, result.variant, result.tenant
+            )
+
+    async def on_cost(self, cost: CostRecord) -> None:
+        await self._join_late("cost", cost.request_id, cost_increments(cost.cost_usd))
+
+    async def on_feedback(self, feedback: Feedback) -> None:
+        """`feedback.tenant` is the authenticated one (the handler took it from the topic when auth is on)."""
+        await self._join_late("feedback", feedback.request_id, feedback_increments(feedback.score), feedback.tenant)
+
+    async def on_feedback_refused(self, reason: str) -> None:
+        log.warning("feedback refused: %s", reason)
+        await self.store.count(feedback_refused=1)
+
+    async def _join_late(
+        self, kind: str, request_id: str, increments: dict[str, float], from_tenant: str | None = None
+    ) -> None:
+        link = await self.store.request_variant(request_id)
+        if link is None:
+            await self.store.count(**{f"{kind}_unjoined": 1})  # not an A/B request, or its result is gone
+            return
+        if from_tenant is not None and not feedback_belongs(link.tenant, from_tenant):
+            log.warning(
+                "%s on %s from tenant %r: the request is %r's; not counted", kind, request_id, from_tenant, link.tenant
+            )
+            await self.store.count(**{f"{kind}_foreign": 1})
+            return
+        agg = self.store.agg_key(link.experiment_id, link.step, link.variant)
+        if await self.store.apply_once(kind, request_id, agg, increments):
+            await self.store.count(**{f"{kind}_joined": 1})
+
+    async def sweep(self, now: int | None = None) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for primary_id in await self.store.due(now if now is not None else now_ms()):
+            sides = await self.store.sweep_one(primary_id)
+            if sides is None:
+                continue
+            shadows = [k for k in sides if k.startswith("s:")]
+            if shadows:
+                counts["missing_primary"] = counts.get("missing_primary", 0) + len(shadows)
+            elif "p" in sides and "paired" not in sides:
+                counts["unshadowed_primary"] = counts.get("unshadowed_primary", 0) + 1
+        if counts:
+            await self.store.count(**counts)
+        return counts
+
+    async def evidence(self, experiment: Experiment) -> StepEvidence:
+        exp_id, step = experiment.experiment_id, experiment.step
+        if experiment.kind == "shadow":
+            return StepEvidence(pairs=PairStats.from_fields(await self.store.read_agg(exp_id, step, PAIRS)))
+        return StepEvidence(
+            control=VariantStats.from_fields(await self.store.read_agg(exp_id, step, CONTROL)),
+            candidate=VariantStats.from_fields(await self.store.read_agg(exp_id, step, CANDIDATE)),
+        )
+
+    async def decide_all(self, now: int | None = None) -> list[Verdict]:
+        verdicts = []
+        for experiment in self.experiments.lifecycle():
+            if experiment.state in (ExperimentState.RUNNING, ExperimentState.PAUSED):
+                verdict = decide(experiment, await self.evidence(experiment), now if now is not None else now_ms())
+                if verdict is not None:
+                    verdicts.append(verdict)
+        return verdicts
