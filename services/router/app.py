@@ -15,7 +15,6 @@ from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.settings import BusSettings
 from llmbus.state import dispatch_markers, redis_client
-from services.router.adapters.budgets import BudgetBook
 from services.router.adapters.cache import RedisResponseCache
 from services.router.adapters.coalescing import RedisCoalescer
 from services.router.adapters.embedders import build_embedder
@@ -24,6 +23,7 @@ from services.router.adapters.limits import RedisRateLimiter
 from services.router.adapters.semantic_cache import RedisSemanticCache
 from services.router.adapters.state_follow import caught_up
 from services.router.config import RouterSettings
+from services.router.core.budgets import BudgetBook
 from services.router.core.complexity import build_scorer_with_fallback
 from services.router.core.config import RouterPolicy, load_policy, with_default_model
 from services.router.core.latency import TierLatencyWatch

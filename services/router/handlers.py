@@ -33,13 +33,13 @@ from llmbus.replies import publish_error, publish_result, reply_topic_of
 from llmbus.request_key import RequestKey, request_key
 from llmbus.tenancy import Refused
 from llmbus.tokens import try_load
-from services.router.adapters.budgets import BudgetBook
 from services.router.adapters.cache import RedisResponseCache
 from services.router.adapters.coalesce_relay import CoalesceRelay
 from services.router.adapters.coalescing import RedisCoalescer
 from services.router.adapters.latency_watch import LatencyReporter
 from services.router.adapters.semantic_cache import RedisSemanticCache
 from services.router.config import RouterSettings
+from services.router.core.budgets import BudgetBook
 from services.router.core.pipeline import RouteOutcome, RouterCore
 
 log = logging.getLogger(__name__)

@@ -1,1 +1,1 @@
-"""The router's I/O: Redis caches, limits, coalescing, budgets, embedders, the state followers."""
+"""The router's I/O: Redis caches, limits, coalescing, embedders, the latency watch, the state followers."""
