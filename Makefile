@@ -72,10 +72,10 @@ lint: setup ## ruff (lint + format check) and mypy
 	@$(VENV)/bin/mypy
 
 schemas: setup ## regenerate schemas/ (JSON Schema, AsyncAPI per service, topic catalog) from the models
-	@$(PY) -m llmbus.schemagen --out schemas
+	@$(PY) -m llmbus.contract.schemagen --out schemas
 
 schemas-check: setup ## fail if schemas/ drifted from the models, or broke the released ones (schemas/README.md)
-	@$(PY) -m llmbus.schemagen --out schemas --check
+	@$(PY) -m llmbus.contract.schemagen --out schemas --check
 	@$(PY) -m llmbus.contract.compat --schemas schemas
 
 schemas-release: setup ## record schemas/messages as the released contract (schemas/previous/), if compatible

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
-from llmbus.request_key import request_key
+from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.contract.request_key import request_key
 from services.autoscaler.core import FleetTable, ScalingPolicy
 from services.engine_worker.adapters.engines.sim.profiles import SimProfile
 from services.scheduler.adapters.pool_stats import PoolStatsRecorder

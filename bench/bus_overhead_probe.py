@@ -30,9 +30,9 @@ from llmbus.bus import headers as hdr
 from llmbus.bus.codec import decode
 from llmbus.bus.consumer import ConsumerLoop
 from llmbus.bus.producer import Publisher, make_producer
-from llmbus.messages import InferenceResult, TokenChunk
+from llmbus.contract.messages import InferenceResult, TokenChunk
+from llmbus.observability.telemetry import setup_tracing
 from llmbus.settings import BusSettings
-from llmbus.telemetry import setup_tracing
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 SPAN_ID = 0x00F067AA0BA902B7

@@ -26,11 +26,11 @@ from pathlib import Path
 import psutil
 import yaml
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
-from llmbus.messages import ChatMessage, InferenceRequest, InferenceResult, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ChatMessage, InferenceRequest, InferenceResult, TokenChunk
 from services.router.core.config import load_policy
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     CostRecord,
     InferenceResult,
     ResultStatus,
@@ -130,9 +130,9 @@ def bench_core(raw: list[bytes], t0_ms: int, span_ms: int) -> dict[str, float]:
 
 
 async def bench_service(n: int, t0_ms: int, span_ms: int) -> dict[str, float]:
-    from llmbus import topics as t
     from llmbus.bus.admin import ensure_catalog
     from llmbus.bus.producer import make_producer
+    from llmbus.contract import topics as t
     from services.cost_accounting.app import CostService
     from services.cost_accounting.config import CostSettings
     from services.cost_accounting.core.aggregates import agg_key, read_totals
@@ -232,7 +232,7 @@ def _results_seen() -> float:
 
 
 async def _drop_keys(settings) -> None:  # type: ignore[no-untyped-def]
-    from llmbus.state import redis_client
+    from llmbus.state.store import redis_client
 
     client = redis_client(settings.redis_url)
     async for key in client.scan_iter(match=f"{settings.topic_prefix}*", count=1000):

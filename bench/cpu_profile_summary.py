@@ -4,7 +4,7 @@
     python -m bench.cpu_profile_summary /tmp/prof
 
 Each service started with LLMBUS_CPU_PROFILE writes `<service>-<pid>.pstat` at exit
-(llmbus.profiling: yappi, CPU clock). This sums each function's own time (not its callees')
+(llmbus.observability.profiling: yappi, CPU clock). This sums each function's own time (not its callees')
 by the package its code lives in, so the shares add up to 100 % of the profiled CPU. Start-up
 (imports) is in the profile too; under load it is a small part. yappi slows a service about
 fourfold, more so for many small calls: read the shares as where to look, not as costs.

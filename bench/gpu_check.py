@@ -35,7 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from llmbus.messages import NodeProfile
+from llmbus.contract.messages import NodeProfile
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "bench" / "reports"
@@ -82,7 +82,7 @@ def node_step(profile: NodeProfile) -> Step:
     detail = f"{len(profile.gpus)} x {gpu.name}, {gpu.memory_total_bytes / 2**30:.1f} GiB, CC {gpu.compute_capability}"
     data = profile.model_dump(mode="json")
     data["gpu_healthy"] = gpu_healthy(profile)
-    from llmbus.messages.fleet import ModelFormat
+    from llmbus.contract.messages.fleet import ModelFormat
 
     formats = [
         ModelFormat(name="bf16", weight_bytes=16_060_000_000, min_compute_capability="8.0"),

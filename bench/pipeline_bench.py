@@ -45,7 +45,7 @@ from bench.pipeline_report import summarise, write_reports
 from bench.pipeline_stream import stream_window
 from bench.traces import AZURE_CONVERSATION
 from llmbus.bus.admin import ensure_catalog
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from llmbus.settings import BusSettings
 from tests.support import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 

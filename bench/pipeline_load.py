@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import psutil
 from aiokafka import AIOKafkaProducer
 
-from llmbus import topics as t
 from llmbus.client import TopicTail
-from llmbus.messages import InferenceRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest
 from llmbus.settings import BusSettings
 
 

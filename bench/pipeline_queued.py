@@ -26,8 +26,8 @@ import asyncio
 import contextlib
 import json
 
-from llmbus import topics as t
 from llmbus.client import TopicTail
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 
 QUEUED_P99_TARGET_MS = 100.0

@@ -33,12 +33,12 @@ from pathlib import Path
 import psutil
 from aiokafka import AIOKafkaConsumer
 
-from llmbus import topics as t
 from llmbus.audit import audit_namespace
 from llmbus.bus.admin import open_admin
 from llmbus.client import LlmbusClient
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.reliability.harness import Answers, Load, Stack, make_request, prepare, start_and_wait
 from tests.support import drop_namespace, fresh_settings
 

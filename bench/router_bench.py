@@ -34,11 +34,11 @@ import numpy as np
 import yaml
 from aiokafka import AIOKafkaProducer
 
-from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
-from llmbus.messages import Experiment, Variant
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Experiment, Variant
 from llmbus_tools.router_training.corpus import HAND_PATH
 from services.router.core.config import load_policy
 from tests.support import ServiceProc, fresh_settings

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import ChatMessage, InferenceRequest
 from services.router.core.complexity import build_scorer
 
 ROOT = Path(__file__).resolve().parent.parent

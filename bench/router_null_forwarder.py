@@ -13,9 +13,9 @@ import asyncio
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, decode, make_consumer, run_service, stop_consumer
-from llmbus.messages import InferenceRequest, RoutedRequest, now_ms
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, RoutedRequest, now_ms
 from llmbus.settings import BusSettings
 
 SERVICE = "router-null"

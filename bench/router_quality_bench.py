@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench.router_savings import savings_report
 from bench.semantic_cache_eval import evaluate as semantic_eval
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from llmbus_tools.router_training.corpus import load_corpus
 from llmbus_tools.router_training.train import evaluate, heuristic_score, model_score, split
 from services.router.core.config import load_policy

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.traces import MOONCAKE_CONVERSATION
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from services.cost_accounting.core.prices import PriceBook, load_pricebook
 from services.router.core.complexity import ComplexityScorer
 from services.router.core.config import RouterPolicy

@@ -26,11 +26,11 @@ import numpy as np
 
 from bench.sched_bench import POLICIES, REPORTS, TRACE
 from bench.sched_replay import prompt_text
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
-from llmbus.messages import InferenceRequest, InferenceResult, RoutedRequest, WorkerState, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, InferenceResult, RoutedRequest, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
 from tests.support import drop_namespace, fresh_settings
 

@@ -13,8 +13,8 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
-from llmbus.request_key import request_key
+from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.contract.request_key import request_key
 from llmbus.tokens import CHARS_PER_TOKEN, prefix_block_hashes
 from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
 from services.engine_worker.adapters.engines.sim.profiles import SimProfile

@@ -63,7 +63,7 @@ class AckingProducer:
 
 
 class MemoryFence:
-    """llmbus.fencing.RequestFence's rules on a dict (Redis is not what is measured here); each call
+    """llmbus.state.fencing.RequestFence's rules on a dict (Redis is not what is measured here); each call
     takes one loop turn, as a round trip takes at least one (and the stand-in's acks come meanwhile)."""
 
     claim_lease_ms = 30_000
@@ -102,10 +102,10 @@ async def measure(mode: str, requests: int, concurrency: int, max_tokens: int, w
 
     from llmbus.bus.headers import trace_context
     from llmbus.bus.producer import Publisher
-    from llmbus.messages import Dispatch, InferenceRequest, RoutedRequest
+    from llmbus.contract.messages import Dispatch, InferenceRequest, RoutedRequest
+    from llmbus.contract.topics import Topics
+    from llmbus.observability.telemetry import setup_tracing
     from llmbus.settings import BusSettings
-    from llmbus.telemetry import setup_tracing
-    from llmbus.topics import Topics
     from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
     from services.engine_worker.config import WorkerSettings
     from services.engine_worker.core.engine import EngineRequest

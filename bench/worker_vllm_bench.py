@@ -66,11 +66,11 @@ from bench.worker_vllm_report import (
     profile_parts,
     write_markdown,
 )
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
-from llmbus.messages import Dispatch, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Dispatch, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineRequest
 from tests.fixtures.tiny_llama import build_tiny_llama

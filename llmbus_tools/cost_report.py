@@ -7,7 +7,7 @@ from typing import Any
 
 import redis.asyncio as redis
 
-from llmbus.state import text_of
+from llmbus.state.text import text_of
 from services.cost_accounting.core.aggregates import SCALING_METRICS, agg_key, read_totals
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook

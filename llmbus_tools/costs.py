@@ -21,11 +21,11 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import PriceBookUpdate, now_ms
+from llmbus.contract import topics as t
+from llmbus.contract.messages import PriceBookUpdate, now_ms
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from llmbus_tools.cost_report import cost_report
 from llmbus_tools.plan_report import write
 from services.cost_accounting.core.planner import PlanInputs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus import topics as t
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BudgetStatus,
     Comparison,
     CostRecord,

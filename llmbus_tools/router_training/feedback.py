@@ -20,11 +20,11 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 
-from llmbus import tenancy
-from llmbus import topics as t
 from llmbus.bus.admin import topics_matching
 from llmbus.bus.tables import read_log, read_table
-from llmbus.messages import Feedback, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Feedback, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 from services.router.core.config import RouterPolicy
 from services.router.core.learned import scored_text_and_depth

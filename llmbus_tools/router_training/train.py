@@ -141,7 +141,7 @@ def evaluate(rows: Sequence[dict], score: Callable[[dict], float], threshold: fl
 
 
 def heuristic_score(row: dict) -> float:
-    from llmbus.messages import InferenceRequest
+    from llmbus.contract.messages import InferenceRequest
 
     scorer = _HEURISTIC
     request = InferenceRequest(prompt=row["prompt"], category=row.get("category"))

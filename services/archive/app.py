@@ -1,4 +1,4 @@
-"""archive wiring: five declared subscriptions (llmbus.contracts.ARCHIVE), each read in batches.
+"""archive wiring: five declared subscriptions (llmbus.contract.contracts.ARCHIVE), each read in batches.
 
   llm.results      group llmbus.archive.results
   llm.costs        group llmbus.archive.costs
@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from llmbus import contracts, tenancy
 from llmbus.archive.rows import KINDS_BY_NAME
 from llmbus.bus.service import ServiceRuntime
+from llmbus.contract import contracts
+from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 from services.archive.adapters.store import ArchiveStore
 from services.archive.config import ArchiveSettings

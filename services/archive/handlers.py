@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from aiokafka.structs import ConsumerRecord
 from prometheus_client import Counter
 
-from llmbus import tenancy
-from llmbus import topics as t
 from llmbus.archive.rows import Kind, Source, row_of
 from llmbus.bus import BadMessage, decode
-from llmbus.messages import ErrorCode
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ErrorCode
+from llmbus.security import tenancy
 from services.archive.adapters.store import ArchiveStore
 from services.archive.core.plan import BatchPlan, plan_batch
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.service import ServiceRuntime
-from llmbus.messages import ScaleDecision
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ScaleDecision
 from llmbus.settings import BusSettings
 from services.autoscaler.adapters.actuators import Actuator, NoActuator
 from services.autoscaler.config import AutoscalerSettings
@@ -46,7 +46,7 @@ def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSetti
 
 
 def build_app(runtime: ServiceRuntime, cfg: AutoscalerSettings, actuator: Actuator | None = None) -> AutoscalerHandlers:
-    """The handlers, bound to the autoscaler's declared subscriptions (llmbus.contracts.AUTOSCALER)."""
+    """The handlers, bound to the autoscaler's declared subscriptions (llmbus.contract.contracts.AUTOSCALER)."""
     pools = PoolsFile.load(cfg.pools)
     scaling_topic = runtime.topics.name(t.SCALING)
 

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from llmbus.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
+from llmbus.contract.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
 from services.autoscaler.adapters.actuators import Actuator
 from services.autoscaler.core import Decision, FleetTable, ScalingPolicy
 from services.autoscaler.core.config import PoolsFile, PoolSpec

@@ -1,7 +1,7 @@
 """`python -m services.cost_accounting`"""
 
-from llmbus import topics as t
 from llmbus.bus import run_service
+from llmbus.contract import topics as t
 from services.cost_accounting.app import main
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Cost-accounting wiring: four declared subscriptions (llmbus.contracts.COST), Redis, the ledger timer.
+"""Cost-accounting wiring: four declared subscriptions (llmbus.contract.contracts.COST), Redis, the ledger timer.
 
 llm.results is read in batches (one fetch per call, up to `batch_max_records`) and committed after
 the batch is billed; a record that does not decode goes to llm.dlq with its partition and offset
@@ -17,14 +17,14 @@ import logging
 from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_table
-from llmbus.messages import ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.cost_accounting.adapters.gc_tuning import tune_gc
 from services.cost_accounting.adapters.publishing import CostPublisher
 from services.cost_accounting.adapters.store import CostStore

@@ -40,9 +40,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
 from llmbus.bus.codec import BadMessage, decode
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BookedTo,
     BudgetStatus,
     CostKind,
@@ -53,7 +53,7 @@ from llmbus.messages import (
     ScaleDecision,
     WorkerStatus,
 )
-from llmbus.request_key import RequestKey
+from llmbus.contract.request_key import RequestKey
 from services.cost_accounting.adapters import metrics
 from services.cost_accounting.adapters.publishing import Items
 from services.cost_accounting.adapters.store import CostStore
@@ -251,7 +251,7 @@ class CostHandlers:
             raise
 
     async def _publish_and_apply(self, records: list[CostRecord], payloads: list[bytes]) -> None:
-        # Keyed by record id (llmbus.topics: a big tenant spreads; nothing reads one tenant's in order).
+        # Keyed by record id (llmbus.contract.topics: a big tenant spreads; nothing reads one tenant's in order).
         keyed = [(r, p, r.record_id or r.request_id) for r, p in zip(records, payloads, strict=True)]
         await self.publish_records(keyed)
         applied = await self.store.bill(records)

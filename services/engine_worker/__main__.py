@@ -1,7 +1,7 @@
 """`python -m services.engine_worker` (the guard matters: vLLM spawns processes)."""
 
-from llmbus import topics as t
 from llmbus.bus import run_service
+from llmbus.contract import topics as t
 from services.engine_worker.app import main
 
 if __name__ == "__main__":

@@ -9,16 +9,16 @@ import time
 
 from prometheus_client import REGISTRY
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
-from llmbus.bus.consumer import wait_assigned
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.bus.tables import read_table
-from llmbus.messages import ModelSpec, WorkerState, now_ms
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ModelSpec, WorkerState, now_ms
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state.store import dispatch_markers, redis_client
 from services.engine_worker.adapters.engines.factory import build_engine
 from services.engine_worker.adapters.lifecycle import Lifecycle
 from services.engine_worker.adapters.node.metrics import register_node_metrics

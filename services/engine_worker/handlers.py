@@ -1,7 +1,7 @@
 """Engine-worker handlers: a dispatch becomes a token stream, one result and one outcome.
 
 An attempt publishes its final chunk and result only after claiming the request's final
-marker (llmbus.fencing; how an attempt ends on the bus is services/engine_worker/adapters/ending.py): a
+marker (llmbus.state.fencing; how an attempt ends on the bus is services/engine_worker/adapters/ending.py): a
 zombie attempt (its worker declared dead, then back) cannot add a second result. Superseded
 attempts are also checked for while they run, and aborted.
 Engine errors: a dead engine restarts the engine (one request's OOM does not); an upstream 4xx or a validation
@@ -20,9 +20,9 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import Bus, decode
 from llmbus.bus.headers import TRACEPARENT, TRACESTATE, as_dict
-from llmbus.engine_features import missing_features, refusal
-from llmbus.fencing import RequestFence
-from llmbus.messages import (
+from llmbus.bus.replies import reply_topic_of
+from llmbus.contract.engine_features import missing_features, refusal
+from llmbus.contract.messages import (
     Control,
     ControlAction,
     Dispatch,
@@ -37,9 +37,9 @@ from llmbus.messages import (
     Usage,
     now_ms,
 )
-from llmbus.replies import reply_topic_of
-from llmbus.request_key import RequestKey
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract.request_key import RequestKey
+from llmbus.contract.tool_calls import assemble_tool_calls
+from llmbus.state.fencing import RequestFence
 from services.engine_worker.adapters.ending import AttemptEnd, ResultOut
 from services.engine_worker.adapters.streaming import ChunkBatcher, ReplyStream
 from services.engine_worker.config import WorkerSettings

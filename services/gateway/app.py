@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from llmbus import topics as t
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_topics
+from llmbus.contract import topics as t
+from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 from services.gateway.adapters.relay import Relay
 from services.gateway.adapters.server import server_config

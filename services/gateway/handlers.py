@@ -18,13 +18,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llmbus import topics as t
-from llmbus.apikeys import ApiKeyStore
 from llmbus.bus.span_attrs import message_attributes
-from llmbus.chunks import RetryDiverged
-from llmbus.engine_features import missing_features, refusal
-from llmbus.messages import InferenceRequest, new_request_id
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract import topics as t
+from llmbus.contract.chunks import RetryDiverged
+from llmbus.contract.engine_features import missing_features, refusal
+from llmbus.contract.messages import InferenceRequest, new_request_id
+from llmbus.contract.tool_calls import assemble_tool_calls
+from llmbus.security.apikeys import ApiKeyStore
 from services.gateway.adapters import metrics
 from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 from services.gateway.adapters.relay import Exchange, Relay

@@ -9,12 +9,13 @@ from collections.abc import Awaitable, Callable
 from aiokafka.structs import ConsumerRecord
 from pydantic import SecretStr
 
-from llmbus import contracts, tenancy
-from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.runtime import run_until_stopped
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.security import tenancy
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state.store import dispatch_markers, redis_client
 from services.router.adapters.cache import RedisResponseCache
 from services.router.adapters.coalescing import RedisCoalescer
 from services.router.adapters.embedders import build_embedder

@@ -2,7 +2,7 @@
 
 A refusal (limits, budget, prompt too long) or a cache hit is not a bad message: it ends
 as a final chunk on the client's reply topic and one InferenceResult, with no DLQ entry.
-Such an answer first claims the request's final marker (llmbus.fencing, as attempt 0): a
+Such an answer first claims the request's final marker (llmbus.state.fencing, as attempt 0): a
 request record delivered again after a crash or rebalance, whose first delivery was routed to
 a worker, is not answered a second time from the cache (or refused by then-full limits).
 """
@@ -14,12 +14,11 @@ import logging
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import tenancy
-from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
+from llmbus.bus.replies import publish_error, publish_result, reply_topic_of
 from llmbus.bus.topic_directory import TopicDirectory, TopicExistence
-from llmbus.fencing import RequestFence
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BudgetStatus,
     ErrorCode,
     ErrorInfo,
@@ -29,9 +28,10 @@ from llmbus.messages import (
     ModelSpec,
     now_ms,
 )
-from llmbus.replies import publish_error, publish_result, reply_topic_of
-from llmbus.request_key import RequestKey, request_key
-from llmbus.tenancy import Refused
+from llmbus.contract.request_key import RequestKey, request_key
+from llmbus.security import tenancy
+from llmbus.security.tenancy import Refused
+from llmbus.state.fencing import RequestFence
 from llmbus.tokens import try_load
 from services.router.adapters.cache import RedisResponseCache
 from services.router.adapters.coalesce_relay import CoalesceRelay

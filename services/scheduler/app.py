@@ -8,13 +8,13 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
-from llmbus.bus.consumer import wait_assigned
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state.store import dispatch_markers, redis_client
 from services.scheduler.adapters.pool_stats import publish_pool_stats
 from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.config import SchedulerSettings

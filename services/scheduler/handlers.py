@@ -8,7 +8,7 @@
 - llm.outcomes → release the placement, retry or give up.
 - a timer → deadlines of queued requests, delayed retries and dead workers.
 Every PlaceAction is claimed in Redis (PlacementStore) before its Dispatch is published; a
-later attempt first fences off the earlier ones (llmbus.fencing). If the claim or the
+later attempt first fences off the earlier ones (llmbus.state.fencing). If the claim or the
 publish fails, the placement is rolled back and the request gets a final error; a final
 error is published only by whoever claims the request's final marker.
 """
@@ -23,11 +23,10 @@ from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
-from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
-from llmbus.fallback import fall_back
-from llmbus.fencing import RequestFence, Superseded
-from llmbus.messages import (
+from llmbus.bus.replies import publish_error, reply_topic_of
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     Control,
     ControlAction,
     Dispatch,
@@ -40,8 +39,9 @@ from llmbus.messages import (
     WorkerStatus,
     now_ms,
 )
-from llmbus.replies import publish_error, reply_topic_of
-from llmbus.request_key import RequestKey
+from llmbus.contract.request_key import RequestKey
+from llmbus.domain.fallback import fall_back
+from llmbus.state.fencing import RequestFence, Superseded
 from services.scheduler.adapters.pool_stats import PoolStatsRecorder
 from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.config import SchedulerSettings

@@ -1,7 +1,7 @@
 """`python -m services.shadow_comparator`"""
 
-from llmbus import topics as t
 from llmbus.bus import run_service
+from llmbus.contract import topics as t
 from services.shadow_comparator.app import main
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""shadow-comparator wiring: four declared subscriptions (llmbus.contracts.COMPARATOR) and two timers.
+"""shadow-comparator wiring: four declared subscriptions (llmbus.contract.contracts.COMPARATOR) and two timers.
 
 Subscriptions (at least once: a record's offset is committed after its handler returned; a
 transient failure is retried, a bad record goes to llm.dlq with the reason — llmbus.bus.service):
@@ -18,12 +18,13 @@ import logging
 import os
 import socket
 
-from llmbus import contracts, tenancy
-from llmbus import topics as t
 from llmbus.bus.service import ServiceRuntime
-from llmbus.messages import Comparison
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Comparison
+from llmbus.security import tenancy
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.shadow_comparator.adapters.store import ComparatorStore
 from services.shadow_comparator.config import ComparatorSettings
 from services.shadow_comparator.core.comparator import Comparator, ExperimentView

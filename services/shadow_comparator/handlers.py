@@ -11,10 +11,9 @@ import logging
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import tenancy
-from llmbus import topics as t
 from llmbus.bus import BadMessage, Publisher, decode
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     CostRecord,
     ErrorCode,
     Experiment,
@@ -22,6 +21,7 @@ from llmbus.messages import (
     Feedback,
     InferenceResult,
 )
+from llmbus.security import tenancy
 from services.shadow_comparator.core.comparator import Comparator
 
 log = logging.getLogger(__name__)

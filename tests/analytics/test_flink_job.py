@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BookedTo,
     ChatMessage,
     CostKind,
@@ -41,7 +41,7 @@ from llmbus.messages import (
     ResultStatus,
 )
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.integration.test_cost_e2e import COST_ENV, caught_up, hosted_result, read_log, results_for
 from tests.support import REPO, ServiceProc, eventually, redis_keys, start_sim_stack, wait_workers_ready
 

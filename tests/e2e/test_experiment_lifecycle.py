@@ -26,12 +26,11 @@ from itertools import pairwise
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus.tables import read_log, read_table
 from llmbus.cli.experiments import publish_record
 from llmbus.client import LlmbusClient
-from llmbus.lifecycle import create
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     Comparison,
     Experiment,
     ExperimentDecision,
@@ -44,7 +43,8 @@ from llmbus.messages import (
     TokenChunk,
     now_ms,
 )
-from llmbus.messages.experiments import DEFAULT_RAMP_PCT
+from llmbus.contract.messages.experiments import DEFAULT_RAMP_PCT
+from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, eventually, wait_workers_ready
 

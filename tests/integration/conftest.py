@@ -9,7 +9,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.support import redis_keys
 
 

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from llmbus import topics as t
 from llmbus.bus import run_service
+from llmbus.contract import topics as t
 from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.app import CostService, main
 

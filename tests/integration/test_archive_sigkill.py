@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.archive import read, rlhf
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
-from llmbus.messages import CostRecord, Feedback, InferenceResult, Message, ResultStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import CostRecord, Feedback, InferenceResult, Message, ResultStatus
 from tests.support import ServiceProc, drop_namespace, fresh_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

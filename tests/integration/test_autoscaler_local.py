@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     InferenceRequest,
     InferenceResult,
     PoolStats,

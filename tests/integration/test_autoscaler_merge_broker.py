@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_log
-from llmbus.messages import PoolStats, ScaleDecision, now_ms
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import PoolStats, ScaleDecision, now_ms
 from llmbus.settings import BusSettings
 from services.autoscaler.adapters.actuators import NoActuator
 from services.autoscaler.app import build_app

@@ -7,14 +7,14 @@ import asyncio
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import messages as m
-from llmbus import topics as t
 from llmbus.bus import Bus, make_consumer, stop_consumer
 from llmbus.bus import headers as hdr
 from llmbus.bus.codec import decode
 from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_log
-from llmbus.declarations import Contract, Reads, Writes
+from llmbus.contract import messages as m
+from llmbus.contract import topics as t
+from llmbus.contract.declarations import Contract, Reads, Writes
 from llmbus.settings import BusSettings
 from tests.support import eventually
 

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from llmbus import topics as t
 from llmbus.client import LlmbusClient
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 
 pytestmark = pytest.mark.kafka

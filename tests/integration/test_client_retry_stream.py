@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import InferenceRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest
 from llmbus.settings import BusSettings
 from tests.unit.test_chunk_contract import RETRIED
 

@@ -13,8 +13,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from cloudevents.core.bindings.kafka import KafkaMessage, from_binary_event
 
-from llmbus import topics as t
 from llmbus.bus import Bus
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 from tests.contract_samples import SAMPLES
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.memory import MemoryBus
-from llmbus.lifecycle import create
-from llmbus.messages import Comparison, DeadLetter, InferenceResult, ResultStatus, Timings
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Comparison, DeadLetter, InferenceResult, ResultStatus, Timings
+from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
 from services.shadow_comparator.app import build
 from services.shadow_comparator.config import ComparatorSettings

@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 import redis.asyncio as redis
 
-from llmbus.lifecycle import create, to_step
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Comparison,
     CostRecord,
     ErrorCode,
@@ -22,6 +21,7 @@ from llmbus.messages import (
     Usage,
     now_ms,
 )
+from llmbus.domain.lifecycle import create, to_step
 from services.shadow_comparator.adapters.store import ComparatorStore
 from services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
 from services.shadow_comparator.core.comparator import Comparator, ExperimentView

@@ -14,10 +14,10 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics, open_admin
-from llmbus.bus.consumer import wait_assigned
-from llmbus.messages import InferenceRequest
+from llmbus.bus.catch_up import wait_assigned
+from llmbus.contract.messages import InferenceRequest
+from llmbus.contract.topics import TopicSpec
 from llmbus.settings import BusSettings
-from llmbus.topics import TopicSpec
 from tests.integration.test_consumer_loop import produce
 from tests.support import drop_namespace, eventually, fresh_settings, until
 

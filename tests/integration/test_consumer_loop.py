@@ -10,9 +10,9 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.admin import ensure_topics
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
+from llmbus.contract.topics import TopicSpec
 from llmbus.settings import BusSettings
-from llmbus.topics import TopicSpec
 
 pytestmark = pytest.mark.kafka
 

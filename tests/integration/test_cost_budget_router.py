@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     ErrorCode,
     InferenceRequest,
     InferenceResult,

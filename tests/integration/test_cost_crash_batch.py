@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import open_admin
-from llmbus.messages import CostRecord, InferenceResult, ResultStatus, Usage, now_ms
+from llmbus.contract import topics as t
+from llmbus.contract.messages import CostRecord, InferenceResult, ResultStatus, Usage, now_ms
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client, text_of
+from llmbus.state.store import redis_client
+from llmbus.state.text import text_of
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import load_pricebook
 from tests.support import ServiceProc, eventually

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import open_admin
 from llmbus.bus.tables import read_table
 from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BookedTo,
     ChatMessage,
     CostKind,
@@ -36,7 +36,7 @@ from llmbus.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
 from tests.support import ServiceProc, eventually, redis_keys, start_sim_stack, wait_workers_ready

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.memory import MemoryBus
 from llmbus.bus.producer import PublishTimeout
-from llmbus.messages import (
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BudgetState,
     BudgetStatus,
     CostKind,

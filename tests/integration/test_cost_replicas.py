@@ -18,13 +18,21 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.audit.bills import check_bills
 from llmbus.bus import Bus
 from llmbus.bus.admin import open_admin
-from llmbus.messages import CostRecord, InferenceResult, ResultStatus, Timings, Usage, WorkerState, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
+    CostRecord,
+    InferenceResult,
+    ResultStatus,
+    Timings,
+    Usage,
+    WorkerState,
+    WorkerStatus,
+)
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.integration.test_cost_e2e import caught_up, hosted_result, instance_cost_micro, read_log
 from tests.support import ServiceProc, eventually
 

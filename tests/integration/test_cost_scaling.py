@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.memory import MemoryBus
-from llmbus.messages import ScaleDecision
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ScaleDecision
 from llmbus.settings import BusSettings
 from llmbus_tools.cost_report import cost_report
 from services.cost_accounting.app import CostService

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import ScaleDecision, now_ms
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ScaleDecision, now_ms
 from llmbus.settings import BusSettings
 from llmbus_tools.cost_report import cost_report
 from services.cost_accounting.app import CostService

@@ -16,11 +16,19 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.audit.bills import check_bills
 from llmbus.bus.memory import MemoryBus
-from llmbus.messages import CostRecord, InferenceResult, ResultStatus, Timings, Usage, WorkerState, WorkerStatus
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
+    CostRecord,
+    InferenceResult,
+    ResultStatus,
+    Timings,
+    Usage,
+    WorkerState,
+    WorkerStatus,
+)
 from llmbus.settings import BusSettings
 from services.cost_accounting.app import CostService
 from services.cost_accounting.config import CostSettings

@@ -13,7 +13,7 @@ import pytest
 
 from llmbus.cli.stack import persist_redis
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.support import REPO
 
 

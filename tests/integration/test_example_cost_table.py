@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, make_producer
 from llmbus.bus import headers as hdr
 from llmbus.bus.producer import stop_producer
-from llmbus.messages import CostRecord
+from llmbus.contract import topics as t
+from llmbus.contract.messages import CostRecord
 from llmbus.settings import BusSettings
 from tests.support import REPO
 

@@ -8,11 +8,18 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmbus import topics as t
 from llmbus.bus.tables import read_table
 from llmbus.cli.experiments import publish_record
 from llmbus.cli.main import app
-from llmbus.messages import Experiment, ExperimentDecision, ExperimentState, ModelSpec, StatEvidence, VariantEvidence
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
+    Experiment,
+    ExperimentDecision,
+    ExperimentState,
+    ModelSpec,
+    StatEvidence,
+    VariantEvidence,
+)
 from llmbus.settings import BusSettings
 
 pytestmark = [pytest.mark.kafka]

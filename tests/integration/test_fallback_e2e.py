@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbus import topics as t
 from llmbus.client import LlmbusClient, TopicTail, collect_results
-from llmbus.messages import InferenceRequest, ResultStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, ResultStatus
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, wait_workers_ready
 

@@ -1,4 +1,4 @@
-"""Fencing by attempt on the real Redis (llmbus.fencing): one attempt publishes, zombies cannot."""
+"""Fencing by attempt on the real Redis (llmbus.state.fencing): one attempt publishes, zombies cannot."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from llmbus.fencing import RequestFence, Superseded
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers
+from llmbus.state.fencing import RequestFence, Superseded
+from llmbus.state.store import dispatch_markers
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.tables import read_log
-from llmbus.messages import DeadLetter, WorkerState, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
 from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 from tests.support import eventually

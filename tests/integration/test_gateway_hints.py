@@ -18,15 +18,15 @@ import httpx
 import openai
 import pytest
 
-from llmbus import topics as t
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.cli import stack as dev_stack
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import InferenceRequest, InferenceResult, RoutedRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, InferenceResult, RoutedRequest
+from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.fixtures.openai_server import FakeOpenAIServer
 from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
 

@@ -21,11 +21,11 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_topics
 from llmbus.client import TopicTail
-from llmbus.messages import Control, ControlAction, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Control, ControlAction, TokenChunk
 from llmbus.settings import BusSettings
 from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 from services.gateway.adapters.relay import Relay

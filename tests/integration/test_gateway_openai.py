@@ -18,15 +18,15 @@ import openai
 import pytest
 import yaml
 
-from llmbus import topics as t
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_log
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import Control, ControlAction, Dispatch, ErrorCode, Feedback, ModelSpec, ResultStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Control, ControlAction, Dispatch, ErrorCode, Feedback, ModelSpec, ResultStatus
+from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -457,7 +457,7 @@ async def test_catalog_names_every_topic_the_services_really_use(stack: Stack) -
         spec = topics.spec_of(topic)
         if service not in (spec.writers if verb == "writes" else spec.readers):
             wrong.append(f"{service} {verb} {spec.name}")
-    assert not wrong, f"the declarations (llmbus/contracts.py) do not say: {wrong}"
+    assert not wrong, f"the declarations (llmbus/contract/contracts.py) do not say: {wrong}"
 
 
 async def worker_of(dispatches: dict[str, TopicTail], request_id: str, timeout_s: float = 20) -> str:

@@ -10,11 +10,11 @@ import asyncio
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_topics
 from llmbus.client import TopicTail
-from llmbus.messages import DeadLetter, ErrorCode, InferenceRequest, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceRequest, TokenChunk
 from llmbus.settings import BusSettings
 from services.gateway.adapters.relay import Relay
 

@@ -11,15 +11,15 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from typer.testing import CliRunner
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.admin import ensure_topics, open_admin
 from llmbus.bus.tables import read_table
 from llmbus.cli.gc import delete_groups
 from llmbus.cli.main import app
-from llmbus.messages import WorkerState, WorkerStatus
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka]

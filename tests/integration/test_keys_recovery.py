@@ -13,9 +13,9 @@ import pytest
 import redis
 from typer.testing import CliRunner
 
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.cli.main import app
-from llmbus.state import redis_client
+from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
+from llmbus.state.store import redis_client
 from tests.reliability.harness import PrivateRedis
 
 pytestmark = [pytest.mark.redis]

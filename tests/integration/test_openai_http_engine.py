@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from llmbus.messages import ErrorCode
+from llmbus.contract.messages import ErrorCode
 from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import (

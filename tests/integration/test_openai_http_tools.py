@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import FinishReason
+from llmbus.contract import topics as t
+from llmbus.contract.messages import FinishReason
 from tests.integration.test_openai_http_worker import (  # noqa: F401 - `hosted` is the fixture
     MODEL,
     HostedStack,

@@ -21,14 +21,14 @@ import openai
 import pytest
 import yaml
 
-from llmbus import topics as t
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.bus import decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import InferenceResult, WorkerState, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceResult, WorkerState, WorkerStatus
+from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.fixtures.openai_server import FakeOpenAIServer, SeenRequest
 from tests.integration.test_gateway_openai import free_port
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_http_ok, wait_workers_ready

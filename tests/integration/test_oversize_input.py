@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import decode
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import DeadLetter, ErrorCode, ResultStatus, RoutedRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter, ErrorCode, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
 from tests.integration.test_spine import raw_producer, read_until
 from tests.support import ServiceProc

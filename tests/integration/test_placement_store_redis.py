@@ -7,8 +7,8 @@ import json
 import pytest
 import redis.asyncio as redis
 
-from llmbus.messages import InferenceRequest, RoutedRequest
-from llmbus.request_key import request_key
+from llmbus.contract.messages import InferenceRequest, RoutedRequest
+from llmbus.contract.request_key import request_key
 from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.core.types import Placement, SchedRequest
 

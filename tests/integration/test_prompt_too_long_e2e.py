@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import LlmbusClient, TopicTail, collect_results
-from llmbus.messages import ChatMessage, ErrorCode, InferenceRequest, InferenceResult, ModelSpec, ResultStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, InferenceResult, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.tokens import estimate_tokens, load_tokenizer
 from tests.support import ServiceProc, wait_workers_ready

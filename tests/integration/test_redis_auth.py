@@ -13,7 +13,7 @@ import redis.exceptions
 from pydantic import SecretStr
 
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.support import REPO
 
 PASSWORD = "not-in-any-log-" + os.urandom(6).hex()

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as redis
 from redis.exceptions import ResponseError
 
-from llmbus.redis_batch import RedisBatcher
+from llmbus.state.redis_batch import RedisBatcher
 
 pytestmark = pytest.mark.redis
 

@@ -16,11 +16,11 @@ import pytest
 import redis.asyncio as redis
 from redis.cluster import key_slot
 
-from llmbus.fencing import RequestFence, Superseded
-from llmbus.messages import InferenceRequest, now_ms
-from llmbus.redis_batch import RedisBatcher
-from llmbus.request_key import request_key
-from llmbus.state import redis_client
+from llmbus.contract.messages import InferenceRequest, now_ms
+from llmbus.contract.request_key import request_key
+from llmbus.state.fencing import RequestFence, Superseded
+from llmbus.state.redis_batch import RedisBatcher
+from llmbus.state.store import redis_client
 from services.router.adapters.cache import RedisResponseCache
 from services.router.adapters.limits import RedisRateLimiter
 from services.router.core.cache_key import cache_key

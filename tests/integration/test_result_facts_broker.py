@@ -14,10 +14,10 @@ import redis.asyncio as redis
 import yaml
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
 from llmbus.bus import decode
 from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     ChatMessage,
     CostRecord,
     ErrorCode,
@@ -27,7 +27,7 @@ from llmbus.messages import (
     ResultStatus,
     RoutedRequest,
 )
-from llmbus.messages.base import now_ms
+from llmbus.contract.messages.base import now_ms
 from llmbus.settings import BusSettings
 from services.router.core.config import load_policy
 from services.scheduler.core.scheduler import FinalError

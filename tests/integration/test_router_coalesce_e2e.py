@@ -15,11 +15,11 @@ from typing import TypeVar
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
-from llmbus.chunks import ChunkAssembler
 from llmbus.client import TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.chunks import ChunkAssembler
+from llmbus.contract.messages import (
     ChatMessage,
     ErrorCode,
     InferenceRequest,
@@ -31,7 +31,7 @@ from llmbus.messages import (
     now_ms,
 )
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.support import ServiceProc, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as redis
 
-from llmbus.messages import InferenceRequest, RoutedRequest, now_ms
+from llmbus.contract.messages import InferenceRequest, RoutedRequest, now_ms
 from services.router.adapters.coalescing import RedisCoalescer
 
 pytestmark = pytest.mark.redis

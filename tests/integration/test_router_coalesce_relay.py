@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from llmbus import topics as t
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     ErrorCode,
     ErrorInfo,
     InferenceRequest,
@@ -20,7 +20,7 @@ from llmbus.messages import (
     Usage,
 )
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.router.adapters.coalesce_relay import CoalesceRelay
 from services.router.adapters.coalescing import RedisCoalescer
 from services.router.core.config import CoalescePolicy

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     BudgetState,
     BudgetStatus,
     ErrorCode,

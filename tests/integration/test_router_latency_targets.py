@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail
-from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, RoutedRequest, Timings
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, RoutedRequest, Timings
 from llmbus.settings import BusSettings
 from services.router.core.config import load_policy
 from tests.support import ServiceProc, eventually

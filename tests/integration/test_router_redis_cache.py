@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     ErrorCode,
     ErrorInfo,
     FinishReason,

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.router.adapters.limits import RedisRateLimiter
 from services.router.core.config import TenantPolicy
 from tests.support import redis_keys

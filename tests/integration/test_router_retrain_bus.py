@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
 from llmbus_tools.router_training.feedback import collect_samples
 from services.router.core.config import load_policy

@@ -9,7 +9,7 @@ import numpy.typing as npt
 import pytest
 import redis.asyncio as redis
 
-from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, Usage
+from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, Usage
 from services.router.adapters.cache import RedisResponseCache
 from services.router.adapters.semantic_cache import RedisSemanticCache
 from services.router.core.cache_key import cache_key

@@ -6,12 +6,12 @@ import uuid
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import ChatMessage, Experiment, InferenceRequest, ResultStatus, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ChatMessage, Experiment, InferenceRequest, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.router.core.cache_key import cache_key
 from tests.support import ServiceProc, eventually, wait_workers_ready
 

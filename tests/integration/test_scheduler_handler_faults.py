@@ -13,7 +13,7 @@ import redis.asyncio as redis
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Dispatch,
     ErrorCode,
     ErrorInfo,
@@ -26,10 +26,10 @@ from llmbus.messages import (
     WorkerStatus,
     now_ms,
 )
-from llmbus.request_key import request_key
+from llmbus.contract.request_key import request_key
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers
-from llmbus.topics import Topics
+from llmbus.state.store import dispatch_markers
 from services.scheduler.adapters.store import PlacementStore
 from services.scheduler.app import build_core
 from services.scheduler.config import SchedulerSettings

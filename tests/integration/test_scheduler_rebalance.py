@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
+from llmbus.bus.replies import publish_result
 from llmbus.client import collect_results
-from llmbus.messages import Control, ControlAction, InferenceResult, OutcomeStatus, ResultStatus
-from llmbus.replies import publish_result
-from llmbus.request_key import request_key
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Control, ControlAction, InferenceResult, OutcomeStatus, ResultStatus
+from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
-from llmbus.state import dispatch_markers, redis_client
+from llmbus.state.store import dispatch_markers, redis_client
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
 from tests.support import ServiceProc
 

@@ -12,11 +12,11 @@ import uuid
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_topics, open_admin
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     Dispatch,
     DispatchOutcome,
     ErrorCode,
@@ -191,7 +191,7 @@ async def test_retryable_failure_goes_to_another_worker_then_max_attempts(
         await fleet.answer(first, OutcomeStatus.RETRYABLE, ErrorCode.ENGINE_FAILED)
         [second] = await fleet.dispatches(1)
         assert second.request_id == rid and second.attempt == 2 and second.worker_id != first.worker_id
-        from llmbus.state import dispatch_markers, redis_client
+        from llmbus.state.store import dispatch_markers, redis_client
 
         client = redis_client(bus_settings.redis_url)
         try:  # a redelivery of attempt 1 (its worker restarting) will be skipped, not run twice
@@ -265,7 +265,7 @@ async def test_a_claim_without_its_dispatch_is_sent_after_a_restart(
 ) -> None:
     """The crash window between the Redis claim and the Dispatch: the placement is in Redis, the
     Dispatch never went out and the routed record was not committed. The next scheduler sends it."""
-    from llmbus.state import redis_client
+    from llmbus.state.store import redis_client
     from services.scheduler.adapters.store import PlacementStore
     from services.scheduler.core.types import Placement, SchedRequest
 

@@ -1,6 +1,6 @@
 """Tenants cannot see or steer each other, on a secured broker (SASL/SCRAM + catalog ACLs).
 
-A private broker from deploy/kafka/kafka.sh (KAFKA_AUTH=scram), ACLs from `llmbus.acls`, and a
+A private broker from deploy/kafka/kafka.sh (KAFKA_AUTH=scram), ACLs from `llmbus.security.acls`, and a
 router, scheduler and sim worker each connected as its own principal. Tenants `acme` and
 `globex` use nothing but a Kafka client and their own credentials.
 """
@@ -16,15 +16,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import ClusterAuthorizationFailedError, KafkaConnectionError, TopicAuthorizationFailedError
 
-from llmbus import topics as t
-from llmbus.acls import all_acls, tenant_topics
 from llmbus.bus import decode, make_producer
 from llmbus.bus.acl_admin import apply_acls
 from llmbus.bus.admin import ensure_catalog, ensure_topics
 from llmbus.bus.producer import stop_producer
 from llmbus.bus.security import kafka_auth
 from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     Control,
     ControlAction,
     DeadLetter,
@@ -38,8 +37,9 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
+from llmbus.security.acls import all_acls, tenant_topics
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from llmbus_tools.router_training.feedback import read_feedback
 from services.shadow_comparator.adapters.store import ComparatorStore
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka

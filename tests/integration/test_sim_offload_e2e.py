@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import decode
 from llmbus.client import LlmbusClient, TopicTail
-from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, WorkerStatus
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, wait_workers_ready
 

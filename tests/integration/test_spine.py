@@ -10,10 +10,10 @@ import uuid
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from llmbus import topics as t
 from llmbus.bus import decode
 from llmbus.client import TopicTail, collect_results
-from llmbus.messages import DeadLetter, ErrorCode, InferenceResult, ResultStatus, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceResult, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
 from tests.support import ServiceProc, wait_workers_ready
 

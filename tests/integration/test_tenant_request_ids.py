@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.client import TopicTail
-from llmbus.messages import BookedTo, ChatMessage, CostRecord, InferenceRequest, InferenceResult, ResultStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import BookedTo, ChatMessage, CostRecord, InferenceRequest, InferenceResult, ResultStatus
 from llmbus.settings import BusSettings
 from tests.integration.test_cost_e2e import COST_ENV, caught_up, read_log
 from tests.support import ServiceProc, eventually, start_sim_stack, wait_workers_ready

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from llmbus.messages import ChatMessage, ErrorCode, InferenceRequest
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest
+from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from llmbus.messages import ErrorCode
+from llmbus.contract.messages import ErrorCode
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
 from services.engine_worker.core.engine import (
     AdmissionError,

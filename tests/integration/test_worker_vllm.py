@@ -19,11 +19,11 @@ import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
 from transformers import AutoTokenizer
 
-from llmbus import topics as t
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog, open_admin
 from llmbus.client import TopicTail
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     ChatMessage,
     Control,
     ControlAction,
@@ -39,7 +39,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
-from llmbus.request_key import request_key
+from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
 from tests.fixtures.tiny_llama import build_tiny_llama
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready

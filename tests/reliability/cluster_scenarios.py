@@ -15,8 +15,8 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmbus import topics as t
 from llmbus.bus.admin import open_admin
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 from tests.fixtures.kafka_cluster import MIN_INSYNC_REPLICAS, REPLICATION_FACTOR, KafkaCluster, kafka_cluster
 from tests.reliability.effects import Billing

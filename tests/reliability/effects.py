@@ -20,15 +20,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
-from llmbus import topics as t
 from llmbus.audit import Seen
 from llmbus.audit.bills import check_bills
 from llmbus.bus import decode
 from llmbus.bus.admin import open_admin
 from llmbus.client import TopicTail
-from llmbus.messages import BookedTo, Comparison, CostRecord, InferenceResult, ScaleDecision
+from llmbus.contract import topics as t
+from llmbus.contract.messages import BookedTo, Comparison, CostRecord, InferenceResult, ScaleDecision
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from services.shadow_comparator.adapters.store import ComparatorStore
 
 # Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after

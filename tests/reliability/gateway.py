@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from llmbus.apikeys import ApiKeyStore, gateway_key_namespace
+from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.reliability.harness import MODEL, TENANTS, make_request
 
 

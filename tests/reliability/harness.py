@@ -21,12 +21,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmbus import topics as t
 from llmbus.audit import AuditReport, audit, read_namespace
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
-from llmbus.messages import InferenceRequest, InferenceResult
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
 from tests.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
 from tests.support import REPO, ServiceProc, drop_namespace, wait_workers_ready

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from llmbus import topics as t
 from llmbus.bus import Bus
 from llmbus.bus.codec import MAX_ID_CHARS
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 from tests.reliability.effects import Effect
 from tests.reliability.harness import (

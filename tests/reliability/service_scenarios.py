@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from llmbus import topics as t
 from llmbus.cli.experiments import publish_record
-from llmbus.lifecycle import create
-from llmbus.messages import ModelSpec
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ModelSpec
+from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
 from tests.reliability.effects import Billing, Comparing, Scaling, group_members, live_pids
 from tests.reliability.gateway import HttpLoad, api_keys, free_port, wait_ready

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.audit import Seen, read_namespace
 from llmbus.audit.bills import check_bills
-from llmbus.messages import BookedTo, CostKind, CostRecord
-from llmbus.request_key import request_key
+from llmbus.contract import topics as t
+from llmbus.contract.messages import BookedTo, CostKind, CostRecord
+from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 from tests.reliability.effects import costs_in, results_in
 from tests.reliability.harness import (
     Outcome,

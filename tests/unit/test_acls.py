@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import acls as a
-from llmbus import topics as t
+from llmbus.contract import topics as t
+from llmbus.security import acls as a
 
 
 def test_a_tenant_writes_only_its_requests_and_feedback_and_reads_only_its_replies() -> None:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from llmbus.archive import read
 from llmbus.archive.layout import OffsetRange, covered, parse_manifest_name
 from llmbus.archive.rows import KINDS_BY_NAME, SCHEMA, Source, row_of
-from llmbus.messages import Feedback, InferenceResult, ResultStatus
+from llmbus.contract.messages import Feedback, InferenceResult, ResultStatus
 from services.archive.adapters.store import ArchiveStore
 from services.archive.core.plan import plan_batch
 

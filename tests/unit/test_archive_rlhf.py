@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from llmbus.archive.rows import KINDS_BY_NAME, Source, row_of
 from llmbus.cli.main import app
-from llmbus.messages import (
+from llmbus.contract.messages import (
     ChatMessage,
     CostRecord,
     ErrorCode,
@@ -23,7 +23,7 @@ from llmbus.messages import (
     ResultStatus,
     Usage,
 )
-from llmbus.schemagen import rlhf_schema
+from llmbus.contract.schemagen import rlhf_schema
 from services.archive.adapters.store import ArchiveStore
 from services.archive.core.plan import plan_batch
 

@@ -6,9 +6,9 @@ import base64
 import itertools
 import json
 
-from llmbus import topics as t
 from llmbus.audit import Seen, audit
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     DeadLetter,
     Dispatch,
     ErrorCode,

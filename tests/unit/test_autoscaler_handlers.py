@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.codec import decode
 from llmbus.bus.memory import MemoryBus
-from llmbus.messages import DeadLetter, PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter, PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from services.autoscaler.adapters.actuators import NoActuator
 from services.autoscaler.app import build_app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus.messages import PoolStats
+from llmbus.contract.messages import PoolStats
 from services.autoscaler.core.merge import PoolStatsMerger, merge_pool_stats
 
 

@@ -21,7 +21,7 @@ from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.dlq import dead_letter
 from llmbus.bus.producer import make_producer
 from llmbus.bus.runtime import run_until_stopped
-from llmbus.messages import DeadLetter, ErrorCode, InferenceRequest
+from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceRequest
 from llmbus.settings import BusSettings
 
 

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from llmbus import topics as t
 from llmbus.bus import BadMessage, decode
 from llmbus.bus import headers as hdr
 from llmbus.bus.offsets import OffsetTracker
-from llmbus.messages import ErrorCode, InferenceRequest, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ErrorCode, InferenceRequest, TokenChunk
 from services.engine_worker.adapters.streaming import ChunkBatcher
 
 
@@ -127,7 +127,7 @@ def test_topic_names_live_in_one_namespace() -> None:
 def test_committed_schemas_match_the_models() -> None:
     from pathlib import Path
 
-    from llmbus.schemagen import main
+    from llmbus.contract.schemagen import main
 
     assert main(["--out", str(Path(__file__).resolve().parents[2] / "schemas"), "--check"]) == 0
 

@@ -17,8 +17,8 @@ from llmbus.bus import headers as hdr
 from llmbus.bus.consumer import ConsumerLoop
 from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.producer import Publisher
-from llmbus.messages import InferenceResult, TokenChunk
-from llmbus.metric_children import children_of
+from llmbus.contract.messages import InferenceResult, TokenChunk
+from llmbus.observability.metric_children import children_of
 from llmbus.settings import BusSettings
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736

@@ -1,4 +1,4 @@
-"""The chunk contract on retries (llmbus.chunks): the highest attempt wins, stale and repeated chunks drop."""
+"""The chunk contract on retries (llmbus.contract.chunks): the highest attempt wins, stale and repeated chunks drop."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 from rich.console import Console
 
-from llmbus.chunks import ChunkAssembler, RetryDiverged, TextUpdate, unshown
 from llmbus.cli.chat_view import show_stream
-from llmbus.messages import ErrorCode, ErrorInfo, FunctionCallDelta, TokenChunk, ToolCallDelta
+from llmbus.contract.chunks import ChunkAssembler, RetryDiverged, TextUpdate, unshown
+from llmbus.contract.messages import ErrorCode, ErrorInfo, FunctionCallDelta, TokenChunk, ToolCallDelta
 
 
 def chunk(seq: int, delta: str = "", attempt: int = 1, final: bool = False, **fields: object) -> TokenChunk:

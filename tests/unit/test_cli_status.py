@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 
 from llmbus.cli.fleet_view import fleet_table
-from llmbus.messages import WorkerState, WorkerStatus
+from llmbus.contract.messages import WorkerState, WorkerStatus
 
 
 def test_status_table_fits_80_columns_without_cutting_values() -> None:

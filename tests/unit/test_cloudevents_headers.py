@@ -8,7 +8,7 @@ import pytest
 from cloudevents.core.bindings.kafka import KafkaMessage, from_binary_event
 
 from llmbus.bus import headers as hdr
-from llmbus.messages import TokenChunk
+from llmbus.contract.messages import TokenChunk
 from tests.contract_samples import SAMPLES, T0_MS, Sample
 
 

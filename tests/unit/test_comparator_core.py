@@ -7,16 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from llmbus.lifecycle import (
-    LifecycleError,
-    create,
-    render,
-    share_pct,
-    step_for_share,
-    to_step,
-    with_state,
-)
-from llmbus.messages import (
+from llmbus.contract.messages import (
     ErrorCode,
     ErrorInfo,
     Experiment,
@@ -28,6 +19,15 @@ from llmbus.messages import (
     ResultStatus,
     Timings,
     Usage,
+)
+from llmbus.domain.lifecycle import (
+    LifecycleError,
+    create,
+    render,
+    share_pct,
+    step_for_share,
+    to_step,
+    with_state,
 )
 from services.router.core.experiments import pick_variant
 from services.shadow_comparator.core.aggregates import (

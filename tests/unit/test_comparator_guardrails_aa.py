@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from llmbus.lifecycle import create, to_step
-from llmbus.messages import Guardrails, RampPlan
+from llmbus.contract.messages import Guardrails, RampPlan
+from llmbus.domain.lifecycle import create, to_step
 from services.shadow_comparator.core.aggregates import PairStats, VariantStats
 from services.shadow_comparator.core.decide import StepEvidence, decide
 from services.shadow_comparator.core.sequential import Moments

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus.lifecycle import create, to_step
-from llmbus.messages import ErrorCode, ErrorInfo, InferenceResult, ResultStatus
+from llmbus.contract.messages import ErrorCode, ErrorInfo, InferenceResult, ResultStatus
+from llmbus.domain.lifecycle import create, to_step
 from services.shadow_comparator.core.samples import not_a_sample, variant_model
 
 EXP = to_step(create("e", "ctrl", "cand"), 2)

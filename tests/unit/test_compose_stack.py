@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from llmbus import acls
+from llmbus.security import acls
 from services.router.core.config import load_policy
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaConsumer
 from llmbus.bus import consumer as bus_consumer
 from llmbus.bus import tables
 from llmbus.client import TopicTail
-from llmbus.messages import ModelSpec
+from llmbus.contract.messages import ModelSpec
 from llmbus.settings import BusSettings
 from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 

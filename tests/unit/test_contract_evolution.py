@@ -12,8 +12,16 @@ from prometheus_client import REGISTRY
 
 from llmbus.bus.codec import BadMessage, decode
 from llmbus.contract import compat
-from llmbus.messages import CostRecord, ErrorCode, Feedback, InferenceRequest, InferenceResult, ResultStatus, Usage
-from llmbus.schemagen import message_schema
+from llmbus.contract.messages import (
+    CostRecord,
+    ErrorCode,
+    Feedback,
+    InferenceRequest,
+    InferenceResult,
+    ResultStatus,
+    Usage,
+)
+from llmbus.contract.schemagen import message_schema
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.memory import MemoryBus
 from llmbus.bus.service import ServiceRuntime
-from llmbus.declarations import catalog_name
-from llmbus.messages import Control, ControlAction
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.declarations import catalog_name
+from llmbus.contract.messages import Control, ControlAction
 from llmbus.settings import BusSettings
 from services.autoscaler.adapters.actuators import NoActuator
 from services.autoscaler.app import build_app

@@ -7,7 +7,7 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     CostKind,
     CostRecord,
     FinishReason,

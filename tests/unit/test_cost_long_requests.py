@@ -9,7 +9,7 @@ time) and the rest was booked as idle.
 from __future__ import annotations
 
 from llmbus.audit.bills import check_bills
-from llmbus.messages import CostKind, CostRecord, InferenceResult, WorkerState, WorkerStatus
+from llmbus.contract.messages import CostKind, CostRecord, InferenceResult, WorkerState, WorkerStatus
 from services.cost_accounting.core.costing import ServedRequest, price_result
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook

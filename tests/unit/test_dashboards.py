@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from llmbus.messages import GpuInfo, NodeProfile
+from llmbus.contract.messages import GpuInfo, NodeProfile
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmbus.bus import BadMessage, decode
-from llmbus.messages import ErrorCode, InferenceRequest
+from llmbus.contract.messages import ErrorCode, InferenceRequest
 from tests.unit.test_bus_pure import record
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings
 
-from llmbus import contracts
-from llmbus import topics as t
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 
 REPO = Path(__file__).resolve().parents[2]

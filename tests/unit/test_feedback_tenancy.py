@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmbus import contracts, tenancy
-from llmbus import topics as t
 from llmbus.bus.memory import MemoryBus
 from llmbus.client import LlmbusClient
-from llmbus.messages import (
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     DeadLetter,
     ErrorCode,
     Feedback,
@@ -20,6 +20,7 @@ from llmbus.messages import (
     ResultStatus,
     RoutedRequest,
 )
+from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 from llmbus_tools.router_training.feedback import authenticated, join_samples
 from services.router.core.config import load_policy

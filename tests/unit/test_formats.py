@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbus.messages.fleet import ModelFormat
+from llmbus.contract.messages.fleet import ModelFormat
 from services.engine_worker.core.formats import (
     MIN_COMPUTE_CAPABILITY,
     QUALITY_ORDER,

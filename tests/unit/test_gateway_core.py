@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from llmbus.engine_features import missing_features
-from llmbus.messages import (
+from llmbus.contract.engine_features import missing_features
+from llmbus.contract.messages import (
     ErrorCode,
     ErrorInfo,
     FinishReason,

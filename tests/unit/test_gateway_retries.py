@@ -1,4 +1,4 @@
-"""A retried request through the gateway's own stream code: the chunk contract of llmbus.chunks
+"""A retried request through the gateway's own stream code: the chunk contract of llmbus.contract.chunks
 (ChunkAssembler + unshown) sends each character to the HTTP client once, in order."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmbus.messages import ErrorCode, ErrorInfo, FinishReason, InferenceRequest, TokenChunk
+from llmbus.contract.messages import ErrorCode, ErrorInfo, FinishReason, InferenceRequest, TokenChunk
 from services.gateway.adapters.relay import Exchange
 from services.gateway.core.translate import ResponseShape
 from services.gateway.handlers import _sse_events

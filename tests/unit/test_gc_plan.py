@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.cli.gc import instance_topics, parse_duration_ms, plan_gc
+from llmbus.contract import topics as t
 
 HOUR_MS = 3_600_000
 NOW_MS = 1_000 * HOUR_MS

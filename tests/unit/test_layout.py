@@ -31,11 +31,11 @@ NOT_IN_CORE = (
     "kubernetes",
     "opentelemetry",
     "llmbus.bus",
-    "llmbus.state",
-    "llmbus.redis_batch",
-    "llmbus.fencing",
+    "llmbus.state.store",
+    "llmbus.state.redis_batch",
+    "llmbus.state.fencing",
     "llmbus.client",
-    "llmbus.replies",
+    "llmbus.bus.replies",
     "llmbus.cli",
 )
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.lineage import Lineage, render
-from llmbus.messages import (
+from llmbus.contract.messages import (
     ChatMessage,
     Dispatch,
     DispatchOutcome,
@@ -21,6 +20,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
+from llmbus.domain.lineage import Lineage, render
 
 REQ = InferenceRequest(request_id="r1", tenant="acme", model="m", messages=[ChatMessage(role="user", content="hi")])
 ROUTED = RoutedRequest(request=REQ, model="m", route_reason="rule:explicit")

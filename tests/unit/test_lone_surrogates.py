@@ -9,7 +9,7 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus.dlq import dead_letter
-from llmbus.messages import DeadLetter, ErrorCode, InferenceResult
+from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceResult
 from services.router.config import RouterSettings
 from services.router.handlers import RouterHandlers
 from tests.unit.test_router_answers_once import CacheHitCore, EveryTopicExists

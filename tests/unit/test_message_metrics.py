@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 
 from llmbus.bus.message_metrics import observe_published
-from llmbus.messages import Comparison, Feedback, FinishReason, InferenceResult, PairSide, ResultStatus
+from llmbus.contract.messages import Comparison, Feedback, FinishReason, InferenceResult, PairSide, ResultStatus
 
 
 def _value(name: str, **labels: str) -> float:

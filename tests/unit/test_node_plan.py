@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile
+from llmbus.contract.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.formats import NoFormatFits
 from services.engine_worker.core.node_plan import plan_for

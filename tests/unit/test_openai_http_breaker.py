@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from llmbus.messages import ErrorCode, WorkerState, WorkerStatus
+from llmbus.contract.messages import ErrorCode, WorkerState, WorkerStatus
 from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 from services.engine_worker.core.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
 from services.engine_worker.core.engine import EngineError, EngineRequest, RequestRejected, UpstreamBusy

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from llmbus.messages import ChatMessage
+from llmbus.contract.messages import ChatMessage
 from services.engine_worker.adapters.engines.factory import build_engine
 from services.engine_worker.adapters.engines.openai_http import OpenAIHttpEngine
 from services.engine_worker.adapters.engines.openai_http_config import OpenAIHttpConfig, load_upstreams

@@ -1,11 +1,11 @@
-"""llmbus.profiling: a CPU-time profile is written at exit when asked for, nothing otherwise."""
+"""llmbus.observability.profiling: a CPU-time profile is written at exit when asked for, nothing otherwise."""
 
 from __future__ import annotations
 
 import pstats
 from pathlib import Path
 
-from llmbus.profiling import cpu_profiled
+from llmbus.observability.profiling import cpu_profiled
 
 
 def _spin(n: int) -> int:

@@ -20,7 +20,7 @@ import pytest
 from aiokafka.errors import LeaderNotAvailableError, MessageSizeTooLargeError, OutOfOrderSequenceNumber
 
 from llmbus.bus.producer import Publisher, PublishTimeout
-from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, RoutedRequest, TokenChunk
+from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, RoutedRequest, TokenChunk
 from services.router.config import RouterSettings
 from services.router.core.pipeline import RouteOutcome
 from services.router.handlers import RouterHandlers

@@ -4,7 +4,7 @@ doubled on the stream or in Redis's totals fails the billing effect (they can fa
 from __future__ import annotations
 
 from llmbus.audit import AuditReport
-from llmbus.messages import BookedTo, CostKind, CostRecord
+from llmbus.contract.messages import BookedTo, CostKind, CostRecord
 from tests.reliability.effects import comparison_problems, tenant_totals_of, totals_problems
 from tests.reliability.harness import Outcome, over_bound
 

@@ -10,7 +10,7 @@ import hmac
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     CostRecord,
     Dispatch,
     ErrorCode,
@@ -21,8 +21,8 @@ from llmbus.messages import (
     RoutedRequest,
     Usage,
 )
+from llmbus.security.tenancy import user_ref
 from llmbus.settings import BusSettings
-from llmbus.tenancy import user_ref
 from services.cost_accounting.core.costing import price_result
 from services.cost_accounting.core.prices import load_pricebook
 from services.engine_worker.adapters.engines.openai_http import _status_error

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import (
+from llmbus.bus.replies import publish_result
+from llmbus.contract.messages import (
     InferenceRequest,
     InferenceResult,
     ResultStatus,
     RoutedRequest,
     TokenChunk,
 )
-from llmbus.replies import publish_result
-from llmbus.topics import Topics
+from llmbus.contract.topics import Topics
 from services.router.config import RouterSettings
 from services.router.core.pipeline import RouteOutcome
 from services.router.handlers import RouterHandlers

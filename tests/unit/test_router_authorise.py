@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
+from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 from services.router.config import RouterSettings
 from services.router.core.complexity import build_scorer
 from services.router.core.config import load_policy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from services.router.core.cache_key import cache_key, cacheable
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     ErrorCode,
     ErrorInfo,
     FinishReason,

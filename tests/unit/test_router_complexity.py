@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus_tools.router_training.corpus import HAND_PATH
 from services.router.core.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
 

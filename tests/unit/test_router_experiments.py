@@ -7,7 +7,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmbus.messages import Experiment, InferenceRequest, RoutedRequest, Variant
+from llmbus.contract.messages import Experiment, InferenceRequest, RoutedRequest, Variant
 from services.router.core.experiments import (
     BUCKETS,
     ExperimentBook,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
+from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
 from services.router.config import RouterSettings
 from services.router.core.complexity import build_scorer
 from services.router.core.config import load_policy

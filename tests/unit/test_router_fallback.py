@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmbus.fallback import fall_back
-from llmbus.messages import ErrorCode, InferenceRequest, RoutedRequest
+from llmbus.contract.messages import ErrorCode, InferenceRequest, RoutedRequest
+from llmbus.domain.fallback import fall_back
 
 
 def routed() -> RoutedRequest:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus, Timings
+from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, Timings
 from services.router.adapters.latency_watch import LatencyReporter
 from services.router.core.complexity import build_scorer
 from services.router.core.config import LatencyPolicy, load_policy

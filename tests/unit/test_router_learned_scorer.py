@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from llmbus.messages import ChatMessage, Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
+from llmbus.contract.messages import (
+    ChatMessage,
+    Feedback,
+    InferenceRequest,
+    InferenceResult,
+    ResultStatus,
+    RoutedRequest,
+)
 from llmbus_tools.router_training.corpus import CORPUS_PATH, digest, load_corpus
 from llmbus_tools.router_training.feedback import join_samples, label_of
 from llmbus_tools.router_training.retrain import is_better

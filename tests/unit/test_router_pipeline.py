@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     BudgetState,
     ErrorCode,
     Experiment,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
 from services.router.core.complexity import build_scorer
 from services.router.core.config import RouterPolicy, load_policy

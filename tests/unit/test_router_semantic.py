@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from llmbus.messages import InferenceRequest, Usage
+from llmbus.contract.messages import InferenceRequest, Usage
 from services.router.adapters.embedders import build_embedder
 from services.router.core.complexity import build_scorer
 from services.router.core.config import RouterPolicy, load_policy

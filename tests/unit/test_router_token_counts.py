@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmbus.messages import ChatMessage, ErrorCode, InferenceRequest, ModelSpec
+from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, ModelSpec
 from llmbus.tokens import load_tokenizer
 from services.router.core.complexity import build_scorer
 from services.router.core.config import load_policy

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
 from services.router.core.trimming import trim_to_window, turn_tokens
 

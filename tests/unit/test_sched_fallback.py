@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmbus.fallback import fall_back
-from llmbus.messages import ErrorCode, InferenceRequest, RoutedRequest, WorkerState, WorkerStatus
+from llmbus.contract.messages import ErrorCode, InferenceRequest, RoutedRequest, WorkerState, WorkerStatus
+from llmbus.domain.fallback import fall_back
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from services.scheduler.core.types import SchedRequest

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile, WorkerState, WorkerStatus
+from llmbus.contract.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile, WorkerState, WorkerStatus
 from services.scheduler.core.fleet import FleetView
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.plugins import CycleState

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from llmbus.messages import OutcomeStatus, WorkerState, WorkerStatus
-from llmbus.request_key import request_key
+from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
+from llmbus.contract.request_key import request_key
 from services.scheduler.adapters.pool_stats import ARRIVALS_TOTAL, PoolStatsRecorder
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.scheduler import PlaceAction, SchedulerCore

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from llmbus.request_key import request_key
+from llmbus.contract.request_key import request_key
 from services.scheduler.core.queue import FlowQueues, ModelQueue
 from services.scheduler.core.types import SchedRequest
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
-from llmbus.request_key import request_key
+from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
+from llmbus.contract.request_key import request_key
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.recovery import Done, GiveUp, RecoveryPolicy, Retry
 from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore

@@ -3,8 +3,8 @@ workers with clocks behind, and bounded queues (issue 9, defects 6, 7 and 10).""
 
 from __future__ import annotations
 
-from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
-from llmbus.request_key import request_key
+from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from llmbus.contract.request_key import request_key
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.queue import FlowQueues
 from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore

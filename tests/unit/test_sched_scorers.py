@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from llmbus.request_key import request_key
+from llmbus.contract.request_key import request_key
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.plugins.pickers import MaxScorePicker, RoundRobinPicker
 from services.scheduler.core.plugins.scorers_affinity import PrefixAffinityScorer, SessionAffinityScorer

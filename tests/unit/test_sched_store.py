@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.messages import InferenceRequest, RoutedRequest
+from llmbus.contract.messages import InferenceRequest, RoutedRequest
 from services.scheduler.adapters.store import decode_placement, encode
 from services.scheduler.core.types import Placement, SchedRequest
 

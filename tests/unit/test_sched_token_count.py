@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.messages import InferenceRequest, RoutedRequest
+from llmbus.contract.messages import InferenceRequest, RoutedRequest
 from llmbus.tokens import estimate_tokens, load_tokenizer
 from services.scheduler.core.types import SchedRequest
 

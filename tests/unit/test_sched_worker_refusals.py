@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
-from llmbus.request_key import request_key
+from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from llmbus.contract.request_key import request_key
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from tests.unit.test_sched_filters import NOW_MS, hb, req

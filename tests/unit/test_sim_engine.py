@@ -123,7 +123,7 @@ async def test_warmup_then_stop() -> None:
 
 
 async def test_a_host_kv_tier_shows_in_stats_and_the_heartbeat() -> None:
-    from llmbus.messages import WorkerState
+    from llmbus.contract.messages import WorkerState
     from services.engine_worker.config import WorkerSettings
     from services.engine_worker.core.status import RateTracker, build_status
 

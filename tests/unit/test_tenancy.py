@@ -1,12 +1,12 @@
-"""The tenant and reply-topic policy (llmbus.tenancy): dev mode and auth mode."""
+"""The tenant and reply-topic policy (llmbus.security.tenancy): dev mode and auth mode."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmbus import tenancy
-from llmbus import topics as t
-from llmbus.tenancy import Refused, Source
+from llmbus.contract import topics as t
+from llmbus.security import tenancy
+from llmbus.security.tenancy import Refused, Source
 
 GATEWAY = Source(None)
 ACME = Source("acme")

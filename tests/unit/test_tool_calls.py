@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmbus.chunks import ChunkAssembler, RetryDiverged, unshown_tool_calls
-from llmbus.messages import (
+from llmbus.contract.chunks import ChunkAssembler, RetryDiverged, unshown_tool_calls
+from llmbus.contract.messages import (
     ChatMessage,
     FinishReason,
     FunctionCall,
@@ -14,8 +14,8 @@ from llmbus.messages import (
     TokenChunk,
     ToolCall,
 )
-from llmbus.messages import ToolCallDelta as D
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract.messages import ToolCallDelta as D
+from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines.openai_http import _message_body, _tool_call_deltas
 from services.engine_worker.adapters.streaming import ChunkBatcher
 from services.engine_worker.core.engine import EngineRequest

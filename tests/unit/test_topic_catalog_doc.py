@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmbus import topics as t
 from llmbus.bus.admin import topic_config
+from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "topics.md"
@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "topics.md"
 def test_the_doc_shows_the_catalogs_keys_partitions_and_retention() -> None:
     text = DOC.read_text()
     generated = text.split("-->\n", 1)[1].split("<!-- catalog:end -->", 1)[0]
-    assert generated == t.catalog_table(), "docs/topics.md is stale: paste llmbus.topics.catalog_table() in"
+    assert generated == t.catalog_table(), "docs/topics.md is stale: paste llmbus.contract.topics.catalog_table() in"
 
 
 def test_analytics_topics_spread_and_costs_are_keyed_by_record_id() -> None:

@@ -11,7 +11,7 @@ from opentelemetry import trace
 from llmbus.bus import consumer, producer
 from llmbus.bus import headers as hdr
 from llmbus.bus.producer import Publisher
-from llmbus.messages import TokenChunk
+from llmbus.contract.messages import TokenChunk
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-00"  # unsampled, as the off provider makes them

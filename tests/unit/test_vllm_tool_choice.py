@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines.structured import named_tool
 from services.engine_worker.adapters.engines.vllm_engine import forced_call_delta
 

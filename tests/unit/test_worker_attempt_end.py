@@ -1,4 +1,4 @@
-"""How a worker's attempt ends on the bus (services/engine_worker/adapters/ending.py, llmbus.replies), with fakes:
+"""How a worker's attempt ends on the bus (services/engine_worker/adapters/ending.py, llmbus.bus.replies), with fakes:
 
 - the order the rules ask for, in fewer round trips: the claim before any final record, every
   content chunk acknowledged before the final chunk, the final chunk enqueued beside the result,
@@ -20,10 +20,10 @@ import pytest
 from aiokafka.errors import LeaderNotAvailableError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
 from llmbus.bus import PublishTimeout
-from llmbus.fencing import claim_kept
-from llmbus.messages import DispatchOutcome, InferenceResult, OutcomeStatus, ResultStatus, TokenChunk
-from llmbus.replies import REPLY_FAILURES, publish_result_with_final
-from llmbus.topics import Topics
+from llmbus.bus.replies import REPLY_FAILURES, publish_result_with_final
+from llmbus.contract.messages import DispatchOutcome, InferenceResult, OutcomeStatus, ResultStatus, TokenChunk
+from llmbus.contract.topics import Topics
+from llmbus.state.fencing import claim_kept
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.handlers import WorkerHandlers
 from tests.unit.test_publish_through_outage import FakeProducer, publisher_with

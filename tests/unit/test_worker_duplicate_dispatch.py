@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from llmbus.messages import DispatchOutcome, InferenceResult, TokenChunk
+from llmbus.contract.messages import DispatchOutcome, InferenceResult, TokenChunk
 from tests.unit.test_worker_request_errors import MemoryFence, ScriptedEngine, record, worker
 
 

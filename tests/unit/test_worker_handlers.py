@@ -6,9 +6,16 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import Dispatch, DispatchOutcome, ErrorCode, InferenceRequest, OutcomeStatus, RoutedRequest
+from llmbus.contract.messages import (
+    Dispatch,
+    DispatchOutcome,
+    ErrorCode,
+    InferenceRequest,
+    OutcomeStatus,
+    RoutedRequest,
+)
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.handlers import WorkerHandlers

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiokafka.structs import ConsumerRecord
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Dispatch,
     DispatchOutcome,
     ErrorCode,
@@ -25,8 +25,8 @@ from llmbus.messages import (
     RoutedRequest,
     TokenChunk,
 )
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 from services.engine_worker.adapters.engines.openai_http import _status_error
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.engine import EngineDead, EngineError, EngineOutput, EngineRequest, EngineStats
@@ -60,7 +60,7 @@ class FakeBus:
 
 
 class MemoryFence:
-    """llmbus.fencing.RequestFence's rules on a dict (the real scripts run on Redis in tests/integration)."""
+    """llmbus.state.fencing.RequestFence's rules on a dict (the real scripts run on Redis in tests/integration)."""
 
     claim_lease_ms = 30_000
 

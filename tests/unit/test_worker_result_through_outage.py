@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from llmbus.bus import PublishTimeout
-from llmbus.messages import DispatchOutcome, InferenceResult, OutcomeStatus, ResultStatus, TokenChunk
+from llmbus.contract.messages import DispatchOutcome, InferenceResult, OutcomeStatus, ResultStatus, TokenChunk
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.handlers import WorkerHandlers
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher, ScriptedEngine, record

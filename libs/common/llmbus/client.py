@@ -1,6 +1,6 @@
 """A small Kafka client for llmbus: send a request, stream its chunks, wait for results.
 
-`stream_text` follows the chunk contract on retries (llmbus.chunks.ChunkAssembler); `stream`
+`stream_text` follows the chunk contract on retries (llmbus.contract.chunks.ChunkAssembler); `stream`
 yields the raw chunks.
 
 What the CLI, tests and benchmarks use; outside clients can do the same with any Kafka
@@ -17,12 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import tenancy
-from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus, decode
 from llmbus.bus.security import kafka_auth
-from llmbus.chunks import ChunkAssembler, TextUpdate
-from llmbus.messages import Feedback, InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.chunks import ChunkAssembler, TextUpdate
+from llmbus.contract.messages import Feedback, InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
+from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,7 @@ class LlmbusClient:
             router.queues.pop(key, None)
 
     async def stream_text(self, request: InferenceRequest, timeout_s: float = 120.0) -> AsyncIterator[TextUpdate]:
-        """`stream` with the chunk contract applied (see llmbus.chunks): stale and repeated chunks are
+        """`stream` with the chunk contract applied (see llmbus.contract.chunks): stale and repeated chunks are
         dropped, and an update with `restarted` says the text shown so far is void (a retry began)."""
         assembler = ChunkAssembler()
         async for chunk in self.stream(request, timeout_s):

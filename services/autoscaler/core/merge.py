@@ -27,7 +27,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from llmbus.messages import PoolStats
+from llmbus.contract.messages import PoolStats
 
 
 @dataclass

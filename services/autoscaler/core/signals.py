@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from llmbus.messages import PoolStats, WorkerState, WorkerStatus
+from llmbus.contract.messages import PoolStats, WorkerState, WorkerStatus
 
 WARMING = (WorkerState.STARTING, WorkerState.WARMING)
 

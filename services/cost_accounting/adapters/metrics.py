@@ -2,7 +2,7 @@
 
 from prometheus_client import Counter
 
-from llmbus.metric_children import children_of
+from llmbus.observability.metric_children import children_of
 
 COST_USD = Counter("llmbus_cost_usd_total", "Cost booked, USD", ["tenant", "model", "kind"])
 TOKENS = Counter("llmbus_cost_tokens_total", "Tokens costed", ["tenant", "model", "type"])
@@ -11,7 +11,7 @@ RESULTS = Counter("llmbus_cost_results_total", "Results seen on llm.results", ["
 BUDGET_ALERTS = Counter("llmbus_cost_budget_alerts_total", "BudgetStatus alerts published", ["threshold"])
 LATE_RESULTS = Counter("llmbus_cost_late_results_total", "Self-hosted results after their interval closed")
 
-# Children looked up once per label set (llmbus.metric_children): a backlog batch touches hundreds
+# Children looked up once per label set (llmbus.observability.metric_children): a backlog batch touches hundreds
 # of label sets, and `labels()` (validation, a lock) cost more than the sums behind them.
 cost_usd = children_of(COST_USD)
 tokens = children_of(TOKENS)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from llmbus import topics as t
 from llmbus.bus.producer import Publisher
-from llmbus.messages import CostRecord, Message
+from llmbus.contract import topics as t
+from llmbus.contract.messages import CostRecord, Message
 
 # (record, its encoded bytes, key) -> on llm.costs, every ack awaited
 Items = Sequence[tuple[CostRecord, bytes, str | None]]

@@ -8,9 +8,9 @@ import json
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
-from llmbus.messages import CostKind, CostRecord, InferenceResult, now_ms
-from llmbus.request_key import request_key
-from llmbus.state import text_of
+from llmbus.contract.messages import CostKind, CostRecord, InferenceResult, now_ms
+from llmbus.contract.request_key import request_key
+from llmbus.state.text import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
 from services.cost_accounting.core.gpu_ledger import Cursor
 

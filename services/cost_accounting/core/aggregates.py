@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from llmbus.messages import BookedTo, CostRecord, ScaleDecision
+from llmbus.contract.messages import BookedTo, CostRecord, ScaleDecision
 
 PERIODS = {"hour": ("h", "%Y%m%d%H"), "day": ("d", "%Y%m%d"), "month": ("m", "%Y%m")}
 TTL_S = {"hour": 14 * 86400, "day": 400 * 86400, "month": 3 * 400 * 86400}

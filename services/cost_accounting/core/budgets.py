@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmbus.messages import BudgetState
+from llmbus.contract.messages import BudgetState
 
 DEFAULT_BUDGETS_PATH = Path(__file__).resolve().parent.parent / "policies" / "budgets.yaml"
 

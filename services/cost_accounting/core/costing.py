@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.messages import BookedTo, CostKind, CostRecord, FinishReason, InferenceResult, ResultStatus
+from llmbus.contract.messages import BookedTo, CostKind, CostRecord, FinishReason, InferenceResult, ResultStatus
 from services.cost_accounting.core.money import usd
 from services.cost_accounting.core.prices import PriceBook
 

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmbus.messages import BookedTo, CostKind, CostRecord, WorkerState, WorkerStatus
+from llmbus.contract.messages import BookedTo, CostKind, CostRecord, WorkerState, WorkerStatus
 from services.cost_accounting.core.costing import PLATFORM_TENANT, ServedRequest, base_record
 from services.cost_accounting.core.money import split, usd
 from services.cost_accounting.core.prices import MS_PER_HOUR, PriceBook, SelfHostedRate

@@ -27,11 +27,11 @@ import asyncio
 import logging
 import time
 
-from llmbus import topics as t
 from llmbus.bus import Bus, PublishTimeout
-from llmbus.fencing import RequestFence, claim_kept
-from llmbus.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus
-from llmbus.replies import publish_result_with_final
+from llmbus.bus.replies import publish_result_with_final
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus
+from llmbus.state.fencing import RequestFence, claim_kept
 from services.engine_worker.adapters.streaming import ReplyStream
 
 log = logging.getLogger(__name__)

@@ -10,9 +10,9 @@ import contextlib
 import logging
 import time
 
-from llmbus import topics as t
 from llmbus.bus import Bus, ConsumerLoop
-from llmbus.messages import NodeProfile, WorkerState, now_ms
+from llmbus.contract import topics as t
+from llmbus.contract.messages import NodeProfile, WorkerState, now_ms
 from services.engine_worker.adapters import metrics
 from services.engine_worker.adapters.node.publish import profile_and_publish
 from services.engine_worker.config import WorkerSettings

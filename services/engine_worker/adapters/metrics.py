@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Gauge
 
-from llmbus.messages import WorkerStatus
+from llmbus.contract.messages import WorkerStatus
 
 LABELS = ["worker_id", "model_name"]
 

@@ -7,7 +7,7 @@ import logging
 import time
 
 from llmbus.bus.producer import Publisher, worth_resending
-from llmbus.messages import TokenChunk, ToolCallDelta
+from llmbus.contract.messages import TokenChunk, ToolCallDelta
 
 log = logging.getLogger(__name__)
 

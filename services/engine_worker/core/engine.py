@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llmbus.messages import RETRYABLE, ChatMessage, ErrorCode, ToolCallDelta
+from llmbus.contract.messages import RETRYABLE, ChatMessage, ErrorCode, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class EngineRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     priority: int = 0
-    # OpenAI's shapes, for the engines that support them (llmbus.engine_features); None: not asked.
+    # OpenAI's shapes, for the engines that support them (llmbus.contract.engine_features); None: not asked.
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmbus.messages.fleet import ModelFormat
+from llmbus.contract.messages.fleet import ModelFormat
 
 DEFAULT_HEADROOM = 0.85
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.messages import ModelSpec, NodeProfile
+from llmbus.contract.messages import ModelSpec, NodeProfile
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.formats import choose_format, supported_formats
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.messages import WorkerState, WorkerStatus
+from llmbus.contract.messages import WorkerState, WorkerStatus
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.engine import Engine, EngineStats
 

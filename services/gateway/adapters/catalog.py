@@ -10,9 +10,9 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord
 
-from llmbus import topics as t
 from llmbus.bus import BadMessage, decode, make_consumer, stop_consumer
-from llmbus.messages import ModelSpec, WorkerState, WorkerStatus, now_ms
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ModelSpec, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]

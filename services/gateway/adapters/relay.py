@@ -1,7 +1,7 @@
 """The gateway's side of the bus: send a request, follow this instance's reply topic, cancel.
 
 Replies come through llmbus.client's ReplyRouter (one group-less tail of the instance's
-reply topic, chunks handed to their request's queue); llmbus.chunks applies the chunk
+reply topic, chunks handed to their request's queue); llmbus.contract.chunks applies the chunk
 contract on retries: the ChunkAssembler keeps the current attempt's text, and `unshown` hands
 the client each character once (a client of an HTTP stream cannot take text back).
 """
@@ -17,12 +17,20 @@ from typing import Any
 from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
-from llmbus import semconv as sc
-from llmbus import topics as t
 from llmbus.bus import BadMessage, Bus
-from llmbus.chunks import ChunkAssembler, unshown, unshown_tool_calls
 from llmbus.client import ReplyRouter, TopicTail
-from llmbus.messages import Control, ControlAction, ErrorCode, ErrorInfo, InferenceRequest, TokenChunk, ToolCallDelta
+from llmbus.contract import topics as t
+from llmbus.contract.chunks import ChunkAssembler, unshown, unshown_tool_calls
+from llmbus.contract.messages import (
+    Control,
+    ControlAction,
+    ErrorCode,
+    ErrorInfo,
+    InferenceRequest,
+    TokenChunk,
+    ToolCallDelta,
+)
+from llmbus.observability import semconv as sc
 
 log = logging.getLogger(__name__)
 

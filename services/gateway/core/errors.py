@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmbus.messages import ErrorCode, ErrorInfo
+from llmbus.contract.messages import ErrorCode, ErrorInfo
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmbus.messages import Feedback
+from llmbus.contract.messages import Feedback
 
 
 class FeedbackBody(BaseModel):

@@ -4,7 +4,7 @@ Parameters that would change the answer in ways llmbus cannot honour (several ch
 legacy functions, log-probabilities, echo) are refused with a 400 naming the parameter, instead
 of being silently ignored; harmless ones (penalties, logit bias, ...) are accepted and ignored.
 `response_format`, `tools` and `suffix` travel on the request to engines that support them
-(llmbus.engine_features); the others refuse them with a 400.
+(llmbus.contract.engine_features); the others refuse them with a 400.
 
 llmbus's routing hints are extra body fields (the SDK's `extra_body`): `category`,
 `token_budget`, `session_id`, `priority`, `complexity` (see core/hints.py for the headers).
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmbus.messages import ResponseFormat, ToolCall
+from llmbus.contract.messages import ResponseFormat, ToolCall
 
 
 class Unsupported(ValueError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from llmbus.messages import ChatMessage, FinishReason, InferenceRequest, ToolCall, ToolCallDelta, Usage
+from llmbus.contract.messages import ChatMessage, FinishReason, InferenceRequest, ToolCall, ToolCallDelta, Usage
 from services.gateway.core.openai_types import ChatCompletionBody, ChatMessageIn, CompletionBody
 
 Kind = Literal["chat", "completion"]

@@ -15,9 +15,9 @@ import logging
 import redis.asyncio as redis
 from prometheus_client import Counter
 
-from llmbus.messages import FinishReason, InferenceResult, ResultStatus, Usage
-from llmbus.metric_children import children_of
-from llmbus.redis_batch import RedisBatcher
+from llmbus.contract.messages import FinishReason, InferenceResult, ResultStatus, Usage
+from llmbus.observability.metric_children import children_of
+from llmbus.state.redis_batch import RedisBatcher
 from services.router.core.ports import CachedAnswer
 
 log = logging.getLogger(__name__)

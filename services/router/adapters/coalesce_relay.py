@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import InferenceResult, RoutedRequest
-from llmbus.replies import publish_result, reply_topic_of
-from llmbus.request_key import RequestKey
+from llmbus.bus.replies import publish_result, reply_topic_of
+from llmbus.contract import topics as t
+from llmbus.contract.messages import InferenceResult, RoutedRequest
+from llmbus.contract.request_key import RequestKey
 from services.router.adapters.coalescing import RedisCoalescer
 from services.router.core.coalesce import outcome_for, own_generation
 from services.router.core.config import CoalescePolicy

@@ -26,9 +26,9 @@ import logging
 import redis.asyncio as redis
 from prometheus_client import Counter
 
-from llmbus.messages import RoutedRequest, now_ms
-from llmbus.redis_batch import RedisBatcher
-from llmbus.state import text_of
+from llmbus.contract.messages import RoutedRequest, now_ms
+from llmbus.state.redis_batch import RedisBatcher
+from llmbus.state.text import text_of
 
 log = logging.getLogger(__name__)
 COALESCE_JOINS = Counter("llmbus_router_coalesce_joins_total", "Cacheable misses by coalescing role", ["role"])
@@ -87,7 +87,7 @@ class RedisCoalescer:
         self._max_wait_ms = int(max_wait_s * 1000)
         self._park_ttl_ms = self._max_wait_ms + 600_000  # outlives the wait: the sweeper still finds it
         self._claim_lease_ms = int(claim_lease_s * 1000)
-        # Joins and finishes of concurrent requests share Redis round trips (llmbus.redis_batch).
+        # Joins and finishes of concurrent requests share Redis round trips (llmbus.state.redis_batch).
         batch = RedisBatcher(client)
         self._join = batch.script(_JOIN)
         self._finish = batch.script(_FINISH)

@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import Gauge
 
-from llmbus.messages import InferenceResult, ResultStatus
+from llmbus.contract.messages import InferenceResult, ResultStatus
 from services.router.core.latency import TierLatencyWatch, TierVerdict
 from services.router.core.pipeline import RouterCore
 

@@ -6,7 +6,7 @@ Doing both in one script means a request refused for tokens never eats a request
 and several router replicas share one exact view. The clock is Redis's own (TIME), so
 clock skew between router hosts cannot mint tokens.
 
-Calls are batched (llmbus.redis_batch): while one round trip is at Redis, new calls queue,
+Calls are batched (llmbus.state.redis_batch): while one round trip is at Redis, new calls queue,
 and the next pipeline takes them all. There is no timer, so a lone request is never delayed;
 under load one round trip serves many requests (measured: ~450 µs per call alone vs ~140 µs
 per call in pipelines of 100 on the 2-core dev box). Each script stays atomic on its own.
@@ -21,7 +21,7 @@ import redis.asyncio as redis
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from llmbus.redis_batch import RedisBatcher
+from llmbus.state.redis_batch import RedisBatcher
 from services.router.core.config import TenantPolicy
 from services.router.core.ports import RateDecision
 
@@ -63,7 +63,7 @@ LIMITER_ERRORS = Counter("llmbus_router_ratelimit_errors_total", "Rate-limit che
 class RedisRateLimiter:
     def __init__(self, client: redis.Redis, namespace: str, max_batch: int = 256) -> None:
         self._namespace = namespace
-        # Concurrent requests' checks share pipeline round trips (llmbus.redis_batch).
+        # Concurrent requests' checks share pipeline round trips (llmbus.state.redis_batch).
         self._run_script = RedisBatcher(client, max_batch).script(_TAKE_LUA)
 
     def keys(self, tenant: str) -> list[str]:

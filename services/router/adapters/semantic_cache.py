@@ -17,8 +17,8 @@ import numpy as np
 import redis.asyncio as redis
 from prometheus_client import Counter
 
-from llmbus.messages import InferenceRequest, InferenceResult, ResultStatus
-from llmbus.state import text_of
+from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus
+from llmbus.state.text import text_of
 from services.router.adapters.cache import RedisResponseCache
 from services.router.core.config import SemanticCachePolicy
 from services.router.core.ports import SemanticProbe

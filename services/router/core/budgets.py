@@ -7,7 +7,7 @@ OK: a router must not refuse traffic because cost-accounting has not spoken yet.
 
 from __future__ import annotations
 
-from llmbus.messages import BudgetState, BudgetStatus
+from llmbus.contract.messages import BudgetState, BudgetStatus
 
 
 class BudgetBook:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import ChatMessage, InferenceRequest
 
 _TOOL_FIELDS = {"name", "tool_calls", "tool_call_id"}
 

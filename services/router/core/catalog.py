@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmbus.messages import ModelSpec
+from llmbus.contract.messages import ModelSpec
 from llmbus.tokens import estimate_tokens, try_load
 from services.router.core.config import ModelEntry, RouterPolicy
 

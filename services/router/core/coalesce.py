@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     ErrorInfo,
     FinishReason,
     InferenceResult,

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 
-from llmbus.messages import Experiment, InferenceRequest, RoutedRequest, now_ms
+from llmbus.contract.messages import Experiment, InferenceRequest, RoutedRequest, now_ms
 
 BUCKETS = 10_000
 SHADOW_SUFFIX = ":shadow"

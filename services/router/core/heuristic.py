@@ -29,7 +29,7 @@ import math
 import re
 from collections import Counter
 
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from llmbus.tokens import estimate_tokens
 from services.router.core.complexity import register_scorer
 

@@ -22,7 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from services.router.core.complexity import register_scorer
 from services.router.core.heuristic import _WORD, features_of
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus.fallback import next_model
-from llmbus.messages import (
+from llmbus.contract.messages import (
     BudgetState,
     ErrorCode,
     ErrorInfo,
@@ -35,7 +34,8 @@ from llmbus.messages import (
     TokenChunk,
     now_ms,
 )
-from llmbus.tenancy import user_ref
+from llmbus.domain.fallback import next_model
+from llmbus.security.tenancy import user_ref
 from llmbus.tokens import estimate_tokens
 from services.router.core.cache_key import cache_key, cacheable
 from services.router.core.catalog import ModelCatalog

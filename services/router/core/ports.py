@@ -12,7 +12,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from llmbus.messages import BudgetState, FinishReason, InferenceRequest, RoutedRequest, Usage
+from llmbus.contract.messages import BudgetState, FinishReason, InferenceRequest, RoutedRequest, Usage
 from services.router.core.config import TenantPolicy
 
 

@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from llmbus.messages import InferenceRequest
+from llmbus.contract.messages import InferenceRequest
 from services.router.core.cache_key import cacheable
 from services.router.core.config import RouterPolicy
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmbus.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
 
 # What prompt_text appends after the turns.

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import PoolStats, WorkerState, now_ms
-from llmbus.metric_children import children_of
+from llmbus.contract import topics as t
+from llmbus.contract.messages import PoolStats, WorkerState, now_ms
+from llmbus.observability.metric_children import children_of
 from services.scheduler.core.scheduler import SchedulerCore
 from services.scheduler.core.types import Placement, WorkerView
 

@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as redis
 
-from llmbus.messages import RoutedRequest
-from llmbus.redis_batch import RedisBatcher
-from llmbus.request_key import RequestKey
+from llmbus.contract.messages import RoutedRequest
+from llmbus.contract.request_key import RequestKey
+from llmbus.state.redis_batch import RedisBatcher
 from services.scheduler.core.types import Placement, SchedRequest
 
 # KEYS: the placement. ARGV: this instance. 1: deleted; 0: absent or another instance's.

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmbus.messages import NodeProfile, WorkerState, WorkerStatus
-from llmbus.request_key import RequestKey
+from llmbus.contract.messages import NodeProfile, WorkerState, WorkerStatus
+from llmbus.contract.request_key import RequestKey
 from services.scheduler.core.types import Placement, SchedRequest, WorkerView, blocks_for
 
 

@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from llmbus.request_key import RequestKey
+from llmbus.contract.request_key import RequestKey
 from services.scheduler.core.types import SchedRequest
 
 _NO_DEADLINE = 2**62

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from llmbus.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
 from services.scheduler.core.types import Placement, SchedRequest
 
 

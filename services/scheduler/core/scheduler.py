@@ -11,8 +11,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from llmbus.messages import ErrorCode, ErrorInfo, ModelSpec, NodeProfile, OutcomeStatus, WorkerState, WorkerStatus
-from llmbus.request_key import RequestKey
+from llmbus.contract.messages import (
+    ErrorCode,
+    ErrorInfo,
+    ModelSpec,
+    NodeProfile,
+    OutcomeStatus,
+    WorkerState,
+    WorkerStatus,
+)
+from llmbus.contract.request_key import RequestKey
 from services.scheduler.core.fleet import FleetView
 from services.scheduler.core.pipeline import Pipeline
 from services.scheduler.core.plugins import CycleState

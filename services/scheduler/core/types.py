@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus.messages import RoutedRequest, WorkerState
-from llmbus.request_key import RequestKey, request_key
+from llmbus.contract.messages import RoutedRequest, WorkerState
+from llmbus.contract.request_key import RequestKey, request_key
 from llmbus.tokens import count_tokens, prefix_block_hashes
 
 
@@ -105,7 +105,7 @@ class WorkerView:
     dispatch_topic: str = ""
     state: WorkerState = WorkerState.READY
     models: list[str] = field(default_factory=list)
-    engine: str = ""  # vllm | sim | openai-http: what it can honour (llmbus.engine_features)
+    engine: str = ""  # vllm | sim | openai-http: what it can honour (llmbus.contract.engine_features)
     model_format: str | None = None
     formats_supported: list[str] = field(default_factory=list)
     compute_capability: str | None = None  # from the node's NodeProfile (first GPU)

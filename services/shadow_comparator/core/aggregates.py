@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llmbus.messages import Comparison, FinishReason, InferenceResult, ResultStatus
+from llmbus.contract.messages import Comparison, FinishReason, InferenceResult, ResultStatus
 from services.shadow_comparator.core.sequential import Moments
 from services.shadow_comparator.core.sketch import LatencyHistogram, bin_of
 

@@ -16,8 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from llmbus.lifecycle import CANDIDATE, CONTROL
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Comparison,
     CostRecord,
     Experiment,
@@ -26,6 +25,7 @@ from llmbus.messages import (
     InferenceResult,
     now_ms,
 )
+from llmbus.domain.lifecycle import CANDIDATE, CONTROL
 from services.shadow_comparator.core.aggregates import (
     PAIRS,
     PairStats,

@@ -16,7 +16,7 @@ import re
 
 from rapidfuzz.distance import LCSseq
 
-from llmbus.messages import Comparison, FormatCheck, InferenceResult, PairSide, ResultStatus
+from llmbus.contract.messages import Comparison, FormatCheck, InferenceResult, PairSide, ResultStatus
 
 SIMILARITY_METRIC = "rouge_l_f1"
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus.lifecycle import ENDED, render, share_pct
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Experiment,
     ExperimentDecision,
     ExperimentState,
     StatEvidence,
     VariantEvidence,
 )
+from llmbus.domain.lifecycle import ENDED, render, share_pct
 from services.shadow_comparator.core.aggregates import PairStats, VariantStats
 from services.shadow_comparator.core.sequential import (
     Moments,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.messages import InferenceResult
+from llmbus.contract.messages import InferenceResult
 
 SHADOW_MARK = ".shadow."
 

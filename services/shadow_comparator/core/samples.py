@@ -12,7 +12,7 @@ engine failures) stay: they are the variant's errors.
 
 from __future__ import annotations
 
-from llmbus.messages import ErrorCode, Experiment, InferenceResult, ResultStatus
+from llmbus.contract.messages import ErrorCode, Experiment, InferenceResult, ResultStatus
 
 # Errors that are the caller's doing or never involved the model: not evidence about it.
 NOT_THE_MODELS_ERRORS = frozenset(

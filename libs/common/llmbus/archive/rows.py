@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from llmbus.archive.layout import NO_TENANT, day_of
 from llmbus.contract.cloudevents import KINDS
-from llmbus.messages import Comparison, CostRecord, Feedback, InferenceRequest, InferenceResult, Message
+from llmbus.contract.messages import Comparison, CostRecord, Feedback, InferenceRequest, InferenceResult, Message
 
 SCHEMA = pa.schema(
     [

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmbus.messages import CostKind, CostRecord
+from llmbus.contract.messages import CostKind, CostRecord
 
 MAX_EXAMPLES = 20
 

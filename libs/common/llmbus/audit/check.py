@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from llmbus import topics as t
-from llmbus.messages import DeadLetter, InferenceResult, Message, ResultStatus, TokenChunk
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter, InferenceResult, Message, ResultStatus, TokenChunk
 
 SCHEMA_HEADER = "llmbus-schema"
 MAX_EXAMPLES = 20  # problems listed by kind; the counts are always complete

@@ -7,12 +7,12 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmbus import topics as t
 from llmbus.audit.check import AuditReport, Seen, audit, request_id_of
 from llmbus.bus.admin import open_admin
 from llmbus.bus.security import kafka_auth
+from llmbus.contract import topics as t
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 
 log = logging.getLogger(__name__)
 

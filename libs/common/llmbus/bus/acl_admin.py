@@ -1,4 +1,4 @@
-"""Apply ACLs (llmbus.acls) to the broker: CreateAcls through aiokafka's admin, every call bounded.
+"""Apply ACLs (llmbus.security.acls) to the broker: CreateAcls through aiokafka's admin, every call bounded.
 
 Creating an ACL that exists is a no-op on the broker, so `apply_acls` is idempotent. The
 caller must be allowed to alter ACLs (the broker's super user, `admin`).
@@ -11,8 +11,8 @@ import asyncio
 from aiokafka.errors import IncompatibleBrokerVersion, for_code
 from aiokafka.protocol.admin import CreateAclsRequest, CreateAclsRequestStruct
 
-from llmbus.acls import Acl
 from llmbus.bus.admin import open_admin
+from llmbus.security.acls import Acl
 from llmbus.settings import BusSettings
 
 # Kafka's wire codes (org.apache.kafka.common.acl / resource).

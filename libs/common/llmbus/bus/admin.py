@@ -14,8 +14,8 @@ from aiokafka.protocol.api import Response
 from aiokafka.protocol.offset import OffsetRequest
 
 from llmbus.bus.security import kafka_auth
+from llmbus.contract.topics import CATALOG, PATTERN_SPECS, Topics, TopicSpec
 from llmbus.settings import BusSettings
-from llmbus.topics import CATALOG, PATTERN_SPECS, Topics, TopicSpec
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import TypeVar
 from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
+from llmbus.contract.messages import ErrorCode, Message
 from llmbus.contract.tolerant import without_unknown_fields
-from llmbus.messages import ErrorCode, Message
 
 M = TypeVar("M", bound=Message)
 

@@ -26,14 +26,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
-from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
-from llmbus.metric_children import children_of
+from llmbus.observability import semconv
+from llmbus.observability.metric_children import children_of
+from llmbus.observability.telemetry import request_id_var, tracing_off
 from llmbus.settings import BusSettings
-from llmbus.telemetry import request_id_var, tracing_off
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")

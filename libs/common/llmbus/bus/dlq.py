@@ -17,10 +17,10 @@ from aiokafka.structs import ConsumerRecord
 from prometheus_client import Counter
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
-from llmbus import topics as t
 from llmbus.bus.codec import MAX_ID_CHARS
 from llmbus.bus.producer import Publisher, PublishTimeout
-from llmbus.messages import DeadLetter
+from llmbus.contract import topics as t
+from llmbus.contract.messages import DeadLetter
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from opentelemetry import context as otel_context
 
 from llmbus.bus.trace_headers import TRACEPARENT, TRACESTATE, incoming_trace_context, outgoing_trace_headers
 from llmbus.contract.cloudevents import cloudevent_headers
-from llmbus.messages import Message
+from llmbus.contract.messages import Message
 
 SCHEMA = "llmbus-schema"
 REQUEST_ID = "llmbus-request-id"

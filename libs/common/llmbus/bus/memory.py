@@ -23,10 +23,10 @@ from llmbus.bus.codec import decode
 from llmbus.bus.producer import Publisher
 from llmbus.bus.runtime import Bus
 from llmbus.bus.service import Binding, ServiceRuntime, transient
-from llmbus.declarations import Contract
-from llmbus.messages import Message
+from llmbus.contract.declarations import Contract
+from llmbus.contract.messages import Message
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 
 M = TypeVar("M", bound=Message)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Comparison,
     Dispatch,
     Feedback,
@@ -24,7 +24,7 @@ from llmbus.messages import (
     ResultStatus,
     RoutedRequest,
 )
-from llmbus.metric_children import children_of
+from llmbus.observability.metric_children import children_of
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # scores and similarities in [0, 1]
@@ -85,7 +85,7 @@ COMPARISONS = Counter(
 )
 AGREEMENT_SIMILARITY: float = Guardrails.model_fields["min_similarity"].default  # the rollout guardrails' default
 
-# Touched for every message published: each child is looked up once (llmbus.metric_children).
+# Touched for every message published: each child is looked up once (llmbus.observability.metric_children).
 _results = children_of(RESULTS)
 _ttft_seconds = children_of(TTFT_SECONDS)
 _e2e_seconds = children_of(E2E_SECONDS)

@@ -21,16 +21,16 @@ from aiokafka.errors import (
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from llmbus import semconv
 from llmbus.bus import headers as hdr
 from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.partitioner import partition_for
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.span_attrs import message_attributes
-from llmbus.messages import Message
-from llmbus.metric_children import children_of
+from llmbus.contract.messages import Message
+from llmbus.observability import semconv
+from llmbus.observability.metric_children import children_of
+from llmbus.observability.telemetry import tracing_off
 from llmbus.settings import BusSettings
-from llmbus.telemetry import tracing_off
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.bus")

@@ -17,11 +17,11 @@ from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import send_to_dlq
 from llmbus.bus.headers import REQUEST_ID, header_value
 from llmbus.bus.producer import Publisher, make_producer
-from llmbus.messages import ErrorCode
-from llmbus.profiling import cpu_profiled
+from llmbus.contract.messages import ErrorCode
+from llmbus.contract.topics import Topics
+from llmbus.observability.profiling import cpu_profiled
+from llmbus.observability.telemetry import setup_logging, setup_tracing
 from llmbus.settings import BusSettings
-from llmbus.telemetry import setup_logging, setup_tracing
-from llmbus.topics import Topics
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One runtime for a service: its declared subscriptions, the one Publisher, the DLQ, timers, start/drain/stop.
 
-A service declares what it reads and writes once (llmbus.contracts); here each declared
+A service declares what it reads and writes once (llmbus.contract.contracts); here each declared
 subscription is bound to a handler and run by a ConsumerLoop, and everything the service
 publishes goes through the Bus's Publisher (retries, batches kept through a leader change, a new
 producer when the broker refuses the old one's sequence). llmbus.bus.memory runs the same
@@ -19,7 +19,7 @@ ConsumerLoop keeps several records of one partition in flight and still commits 
 dropping, has a poll watchdog and a rebalance-aware commit point; FastStream's subscribers handle
 a partition one message at a time and their default ack policy commits before the handler runs
 (at most once), which is how three services lost records. Its specification generator needs a
-broker with live handlers and inlines every schema, where ours (llmbus.schemagen, from the
+broker with live handlers and inlines every schema, where ours (llmbus.contract.schemagen, from the
 declarations) refers to the committed JSON Schemas and carries the catalog's Kafka bindings. What
 FastStream's examples taught stays: typed handlers, the declaration apart from the wiring, and
 one test body in memory (llmbus.bus.memory) and against the real broker.
@@ -41,14 +41,15 @@ from prometheus_client import Counter
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.codec import decode
-from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer, wait_assigned
+from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.bus.runtime import Bus, run_until_stopped
 from llmbus.bus.tables import read_table
-from llmbus.declarations import Contract, Reads
+from llmbus.contract.declarations import Contract, Reads
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 
 log = logging.getLogger(__name__)
 

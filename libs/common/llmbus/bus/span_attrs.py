@@ -7,8 +7,7 @@ node, GPU, model version and preemptions on the result) without code in the hand
 
 from __future__ import annotations
 
-from llmbus import semconv as sc
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Control,
     Dispatch,
     DispatchOutcome,
@@ -17,6 +16,7 @@ from llmbus.messages import (
     Message,
     RoutedRequest,
 )
+from llmbus.observability import semconv as sc
 
 Attributes = dict[str, str | int | float | bool | list[str]]
 

@@ -10,7 +10,7 @@ from aiokafka import AIOKafkaConsumer
 
 from llmbus.bus.codec import BadMessage, decode
 from llmbus.bus.security import kafka_auth
-from llmbus.messages import Message
+from llmbus.contract.messages import Message
 from llmbus.settings import BusSettings
 
 M = TypeVar("M", bound=Message)

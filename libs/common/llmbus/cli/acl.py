@@ -1,4 +1,4 @@
-"""`llmbus acl print|apply`: the broker's ACLs, generated from the topic catalog (llmbus.acls)."""
+"""`llmbus acl print|apply`: the broker's ACLs, generated from the topic catalog (llmbus.security.acls)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from llmbus import acls as a
 from llmbus.bus.acl_admin import apply_acls
 from llmbus.bus.admin import ensure_topics
+from llmbus.contract.topics import Topics
+from llmbus.security import acls as a
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 
 app = typer.Typer(help="Kafka ACLs from the topic catalog (services, operators, tenants)", no_args_is_help=True)
 console = Console()

@@ -11,8 +11,8 @@ from rich.console import Console
 
 from llmbus.audit import audit
 from llmbus.audit.read import read_namespace, request_ids_in
+from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from llmbus.topics import Topics
 
 console = Console()
 

@@ -1,4 +1,4 @@
-"""How `llmbus chat` shows a streamed answer, following the chunk contract (llmbus.chunks)."""
+"""How `llmbus chat` shows a streamed answer, following the chunk contract (llmbus.contract.chunks)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.markup import escape
 
-from llmbus.chunks import TextUpdate
-from llmbus.messages import ErrorInfo, ToolCall, ToolCallDelta
-from llmbus.tool_calls import assemble_tool_calls
+from llmbus.contract.chunks import TextUpdate
+from llmbus.contract.messages import ErrorInfo, ToolCall, ToolCallDelta
+from llmbus.contract.tool_calls import assemble_tool_calls
 
 RESTART_NOTICE = "[yellow]↻ attempt {attempt}: the answer restarts (the text above is void)[/yellow]"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from llmbus.lifecycle import share_pct
-from llmbus.messages import Experiment, ExperimentDecision
+from llmbus.contract.messages import Experiment, ExperimentDecision
+from llmbus.domain.lifecycle import share_pct
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:

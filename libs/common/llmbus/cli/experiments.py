@@ -9,12 +9,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmbus import topics as t
 from llmbus.bus import Publisher, make_producer
 from llmbus.bus.producer import stop_producer
 from llmbus.bus.tables import read_log, read_table
-from llmbus.lifecycle import LifecycleError, create, share_pct, step_for_share, to_step, with_state
-from llmbus.messages import Experiment, ExperimentDecision, ExperimentState, Guardrails, Message, ModelSpec, RampPlan
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
+    Experiment,
+    ExperimentDecision,
+    ExperimentState,
+    Guardrails,
+    Message,
+    ModelSpec,
+    RampPlan,
+)
+from llmbus.domain.lifecycle import LifecycleError, create, share_pct, step_for_share, to_step, with_state
 from llmbus.settings import BusSettings
 
 models_app = typer.Typer(help="the model registry on llm.models", no_args_is_help=True)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from llmbus.client import LlmbusClient
-from llmbus.messages import Feedback
+from llmbus.contract.messages import Feedback
 
 console = Console()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from llmbus.messages import WorkerStatus
+from llmbus.contract.messages import WorkerStatus
 
 
 def fleet_table(fleet: list[WorkerStatus]) -> Table:

@@ -29,16 +29,16 @@ from aiokafka.errors import for_code
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from rich.console import Console
 
-from llmbus import contracts
-from llmbus import topics as t
 from llmbus.bus.admin import open_admin
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.tables import read_table
 from llmbus.cli.experiments import publish_record
-from llmbus.messages import WorkerStatus
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
+from llmbus.contract.messages import WorkerStatus
+from llmbus.security.tenancy import RESERVED_TENANT_PREFIXES
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
-from llmbus.tenancy import RESERVED_TENANT_PREFIXES
+from llmbus.state.store import redis_client
 
 console = Console()
 

@@ -16,9 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmbus.apikeys import ApiKeyStore, StoredKey, gateway_key_namespace
+from llmbus.security.apikeys import ApiKeyStore, StoredKey, gateway_key_namespace
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 
 app = typer.Typer(help="API keys of the OpenAI-compatible gateway (stored hashed in Redis)", no_args_is_help=True)
 console = Console()

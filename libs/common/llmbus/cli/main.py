@@ -9,7 +9,6 @@ import typer
 from rich.console import Console
 
 from llmbus import processes
-from llmbus import topics as t
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import acl, keys, scaling, stack, trace
@@ -24,7 +23,8 @@ from llmbus.cli.gc import gc as gc_command
 from llmbus.cli.router_cmds import router_app
 from llmbus.cli.tools import TOOL_COMMAND
 from llmbus.client import LlmbusClient, ready_workers
-from llmbus.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)

@@ -8,9 +8,9 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from llmbus import topics as t
 from llmbus.bus.tables import read_table
-from llmbus.messages import ScaleDecision, WorkerState, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import ScaleDecision, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
 
 

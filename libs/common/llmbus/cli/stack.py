@@ -14,7 +14,7 @@ from llmbus import processes
 from llmbus.cli import stack_auth
 from llmbus.processes import REPO, RUN_DIR, ServiceProcess
 from llmbus.settings import BusSettings
-from llmbus.state import redis_client
+from llmbus.state.store import redis_client
 
 
 def run_script(script: str, action: str, env: dict[str, str] | None = None) -> None:

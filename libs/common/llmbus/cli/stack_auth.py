@@ -12,10 +12,10 @@ import json
 import os
 from pathlib import Path
 
-from llmbus import acls
-from llmbus import topics as t
 from llmbus.bus.acl_admin import apply_acls
 from llmbus.bus.admin import ensure_topics
+from llmbus.contract import topics as t
+from llmbus.security import acls
 from llmbus.settings import BusSettings
 
 # The module a stack process runs → the principal it connects as (workers the autoscaler starts too).

@@ -9,14 +9,14 @@ import typer
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from rich.console import Console
 
-from llmbus import topics as t
 from llmbus.bus import BadMessage, decode
 from llmbus.bus.admin import open_admin
 from llmbus.bus.headers import REQUEST_ID, as_dict
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.tables import read_table
-from llmbus.lineage import Lineage, render
-from llmbus.messages import Control, NodeProfile, WorkerStatus
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Control, NodeProfile, WorkerStatus
+from llmbus.domain.lineage import Lineage, render
 from llmbus.settings import BusSettings
 
 console = Console(highlight=False)

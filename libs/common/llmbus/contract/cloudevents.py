@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     BudgetStatus,
     Comparison,
     CostRecord,

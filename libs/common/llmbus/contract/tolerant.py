@@ -12,7 +12,7 @@ from typing import Any
 from prometheus_client import Counter
 from pydantic import ValidationError
 
-from llmbus.messages import Message
+from llmbus.contract.messages import Message
 
 UNKNOWN_FIELDS = Counter(
     "llmbus_unknown_fields_total", "Fields a reader did not know and ignored, by schema", ["schema"]

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from llmbus.messages import ChatMessage, FinishReason, FunctionCallDelta, ToolCallDelta
+from llmbus.contract.messages import ChatMessage, FinishReason, FunctionCallDelta, ToolCallDelta
 from llmbus.tokens import count_tokens
 from services.engine_worker.adapters.engines.openai_http_config import OpenAIHttpConfig
 from services.engine_worker.core.breaker import CircuitBreaker

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmbus.messages import FunctionCallDelta, ToolCallDelta
+from llmbus.contract.messages import FunctionCallDelta, ToolCallDelta
 from services.engine_worker.adapters.engines import vllm_inputs
 from services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
 from services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from llmbus.messages import ChatMessage
+from llmbus.contract.messages import ChatMessage
 
 WARMUP_OUTPUT_TOKENS = 8  # decode steps per warm-up iteration, after its prefill
 

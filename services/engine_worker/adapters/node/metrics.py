@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from llmbus.messages.fleet import GpuInfo, NodeProfile
+from llmbus.contract.messages.fleet import GpuInfo, NodeProfile
 
 _MIB = 1024 * 1024
 _LABELS = ["gpu", "UUID", "modelName", "Hostname"]

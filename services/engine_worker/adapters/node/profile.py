@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from llmbus.messages.fleet import GpuInfo, NodeProfile
+from llmbus.contract.messages.fleet import GpuInfo, NodeProfile
 
 
 def _text(value: Any) -> str:
@@ -146,7 +146,7 @@ def profile_node(
 def main() -> None:
     import json
 
-    from llmbus.messages.fleet import ModelFormat, ModelSpec
+    from llmbus.contract.messages.fleet import ModelFormat, ModelSpec
     from services.engine_worker.core.formats import NoFormatFits, choose_format
 
     profile = profile_node()

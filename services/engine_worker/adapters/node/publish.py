@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from llmbus import topics as t
 from llmbus.bus import Bus
-from llmbus.messages import NodeProfile
+from llmbus.contract import topics as t
+from llmbus.contract.messages import NodeProfile
 from services.engine_worker.adapters.node.profile import profile_node
 
 log = logging.getLogger(__name__)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from llmbus.messages import ModelSpec
-from llmbus.request_key import RequestKey
+from llmbus.contract.messages import ModelSpec
+from llmbus.contract.request_key import RequestKey
 from services.scheduler.core.fleet import FleetView
 from services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
 from services.scheduler.core.types import SchedRequest, WorkerView

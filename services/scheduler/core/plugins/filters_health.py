@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.messages import WorkerState
+from llmbus.contract.messages import WorkerState
 from services.scheduler.core.plugins.base import FILTERS, CycleState, register
 from services.scheduler.core.types import SchedRequest, WorkerView, blocks_for
 

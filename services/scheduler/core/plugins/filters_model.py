@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus.engine_features import missing_features
-from llmbus.messages import WorkerState
+from llmbus.contract.engine_features import missing_features
+from llmbus.contract.messages import WorkerState
 from services.scheduler.core.plugins.base import FILTERS, CycleState, register
 from services.scheduler.core.types import SchedRequest, WorkerView
 

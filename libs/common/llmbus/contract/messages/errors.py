@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from llmbus.messages.base import Part
+from llmbus.contract.messages.base import Part
 
 
 class ErrorCode(StrEnum):

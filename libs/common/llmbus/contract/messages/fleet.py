@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmbus.messages.base import Message, Part, now_ms
-from llmbus.messages.errors import ErrorInfo
-from llmbus.request_key import RequestKey, request_key
+from llmbus.contract.messages.base import Message, Part, now_ms
+from llmbus.contract.messages.errors import ErrorInfo
+from llmbus.contract.request_key import RequestKey, request_key
 
 
 class WorkerState(StrEnum):

@@ -2,7 +2,7 @@
 
 With auth on (SASL), Kafka does not stamp the writer's identity on a record, so identity
 follows from where a record may be written: `llm.requests.<tenant>` and `llm.feedback.<tenant>`
-only that tenant may write (ACLs, llmbus.acls), and the shared `llm.requests` and `llm.feedback`
+only that tenant may write (ACLs, llmbus.security.acls), and the shared `llm.requests` and `llm.feedback`
 only the gateway, which knows the API key. A tenant's replies live in its own namespace,
 `llm.replies.<tenant>[.<suffix>]`, which only it may read.
 
@@ -20,7 +20,7 @@ import hmac
 import re
 from dataclasses import dataclass
 
-from llmbus import topics as t
+from llmbus.contract import topics as t
 
 # A tenant name that can be part of a topic name and an ACL prefix: no dots, so the prefix ACL
 # `llm.replies.<tenant>.` of one tenant never covers another tenant's topics.

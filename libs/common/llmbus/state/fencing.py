@@ -34,8 +34,8 @@ from typing import Protocol
 
 import redis.asyncio as redis
 
-from llmbus.redis_batch import RedisBatcher
-from llmbus.request_key import RequestKey
+from llmbus.contract.request_key import RequestKey
+from llmbus.state.redis_batch import RedisBatcher
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from llmbus import tenancy
-from llmbus import topics as t
+from llmbus.contract import topics as t
+from llmbus.security import tenancy
 
 ResourceType = Literal["topic", "group"]
 PatternType = Literal["literal", "prefixed"]

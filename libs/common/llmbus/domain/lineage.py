@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus.messages import (
+from llmbus.contract.messages import (
     Control,
     DeadLetter,
     Dispatch,

@@ -6,7 +6,7 @@ topic a service publishes to. A service's `Contract` holds both. The bus runtime
 (llmbus.bus.service) only subscribes through a declared `Reads`, and its publisher records every
 topic written, so a test compares what a service really did with what it declared
 (`Contract.undeclared`). The AsyncAPI documents and the topic catalog's readers and writers come
-from the contracts (llmbus.contracts), never from a list kept beside them.
+from the contracts (llmbus.contract.contracts), never from a list kept beside them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from llmbus import topics as t
-from llmbus.messages import Message
+from llmbus.contract import topics as t
+from llmbus.contract.messages import Message
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter
 
-from llmbus import topics as t
 from llmbus.bus.producer import Publisher, worth_resending
-from llmbus.messages import (
+from llmbus.contract import topics as t
+from llmbus.contract.messages import (
     DEFAULT_REPLY_TOPIC,
     ErrorInfo,
     FinishReason,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus.messages import TokenChunk, ToolCallDelta
+from llmbus.contract.messages import TokenChunk, ToolCallDelta
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ChunkAssembler:
 
     @property
     def tool_calls(self) -> list[ToolCallDelta]:
-        """The current attempt's tool call fragments so far, in order (llmbus.tool_calls assembles them)."""
+        """The current attempt's tool call fragments so far, in order (llmbus.contract.tool_calls assembles them)."""
         return self._calls.get(self.attempt, [])
 
     @property

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from llmbus.messages.base import Message, now_ms
+from llmbus.contract.messages.base import Message, now_ms
 
 
 class PriceBookUpdate(Message):

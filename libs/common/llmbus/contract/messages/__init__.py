@@ -1,9 +1,9 @@
 """The message contract of llmbus (docs/architecture.md, "Topics"). `schemas/` is generated from these models."""
 
-from llmbus.messages.base import Message, Part, new_request_id, now_ms
-from llmbus.messages.costs import PriceBookUpdate
-from llmbus.messages.errors import RETRYABLE, ErrorCode, ErrorInfo
-from llmbus.messages.experiments import (
+from llmbus.contract.messages.base import Message, Part, new_request_id, now_ms
+from llmbus.contract.messages.costs import PriceBookUpdate
+from llmbus.contract.messages.errors import RETRYABLE, ErrorCode, ErrorInfo
+from llmbus.contract.messages.experiments import (
     ExperimentDecision,
     ExperimentState,
     FormatCheck,
@@ -13,7 +13,7 @@ from llmbus.messages.experiments import (
     StatEvidence,
     VariantEvidence,
 )
-from llmbus.messages.fleet import (
+from llmbus.contract.messages.fleet import (
     Control,
     ControlAction,
     DispatchOutcome,
@@ -25,7 +25,7 @@ from llmbus.messages.fleet import (
     WorkerState,
     WorkerStatus,
 )
-from llmbus.messages.inference import (
+from llmbus.contract.messages.inference import (
     AUTO_MODEL,
     DEFAULT_REPLY_TOPIC,
     ChatMessage,
@@ -45,7 +45,7 @@ from llmbus.messages.inference import (
     ToolCallDelta,
     Usage,
 )
-from llmbus.messages.ops import (
+from llmbus.contract.messages.ops import (
     BookedTo,
     BudgetState,
     BudgetStatus,
@@ -58,7 +58,7 @@ from llmbus.messages.ops import (
     ScaleDecision,
     Variant,
 )
-from llmbus.messages.scaling import PoolStats
+from llmbus.contract.messages.scaling import PoolStats
 
 __all__ = [
     "AUTO_MODEL",

@@ -7,9 +7,9 @@ from typing import Any, ClassVar, Literal, TypedDict
 
 from pydantic import Field, field_validator, model_validator
 
-from llmbus.messages.base import Message, Part, new_request_id, now_ms
-from llmbus.messages.errors import ErrorInfo
-from llmbus.request_key import RequestKey, request_key
+from llmbus.contract.messages.base import Message, Part, new_request_id, now_ms
+from llmbus.contract.messages.errors import ErrorInfo
+from llmbus.contract.request_key import RequestKey, request_key
 
 DEFAULT_REPLY_TOPIC = "llm.tokens"
 # The model name that means "the router's policy chooses", on the bus as at the gateway.
@@ -119,7 +119,7 @@ class InferenceRequest(Message):
     stream: bool = True
     metadata: dict[str, str] = Field(default_factory=dict)
     created_at_ms: int = Field(default_factory=now_ms)
-    # Passed to engines that can honour them (llmbus.engine_features); the others refuse the request.
+    # Passed to engines that can honour them (llmbus.contract.engine_features); the others refuse the request.
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128, description="OpenAI tool definitions.")
     tool_choice: str | dict[str, Any] | None = None
@@ -276,7 +276,8 @@ class TokenChunk(Message):
     seq: int = Field(ge=0)
     delta: str = ""
     tool_calls: list[ToolCallDelta] | None = Field(
-        default=None, description="Tool call fragments in this chunk, in order (llmbus.tool_calls assembles them)."
+        default=None,
+        description="Tool call fragments in this chunk, in order (llmbus.contract.tool_calls assembles them).",
     )
     tokens: int = Field(default=0, ge=0, description="Tokens carried in this chunk.")
     final: bool = False

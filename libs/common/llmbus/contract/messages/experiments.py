@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llmbus.messages.base import Message, Part, now_ms
+from llmbus.contract.messages.base import Message, Part, now_ms
 
 DEFAULT_RAMP_PCT = (0.0, 1.0, 5.0, 25.0, 50.0, 100.0)
 

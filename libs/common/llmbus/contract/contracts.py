@@ -1,4 +1,4 @@
-"""Every service's declared subscriptions and publications (llmbus.declarations).
+"""Every service's declared subscriptions and publications (llmbus.contract.declarations).
 
 Concurrency and batch sizes are the defaults; a service's settings may change them (never the topics).
 
@@ -13,9 +13,9 @@ declared too: they are the catalog's other readers and writers (operators' tools
 
 from __future__ import annotations
 
-from llmbus import messages as m
-from llmbus import topics as t
-from llmbus.declarations import Contract, Reads, Writes
+from llmbus.contract import messages as m
+from llmbus.contract import topics as t
+from llmbus.contract.declarations import Contract, Reads, Writes
 
 DLQ = Writes(t.DLQ, m.DeadLetter, "records that could not be handled, with the reason")
 FEEDBACK_TOPICS = (t.FEEDBACK, t.FEEDBACK_TENANT_SPEC.name)

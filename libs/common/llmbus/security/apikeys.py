@@ -16,7 +16,7 @@ from typing import Annotated
 import redis.asyncio as redis
 from pydantic import BaseModel, Field, StringConstraints
 
-from llmbus.messages import now_ms
+from llmbus.contract.messages import now_ms
 
 KEY_PREFIX = "sk-llmbus-"
 

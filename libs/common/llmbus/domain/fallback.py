@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmbus.messages import ErrorCode, RoutedRequest, now_ms
+from llmbus.contract.messages import ErrorCode, RoutedRequest, now_ms
 
 # Codes that say "this model, not this request": another model may well succeed.
 FALLBACK_CODES = frozenset({ErrorCode.MODEL_UNAVAILABLE, ErrorCode.OVER_CAPACITY, ErrorCode.QUEUE_FULL})

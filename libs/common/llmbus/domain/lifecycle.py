@@ -10,7 +10,7 @@ step with the lifecycle fields, so the router needs no knowledge of ramps.
 
 from __future__ import annotations
 
-from llmbus.messages import Experiment, ExperimentState, Guardrails, RampPlan, Variant, now_ms
+from llmbus.contract.messages import Experiment, ExperimentState, Guardrails, RampPlan, Variant, now_ms
 
 CONTROL = "control"
 CANDIDATE = "candidate"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from llmbus.messages.base import Message, now_ms
+from llmbus.contract.messages.base import Message, now_ms
 
 
 class PoolStats(Message):

@@ -1,9 +1,9 @@
 """Generates schemas/ from the code: JSON Schema per message, AsyncAPI per service, topic catalog.
 
 The AsyncAPI documents and the catalog's readers and writers come from the services' declared
-subscriptions and publications (llmbus.contracts), which the services subscribe through.
+subscriptions and publications (llmbus.contract.contracts), which the services subscribe through.
 
-`python -m llmbus.schemagen --out schemas` writes them; `--check` fails (exit 1) when
+`python -m llmbus.contract.schemagen --out schemas` writes them; `--check` fails (exit 1) when
 the committed files differ from what the code would write — `make test` runs the check.
 `schemas/previous/` (the released contract, llmbus.contract.compat) is not generated here.
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from llmbus import contracts
-from llmbus import messages as m
-from llmbus import topics as t
+from llmbus.contract import contracts
+from llmbus.contract import messages as m
+from llmbus.contract import topics as t
 from llmbus.contract.cloudevents import event_type
-from llmbus.declarations import Contract, Reads
+from llmbus.contract.declarations import Contract, Reads
 
 ASYNCAPI_VERSION = "3.0.0"
 
@@ -161,7 +161,7 @@ def asyncapi_for(contract: Contract) -> dict[str, object]:
         "info": {
             "title": f"llmbus {contract.service}",
             "version": "1",
-            "description": "Generated from the service's declared subscriptions and publications (llmbus.contracts).",
+            "description": "Generated from the service's declared subscriptions and publications (llmbus.contract.contracts).",
         },
         "defaultContentType": "application/json",
         "servers": {"local": {"host": "127.0.0.1:9092", "protocol": "kafka"}},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from llmbus.messages import FunctionCall, ToolCall, ToolCallDelta
+from llmbus.contract.messages import FunctionCall, ToolCall, ToolCallDelta
 
 
 def assemble_tool_calls(deltas: Iterable[ToolCallDelta]) -> list[ToolCall]:

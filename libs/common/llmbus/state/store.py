@@ -5,8 +5,8 @@ from __future__ import annotations
 import redis.asyncio as redis
 from pydantic import SecretStr
 
-from llmbus.fencing import RequestFence
 from llmbus.settings import BusSettings
+from llmbus.state.fencing import RequestFence
 
 
 def text_of(raw: bytes | str) -> str:
@@ -75,6 +75,6 @@ class DedupeStore:
 
 def dispatch_markers(client: redis.Redis, topic_prefix: str, final_ttl_s: int | None = None) -> RequestFence:
     """The markers scheduler and workers share: `final:<request id>` (who publishes the result) and
-    `fence:<request id>` (the highest attempt placed); see llmbus.fencing."""
+    `fence:<request id>` (the highest attempt placed); see llmbus.state.fencing."""
     ttl_s = final_ttl_s if final_ttl_s is not None else BusSettings().final_marker_ttl_s
     return RequestFence(client, f"{topic_prefix}worker", final_ttl_s=ttl_s)

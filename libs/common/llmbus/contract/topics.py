@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus import messages as m
+from llmbus.contract import messages as m
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -26,14 +26,14 @@ class TopicSpec:
 
     @property
     def writers(self) -> tuple[str, ...]:
-        """Who declares writing it (llmbus.contracts: the services' declarations, not a list kept here)."""
-        from llmbus.contracts import writers_of  # the contracts name the catalog's topics: imported late
+        """Who declares writing it (llmbus.contract.contracts: the services' declarations, not a list kept here)."""
+        from llmbus.contract.contracts import writers_of  # the contracts name the catalog's topics: imported late
 
         return writers_of(self.name)
 
     @property
     def readers(self) -> tuple[str, ...]:
-        from llmbus.contracts import readers_of
+        from llmbus.contract.contracts import readers_of
 
         return readers_of(self.name)
 

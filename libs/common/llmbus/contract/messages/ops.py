@@ -7,8 +7,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from llmbus.messages.base import Message, Part, now_ms
-from llmbus.messages.experiments import ExperimentState, Guardrails, PairSide, RampPlan
+from llmbus.contract.messages.base import Message, Part, now_ms
+from llmbus.contract.messages.experiments import ExperimentState, Guardrails, PairSide, RampPlan
 
 
 class Variant(Part):

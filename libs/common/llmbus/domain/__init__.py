@@ -1,0 +1,1 @@
+"""llmbus.domain: see docs/architecture.md, "The shared library"."""

@@ -1,0 +1,1 @@
+"""llmbus.observability: see docs/architecture.md, "The shared library"."""

@@ -1,0 +1,1 @@
+"""llmbus.security: see docs/architecture.md, "The shared library"."""

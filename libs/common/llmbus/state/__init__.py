@@ -1,0 +1,1 @@
+"""llmbus.state.store: see docs/architecture.md, "The shared library"."""
