@@ -67,8 +67,8 @@ test-integration: infra ## integration, e2e and reliability tests against the re
 	@$(PY) -m pytest -q -p no:cacheprovider $(wildcard tests/integration tests/e2e tests/reliability) $(PYTEST_ARGS)
 
 lint: setup ## ruff (lint + format check) and mypy
-	@$(VENV)/bin/ruff check libs services tests bench
-	@$(VENV)/bin/ruff format --check libs services tests bench
+	@$(VENV)/bin/ruff check libs services llmbus_tools tests bench
+	@$(VENV)/bin/ruff format --check libs services llmbus_tools tests bench
 	@$(VENV)/bin/mypy
 
 schemas: setup ## regenerate schemas/ (JSON Schema, AsyncAPI per service, topic catalog) from the models

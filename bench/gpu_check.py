@@ -77,6 +77,7 @@ def find_gpus(nvml: ModuleType | None = None) -> NodeProfile:
 def node_step(profile: NodeProfile) -> Step:
     from services.engine_worker.adapters.node.profile import gpu_healthy
     from services.engine_worker.core.formats import NoFormatFits, choose_format
+    from services.engine_worker.core.node_plan import gpu_healthy
 
     gpu = profile.gpus[0]
     detail = f"{len(profile.gpus)} x {gpu.name}, {gpu.memory_total_bytes / 2**30:.1f} GiB, CC {gpu.compute_capability}"

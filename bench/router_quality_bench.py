@@ -159,7 +159,8 @@ def semantic_md(s: dict) -> list[str]:
         "## Semantic cache: precision and hit rate on paraphrase pairs",
         "",
         f"Embedder `{s['embedder']}` (packaged weights, nothing downloaded); {s['pairs']} hand-written pairs",
-        "(llmbus_tools/router_training/data/paraphrase_pairs.jsonl: paraphrases, near misses, unrelated). A pair is a hit",
+        "(llmbus_tools/router_training/data/paraphrase_pairs.jsonl: paraphrases, near misses, unrelated).",
+        "A pair is a hit",
         "when its cosine similarity is at or above the threshold; precision = hits that are paraphrases / hits,",
         "hit rate = paraphrases hit / paraphrases. Similarity by kind (min / median / max): "
         + "; ".join(f"{k} {v['min']} / {v['median']} / {v['max']}" for k, v in s["similarity_by_kind"].items())

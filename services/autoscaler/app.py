@@ -31,7 +31,9 @@ def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSetti
             "LLMBUS_REDIS_URL": settings.redis_url,
         }
         return LocalActuator(
-            {name: spec.local for name, spec in pools.pools.items()}, bus_env, cfg.worker_metrics_port_base
+            {name: spec.local for name, spec in pools.pools.items()},
+            bus_env | cfg.worker_env,
+            cfg.worker_metrics_port_base,
         )
     if cfg.actuator == "kubernetes":
         from services.autoscaler.adapters.actuators.kubernetes import KubernetesActuator

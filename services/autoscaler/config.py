@@ -14,11 +14,14 @@ class AutoscalerSettings(BaseSettings):
     pools: str = "default"  # services/autoscaler/policies/<name>.yaml, or a path to a YAML file
     actuator: Literal["local", "kubernetes", "none"] = "local"
     kubernetes_host: str | None = None  # None: in-cluster config, else ~/.kube/config
+    # More environment for the workers the local actuator starts (JSON object): on a secured dev stack
+    # `llmbus up` puts the worker principal's credentials here, so workers never connect as the autoscaler.
+    worker_env: dict[str, str] = Field(default_factory=dict)
     # /metrics of the workers the local actuator starts: worker n of a pool on base + n (0: none). They
     # never inherit the autoscaler's own LLMBUS_METRICS_PORT (a second bind of it kills the worker).
     worker_metrics_port_base: int = Field(default=0, ge=0, le=65000)
     worker_stale_s: float = 5.0  # a worker silent this long is not counted ready or warming
-    # Pool statistics of several scheduler instances (policy/merge.py): a pool is evaluated once all
+    # Pool statistics of several scheduler instances (core/merge.py): a pool is evaluated once all
     # live instances have reported, or this long after its last evaluation; an instance silent for
     # stats_instance_stale_s is no longer waited for. Both a little above the scheduler's interval (5 s).
     stats_max_wait_s: float = 7.5

@@ -1,7 +1,7 @@
 """Autoscaler handlers (thin): heartbeats → the fleet table; pool statistics → policy → actuator.
 
 Each scheduler instance sends one PoolStats per pool every few seconds; the merger combines
-the instances' statistics of a pool (policy/merge.py) and each merged PoolStats is one
+the instances' statistics of a pool (core/merge.py) and each merged PoolStats is one
 evaluation of the pool's policy. A change is published as a ScaleDecision on llm.scaling (the
 policy, the signal values, the reason) and then applied through the actuator; so are the
 start-up moves that bring a pool to its minimum.

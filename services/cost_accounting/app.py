@@ -12,9 +12,7 @@ fails during it, and its once-only marker keeps it from being counted twice. Eve
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-from collections.abc import Sequence
 
 from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
@@ -27,12 +25,16 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus.contract.messages import ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from services.cost_accounting.adapters.gc_tuning import tune_gc
+from services.cost_accounting.adapters.publishing import CostPublisher
 from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.budgets import load_budgets
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.prices import load_pricebook
 from services.cost_accounting.handlers import CostHandlers, Items
+from services.cost_accounting.handlers import CostHandlers
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +57,15 @@ class CostService:
         )
         self.redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
         self.store = CostStore(self.redis, settings.topic_prefix, cost.dedupe_ttl_s)
+        self.publisher = CostPublisher(lambda: self.runtime.publisher, self.topics)
         self.handlers = CostHandlers(
             book,
             self.ledger,
             load_budgets(cost.budgets_path),
             self.store,
             self.topics,
-            self.publish_all,
-            self.publish_records,
+            self.publisher.publish_all,
+            self.publisher.publish_records,
             self.dlq,
             batch_full_records=min(cost.backlog_batch_records, cost.batch_max_records),
             settle_s=cost.settle_s,
@@ -100,18 +103,6 @@ class CostService:
         runtime.subscribe("results", handlers.on_results, batch_max_records=self.cost.batch_max_records)
         runtime.every(self.cost.close_every_s, "ledger", self.tick)
 
-    async def publish_records(self, items: Items) -> None:
-        """CostRecords already encoded (the outbox's bytes), onto llm.costs; every ack awaited."""
-        await self._send_all(self.topics.name(t.COSTS), [(record, payload, key) for record, payload, key in items])
-
-    async def publish_all(self, topic: str, items: Sequence[tuple[Message, str | None]]) -> None:
-        await self._send_all(topic, [(message, None, key) for message, key in items])
-
-    async def _send_all(self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]) -> None:
-        """One record batch per partition, then every ack awaited (bounded): one round trip per batch."""
-        publisher = self.runtime.publisher
-        await publisher.delivered(await publisher.send_batch(topic, items))
-
     async def dlq(self, record: ConsumerRecord, exc: Exception) -> None:
         await self.runtime.dead_letter(record, exc)
 
@@ -133,17 +124,7 @@ class CostService:
         # first, the subscriptions start only once the ledger is back.
         await self.handlers.restore()
         await self.runtime.start()
-        if self.cost.gc_freeze:
-            # What start-up built (modules, schemas, the broker, the ledger) lives as long as the
-            # process: out of the collector's full passes, which on a backlog otherwise walked it
-            # again every few thousand results (a third of the CPU of decoding them).
-            gc.collect()
-            gc.freeze()
-        if self.cost.gc_gen0_threshold:
-            # A batch allocates tens of thousands of short-lived objects (none in cycles): collecting
-            # the young generation every 700 allocations walked each batch's live objects over and over.
-            _, gen1, gen2 = gc.get_threshold()
-            gc.set_threshold(self.cost.gc_gen0_threshold, gen1, gen2)
+        tune_gc(self.cost.gc_freeze, self.cost.gc_gen0_threshold)
 
     async def tick(self) -> None:
         """Close the ledger's final intervals (Redis or Kafka away: the same ones close on the next tick)."""

@@ -55,6 +55,7 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.request_key import RequestKey
 from services.cost_accounting.adapters import metrics
+from services.cost_accounting.adapters.publishing import Items
 from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.core import budgets as b
 from services.cost_accounting.core.aggregates import agg_key, scaling_increments
@@ -66,8 +67,6 @@ from services.cost_accounting.core.prices import PriceBook
 log = logging.getLogger(__name__)
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
-# (record, its encoded bytes, key) -> on llm.costs, every ack awaited
-Items = Sequence[tuple[CostRecord, bytes, str | None]]
 PublishRecords = Callable[[Items], Awaitable[None]]
 
 

@@ -64,4 +64,5 @@ class WorkerSettings(BaseSettings):
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_api_key: str = ""
     openai_model: str = ""
-    openai_upstreams_file: str = ""  # YAML of every upstream's settings (engines/OPENAI_HTTP.md); overrides the 3 above
+    # YAML of every upstream's settings (adapters/engines/OPENAI_HTTP.md); overrides the 3 above
+    openai_upstreams_file: str = ""

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
+from llmbus_tools.router_training.corpus import HAND_PATH
 from services.router.core.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
 
-DATA = Path(__file__).resolve().parents[2] / "services" / "router" / "data" / "complexity_labelled.jsonl"
+DATA = HAND_PATH
 
 
 def req(text: str, category: str | None = None) -> InferenceRequest:

@@ -1,1 +1,1 @@
-"""services/archive/adapters."""
+"""The archive's I/O: its Parquet store."""

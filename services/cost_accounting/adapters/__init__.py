@@ -1,1 +1,1 @@
-"""services/cost_accounting/adapters."""
+"""Cost-accounting's I/O: its Redis store and its metrics."""

@@ -20,6 +20,7 @@ from services.engine_worker.adapters.node.publish import profile_and_publish
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.breaker import UpstreamHealth
 from services.engine_worker.core.node_plan import NodePlan
+from services.engine_worker.core.node_plan import NodePlan, gpu_healthy
 from services.engine_worker.core.status import RateTracker, build_status
 from services.engine_worker.handlers import WorkerHandlers
 

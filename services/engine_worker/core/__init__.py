@@ -1,1 +1,1 @@
-"""services/engine_worker/core."""
+"""The worker's pure code: the engine interface, heartbeat content, the format choice, the breaker."""

@@ -13,6 +13,11 @@ QUANTIZED = {"fp8", "awq", "gptq"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
+def gpu_healthy(profile: NodeProfile, max_uncorrected_volatile: int = 0) -> bool:
+    """False once any GPU has more uncorrected (double-bit) ECC errors since driver load than allowed."""
+    return all((g.ecc_uncorrected_volatile or 0) <= max_uncorrected_volatile for g in profile.gpus)
+
+
 @dataclass(frozen=True)
 class NodePlan:
     settings: WorkerSettings  # with the chosen format applied

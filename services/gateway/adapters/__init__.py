@@ -1,1 +1,1 @@
-"""services/gateway/adapters."""
+"""The gateway's I/O: the bus relay, the model catalog's follower, HTTP server config, metrics."""

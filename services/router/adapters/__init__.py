@@ -1,1 +1,1 @@
-"""services/router/adapters."""
+"""The router's I/O: Redis caches, limits, coalescing, embedders, the latency watch, the state followers."""

@@ -1,1 +1,1 @@
-"""services/scheduler/adapters."""
+"""The scheduler's I/O: its Redis store and the pool statistics it publishes."""

@@ -1,1 +1,1 @@
-"""services/shadow_comparator/adapters."""
+"""The comparator's I/O: its Redis store."""

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import redis.asyncio as redis
 
 from llmbus.state.text import text_of
 from services.shadow_comparator.core.aggregates import Increments
+from services.shadow_comparator.core.ports import RequestLink
 
 # KEYS: pair, pending, gone, done ; ARGV: field, value, ttl_s, deadline_ms, primary id
 _OFFER = """

@@ -1,4 +1,4 @@
-"""The comparator's work per record, over the Redis store; publishing is the caller's (no broker here).
+"""The comparator's work per record, over its store (core/ports.py); publishing is the caller's (no broker here).
 
 - results: a shadow result or a primary the shadow experiments may have mirrored is offered
   to the join; each completed pair becomes a Comparison and counts once in its experiment's
@@ -39,6 +39,7 @@ from services.shadow_comparator.core.aggregates import (
 from services.shadow_comparator.core.compare import compare
 from services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
 from services.shadow_comparator.core.join import feedback_belongs, pair_ref
+from services.shadow_comparator.core.ports import PairStore
 from services.shadow_comparator.core.samples import not_a_sample, variant_model
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class ExperimentView:
 
 @dataclass
 class Comparator:
-    store: ComparatorStore
+    store: PairStore
     experiments: ExperimentView
     publish_comparison: PublishComparison
     max_text_chars: int = 16_000

@@ -8,6 +8,7 @@ import urllib.request
 import typer
 from rich.console import Console
 
+from llmbus.process import detached
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import acl, keys, scaling, stack, trace
@@ -20,6 +21,7 @@ from llmbus.cli.feedback import feedback as feedback_command
 from llmbus.cli.fleet_view import fleet_table, metrics_table
 from llmbus.cli.gc import gc as gc_command
 from llmbus.cli.router_cmds import router_app
+from llmbus.cli.tools import TOOL_COMMAND
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.contract import topics as t
 from llmbus.contract.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
@@ -28,9 +30,8 @@ from llmbus.settings import BusSettings
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)
 console = Console()
 app.command("audit")(audit_command)
-app.command()(cost_commands.costs)
-app.command()(cost_commands.plan)
-app.command()(cost_commands.pricebook)
+for command in (cost_commands.costs, cost_commands.plan, cost_commands.pricebook):
+    app.command(context_settings=TOOL_COMMAND)(command)
 app.add_typer(models_app, name="models")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(router_app, name="router")
@@ -60,7 +61,7 @@ def up(
     ready = asyncio.run(_wait_ready(settings, workers + len(stack.TIER_FLEET), timeout_s=120))
     console.print(f"{ready} worker(s) ready: every model of the default policy is served")
     if demo:
-        stack.stack_auth.speak_as_tenant(stack.RUN_DIR)
+        stack.stack_auth.speak_as_tenant(detached.RUN_DIR)
         chat(
             "Explain in one sentence why Kafka suits LLM request routing.",
             model=AUTO_MODEL,
@@ -78,7 +79,7 @@ def up(
 def down(infra: bool = typer.Option(True, help="also stop Kafka and Redis")) -> None:
     """Stop the services (they drain), then Kafka and Redis."""
     for proc in stack.running_services():
-        if stack.stop(proc):
+        if detached.stop(proc):
             console.print(f"stopped {proc.name}")
     if infra:
         stack.infra_down()

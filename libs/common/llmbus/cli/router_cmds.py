@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import typer
 
+from llmbus.cli.tools import TOOL_COMMAND, run_tool
+
 router_app = typer.Typer(help="router operations", no_args_is_help=True)
 
 
-@router_app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@router_app.command(context_settings=TOOL_COMMAND)
 def retrain(ctx: typer.Context) -> None:
     """Retrain the learned complexity scorer; replaces the model only if better on held-out data.
 
-    Options are those of `python -m llmbus_tools.router_training.retrain --help`."""
-    from llmbus_tools.router_training.retrain import main as retrain_main
-
-    raise typer.Exit(retrain_main(list(ctx.args)))
+    Runs `python -m llmbus_tools.router_training.retrain` with these options (see its --help)."""
+    run_tool("llmbus_tools.router_training.retrain", *ctx.args)

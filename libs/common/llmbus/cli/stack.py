@@ -3,40 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
+from llmbus.process import detached
 from llmbus.cli import stack_auth
-from llmbus.process.launch import spawn_module
+from llmbus.process.detached import REPO, RUN_DIR, ServiceProcess
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-
-REPO = Path(__file__).resolve().parents[4]
-CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
-RUN_DIR = CACHE / "run"
-
-
-@dataclass(frozen=True)
-class ServiceProcess:
-    name: str  # unique per process: "router", "worker-1"
-    module: str  # python -m target
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def pid_file(self) -> Path:
-        return RUN_DIR / f"{self.name}.pid"
-
-    @property
-    def log_file(self) -> Path:
-        return RUN_DIR / f"{self.name}.log"
 
 
 def run_script(script: str, action: str, env: dict[str, str] | None = None) -> None:
@@ -68,45 +46,9 @@ def infra_down() -> None:
     run_script("deploy/redis/redis.sh", "stop")
 
 
-def pid_of(proc: ServiceProcess) -> int | None:
-    try:
-        pid = int(proc.pid_file.read_text())
-        os.kill(pid, 0)
-        return pid
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return None
-
-
 def start(proc: ServiceProcess) -> int:
-    if (pid := pid_of(proc)) is not None:
-        return pid
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
-    env = os.environ | proc.env | stack_auth.service_env(RUN_DIR, proc.module)
-    child = spawn_module(proc.module, env=env, log_path=proc.log_file, cwd=REPO, own_session=True)
-    proc.pid_file.write_text(str(child.pid))
-    return child.pid
-
-
-def stop(proc: ServiceProcess, grace_s: float = 30.0) -> bool:
-    """SIGTERM (the service drains), then SIGKILL after grace_s. True if it was running."""
-    pid = pid_of(proc)
-    if pid is None:
-        proc.pid_file.unlink(missing_ok=True)
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # our own child (an autoscaler's worker) would stay a zombie
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-    proc.pid_file.unlink(missing_ok=True)
-    return True
+    """Start a stack process as its own principal on a secured stack (llmbus.cli.stack_auth)."""
+    return detached.start(proc, stack_auth.service_env(RUN_DIR, proc.module))
 
 
 @dataclass(frozen=True)

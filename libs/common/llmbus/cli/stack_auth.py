@@ -8,6 +8,7 @@ topics and applies the catalog's ACLs). Off (the default), nothing here changes 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from pathlib import Path
 
@@ -60,7 +61,10 @@ def service_env(run_dir: Path, module: str) -> dict[str, str]:
     """The environment a stack process needs on a secured broker; {} when the stack is not secured."""
     if not secured():
         return {}
-    return principal_env(run_dir, _PRINCIPALS.get(module, acls.OPERATOR))
+    env = principal_env(run_dir, _PRINCIPALS.get(module, acls.OPERATOR))
+    if module == "services.autoscaler":  # the workers its local actuator starts connect as workers
+        env["LLMBUS_AUTOSCALER_WORKER_ENV"] = json.dumps(principal_env(run_dir, t.WORKER))
+    return env
 
 
 def secure_broker(run_dir: Path) -> None:

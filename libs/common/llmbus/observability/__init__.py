@@ -1,1 +1,1 @@
-"""Logs, traces, metrics and profiles of a service process."""
+"""llmbus.observability: see docs/architecture.md, "The shared library"."""

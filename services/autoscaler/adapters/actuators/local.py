@@ -1,7 +1,8 @@
-"""Local actuator: engine-worker processes on this machine, through the stack's own launcher.
+"""Local actuator: engine-worker processes on this machine, through llmbus.process.detached.
 
-Workers are `llmbus.processes.ServiceProcess`es named `<prefix><n>` (pid and log files in the
-stack's run directory, so `llmbus down` stops them too). Scale-down sends SIGTERM: the worker
+Workers are `llmbus.process.detached.ServiceProcess`es named `<prefix><n>` (pid and log files in the
+dev stack's run directory, so `llmbus down` stops them too); on a secured stack they connect as
+the worker principal (`worker_env`, which `llmbus up` hands the autoscaler). Scale-down sends SIGTERM: the worker
 stops taking work, finishes or hands back what it holds (engine-worker drain) and exits; the
 stop runs in the background and the pool counts the worker as gone at once.
 """
@@ -14,6 +15,7 @@ import os
 import re
 
 from llmbus.cli import stack
+from llmbus.process import detached
 from services.autoscaler.core.config import LocalSpec
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ class LocalActuator:
     def _prefix(self, pool: str) -> str:
         return self.pools[pool].worker_prefix or f"{_slug(pool)}-as"
 
-    def process(self, pool: str, index: int) -> stack.ServiceProcess:
+    def process(self, pool: str, index: int) -> detached.ServiceProcess:
         spec = self.pools[pool]
         worker_id = f"{self._prefix(pool)}{index}"
         env = self.extra_env | {
@@ -63,20 +65,20 @@ class LocalActuator:
             # Never the autoscaler's own port, which every worker would otherwise inherit and die binding.
             "LLMBUS_METRICS_PORT": str(self.metrics_port_base + index if self.metrics_port_base else 0),
         }
-        return stack.ServiceProcess(worker_id, ENGINE_WORKER, env | spec.env)
+        return detached.ServiceProcess(worker_id, ENGINE_WORKER, env | spec.env)
 
     def running(self, pool: str) -> list[int]:
         """Indices of this pool's live workers that are not being stopped."""
         _reap_children()
-        if not stack.RUN_DIR.exists():
+        if not detached.RUN_DIR.exists():
             return []
         prefix = self._prefix(pool)
         found = []
-        for pid_file in stack.RUN_DIR.glob(f"{prefix}*.pid"):
+        for pid_file in detached.RUN_DIR.glob(f"{prefix}*.pid"):
             suffix = pid_file.stem.removeprefix(prefix)
             if not suffix.isdigit() or pid_file.stem in self._stopping:
                 continue
-            if stack.pid_of(self.process(pool, int(suffix))) is not None:
+            if detached.pid_of(self.process(pool, int(suffix))) is not None:
                 found.append(int(suffix))
         return sorted(found)
 
@@ -93,13 +95,13 @@ class LocalActuator:
             free = (i for i in range(1, 10_000) if i not in busy)
             for _ in range(replicas - len(running)):
                 proc = self.process(pool, next(free))
-                pid = await asyncio.to_thread(stack.start, proc)
+                pid = await asyncio.to_thread(detached.start, proc)
                 log.info("started %s (pid %d) for %s", proc.name, pid, pool)
         for index in reversed(running[replicas:] if replicas < len(running) else []):
             proc = self.process(pool, index)
             log.info("draining %s of %s (SIGTERM)", proc.name, pool)
             grace_s = self.pools[pool].stop_grace_s
-            self._stopping[proc.name] = asyncio.create_task(asyncio.to_thread(stack.stop, proc, grace_s))
+            self._stopping[proc.name] = asyncio.create_task(asyncio.to_thread(detached.stop, proc, grace_s))
 
     async def close(self) -> None:
         """Leave started workers running (they outlive a restart of the autoscaler); finish stops."""

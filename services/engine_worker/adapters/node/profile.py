@@ -143,11 +143,6 @@ def profile_node(
             nvml.nvmlShutdown()
 
 
-def gpu_healthy(profile: NodeProfile, max_uncorrected_volatile: int = 0) -> bool:
-    """False once any GPU has more uncorrected (double-bit) ECC errors since driver load than allowed."""
-    return all((g.ecc_uncorrected_volatile or 0) <= max_uncorrected_volatile for g in profile.gpus)
-
-
 def main() -> None:
     import json
 

@@ -65,7 +65,7 @@ class _Outbox:
 @dataclass
 class SimConfig:
     model: str = "sim-llama-8b"
-    profile: str = DEFAULT_PROFILE  # a name in sim/profiles.yaml
+    profile: str = DEFAULT_PROFILE  # a name in services/engine_worker/policies/sim_profiles.yaml
     max_model_len: int = 8192
     max_num_seqs: int = 256  # vLLM 0.8 default
     max_num_batched_tokens: int = 8192  # vLLM 0.8 default for the OpenAI server

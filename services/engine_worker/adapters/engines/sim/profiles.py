@@ -1,4 +1,4 @@
-"""Step-time profiles of the sim engine (profiles.yaml): a calibrated linear model per model x GPU."""
+"""Step-time profiles of the sim engine (policies/sim_profiles.yaml): a calibrated linear model per model x GPU."""
 
 from __future__ import annotations
 
