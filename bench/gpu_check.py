@@ -75,7 +75,6 @@ def find_gpus(nvml: ModuleType | None = None) -> NodeProfile:
 
 
 def node_step(profile: NodeProfile) -> Step:
-    from services.engine_worker.adapters.node.profile import gpu_healthy
     from services.engine_worker.core.formats import NoFormatFits, choose_format
     from services.engine_worker.core.node_plan import gpu_healthy
 

@@ -22,10 +22,9 @@ from llmbus.bus.service import ServiceRuntime
 from llmbus.bus.tables import read_table
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
-from llmbus.contract.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from llmbus.contract.messages import ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from llmbus.contract.messages import ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from services.cost_accounting.adapters.gc_tuning import tune_gc
 from services.cost_accounting.adapters.publishing import CostPublisher
 from services.cost_accounting.adapters.store import CostStore
@@ -33,7 +32,6 @@ from services.cost_accounting.config import CostSettings
 from services.cost_accounting.core.budgets import load_budgets
 from services.cost_accounting.core.gpu_ledger import GpuLedger
 from services.cost_accounting.core.prices import load_pricebook
-from services.cost_accounting.handlers import CostHandlers, Items
 from services.cost_accounting.handlers import CostHandlers
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,6 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
 from llmbus.bus.catch_up import assigned_ends
-from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.runtime import run_until_stopped
 from llmbus.contract import contracts
 from llmbus.contract import topics as t

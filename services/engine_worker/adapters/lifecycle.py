@@ -15,11 +15,9 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import NodeProfile, WorkerState, now_ms
 from llmbus.process.periodic import run_every
 from services.engine_worker.adapters import metrics
-from services.engine_worker.adapters.node.profile import gpu_healthy
 from services.engine_worker.adapters.node.publish import profile_and_publish
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.breaker import UpstreamHealth
-from services.engine_worker.core.node_plan import NodePlan
 from services.engine_worker.core.node_plan import NodePlan, gpu_healthy
 from services.engine_worker.core.status import RateTracker, build_status
 from services.engine_worker.handlers import WorkerHandlers

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmbus.contract.messages import ModelSpec, NodeProfile
-from services.engine_worker.adapters.node.profile import gpu_healthy
 from services.engine_worker.config import WorkerSettings
 from services.engine_worker.core.formats import choose_format, supported_formats
 

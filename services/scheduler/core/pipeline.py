@@ -19,10 +19,6 @@ from services.scheduler.core.config import PipelineConfig, build_plugin
 from services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
 from services.scheduler.core.types import SchedRequest, WorkerView
 
-from services.scheduler.core.config import PipelineConfig, build_plugin
-from services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
-from services.scheduler.core.types import SchedRequest, WorkerView
-
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
 

@@ -56,15 +56,6 @@ return 1
 Arg = bytes | str | int | float
 
 
-class RequestLink(NamedTuple):
-    """Where an A/B result was counted, and whose request it was."""
-
-    experiment_id: str
-    step: int
-    variant: str
-    tenant: str | None  # None: a link stored before tenants were kept (its feedback counts nowhere)
-
-
 class ComparatorStore:
     def __init__(
         self, client: redis.Redis, namespace: str, pair_ttl_s: int = 600, done_ttl_s: int = 7 * 24 * 3600

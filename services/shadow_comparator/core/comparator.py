@@ -26,7 +26,6 @@ from llmbus.contract.messages import (
     now_ms,
 )
 from llmbus.domain.lifecycle import CANDIDATE, CONTROL
-from services.shadow_comparator.adapters.store import ComparatorStore
 from services.shadow_comparator.core.aggregates import (
     PAIRS,
     PairStats,

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import typer
 
-from llmbus.contract.messages import now_ms
-from llmbus.settings import BusSettings
-from llmbus.state.store import redis_client
 from llmbus.cli.tools import run_tool
 
 COSTS = "llmbus_tools.costs"

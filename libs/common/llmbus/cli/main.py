@@ -8,7 +8,6 @@ import urllib.request
 import typer
 from rich.console import Console
 
-from llmbus.process import detached
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import acl, keys, scaling, stack, trace
@@ -25,6 +24,7 @@ from llmbus.cli.tools import TOOL_COMMAND
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.contract import topics as t
 from llmbus.contract.messages import AUTO_MODEL, ChatMessage, InferenceRequest, WorkerStatus
+from llmbus.process import detached
 from llmbus.settings import BusSettings
 
 app = typer.Typer(help="llmbus: a Kafka-native control plane for LLM inference clusters", no_args_is_help=True)

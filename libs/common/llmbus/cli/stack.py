@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from llmbus.process import detached
 from llmbus.cli import stack_auth
+from llmbus.process import detached
 from llmbus.process.detached import REPO, RUN_DIR, ServiceProcess
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 
-from llmbus.cli import stack
 from llmbus.process import detached
 from services.autoscaler.core.config import LocalSpec
 
