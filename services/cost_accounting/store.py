@@ -8,7 +8,7 @@ import json
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
-from llmbus.messages import CostKind, CostRecord, InferenceResult, now_ms
+from llmbus.messages import CostRecord, InferenceResult, now_ms
 from llmbus.request_key import request_key
 from llmbus.state import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
@@ -334,7 +334,7 @@ class CostStore:
 
 def _prices_a_result(record: CostRecord) -> bool:
     """A record that prices one result also marks it seen (idle and waste records price none)."""
-    return record.kind not in (CostKind.IDLE, CostKind.COLD_START_WASTE)
+    return record.prices_a_result
 
 
 def _period_of(key: str) -> str:
