@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import ClusterAuthorizationFailedError, KafkaConnectionError, TopicAuthorizationFailedError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    TopicAuthorizationFailedError,
+)
 
 from llmbus import topics as t
-from llmbus.acls import all_acls, tenant_topics
+from llmbus.acls import ANALYTICS, all_acls, tenant_topics
 from llmbus.bus import decode, make_producer
 from llmbus.bus.acl_admin import apply_acls
 from llmbus.bus.admin import ensure_catalog, ensure_topics
@@ -46,16 +51,22 @@ from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import ServiceProc, eventually, fresh_settings, wait_workers_ready
 
 
-@pytest.fixture(scope="module")
-async def prefix(secured_kafka: SecuredKafka) -> str:
-    """A namespace on the secured broker with its catalog, the tenants' topics and the ACLs."""
+async def fresh_namespace(secured_kafka: SecuredKafka) -> str:
+    """A namespace on the secured broker with its catalog, the tenants' topics, worker w1's dispatch
+    topic and the ACLs."""
     prefix = fresh_settings().topic_prefix
     admin = secured_kafka.settings("admin", prefix)
     await apply_acls(admin, all_acls(prefix, list(TENANTS)))
     await ensure_catalog(admin)
-    topics = t.Topics(prefix)
-    await ensure_topics(admin, [(topics.name(n), s) for tenant in TENANTS for n, s in tenant_topics(tenant)])
+    topics = [(name, spec) for tenant in TENANTS for name, spec in tenant_topics(tenant)]
+    topics.append(("llm.dispatch.w1", t.DISPATCH_SPEC))
+    await ensure_topics(admin, [(t.Topics(prefix).name(name), spec) for name, spec in topics])
     return prefix
+
+
+@pytest.fixture(scope="module")
+async def prefix(secured_kafka: SecuredKafka) -> str:
+    return await fresh_namespace(secured_kafka)
 
 
 @pytest.fixture(scope="module")
@@ -338,20 +349,28 @@ async def test_the_retrain_reader_takes_each_feedbacks_tenant_from_its_topic(
     assert sorted((f.tenant, f.score) for f in read if f.request_id == rid) == [("acme", 0.0), ("globex", 1.0)]
 
 
-async def test_analytics_reads_results_in_its_own_group_but_no_prompts_and_writes_nothing(
-    secured_kafka: SecuredKafka, prefix: str
-) -> None:
-    result = InferenceResult(request_id=f"a-{uuid.uuid4().hex[:6]}", tenant="acme", status=ResultStatus.OK)
-    await produce_as(secured_kafka, "admin", prefix, t.RESULTS, result, key=result.request_id)
-    await produce_as(secured_kafka, "admin", prefix, t.REQUESTS, InferenceRequest(prompt="a prompt"), key="r")
-    assert result.to_bytes() in await read_as(secured_kafka, "analytics", prefix, t.RESULTS)
-    consumer = AIOKafkaConsumer(  # a job commits its progress in its own consumer group
-        t.Topics(prefix).name(t.RESULTS),
-        group_id=f"{prefix}llmbus.analytics.cost-table",
+# What each least-privilege reader needs, fixed here from issue 24 and services/archive/README.md
+# (not derived from the catalog the ACLs come from): it may read these and nothing else.
+ANALYTICS_READS = frozenset({t.RESULTS, t.COSTS, t.COMPARISONS, t.DECISIONS, t.SCALING, t.BUDGETS, t.WORKERS})
+ARCHIVE_READS = frozenset(
+    {t.RESULTS, t.COSTS, t.COMPARISONS, t.FEEDBACK, "llm.feedback.acme", t.REQUESTS, "llm.requests.acme"}
+)
+
+
+def every_topic() -> set[str]:
+    """Every topic of a namespace: the catalog's, a tenant's own, a worker's dispatch topic."""
+    return {spec.name for spec in t.CATALOG} | {name for name, _ in tenant_topics("acme")} | {"llm.dispatch.w1"}
+
+
+async def commit_in_group(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, group: str) -> None:
+    """Read one record of `topic` in consumer group `group` as `user` and commit it."""
+    consumer = AIOKafkaConsumer(
+        t.Topics(prefix).name(topic),
+        group_id=f"{prefix}{group}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         bootstrap_servers=secured_kafka.bootstrap,
-        **kafka_auth(secured_kafka.settings("analytics", prefix)),
+        **kafka_auth(secured_kafka.settings(user, prefix)),
     )
     await asyncio.wait_for(consumer.start(), 30)
     try:
@@ -360,19 +379,57 @@ async def test_analytics_reads_results_in_its_own_group_but_no_prompts_and_write
         assert record.value is not None
     finally:
         await asyncio.wait_for(consumer.stop(), 10)
-    for prompts in (t.REQUESTS, t.DLQ):
-        with pytest.raises(TopicAuthorizationFailedError):
-            await read_as(secured_kafka, "analytics", prefix, prompts)
-    # The project's idempotent producer does not even start: no write right anywhere means no IdempotentWrite.
-    with pytest.raises(ClusterAuthorizationFailedError):
-        await produce_as(secured_kafka, "analytics", prefix, t.RESULTS, result, key="k")
-    producer = AIOKafkaProducer(  # a plain one reaches the topics, and each refuses it
-        bootstrap_servers=secured_kafka.bootstrap, **kafka_auth(secured_kafka.settings("analytics", prefix))
+
+
+@pytest.mark.parametrize(
+    ("user", "reads", "writes"),
+    [(ANALYTICS, ANALYTICS_READS, frozenset()), (t.ARCHIVE, ARCHIVE_READS, frozenset({t.DLQ}))],
+    ids=["analytics", "archive"],
+)
+async def test_a_reader_principal_reads_what_it_needs_and_nothing_else(
+    secured_kafka: SecuredKafka, user: str, reads: frozenset[str], writes: frozenset[str]
+) -> None:
+    prefix = await fresh_namespace(secured_kafka)  # its own: the probes below meet no service
+    topics = every_topic()
+    assert reads | writes <= topics
+    probes = {topic: f'{{"probe":"{uuid.uuid4().hex}"}}'.encode() for topic in reads}
+    for topic, probe in probes.items():  # keyed: some of them are compacted
+        await produce_as(secured_kafka, "admin", prefix, topic, probe, key="probe")
+    for topic, probe in probes.items():
+        assert probe in await read_as(secured_kafka, user, prefix, topic), topic
+    refused_reads = []
+    for topic in sorted(topics - reads):  # prompts, tokens, replies, control, dead letters, ...
+        try:
+            await read_as(secured_kafka, user, prefix, topic, seconds=10)
+        except TopicAuthorizationFailedError:
+            refused_reads.append(topic)
+    assert refused_reads == sorted(topics - reads)
+
+    # A job keeps its offsets in its own consumer groups (llmbus.<user>*), in no service's.
+    topic = min(reads)
+    await commit_in_group(secured_kafka, user, prefix, topic, f"llmbus.{user}.job-1")
+    with pytest.raises(GroupAuthorizationFailedError):
+        await commit_in_group(secured_kafka, user, prefix, topic, f"llmbus.{t.COST}")
+
+    producer = AIOKafkaProducer(  # a plain producer (no idempotence): each topic answers for itself
+        bootstrap_servers=secured_kafka.bootstrap, **kafka_auth(secured_kafka.settings(user, prefix))
     )
     await asyncio.wait_for(producer.start(), 30)
+    refused_writes = []
     try:
-        for topic in (t.RESULTS, t.COSTS, t.CONTROL, t.REQUESTS):
-            with pytest.raises(TopicAuthorizationFailedError):
-                await asyncio.wait_for(producer.send_and_wait(t.Topics(prefix).name(topic), b"{}", partition=0), 20)
+        for topic in sorted(topics):
+            send = producer.send_and_wait(t.Topics(prefix).name(topic), b"{}", key=b"k", partition=0)
+            try:
+                await asyncio.wait_for(send, 20)
+            except TopicAuthorizationFailedError:
+                refused_writes.append(topic)
     finally:
         await stop_producer(producer, 10)
+    assert refused_writes == sorted(topics - writes)
+
+
+async def test_analytics_cannot_even_start_the_projects_producer(secured_kafka: SecuredKafka, prefix: str) -> None:
+    # The project's producer is idempotent: with no write right anywhere there is no IdempotentWrite.
+    result = InferenceResult(request_id="r", tenant="acme", status=ResultStatus.OK)
+    with pytest.raises(ClusterAuthorizationFailedError):
+        await produce_as(secured_kafka, ANALYTICS, prefix, t.RESULTS, result, key="k")
