@@ -11,6 +11,7 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus import semconv as sc
 from llmbus.bus.codec import decode
+from llmbus.bus.span_attrs import message_attributes
 from llmbus.messages import CostKind, CostRecord, FinishReason, InferenceResult, ResultStatus, Usage
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
@@ -120,3 +121,9 @@ def test_the_payloads_validate_against_the_generated_schemas() -> None:
 def test_include_and_exclude_are_honoured() -> None:
     assert result().model_dump(include={"request_id"}) == {"request_id": "r1"}
     assert "gen_ai" not in result().model_dump(exclude={"gen_ai"})
+
+
+def test_a_results_span_and_its_payload_use_the_same_names_and_values() -> None:
+    attributes = message_attributes(result())
+    payload_names = flatten(payload(result())["gen_ai"], "gen_ai")
+    assert {name: attributes[name] for name in payload_names} == payload_names
