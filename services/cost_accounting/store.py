@@ -256,7 +256,8 @@ class CostStore:
         return [v.encode() if isinstance(v, str) else v for v in (await self.client.hgetall(self._outbox)).values()]
 
     def _seen_marker_of(self, record: CostRecord) -> list[str]:
-        return [self._seen(request_key(record.tenant, record.request_id))] if _prices_a_result(record) else []
+        """A record that prices one result also marks it seen (idle and waste records price none)."""
+        return [self._seen(request_key(record.tenant, record.request_id))] if record.prices_a_result else []
 
     async def bill(self, records: list[CostRecord]) -> list[bool]:
         """Apply each (published) record to the aggregates once, by record id, mark the results it
@@ -288,7 +289,7 @@ class CostStore:
         return [i in new for i in range(len(records))]
 
     def _bill_args(self, unique: list[CostRecord]) -> list[str | int]:
-        seen = [request_key(r.tenant, r.request_id) for r in unique if _prices_a_result(r)]
+        seen = [request_key(r.tenant, r.request_id) for r in unique if r.prices_a_result]
         args: list[str | int] = [self.ttl_s, self.ns, len(unique), len(seen), *(r.record_id for r in unique), *seen]
         for key, fields in batch_increments(unique, self.ns).items():
             args += [key, TTL_S[_period_of(key)], len(fields)]
@@ -330,11 +331,6 @@ class CostStore:
     async def first_alert(self, tenant: str, period_key: str, threshold: int) -> bool:
         key = f"{self.ns}cost:alert:{tenant}:{period_key}:{threshold}"
         return bool(await self.client.set(key, "1", nx=True, ex=400 * 86400))
-
-
-def _prices_a_result(record: CostRecord) -> bool:
-    """A record that prices one result also marks it seen (idle and waste records price none)."""
-    return record.prices_a_result
 
 
 def _period_of(key: str) -> str:
