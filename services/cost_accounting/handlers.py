@@ -162,20 +162,30 @@ class CostHandlers:
         await self.recover()
 
     async def _check_state(self, starting: bool = False) -> None:
-        """If Redis lost its state (the state id gone, or another than this replica's): rebuild."""
+        """If Redis lost its state (the state id gone, or another than this replica's): rebuild.
+
+        At start an unset id is a loss or the first start of all (nothing on llm.costs to mark)."""
         state = await self.store.state_id()
-        if state is not None and (starting or state == self._state_id):
+        if state is not None and (self._state_id is None or state == self._state_id):
             self._state_id = state
             return
-        oldest = min((v.written_ms for _, _, v in self.holds.items()), default=None)
-        if starting and self.resume_at is not None:
-            oldest = await self.resume_at()
-        since_ms = (oldest if oldest is not None else now_ms()) - self.ledger.interval_ms - self.ledger.grace_ms
+        lost = state is not None or self._state_id is not None  # changed, or gone since this replica saw it
+        if not (lost or starting):  # never set (handlers driven without `restore`): nothing to rebuild
+            self._state_id = await self.store.mark_state()
+            return
+        oldest = await self.resume_at() if starting and self.resume_at is not None else None
+        oldest = min((v.written_ms for _, _, v in self.holds.items()), default=oldest)
+        margin_ms = self.ledger.interval_ms + self.ledger.grace_ms
+        since_ms = (oldest if oldest is not None else now_ms()) - margin_ms
         billed = await self.billed_since(since_ms) if self.billed_since is not None else []
         await self.store.restore_billed(billed)
         await self.store.hold_raw([(v.worker_id, v.request_key, v.payload) for _, _, v in self.holds.items()])
-        self._floor_ms = since_ms
-        if state is not None or self._state_id is not None or billed:  # not the first start of all
+        # Workers whose cursor is gone start there, where intervals before it were closed: after a
+        # running replica saw the loss, or a start after a run that billed (not the first start of
+        # all, whose workers' intervals no run has closed yet).
+        if lost or billed:
+            self._floor_ms = since_ms
+        if lost or billed:
             metrics.STATE_REBUILDS.inc()
             log.warning(
                 "Redis lost cost-accounting's state: %d billed records from llm.costs marked again, %d held "
