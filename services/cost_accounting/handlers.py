@@ -60,7 +60,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple
 
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from llmbus import topics as t
 from llmbus.bus.codec import BadMessage, decode
@@ -321,14 +321,21 @@ class CostHandlers:
 
     async def _settle_others(self, owned: set[str]) -> None:
         """Results held open here for a worker another replica prices: released once it billed them
-        (their record ids applied), or once they are older than the held results' TTL in Redis."""
-        others = [(tp, offset, v) for tp, offset, v in self.holds.items() if v.worker_id not in owned]
+        (their record ids applied). Any held result older than the held results' TTL in Redis is
+        released too: nothing could bill it any more, and it must not hold its partition back forever."""
+        expired_ms = now_ms() - self.store.ttl_s * 1000
+        others: list[tuple[TopicPartition, int, HeldResult]] = []
+        for tp, offset, held in self.holds.items():
+            if held.written_ms < expired_ms:
+                log.warning("result %s held past the TTL of held results: released unbilled", held.request_key)
+                self.holds.release(tp, offset)
+            elif held.worker_id not in owned:
+                others.append((tp, offset, held))
         if not others:
             return
         applied = await self.store.applied([v.request_key for _, _, v in others])
-        expired_ms = now_ms() - self.store.ttl_s * 1000
-        for (tp, offset, held), billed in zip(others, applied, strict=True):
-            if billed or held.written_ms < expired_ms:
+        for (tp, offset, _), billed in zip(others, applied, strict=True):
+            if billed:
                 self.holds.release(tp, offset)
 
     async def _take_held(self, worker_ids: list[str]) -> list[CostRecord]:
