@@ -19,8 +19,7 @@ Pass criterion, fixed before the run (docs/delivery.md, "What Redis data loss co
   with the flush, but their offsets were never committed (held open until billed), so the restart
   reads them again, and the once-only markers it rebuilds from llm.costs keep what was billed
   before from being billed again; the reconciliation of llm.results against llm.costs
-  (`llmbus.audit.bills.check_bills`) finds nothing unbilled. (Before, 51, 0 and 11 of 160 were
-  never billed in three runs.)
+  (`llmbus.audit.bills.check_bills`) finds nothing unbilled.
 """
 
 from __future__ import annotations
