@@ -23,8 +23,8 @@ from llmbus import contracts
 from llmbus import topics as t
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.service import ServiceRuntime
-from llmbus.bus.tables import read_table
-from llmbus.messages import ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from llmbus.bus.tables import read_since, read_table, resume_time_ms
+from llmbus.messages import CostRecord, ErrorCode, Message, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.cost_accounting.config import CostSettings
@@ -66,6 +66,8 @@ class CostService:
             self.dlq,
             batch_full_records=min(cost.backlog_batch_records, cost.batch_max_records),
             settle_s=cost.settle_s,
+            billed_since=self.billed_since,
+            resume_at=self.resume_at,
         )
         self._runtime = runtime
         if runtime is not None:
@@ -97,7 +99,10 @@ class CostService:
         runtime.subscribe("pricebook", on_pricebook)
         # The autoscaler's decisions: scale events per pool, beside the cold starts they cost.
         runtime.subscribe("scaling", on_scaling)
-        runtime.subscribe("results", handlers.on_results, batch_max_records=self.cost.batch_max_records)
+        # Self-hosted results stay uncommitted until billed (handlers.py: Redis data loss loses none).
+        runtime.subscribe(
+            "results", handlers.on_results, batch_max_records=self.cost.batch_max_records, holds=handlers.holds
+        )
         runtime.every(self.cost.close_every_s, "ledger", self.tick)
 
     async def publish_records(self, items: Items) -> None:
@@ -111,6 +116,18 @@ class CostService:
         """One record batch per partition, then every ack awaited (bounded): one round trip per batch."""
         publisher = self.runtime.publisher
         await publisher.delivered(await publisher.send_batch(topic, items))
+
+    async def billed_since(self, since_ms: int) -> list[CostRecord]:
+        """The declared start-up read `billed`: llm.costs from `since_ms` to its end as of now."""
+        return await read_since(
+            self.settings, self.topics.name(t.COSTS), CostRecord, since_ms, self.cost.rebuild_timeout_s
+        )
+
+    async def resume_at(self) -> int | None:
+        """When the oldest record of llm.results this service's group reads again was written."""
+        group = contracts.COST.group_id("results", self.topics)
+        assert group is not None
+        return await resume_time_ms(self.settings, group, self.topics.name(t.RESULTS), self.settings.admin_timeout_s)
 
     async def dlq(self, record: ConsumerRecord, exc: Exception) -> None:
         await self.runtime.dead_letter(record, exc)

@@ -4,6 +4,7 @@ aggregates and budget alerts. Every key carries the namespace (topic prefix) and
 from __future__ import annotations
 
 import json
+import uuid
 
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
@@ -161,17 +162,60 @@ class CostStore:
     async def hold(self, results: list[tuple[InferenceResult, bytes]]) -> None:
         """Self-hosted results (with their bytes as read) wait for their intervals: held durably and
         marked seen together (MULTI)."""
-        if not results:
+        await self.hold_raw([(r.worker_id or "", r.request_key, payload) for r, payload in results])
+
+    async def hold_raw(self, held: list[tuple[str, str, bytes]]) -> None:
+        """(worker id, request key, result bytes) held and marked seen, as `hold`."""
+        if not held:
             return
         by_worker: dict[str, dict[FieldT, EncodableT]] = {}
-        for r, payload in results:
-            by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_key] = payload
+        for worker_id, key, payload in held:
+            by_worker.setdefault(self._pending(worker_id), {})[key] = payload
         async with self.client.pipeline(transaction=True) as pipe:
-            for key, held in by_worker.items():
-                pipe.hset(key, mapping=held)
-                pipe.expire(key, self.ttl_s)
-            await self._mark(keys=[self._seen(r.request_key) for r, _ in results], args=[self.ttl_s], client=pipe)
+            for pending, results in by_worker.items():
+                pipe.hset(pending, mapping=results)
+                pipe.expire(pending, self.ttl_s)
+            await self._mark(keys=[self._seen(key) for _, key, _ in held], args=[self.ttl_s], client=pipe)
             await pipe.execute()
+
+    async def still_held(self, held: list[tuple[str, str]]) -> list[bool]:
+        """Which (worker id, request key) are in their worker's held results (not released, not lost)."""
+        if not held:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for worker_id, key in held:
+                pipe.hexists(self._pending(worker_id), key)
+            return [bool(n) for n in await pipe.execute()]
+
+    async def applied(self, record_ids: list[str]) -> list[bool]:
+        """Which record ids are billed (their once-only marker is there)."""
+        return await self._with_marker(self._applied(""), record_ids)
+
+    # -- Redis data loss: a marker of the state, and the once-only markers rebuilt from llm.costs -----
+    @property
+    def _state(self) -> str:
+        return f"{self.ns}cost:state"
+
+    async def state_id(self) -> str | None:
+        """The id of the state this Redis holds (set once by the first replica); None: never set, or lost."""
+        return text_of(raw) if (raw := await self.client.get(self._state)) is not None else None
+
+    async def mark_state(self) -> str:
+        """This state's id: a new one if none is there (the first replica after a loss sets it)."""
+        state = uuid.uuid4().hex
+        await self.client.set(self._state, state, nx=True)
+        return text_of(raw) if (raw := await self.client.get(self._state)) is not None else state
+
+    async def restore_billed(self, records: list[CostRecord]) -> None:
+        """The once-only markers of records on llm.costs, written again: each record id applied, each
+        result it prices seen (a result read again after a data loss is then not billed again)."""
+        for at in range(0, len(records), 1000):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for record in records[at : at + 1000]:
+                    pipe.set(self._applied(record.record_id), "1", ex=self.ttl_s)
+                    for seen in self._seen_marker_of(record):
+                        pipe.set(seen, "1", ex=self.ttl_s)
+                await pipe.execute()
 
     async def release(self, records: list[CostRecord], cursors: dict[str, Cursor]) -> None:
         """After the ledger's records are published: drop them from pending, save the cursors."""

@@ -43,6 +43,7 @@ from llmbus.messages import (
     WorkerState,
     WorkerStatus,
 )
+from llmbus.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state import redis_client
 from services.router.training.feedback import read_feedback
@@ -305,14 +306,15 @@ async def comparator(
 async def test_feedback_counts_only_from_the_requests_own_tenant(
     secured_kafka: SecuredKafka, prefix: str, comparator: ComparatorStore
 ) -> None:
-    """acme learned globex's request id: its feedback (first, on its own topic) is not counted, one
-    claiming to be globex's is dead-lettered, and globex's own feedback counts."""
+    """acme learned globex's request id: its feedback (first, on its own topic) is about acme's own
+    request of that id (none: unjoined, not counted), one claiming to be globex's is dead-lettered,
+    and globex's own feedback counts."""
     rid = uuid.uuid4().hex
     result = InferenceResult(
         request_id=rid, tenant="globex", status=ResultStatus.OK, model="m", experiment_id="exp", variant="candidate"
     )
     await produce_as(secured_kafka, t.WORKER, prefix, t.RESULTS, result, key=rid)
-    await eventually(lambda: comparator.request_variant(rid), timeout_s=60)
+    await eventually(lambda: comparator.request_variant(request_key("globex", rid), rid), timeout_s=60)
     foreign = Feedback(request_id=rid, tenant="acme", score=0.0)
     await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", foreign, rid)
     claim = Feedback(request_id=rid, tenant="globex", score=0.0)
@@ -322,13 +324,13 @@ async def test_feedback_counts_only_from_the_requests_own_tenant(
 
     async def settled() -> bool:
         stats = await comparator.stats()
-        return all(stats.get(k, 0) >= 1 for k in ("feedback_joined", "feedback_foreign", "feedback_refused"))
+        return all(stats.get(k, 0) >= 1 for k in ("feedback_joined", "feedback_unjoined", "feedback_refused"))
 
     await eventually(settled, timeout_s=30)
     agg = await comparator.read_agg("exp", 0, "candidate")
     assert (agg.get("fb_n"), agg.get("fb_neg", 0.0)) == (1.0, 0.0), agg  # globex's score alone
     stats = await comparator.stats()
-    assert (stats["feedback_joined"], stats["feedback_foreign"], stats["feedback_refused"]) == (1, 1, 1)
+    assert (stats["feedback_joined"], stats["feedback_unjoined"], stats["feedback_refused"]) == (1, 1, 1)
     letters = [DeadLetter.model_validate_json(v) for v in await read_as(secured_kafka, "operator", prefix, t.DLQ)]
     [refused] = [d for d in letters if d.request_id == rid]
     assert refused.error_code == ErrorCode.FORBIDDEN and refused.source_topic == f"{prefix}llm.feedback.acme"

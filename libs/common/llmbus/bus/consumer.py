@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from contextvars import Token
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
@@ -29,6 +30,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from llmbus import semconv
 from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
+from llmbus.bus.holds import Holds
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
 from llmbus.metric_children import children_of
@@ -106,6 +108,7 @@ class ConsumerLoop:
         drain_grace_s: float | None = None,
         batch_handler: BatchHandler | None = None,
         batch_max_records: int = 500,
+        holds: Holds[Any] | None = None,
     ) -> None:
         self._consumer = consumer
         self._handler = handler
@@ -126,6 +129,11 @@ class ConsumerLoop:
         # Bumped when a partition is revoked: a record started before does not count as done after.
         self._epochs: dict[TopicPartition, int] = {}
         self.last_poll_monotonic = time.monotonic()
+        # Records the handler holds open after it returned (llmbus.bus.holds): done on release.
+        self._holds = holds
+        self._held_epochs: dict[tuple[TopicPartition, int], int] = {}
+        if holds is not None:
+            holds.bind(self._released)
 
     @property
     def in_flight(self) -> int:
@@ -175,6 +183,24 @@ class ConsumerLoop:
         for tp in revoked:
             self._epochs[tp] = self._epochs.get(tp, 0) + 1
         self._tracker.forget(revoked)
+        if self._holds is not None:
+            self._holds.forget(revoked)
+            self._held_epochs = {k: e for k, e in self._held_epochs.items() if k[0] not in revoked}
+
+    def _finished(self, tp: TopicPartition, offset: int, epoch: int, handled: bool) -> None:
+        """The handler returned: done, unless it holds the record open (then done on release). A
+        record dead-lettered instead is done whatever a failed attempt held."""
+        if self._holds is not None and self._holds.is_held(tp, offset):
+            if handled:
+                self._held_epochs[(tp, offset)] = epoch
+                return
+            self._holds.discard(tp, offset)
+        self._tracker.done(tp, offset)
+
+    def _released(self, tp: TopicPartition, offset: int) -> None:
+        epoch = self._held_epochs.pop((tp, offset), None)
+        if epoch is not None and self._epochs.get(tp, 0) == epoch:
+            self._tracker.done(tp, offset)
 
     def _rewind(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         """Records fetched while saturated are not started, and not dropped: read them again later."""
@@ -260,7 +286,7 @@ class ConsumerLoop:
             _consumed(self._service, tp.topic, outcome).inc(len(part))
             if self._epochs.get(tp, 0) == epochs[tp]:
                 for record in part:
-                    self._tracker.done(tp, record.offset)
+                    self._finished(tp, record.offset, epochs[tp], outcome == "ok")
         self._slot_freed.set()
 
     async def _route_error(self, record: ConsumerRecord, exc: Exception) -> bool:
@@ -316,7 +342,7 @@ class ConsumerLoop:
         _handle_seconds(self._service, record.topic).observe(time.perf_counter() - started)
         _consumed(self._service, record.topic, outcome).inc()
         if self._epochs.get(tp, 0) == epoch:
-            self._tracker.done(tp, record.offset)
+            self._finished(tp, record.offset, epoch, outcome == "ok")
         self._slot_freed.set()
 
     async def commit(self) -> None:

@@ -56,8 +56,8 @@ class Feedback(Message):
 class Comparison(Message):
     """On llm.comparisons (key: experiment id): one per joined primary/shadow pair.
 
-    `comparison_id` (primary request id + experiment id) is the same on a redelivery, so a
-    reader dedupes on it.
+    `comparison_id` (`<tenant>:<primary request id>:<experiment id>`: the primary's request key and
+    the experiment) is the same on a redelivery, so a reader dedupes on it.
     """
 
     comparison_id: str
