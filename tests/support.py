@@ -63,6 +63,7 @@ class ServiceProc:
                 # Topics a service creates (its dispatch or reply topic) get the test's replication.
                 "LLMBUS_REPLICATION_FACTOR": str(self.settings.replication_factor),
                 "LLMBUS_MIN_INSYNC_REPLICAS": str(self.settings.min_insync_replicas),
+                "LLMBUS_SESSION_TIMEOUT_MS": str(self.settings.session_timeout_ms),
                 "LLMBUS_LOG_JSON": "false",
                 "PYTHONUNBUFFERED": "1",
             }

@@ -128,6 +128,10 @@ class ConsumerLoop:
         self._saturated = False
         # Bumped when a partition is revoked: a record started before does not count as done after.
         self._epochs: dict[TopicPartition, int] = {}
+        # One commit at a time (the periodic one runs beside polling, a revoke's waits its turn), so
+        # a commit's offsets are always read after the revoke before it has forgotten its partitions.
+        self._commit_lock = asyncio.Lock()
+        self._committing: asyncio.Task[None] | None = None
         self.last_poll_monotonic = time.monotonic()
         # Records the handler holds open after it returned (llmbus.bus.holds): done on release.
         self._holds = holds
@@ -241,8 +245,24 @@ class ConsumerLoop:
                     if records and (high := self._consumer.highwater(tp)) is not None:
                         _lag(self._service, tp.topic, str(tp.partition)).set(max(0, high - records[-1].offset - 1))
             if time.monotonic() >= next_commit:
-                await self.commit()
+                self._commit_beside_polling()
                 next_commit = time.monotonic() + self._settings.commit_interval_s
+
+    def _commit_beside_polling(self) -> None:
+        """Start the periodic commit without waiting for it (none while the last one still runs).
+
+        A commit waits for the group's coordinator: while the broker leading its __consumer_offsets
+        partition is lost, aiokafka (0.14) looks for the new one until it is elected, and the
+        commit is retried for commit_timeout_s. Awaited in the poll loop, that stopped fetching and
+        handling for every such wait (the scheduler's outcomes unread for 20 s after a broker
+        SIGKILL: placements never released, queues full, requests past their deadline).
+        """
+        task = self._committing
+        if task is not None:
+            if not task.done():
+                return
+            task.result()  # an error retrying cannot fix stops the loop, as an awaited commit did
+        self._committing = asyncio.create_task(self.commit())
 
     def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         self._tracker.started(tp, record.offset)
@@ -346,6 +366,10 @@ class ConsumerLoop:
         self._slot_freed.set()
 
     async def commit(self) -> None:
+        async with self._commit_lock:
+            await self._commit_now()
+
+    async def _commit_now(self) -> None:
         offsets = self._tracker.to_commit()
         if not offsets or not self._commit_offsets:
             return
@@ -368,6 +392,8 @@ class ConsumerLoop:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         try:
+            if self._committing is not None:
+                await self._committing  # bounded by commit_timeout_s
             await self.commit()
         except Exception:
             log.warning("final commit failed; the uncommitted records will be redelivered", exc_info=True)
