@@ -90,9 +90,11 @@ reliability: infra ## fault-injection scenarios, long sizes (thousands of reques
 	  $(PY) -m pytest -q -p no:cacheprovider -m reliability tests/reliability $(PYTEST_ARGS)
 
 # The 3-broker KRaft scenario alone (leader_sigkill, also part of `make reliability`): a private cluster of
-# three broker JVMs (tests/fixtures/kafka_cluster.py), long sizes, verdict on stderr; no report written.
-reliability-cluster: infra ## the leader-SIGKILL scenario on a private 3-broker KRaft cluster (RF 3, min.insync.replicas 2), long sizes
-	@LLMBUS_RELIABILITY=long $(PY) -m pytest -q -p no:cacheprovider -s -m kafka_cluster tests/reliability $(PYTEST_ARGS)
+# three broker JVMs (tests/fixtures/kafka_cluster.py), long sizes; report in bench/reports/reliability_cluster.*
+RELIABILITY_CLUSTER_CMD := make reliability-cluster
+reliability-cluster: infra ## the leader-SIGKILL scenario on a private 3-broker KRaft cluster (RF 3, min.insync.replicas 2), long sizes; report in bench/reports/reliability_cluster.*
+	@LLMBUS_RELIABILITY=long LLMBUS_RELIABILITY_REPORT=bench/reports/reliability_cluster LLMBUS_RELIABILITY_COMMAND="$(RELIABILITY_CLUSTER_CMD)" \
+	  $(PY) -m pytest -q -p no:cacheprovider -s -m kafka_cluster tests/reliability $(PYTEST_ARGS)
 
 SOAK_MINUTES ?= 30
 soak: infra ## steady load at half the measured maximum for SOAK_MINUTES (30); RSS, Redis keys, lag → bench/reports/soak.*

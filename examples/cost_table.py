@@ -5,6 +5,7 @@ Plain aiokafka, no llmbus imports: it follows the published contract (schemas/RE
   (`io.llmbus.cost.v1`), `ce_subject` the tenant, `ce_id` its idempotency id.
 - Delivery is at least once: a record seen again (same `ce_id`) is not counted again.
 - Fields may be added within a version: read the fields you need, ignore the rest.
+- Token usage and model are also under their OpenTelemetry GenAI names (`gen_ai.usage.input_tokens`).
 - Money is exact in integer micro-dollars (`cost_micro_usd`); sum those, not the float dollars.
 
     python examples/cost_table.py --bootstrap 127.0.0.1:9092
@@ -60,8 +61,11 @@ class CostTable:
         record = json.loads(value)
         totals = self.tenants.setdefault(headers.get("ce_subject") or record.get("tenant", "?"), TenantTotals())
         totals.records += 1
-        totals.prompt_tokens += int(record.get("prompt_tokens", 0))
-        totals.completion_tokens += int(record.get("completion_tokens", 0))
+        # Token usage under its OpenTelemetry GenAI names (gen_ai.usage.input_tokens, ...); a record
+        # written before llmbus carried them has only its own fields, which hold the same counts.
+        usage = record.get("gen_ai", {}).get("usage", {})
+        totals.prompt_tokens += int(usage.get("input_tokens", record.get("prompt_tokens", 0)))
+        totals.completion_tokens += int(usage.get("output_tokens", record.get("completion_tokens", 0)))
         totals.cost_micro_usd += int(record.get("cost_micro_usd", 0))
 
     def render(self) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import yaml
@@ -82,8 +84,9 @@ def traced(stack: Stack, request_id: str) -> None:
         say("    " + "\n    ".join(line for line in lines.splitlines() if line.strip())[:800])
 
 
-def burst_scales_up_and_down(stack: Stack, api_key: str, requests: int = 40) -> None:
-    """The autoscaler (burst policy) adds a sim-llama-8b worker while a burst queues, then removes it."""
+def burst_scales_up_and_down(stack: Stack, api_key: str, prometheus: dict[str, str], requests: int = 40) -> None:
+    """The autoscaler (burst policy) adds a sim-llama-8b worker while a burst queues, then removes it;
+    right after the burst, the KEDA queries are evaluated on each Prometheus (name → port suffix)."""
     import asyncio
 
     from openai import AsyncOpenAI
@@ -130,7 +133,8 @@ def burst_scales_up_and_down(stack: Stack, api_key: str, requests: int = 40) -> 
         if answered != requests:
             raise StepFailed(f"{answered} of {requests} burst requests answered")
         say(f"    worker sim-llama-8b-as1 ready (/metrics on {added}); {answered} of {requests} answered")
-    keda_queries_evaluate(stack)
+    for which, port_suffix in prometheus.items():
+        keda_queries_evaluate(stack, port_suffix, which)
     with step("autoscaler: no traffic → the added worker drained and gone"):
         wait_for(f"worker on {added} gone", lambda: metric_text(added) == "", 180, stack.fail_reason)
 
@@ -192,9 +196,9 @@ def llmbus_targets() -> int:
 LLMBUS_TARGETS = llmbus_targets()
 
 
-def prometheus_scrapes(stack: Stack) -> None:
-    with step("Prometheus: every llmbus target up, alert rules loaded"):
-        url = f"http://127.0.0.1:{stack.port('9090')}/api/v1"
+def prometheus_scrapes(stack: Stack, port_suffix: str = "9090", which: str = "Prometheus") -> None:
+    with step(f"{which}: every llmbus target up, alert rules loaded"):
+        url = f"http://127.0.0.1:{stack.port(port_suffix)}/api/v1"
         down: list[str] = []
         found: list[str] = []
 
@@ -221,19 +225,17 @@ def prometheus_scrapes(stack: Stack) -> None:
         say(f"    {LLMBUS_TARGETS} llmbus targets and the collector up; rules: {', '.join(rules)}")
 
 
-def keda_queries_evaluate(stack: Stack) -> None:
-    """Each KEDA ScaledObject's PromQL (deploy/k8s/keda/) on this stack's Prometheus, right after a burst
+def keda_queries_evaluate(stack: Stack, port_suffix: str, which: str) -> None:
+    """Each KEDA ScaledObject's PromQL (deploy/k8s/keda/) on a Prometheus of the stack, right after a burst
     queued: it must evaluate to a number above its threshold (KEDA would scale out)."""
     import urllib.parse
 
-    import yaml
-
-    with step("KEDA ScaledObjects' PromQL on the stack's Prometheus after the burst: above threshold"):
+    with step(f"KEDA ScaledObjects' PromQL on {which} after the burst: above threshold"):
         for path in sorted((HERE.parent / "k8s" / "keda").glob("*.yaml")):
             for doc in yaml.safe_load_all(path.read_text()):
                 for trigger in (doc or {}).get("spec", {}).get("triggers", []):
                     query, threshold = trigger["metadata"]["query"], float(trigger["metadata"]["threshold"])
-                    url = f"http://127.0.0.1:{stack.port('9090')}/api/v1/query?query={urllib.parse.quote(query)}"
+                    url = f"http://127.0.0.1:{stack.port(port_suffix)}/api/v1/query?query={urllib.parse.quote(query)}"
                     values: list[float] = []
 
                     def evaluated(url: str = url, values: list[float] = values, threshold: float = threshold) -> bool:
@@ -264,15 +266,11 @@ CONSOLE_DATA = {
 }
 
 
-def consoles_render(stack: Stack, api_key: str) -> None:
-    """The three dashboard layers (deploy/prometheus/consoles/) from the stack's Prometheus: a session
-    turn and a feedback through the gateway first, then each console must render (HTTP 200) with data
-    in each of its layer's tables."""
-    import urllib.request
-
+def session_turn_and_feedback(stack: Stack, api_key: str) -> None:
+    """A session turn and a feedback through the gateway: what the quality and experience layers show."""
     from openai import OpenAI
 
-    with step("Prometheus consoles: the three dashboard layers render with data"):
+    with step("a session turn and its feedback through the gateway"):
         client = OpenAI(
             base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=120, max_retries=0
         )
@@ -290,13 +288,25 @@ def consoles_render(stack: Stack, api_key: str) -> None:
         with urllib.request.urlopen(feedback, timeout=10) as answer:
             if answer.status != 202:
                 raise StepFailed(f"feedback answered {answer.status}")
+
+
+def consoles_render(stack: Stack, port_suffix: str, which: str) -> None:
+    """The three dashboard layers (deploy/prometheus/consoles/) from a Prometheus of the stack, after the
+    smoke's chats, session turn and feedback: each console must render (HTTP 200) with data in each of
+    its layer's tables."""
+    with step(f"{which} consoles: the three dashboard layers render with data"):
         for name, tables in CONSOLE_DATA.items():
-            url = f"http://127.0.0.1:{stack.port('9090')}/consoles/{name}"
+            url = f"http://127.0.0.1:{stack.port(port_suffix)}/consoles/{name}"
             empty: list[str] = []
 
-            def filled(url: str = url, tables: dict[str, int] = tables, empty: list[str] = empty) -> bool:
-                with urllib.request.urlopen(url, timeout=10) as answer:
-                    html = answer.read().decode()
+            def filled(
+                url: str = url, name: str = name, tables: dict[str, int] = tables, empty: list[str] = empty
+            ) -> bool:
+                try:
+                    with urllib.request.urlopen(url, timeout=10) as answer:
+                        html = answer.read().decode()
+                except urllib.error.HTTPError as error:  # a template error is answered 500, its text the body
+                    raise StepFailed(f"{name}: HTTP {error.code}: {error.read().decode()[:2000]}") from None
                 empty[:] = [
                     table
                     for table, column in tables.items()

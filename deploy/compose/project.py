@@ -15,13 +15,15 @@ from steps import StepFailed, metric_text, port_free, run, say, step, wait_for
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
 FILES = ["-f", str(HERE / "docker-compose.yml"), "-f", str(HERE / "local-images.yml")]
-# The ports the stack binds, after its one-digit prefix (docker-compose.yml, deploy/prometheus/prometheus.yml).
+# The ports the stack binds, after its one-digit prefix (docker-compose.yml, deploy/prometheus/prometheus.yml;
+# 9091: the smoke's Prometheus 3, deploy/compose/prometheus_v3.py).
 PORT_SUFFIXES = [
     "9092",
     "9093",
     "6379",
     "8000",
     "9090",
+    "9091",
     "9101",
     "9102",
     "9104",

@@ -5,8 +5,10 @@
                                            gateway with the official `openai` SDK a streamed and a plain
                                            chat, `llmbus trace`, `llmbus status`, `llmbus costs` (the
                                            requests billed), Redis SIGKILLed losing no key, Prometheus
-                                           scraping every target, a scale-up by the autoscaler under a
-                                           burst and back down; then `down -v`
+                                           scraping every target, its alert rules and consoles (on the
+                                           stack's Prometheus 2 and on Prometheus 3 beside it), a
+                                           scale-up by the autoscaler under a burst and back down; then
+                                           `down -v`
     python deploy/compose/stack.py down    `down -v` of the `up` stack, and the engine if this script started it
 
 Every step prints its duration; a failed step prints the state and logs of the services that failed.
@@ -23,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import prometheus_v3
 from checks import (
     billed,
     burst_scales_up_and_down,
@@ -30,15 +33,40 @@ from checks import (
     consoles_render,
     prometheus_scrapes,
     redis_restart_keeps_keys,
+    session_turn_and_feedback,
     spans_reach_the_collector,
     traced,
 )
 from project import FILES, HERE, PORT_SUFFIXES, WORKER_METRICS, Stack, free_prefix, prepare
 from steps import StepFailed, port_free, report, run, say, step
 
+# The stack's Prometheus (Debian's 2.x in the local images) and Prometheus 3 beside it (the official
+# image's major), by their port suffixes: the scrapes, rules, KEDA queries and consoles are checked on both.
+PROMETHEUS = {"the stack's Prometheus (2.x)": "9090", f"Prometheus {prometheus_v3.VERSION}": prometheus_v3.PORT_SUFFIX}
+
+
+def checks(stack: Stack) -> None:
+    with step("API key for tenant acme (llmbus keys create)"):
+        api_key = stack.cli("keys", "create", "--tenant", "acme", "--name", "smoke").strip().splitlines()[-1]
+    request_id = chats(stack, api_key)
+    traced(stack, request_id)
+    spans_reach_the_collector(stack, api_key)
+    with step("llmbus status: every tier's worker ready"):
+        status = stack.cli("status")
+        if missing := [w for w in WORKER_METRICS if w not in status]:
+            raise StepFailed(f"workers missing from llmbus status: {missing}\n{status}")
+    billed(stack, "acme", 2)
+    redis_restart_keeps_keys(stack, api_key)
+    session_turn_and_feedback(stack, api_key)
+    for which, port_suffix in PROMETHEUS.items():
+        prometheus_scrapes(stack, port_suffix, which)
+        consoles_render(stack, port_suffix, which)
+    burst_scales_up_and_down(stack, api_key, PROMETHEUS)
+
 
 def smoke() -> None:
     started_engine = prepare()
+    prometheus_v3.build()
     secrets_dir = Path(tempfile.mkdtemp(prefix="llmbus-smoke-secrets."))
     # The autoscaler's policy in seconds and a small batch on the sim worker, so a burst shows scaling.
     os.environ |= {"LLMBUS_AUTOSCALER_POOLS": "burst", "LLMBUS_SIM_MAX_NUM_SEQS": "2"}
@@ -47,20 +75,8 @@ def smoke() -> None:
     try:
         stack("config", "-q")
         stack.up()
-        with step("API key for tenant acme (llmbus keys create)"):
-            api_key = stack.cli("keys", "create", "--tenant", "acme", "--name", "smoke").strip().splitlines()[-1]
-        request_id = chats(stack, api_key)
-        traced(stack, request_id)
-        spans_reach_the_collector(stack, api_key)
-        with step("llmbus status: every tier's worker ready"):
-            status = stack.cli("status")
-            if missing := [w for w in WORKER_METRICS if w not in status]:
-                raise StepFailed(f"workers missing from llmbus status: {missing}\n{status}")
-        billed(stack, "acme", 2)
-        redis_restart_keeps_keys(stack, api_key)
-        prometheus_scrapes(stack)
-        consoles_render(stack, api_key)
-        burst_scales_up_and_down(stack, api_key)
+        with prometheus_v3.beside(stack):
+            checks(stack)
     except BaseException:
         say("!!! smoke failed; state and logs of the failed services:")
         with contextlib.suppress(Exception):

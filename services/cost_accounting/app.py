@@ -19,10 +19,10 @@ from pydantic import ValidationError
 
 from llmbus.bus.codec import BadMessage
 from llmbus.bus.service import ServiceRuntime
-from llmbus.bus.tables import read_table
+from llmbus.bus.tables import read_since, read_table, resume_time_ms
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
-from llmbus.contract.messages import ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
+from llmbus.contract.messages import CostRecord, ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from services.cost_accounting.adapters.gc_tuning import tune_gc
@@ -67,6 +67,8 @@ class CostService:
             self.dlq,
             batch_full_records=min(cost.backlog_batch_records, cost.batch_max_records),
             settle_s=cost.settle_s,
+            billed_since=self.billed_since,
+            resume_at=self.resume_at,
         )
         self._runtime = runtime
         if runtime is not None:
@@ -98,8 +100,23 @@ class CostService:
         runtime.subscribe("pricebook", on_pricebook)
         # The autoscaler's decisions: scale events per pool, beside the cold starts they cost.
         runtime.subscribe("scaling", on_scaling)
-        runtime.subscribe("results", handlers.on_results, batch_max_records=self.cost.batch_max_records)
+        # Self-hosted results stay uncommitted until billed (handlers.py: Redis data loss loses none).
+        runtime.subscribe(
+            "results", handlers.on_results, batch_max_records=self.cost.batch_max_records, holds=handlers.holds
+        )
         runtime.every(self.cost.close_every_s, "ledger", self.tick)
+
+    async def billed_since(self, since_ms: int) -> list[CostRecord]:
+        """The declared start-up read `billed`: llm.costs from `since_ms` to its end as of now."""
+        return await read_since(
+            self.settings, self.topics.name(t.COSTS), CostRecord, since_ms, self.cost.rebuild_timeout_s
+        )
+
+    async def resume_at(self) -> int | None:
+        """When the oldest record of llm.results this service's group reads again was written."""
+        group = contracts.COST.group_id("results", self.topics)
+        assert group is not None
+        return await resume_time_ms(self.settings, group, self.topics.name(t.RESULTS), self.settings.admin_timeout_s)
 
     async def dlq(self, record: ConsumerRecord, exc: Exception) -> None:
         await self.runtime.dead_letter(record, exc)

@@ -27,5 +27,7 @@ class CostSettings(BaseSettings):
     # A batch of llm.results at least this large means a backlog is being read (a fetch of one
     # partition may hold fewer records than batch_max_records: it does not decide this).
     backlog_batch_records: int = 500
+    # After a Redis data loss: how long reading llm.costs back (to mark what was billed) may take.
+    rebuild_timeout_s: float = 120.0
     gc_freeze: bool = True  # after start-up, its objects are left out of garbage collection
     gc_gen0_threshold: int = 50_000  # allocations between young-generation collections (0: Python's 700)

@@ -18,6 +18,27 @@ records go through the same three steps, except that a record already applied (a
 an interval again from an older cursor) is neither published nor applied again.
 Replaying llm.results from the start into an empty namespace gives the same totals.
 
+Held results are also held open on llm.results (llmbus.bus.holds): the committed offset of a
+partition never passes a self-hosted result that is not billed yet, so llm.results itself is the
+durable copy of everything held in Redis. What Redis data loss (a flush, a crash without fsync)
+takes is then rebuilt from Kafka, by one rule: everything from the oldest unbilled result on is
+read again, and what was billed is known from llm.costs (the book of record). Each replica keeps
+the id of the state it started on (`cost:state`); when it is gone or changed (`_check_state`, at
+start and every tick) the replica writes the once-only markers of every record on llm.costs from
+`margin` before its oldest held result (or, at start, before the oldest record its group will read
+again) back into Redis, holds its held results there again from memory, and takes up workers whose
+cursor is gone from that time (`GpuLedger.skip_closed`: earlier intervals were closed and billed).
+Why each crash point bills once:
+  - a flush, the process running on: the ledger still has its results and cursors in memory; the
+    held results are written back; a later restart finds the markers (above) and the held ones.
+  - a flush, then a crash (before or after the rebuild): the restart reads llm.results again from
+    the commit point, which is at or before the oldest unbilled held result; the markers rebuilt
+    from llm.costs skip every result billed before, so exactly the unbilled ones are priced, and
+    the intervals they are in had not closed (their requests were all held), so they are priced as
+    they would have been. A crash during the rebuild leaves the state id unset: done again.
+  - no loss, a crash: the commit point is at the oldest held result; results read again that are
+    seen and still held are held open again, the rest skipped as before.
+
 Replicas: each worker's GPU time is priced by exactly one replica, the holder of the worker's lease
 in Redis (renewed every tick, `lease_s`). A worker's results are keyed by request id, so they land
 on every replica's partitions; each replica holds what it reads in the worker's Redis hash, and the
@@ -37,10 +58,12 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
+from typing import NamedTuple
 
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from llmbus.bus.codec import BadMessage, decode
+from llmbus.bus.holds import Holds
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
     BookedTo,
@@ -52,6 +75,7 @@ from llmbus.contract.messages import (
     PriceBookUpdate,
     ScaleDecision,
     WorkerStatus,
+    now_ms,
 )
 from llmbus.contract.request_key import RequestKey
 from services.cost_accounting.adapters import metrics
@@ -68,6 +92,17 @@ log = logging.getLogger(__name__)
 
 DeadLetter = Callable[[ConsumerRecord, Exception], Awaitable[None]]
 PublishRecords = Callable[[Items], Awaitable[None]]
+BilledSince = Callable[[int], Awaitable[list[CostRecord]]]  # llm.costs from a time (ms) on
+ResumeAt = Callable[[], Awaitable[int | None]]  # when the oldest record llm.results gives again was written
+
+
+class HeldResult(NamedTuple):
+    """A self-hosted result held open on llm.results until it is billed."""
+
+    worker_id: str
+    request_key: str
+    payload: bytes  # as read: written back to Redis after a data loss
+    written_ms: int  # the record's timestamp
 
 
 class CostHandlers:
@@ -84,6 +119,8 @@ class CostHandlers:
         batch_full_records: int = 500,
         settle_s: float = 2.0,
         lease_s: float = 10.0,
+        billed_since: BilledSince | None = None,
+        resume_at: ResumeAt | None = None,
     ) -> None:
         self.book = book
         self.ledger = ledger
@@ -110,11 +147,53 @@ class CostHandlers:
         # Set at start and when billing failed midway: the outbox is published and applied before
         # anything else is billed.
         self._recover = True
+        self.holds: Holds[HeldResult] = Holds()
+        self.billed_since = billed_since
+        self.resume_at = resume_at
+        self._state_id: str | None = None
+        self._floor_ms: int | None = None  # after a data loss: where lives without a cursor start
 
     async def restore(self) -> None:
-        """After the heartbeat table is read: the outbox billed. Held results and cursors come back per
-        worker when this replica takes the worker's lease (the first tick, for a single replica)."""
+        """After the heartbeat table is read: the markers rebuilt if Redis lost them, the outbox billed.
+        Held results and cursors come back per worker when this replica takes the worker's lease (the
+        first tick, for a single replica)."""
+        await self._check_state(starting=True)
         await self.recover()
+
+    async def _check_state(self, starting: bool = False) -> None:
+        """If Redis lost its state (the state id gone, or another than this replica's): rebuild.
+
+        At start an unset id is a loss or the first start of all (nothing on llm.costs to mark)."""
+        state = await self.store.state_id()
+        if state is not None and (self._state_id is None or state == self._state_id):
+            self._state_id = state
+            return
+        lost = state is not None or self._state_id is not None  # changed, or gone since this replica saw it
+        if not (lost or starting):  # never set (handlers driven without `restore`): nothing to rebuild
+            self._state_id = await self.store.mark_state()
+            return
+        oldest = await self.resume_at() if starting and self.resume_at is not None else None
+        oldest = min((v.written_ms for _, _, v in self.holds.items()), default=oldest)
+        margin_ms = self.ledger.interval_ms + self.ledger.grace_ms
+        since_ms = (oldest if oldest is not None else now_ms()) - margin_ms
+        billed = await self.billed_since(since_ms) if self.billed_since is not None else []
+        await self.store.restore_billed(billed)
+        await self.store.hold_raw([(v.worker_id, v.request_key, v.payload) for _, _, v in self.holds.items()])
+        # Workers whose cursor is gone start there, where intervals before it were closed: after a
+        # running replica saw the loss, or a start after a run that billed (not the first start of
+        # all, whose workers' intervals no run has closed yet).
+        if lost or billed:
+            self._floor_ms = since_ms
+        if lost or billed:
+            metrics.STATE_REBUILDS.inc()
+            log.warning(
+                "Redis lost cost-accounting's state: %d billed records from llm.costs marked again, %d held "
+                "results held again; results from %d on are read again",
+                len(billed),
+                len(self.holds),
+                since_ms,
+            )
+        self._state_id = await self.store.mark_state()
 
     def on_worker(self, status: WorkerStatus) -> None:
         self.ledger.observe(status)
@@ -140,6 +219,7 @@ class CostHandlers:
         if len(raw) >= self.batch_full_records:
             self._busy_until_s = time.monotonic() + self.settle_s
         results: list[InferenceResult] = []
+        records: list[ConsumerRecord] = []
         payloads: dict[RequestKey, bytes] = {}  # request -> the result as it came (held as it is)
         for record in raw:
             try:
@@ -148,6 +228,7 @@ class CostHandlers:
                 await self.dead_letter(record, exc)
             else:
                 results.append(result)
+                records.append(record)
                 payloads[result.request_key] = record.value or b""
         await self.recover()
         seen = await self.store.seen(results)
@@ -169,6 +250,7 @@ class CostHandlers:
                 outcomes[priced.kind.value] += 1
         # Held durably (and marked seen) before the ledger takes them: a crash loses nothing.
         await self.store.hold([(s.result, payloads[s.result.request_key]) for s in served])
+        await self._hold_open(records, results, seen, {s.result.request_key for s in served})
         # A worker another replica prices: its owner reads the result from where it is held.
         mine = [s for s in served if s.worker_id in self._owned or s.worker_id not in self.ledger.workers]
         late = self.ledger.add_all(mine)
@@ -176,12 +258,14 @@ class CostHandlers:
         if late:
             await self._bill(late)
             await self.store.release(late, {})
+            self._release_open(late)
         for outcome, n in outcomes.items():  # counted once billed (the bench reads this)
             metrics.RESULTS.labels(outcome).inc(n)
 
     async def tick(self, now_ms: int, expiry_ms: int) -> int:
         """Close the ledger's final intervals of the workers this replica owns; bill what they priced.
         Returns records billed."""
+        await self._check_state()
         known = sorted({life.worker_id for life in [*self.ledger.retired, *self.ledger.workers.values()]})
         owned = await self.store.lease(known, self.replica_id, self.lease_ms)
         self._adopt = (self._adopt | (owned - self._owned)) & owned
@@ -193,6 +277,8 @@ class CostHandlers:
             self.ledger.forget(worker_id)
             if (cursor := await self.store.cursor(worker_id)) is not None:
                 self.ledger.restore(worker_id, cursor)
+            elif self._floor_ms is not None:
+                self.ledger.skip_closed(worker_id, self._floor_ms)
         self._adopt = set()
         records = await self._take_held(sorted(owned))
         records += self.ledger.close(now_ms, expiry_ms, owns=owned.__contains__)
@@ -201,9 +287,55 @@ class CostHandlers:
             # Only the owned workers' cursors: another replica's are that replica's to save.
             lives = [life for life in [*self.ledger.retired, *self.ledger.workers.values()] if life.worker_id in owned]
             await self.store.release(records, {life.worker_id: life.cursor() for life in lives})
+            self._release_open(records)
+        await self._settle_others(owned)
+        metrics.HELD_OPEN.set(len(self.holds))
         metrics.LATE_RESULTS.inc(self.ledger.late_results - self._late_reported)
         self._late_reported = self.ledger.late_results
         return len(records)
+
+    async def _hold_open(
+        self, records: list[ConsumerRecord], results: list[InferenceResult], seen: list[bool], held_now: set[str]
+    ) -> None:
+        """Every self-hosted result held in Redis is held open on llm.results too: the ones held now
+        (`held_now`), and those read again (after a restart) that are seen and still held."""
+        again = [
+            (record, result)
+            for record, result, was_seen in zip(records, results, seen, strict=True)
+            if was_seen and result.worker_id and isinstance(price_result(result, self.book), ServedRequest)
+        ]
+        still = await self.store.still_held([(r.worker_id or "", r.request_key) for _, r in again])
+        held = [(record, r) for record, r in zip(records, results, strict=True) if r.request_key in held_now]
+        held += [pair for pair, is_held in zip(again, still, strict=True) if is_held]
+        for record, result in held:
+            value = HeldResult(result.worker_id or "", result.request_key, record.value or b"", record.timestamp)
+            self.holds.hold(record, value)
+
+    def _release_open(self, records: list[CostRecord]) -> None:
+        """Billed: the results these records price are no longer held open (their offsets may commit)."""
+        billed = {r.record_id for r in records}
+        for tp, offset, held in self.holds.items():
+            if held.request_key in billed:
+                self.holds.release(tp, offset)
+
+    async def _settle_others(self, owned: set[str]) -> None:
+        """Results held open here for a worker another replica prices: released once it billed them
+        (their record ids applied). Any held result older than the held results' TTL in Redis is
+        released too: nothing could bill it any more, and it must not hold its partition back forever."""
+        expired_ms = now_ms() - self.store.ttl_s * 1000
+        others: list[tuple[TopicPartition, int, HeldResult]] = []
+        for tp, offset, held in self.holds.items():
+            if held.written_ms < expired_ms:
+                log.warning("result %s held past the TTL of held results: released unbilled", held.request_key)
+                self.holds.release(tp, offset)
+            elif held.worker_id not in owned:
+                others.append((tp, offset, held))
+        if not others:
+            return
+        applied = await self.store.applied([v.request_key for _, _, v in others])
+        for (tp, offset, _), billed in zip(others, applied, strict=True):
+            if billed:
+                self.holds.release(tp, offset)
 
     async def _take_held(self, worker_ids: list[str]) -> list[CostRecord]:
         """The owned workers' results held by any replica and not yet in this ledger (late ones priced now)."""

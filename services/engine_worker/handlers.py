@@ -222,7 +222,7 @@ class WorkerHandlers:
         text: list[str] = []
         tool_calls: list[ToolCallDelta] = []
         last: EngineOutput | None = None
-        stream = ReplyStream(self.bus.publisher, reply_topic, request.request_id)
+        stream = ReplyStream(self.bus.publisher, reply_topic, request.request_id, self.bus.settings.publish_retry_s)
         superseded = False
         next_check_s = time.monotonic() + self.settings.superseded_check_s
         try:

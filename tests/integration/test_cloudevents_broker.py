@@ -61,3 +61,7 @@ async def test_every_analytics_topic_parses_as_cloudevents(bus_settings: BusSett
         assert event.get_source() == f"/llmbus/{t.COST}"
         assert event.get_data() == sample.message.model_dump(mode="json", exclude_none=True)
         assert event.get_extension("partitionkey") == sample.key
+        if sample.topic in (t.RESULTS, t.COSTS):  # the OTel GenAI names where they apply, nested by their dots
+            gen_ai = event.get_data()["gen_ai"]
+            assert gen_ai["response"]["model"] == "m", sample.topic
+            assert set(gen_ai["usage"]) == {"input_tokens", "output_tokens", "cache_read"}, sample.topic

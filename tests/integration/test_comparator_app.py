@@ -42,7 +42,7 @@ async def test_handlers_join_publish_and_dead_letter(redis_up: None) -> None:
     await bus.send(topics.name(t.RESULTS), b"not json", key="junk")
     await bus.send(topics.name(t.EXPERIMENTS), None, key="exp")  # tombstone: forgotten
     comparisons = bus.published(topics.name(t.COMPARISONS), Comparison)
-    assert [c.comparison_id for c in comparisons] == ["r1:exp"]
+    assert [c.comparison_id for c in comparisons] == ["t:r1:exp"]
     assert comparisons[0].similarity == 1.0
     letters = bus.published(topics.name(t.DLQ), DeadLetter)
     assert [letter.error_code for letter in letters] == ["malformed"]

@@ -60,6 +60,12 @@ def res(rid: str, *, shadow: bool = False, text: str = "a b c", total_ms: float 
     )
 
 
+def ab_view() -> ExperimentView:
+    view = ExperimentView()
+    view.apply(to_step(create("exp", "ctrl", "cand"), 2))
+    return view
+
+
 async def pair_stats(h: Harness) -> PairStats:
     return PairStats.from_fields(await h.store.read_agg("exp", 0, PAIRS))
 
@@ -70,7 +76,7 @@ async def test_pairs_join_in_either_order_and_count_once(client: redis.Redis, na
     await h.comparator.on_result(res("a.shadow.exp", shadow=True, total_ms=150))
     await h.comparator.on_result(res("b.shadow.exp", shadow=True, text="x y z"))  # shadow first
     await h.comparator.on_result(res("b"))
-    assert sorted(c.comparison_id for c in h.published) == ["a:exp", "b:exp"]
+    assert sorted(c.comparison_id for c in h.published) == ["t:a:exp", "t:b:exp"]
     stats = await pair_stats(h)
     assert stats.n == 2 and stats.similarity_mean == pytest.approx(0.5)
     assert (await h.store.stats())["pairs"] == 2
@@ -80,7 +86,7 @@ async def test_duplicates_never_count_twice(client: redis.Redis, namespace: str)
     h = Harness(client, namespace, shadow_view())
     for record in [res("a"), res("a"), res("a.shadow.exp", shadow=True), res("a.shadow.exp", shadow=True), res("a")]:
         await h.comparator.on_result(record)
-    assert [c.comparison_id for c in h.published] == ["a:exp"]
+    assert [c.comparison_id for c in h.published] == ["t:a:exp"]
     assert (await pair_stats(h)).n == 1
     stats = await h.store.stats()
     assert stats["pairs"] == 1 and stats["duplicate"] == 3
@@ -102,7 +108,7 @@ async def test_restart_between_publish_and_count_republishes_the_same_id_and_cou
     second = Harness(client, namespace, shadow_view())
     await second.comparator.on_result(res("a.shadow.exp", shadow=True))
     await second.comparator.on_result(res("a.shadow.exp", shadow=True))  # and once more, after the commit was lost
-    assert [c.comparison_id for c in second.published] == ["a:exp"]
+    assert [c.comparison_id for c in second.published] == ["t:a:exp"]
     assert (await pair_stats(second)).n == 1
 
 
@@ -128,9 +134,7 @@ async def test_primaries_no_shadow_experiment_covers_are_not_held(client: redis.
 
 
 async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: redis.Redis, namespace: str) -> None:
-    view = ExperimentView()
-    view.apply(to_step(create("exp", "ctrl", "cand"), 2))
-    h = Harness(client, namespace, view)
+    h = Harness(client, namespace, ab_view())
     for i in range(10):
         variant = "candidate" if i % 2 else "control"
         r = res(f"r{i}", experiment_id="exp", variant=variant)
@@ -153,9 +157,7 @@ async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: red
 async def test_feedback_from_another_tenant_is_not_counted_and_does_not_preempt_the_owners(
     client: redis.Redis, namespace: str
 ) -> None:
-    view = ExperimentView()
-    view.apply(to_step(create("exp", "ctrl", "cand"), 2))
-    h = Harness(client, namespace, view)
+    h = Harness(client, namespace, ab_view())
     await h.comparator.on_result(
         res("r", experiment_id="exp", variant="candidate").model_copy(update={"tenant": "globex", "model": "cand"})
     )
@@ -164,7 +166,22 @@ async def test_feedback_from_another_tenant_is_not_counted_and_does_not_preempt_
     cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
     assert cand.feedback_n == 1 and cand.negative_feedback_rate == 0.0
     stats = await h.store.stats()
-    assert stats["feedback_foreign"] == 1 and stats["feedback_joined"] == 1
+    assert stats["feedback_unjoined"] == 1 and stats["feedback_joined"] == 1  # acme's own `r`: none
+
+
+async def test_a_link_stored_under_the_bare_request_id_joins_only_its_own_tenant(
+    client: redis.Redis, namespace: str
+) -> None:
+    """A link written by a comparator from before request keys (`req:<request id>`) is still read."""
+    h = Harness(client, namespace, ab_view())
+    await client.set(h.store.key("req", "old"), "exp|2|candidate|globex", ex=60)
+    await h.comparator.on_feedback(Feedback(request_id="old", tenant="acme", score=0.0))
+    await h.comparator.on_feedback(Feedback(request_id="old", tenant="globex", score=1.0))
+    await h.comparator.on_cost(CostRecord(request_id="old", tenant="globex", model="cand", cost_usd=0.5))
+    cand = VariantStats.from_fields(await h.store.read_agg("exp", 2, "candidate"))
+    assert (cand.feedback_n, cand.negative_feedback_rate, cand.cost_n) == (1, 0.0, 1)
+    stats = await h.store.stats()
+    assert (stats["feedback_foreign"], stats["feedback_joined"], stats["cost_joined"]) == (1, 1, 1)
 
 
 async def test_decide_reads_the_current_steps_aggregates(client: redis.Redis, namespace: str) -> None:

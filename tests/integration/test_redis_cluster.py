@@ -173,7 +173,7 @@ async def test_the_comparator_joins_and_sweeps_on_a_cluster(cluster: redis.Redis
         await h.comparator.on_result(res("paired.shadow.exp", shadow=True))
         await h.comparator.on_result(res("paired.shadow.exp", shadow=True))  # redelivered: counted once
         await h.comparator.on_result(res("lonely.shadow.exp", shadow=True))
-        assert [c.comparison_id for c in h.published] == ["paired:exp"]
+        assert [c.comparison_id for c in h.published] == ["t:paired:exp"]
         assert (await pair_stats(h)).n == 1
         assert await h.comparator.sweep(now_ms() + 61_000) == {"missing_primary": 1}
         await h.comparator.on_result(res("lonely"))

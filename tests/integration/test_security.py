@@ -14,7 +14,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import ClusterAuthorizationFailedError, KafkaConnectionError, TopicAuthorizationFailedError
+from aiokafka.errors import (
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    TopicAuthorizationFailedError,
+)
 
 from llmbus.bus import decode, make_producer
 from llmbus.bus.acl_admin import apply_acls
@@ -37,7 +42,8 @@ from llmbus.contract.messages import (
     WorkerState,
     WorkerStatus,
 )
-from llmbus.security.acls import all_acls, tenant_topics
+from llmbus.contract.request_key import request_key
+from llmbus.security.acls import ANALYTICS, all_acls, tenant_topics
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus_tools.router_training.feedback import read_feedback
@@ -46,16 +52,22 @@ from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import ServiceProc, eventually, fresh_settings, wait_workers_ready
 
 
-@pytest.fixture(scope="module")
-async def prefix(secured_kafka: SecuredKafka) -> str:
-    """A namespace on the secured broker with its catalog, the tenants' topics and the ACLs."""
+async def fresh_namespace(secured_kafka: SecuredKafka) -> str:
+    """A namespace on the secured broker with its catalog, the tenants' topics, worker w1's dispatch
+    topic and the ACLs."""
     prefix = fresh_settings().topic_prefix
     admin = secured_kafka.settings("admin", prefix)
     await apply_acls(admin, all_acls(prefix, list(TENANTS)))
     await ensure_catalog(admin)
-    topics = t.Topics(prefix)
-    await ensure_topics(admin, [(topics.name(n), s) for tenant in TENANTS for n, s in tenant_topics(tenant)])
+    topics = [(name, spec) for tenant in TENANTS for name, spec in tenant_topics(tenant)]
+    topics.append(("llm.dispatch.w1", t.DISPATCH_SPEC))
+    await ensure_topics(admin, [(t.Topics(prefix).name(name), spec) for name, spec in topics])
     return prefix
+
+
+@pytest.fixture(scope="module")
+async def prefix(secured_kafka: SecuredKafka) -> str:
+    return await fresh_namespace(secured_kafka)
 
 
 @pytest.fixture(scope="module")
@@ -294,14 +306,15 @@ async def comparator(
 async def test_feedback_counts_only_from_the_requests_own_tenant(
     secured_kafka: SecuredKafka, prefix: str, comparator: ComparatorStore
 ) -> None:
-    """acme learned globex's request id: its feedback (first, on its own topic) is not counted, one
-    claiming to be globex's is dead-lettered, and globex's own feedback counts."""
+    """acme learned globex's request id: its feedback (first, on its own topic) is about acme's own
+    request of that id (none: unjoined, not counted), one claiming to be globex's is dead-lettered,
+    and globex's own feedback counts."""
     rid = uuid.uuid4().hex
     result = InferenceResult(
         request_id=rid, tenant="globex", status=ResultStatus.OK, model="m", experiment_id="exp", variant="candidate"
     )
     await produce_as(secured_kafka, t.WORKER, prefix, t.RESULTS, result, key=rid)
-    await eventually(lambda: comparator.request_variant(rid), timeout_s=60)
+    await eventually(lambda: comparator.request_variant(request_key("globex", rid), rid), timeout_s=60)
     foreign = Feedback(request_id=rid, tenant="acme", score=0.0)
     await produce_as(secured_kafka, "tenant-acme", prefix, "llm.feedback.acme", foreign, rid)
     claim = Feedback(request_id=rid, tenant="globex", score=0.0)
@@ -311,13 +324,13 @@ async def test_feedback_counts_only_from_the_requests_own_tenant(
 
     async def settled() -> bool:
         stats = await comparator.stats()
-        return all(stats.get(k, 0) >= 1 for k in ("feedback_joined", "feedback_foreign", "feedback_refused"))
+        return all(stats.get(k, 0) >= 1 for k in ("feedback_joined", "feedback_unjoined", "feedback_refused"))
 
     await eventually(settled, timeout_s=30)
     agg = await comparator.read_agg("exp", 0, "candidate")
     assert (agg.get("fb_n"), agg.get("fb_neg", 0.0)) == (1.0, 0.0), agg  # globex's score alone
     stats = await comparator.stats()
-    assert (stats["feedback_joined"], stats["feedback_foreign"], stats["feedback_refused"]) == (1, 1, 1)
+    assert (stats["feedback_joined"], stats["feedback_unjoined"], stats["feedback_refused"]) == (1, 1, 1)
     letters = [DeadLetter.model_validate_json(v) for v in await read_as(secured_kafka, "operator", prefix, t.DLQ)]
     [refused] = [d for d in letters if d.request_id == rid]
     assert refused.error_code == ErrorCode.FORBIDDEN and refused.source_topic == f"{prefix}llm.feedback.acme"
@@ -338,20 +351,28 @@ async def test_the_retrain_reader_takes_each_feedbacks_tenant_from_its_topic(
     assert sorted((f.tenant, f.score) for f in read if f.request_id == rid) == [("acme", 0.0), ("globex", 1.0)]
 
 
-async def test_analytics_reads_results_in_its_own_group_but_no_prompts_and_writes_nothing(
-    secured_kafka: SecuredKafka, prefix: str
-) -> None:
-    result = InferenceResult(request_id=f"a-{uuid.uuid4().hex[:6]}", tenant="acme", status=ResultStatus.OK)
-    await produce_as(secured_kafka, "admin", prefix, t.RESULTS, result, key=result.request_id)
-    await produce_as(secured_kafka, "admin", prefix, t.REQUESTS, InferenceRequest(prompt="a prompt"), key="r")
-    assert result.to_bytes() in await read_as(secured_kafka, "analytics", prefix, t.RESULTS)
-    consumer = AIOKafkaConsumer(  # a job commits its progress in its own consumer group
-        t.Topics(prefix).name(t.RESULTS),
-        group_id=f"{prefix}llmbus.analytics.cost-table",
+# What each least-privilege reader needs, fixed here from issue 24 and services/archive/README.md
+# (not derived from the catalog the ACLs come from): it may read these and nothing else.
+ANALYTICS_READS = frozenset({t.RESULTS, t.COSTS, t.COMPARISONS, t.DECISIONS, t.SCALING, t.BUDGETS, t.WORKERS})
+ARCHIVE_READS = frozenset(
+    {t.RESULTS, t.COSTS, t.COMPARISONS, t.FEEDBACK, "llm.feedback.acme", t.REQUESTS, "llm.requests.acme"}
+)
+
+
+def every_topic() -> set[str]:
+    """Every topic of a namespace: the catalog's, a tenant's own, a worker's dispatch topic."""
+    return {spec.name for spec in t.CATALOG} | {name for name, _ in tenant_topics("acme")} | {"llm.dispatch.w1"}
+
+
+async def commit_in_group(secured_kafka: SecuredKafka, user: str, prefix: str, topic: str, group: str) -> None:
+    """Read one record of `topic` in consumer group `group` as `user` and commit it."""
+    consumer = AIOKafkaConsumer(
+        t.Topics(prefix).name(topic),
+        group_id=f"{prefix}{group}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
         bootstrap_servers=secured_kafka.bootstrap,
-        **kafka_auth(secured_kafka.settings("analytics", prefix)),
+        **kafka_auth(secured_kafka.settings(user, prefix)),
     )
     await asyncio.wait_for(consumer.start(), 30)
     try:
@@ -360,19 +381,57 @@ async def test_analytics_reads_results_in_its_own_group_but_no_prompts_and_write
         assert record.value is not None
     finally:
         await asyncio.wait_for(consumer.stop(), 10)
-    for prompts in (t.REQUESTS, t.DLQ):
-        with pytest.raises(TopicAuthorizationFailedError):
-            await read_as(secured_kafka, "analytics", prefix, prompts)
-    # The project's idempotent producer does not even start: no write right anywhere means no IdempotentWrite.
-    with pytest.raises(ClusterAuthorizationFailedError):
-        await produce_as(secured_kafka, "analytics", prefix, t.RESULTS, result, key="k")
-    producer = AIOKafkaProducer(  # a plain one reaches the topics, and each refuses it
-        bootstrap_servers=secured_kafka.bootstrap, **kafka_auth(secured_kafka.settings("analytics", prefix))
+
+
+@pytest.mark.parametrize(
+    ("user", "reads", "writes"),
+    [(ANALYTICS, ANALYTICS_READS, frozenset()), (t.ARCHIVE, ARCHIVE_READS, frozenset({t.DLQ}))],
+    ids=["analytics", "archive"],
+)
+async def test_a_reader_principal_reads_what_it_needs_and_nothing_else(
+    secured_kafka: SecuredKafka, user: str, reads: frozenset[str], writes: frozenset[str]
+) -> None:
+    prefix = await fresh_namespace(secured_kafka)  # its own: the probes below meet no service
+    topics = every_topic()
+    assert reads | writes <= topics
+    probes = {topic: f'{{"probe":"{uuid.uuid4().hex}"}}'.encode() for topic in reads}
+    for topic, probe in probes.items():  # keyed: some of them are compacted
+        await produce_as(secured_kafka, "admin", prefix, topic, probe, key="probe")
+    for topic, probe in probes.items():
+        assert probe in await read_as(secured_kafka, user, prefix, topic), topic
+    refused_reads = []
+    for topic in sorted(topics - reads):  # prompts, tokens, replies, control, dead letters, ...
+        try:
+            await read_as(secured_kafka, user, prefix, topic, seconds=10)
+        except TopicAuthorizationFailedError:
+            refused_reads.append(topic)
+    assert refused_reads == sorted(topics - reads)
+
+    # A job keeps its offsets in its own consumer groups (llmbus.<user>*), in no service's.
+    topic = min(reads)
+    await commit_in_group(secured_kafka, user, prefix, topic, f"llmbus.{user}.job-1")
+    with pytest.raises(GroupAuthorizationFailedError):
+        await commit_in_group(secured_kafka, user, prefix, topic, f"llmbus.{t.COST}")
+
+    producer = AIOKafkaProducer(  # a plain producer (no idempotence): each topic answers for itself
+        bootstrap_servers=secured_kafka.bootstrap, **kafka_auth(secured_kafka.settings(user, prefix))
     )
     await asyncio.wait_for(producer.start(), 30)
+    refused_writes = []
     try:
-        for topic in (t.RESULTS, t.COSTS, t.CONTROL, t.REQUESTS):
-            with pytest.raises(TopicAuthorizationFailedError):
-                await asyncio.wait_for(producer.send_and_wait(t.Topics(prefix).name(topic), b"{}", partition=0), 20)
+        for topic in sorted(topics):
+            send = producer.send_and_wait(t.Topics(prefix).name(topic), b"{}", key=b"k", partition=0)
+            try:
+                await asyncio.wait_for(send, 20)
+            except TopicAuthorizationFailedError:
+                refused_writes.append(topic)
     finally:
         await stop_producer(producer, 10)
+    assert refused_writes == sorted(topics - writes)
+
+
+async def test_analytics_cannot_even_start_the_projects_producer(secured_kafka: SecuredKafka, prefix: str) -> None:
+    # The project's producer is idempotent: with no write right anywhere there is no IdempotentWrite.
+    result = InferenceResult(request_id="r", tenant="acme", status=ResultStatus.OK)
+    with pytest.raises(ClusterAuthorizationFailedError):
+        await produce_as(secured_kafka, ANALYTICS, prefix, t.RESULTS, result, key="k")

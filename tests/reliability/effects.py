@@ -175,18 +175,19 @@ class Billing:
 
 
 def shadow_pairs(topics: t.Topics, records: Iterable[Seen]) -> dict[str, str]:
-    """comparison id (`<primary>:<experiment>`) -> primary id, for every primary whose result and
-    whose shadow copy's result (`<primary>.shadow.<experiment>`) are both on llm.results."""
+    """comparison id (`<tenant>:<primary>:<experiment>`) -> primary key, for every primary whose
+    result and whose shadow copy's result (`<primary>.shadow.<experiment>`, the same tenant) are
+    both on llm.results."""
     name = topics.name(t.RESULTS)
     primaries: set[str] = set()
     shadows: set[str] = set()
     for record in records:
         if record.topic == name and record.value is not None:
             result = InferenceResult.model_validate_json(record.value)
-            (shadows if result.shadow else primaries).add(result.request_id)
+            (shadows if result.shadow else primaries).add(result.request_key)
     pairs = {}
-    for shadow_id in shadows:
-        primary, _, experiment = shadow_id.partition(".shadow.")
+    for shadow_key in shadows:
+        primary, _, experiment = shadow_key.partition(".shadow.")
         if primary in primaries and experiment:
             pairs[f"{primary}:{experiment}"] = primary
     return pairs
@@ -234,7 +235,7 @@ class Comparing:
         async for record in self._results.records(timeout_s / 2):
             result = decode(record, InferenceResult)
             if result.shadow:  # type: ignore[attr-defined]
-                primary, _, experiment = result.request_id.partition(".shadow.")  # type: ignore[attr-defined]
+                primary, _, experiment = result.request_key.partition(".shadow.")  # type: ignore[attr-defined]
                 self.shadows.add(f"{primary}:{experiment}")
         async for record in self._comparisons.records(timeout_s / 2):
             self.compared.add(decode(record, Comparison).comparison_id)  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
 from tests.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
+from tests.reliability.service_rows import service_rows
 from tests.support import REPO, ServiceProc, drop_namespace, wait_workers_ready
 
 log = logging.getLogger(__name__)
@@ -314,6 +315,7 @@ class Outcome:
     error: str | None = None  # the scenario itself did not complete (the audit did not run)
     error_bound: ErrorBound = field(default_factory=dict)
     effect_problems: list[str] = field(default_factory=list)  # downstream effects not exactly once
+    services: list[dict[str, object]] = field(default_factory=list)  # tests.reliability.service_rows
 
     @property
     def errors_over_bound(self) -> list[str]:
@@ -345,6 +347,7 @@ class Outcome:
             "error": self.error,
             "notes": self.notes,
             "problems": self.report.problems,
+            "services": self.services,
         }
 
 
@@ -388,9 +391,11 @@ async def finish(
     records = await read_namespace(settings)
     report = audit(t.Topics(settings.topic_prefix), records, sent_ids, account_requests=account_requests)
     effect_problems: list[str] = []
+    effects_passed: dict[str, bool] = {}
     for effect in effects or []:
         problems, effect_notes = await effect.check(records)
         effect_problems += problems
+        effects_passed[type(effect).__name__] = not problems
         notes += effect_notes
     notes.append(
         f"error results {report.error_results or 'none'}; bound (fixed before the run): {error_bound or 'none'}"
@@ -398,6 +403,9 @@ async def finish(
     outcome = Outcome(
         scenario, report, time.monotonic() - started, notes, error_bound=error_bound, effect_problems=effect_problems
     )
+    logs = {name: proc.log_path for name, proc in stack.procs.items()}
+    delivery_passed = report.passed and not outcome.errors_over_bound
+    outcome.services = service_rows(logs, stack.crashes, delivery_passed, effects_passed)
     print(f"{scenario}: {outcome.verdict()}\n  " + "\n  ".join(notes), file=sys.stderr)
     return outcome
 

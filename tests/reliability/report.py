@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 
 from tests.reliability.harness import Outcome
+from tests.reliability.service_rows import SIGNALS
 
 COLUMNS = ("sent", "answered", "lost", "doubled", "bad_chunks", "misplaced", "unaccounted")
+SERVICE_COLUMNS = ("exits", *SIGNALS)
 
 
 def write_report(outcomes: list[Outcome], path_prefix: Path, command: str, size: str) -> None:
@@ -43,6 +45,23 @@ def write_report(outcomes: list[Outcome], path_prefix: Path, command: str, size:
         cells = " | ".join(str(row[c]) for c in COLUMNS)
         verdict = "pass" if row["passed"] else ("**did not finish**" if row["error"] else "**FAIL**")
         lines.append(f"| {row['scenario']} | {cells} | {row['ok_results']} / {errors} | {row['seconds']} | {verdict} |")
+    lines += [
+        "",
+        "## Per scenario and service",
+        "",
+        "Which check judged each service (the delivery audit for the request path, an effect checker for",
+        "the services beside it), and what its log shows it went through: exits by itself (restarted by",
+        "the harness), group memberships lost, commits left for a later interval, acks waited for past",
+        "send_timeout_s, publishes sent again, producers renewed.",
+        "",
+        "| scenario | service | judged by | verdict | " + " | ".join(SERVICE_COLUMNS) + " |",
+        "|---|---|---|---|" + "---:|" * len(SERVICE_COLUMNS),
+    ]
+    for row in rows:
+        for service in row["services"]:  # type: ignore[attr-defined]
+            cells = " | ".join(str(service[c]) for c in SERVICE_COLUMNS)
+            verdict = "pass" if service["passed"] else "**FAIL**"
+            lines.append(f"| {row['scenario']} | {service['service']} | {service['judged_by']} | {verdict} | {cells} |")
     lines += ["", "## What happened in each scenario", ""]
     for row in rows:
         lines.append(f"### {row['scenario']}")

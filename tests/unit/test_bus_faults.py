@@ -13,11 +13,12 @@ from aiokafka.errors import (
     KafkaConnectionError,
     NotLeaderForPartitionError,
 )
-from aiokafka.structs import ConsumerRecord, TopicPartition
+from aiokafka.structs import ConsumerRecord, OffsetAndMetadata, TopicPartition
 from pydantic import ValidationError
 
 from llmbus.bus import BadMessage, decode
 from llmbus.bus.commits import commit_with_retry
+from llmbus.bus.consumer import ConsumerLoop
 from llmbus.bus.dlq import dead_letter
 from llmbus.bus.producer import make_producer
 from llmbus.bus.runtime import run_until_stopped
@@ -145,3 +146,60 @@ async def test_a_batch_waiting_for_a_leader_outlives_the_request_timeout() -> No
     accumulator.drain_by_nodes(ignore_nodes=set())
     with pytest.raises(NotLeaderForPartitionError):
         await delivery
+
+
+async def test_records_are_handled_while_a_commit_waits_for_the_group_coordinator() -> None:
+    """The broker leading a group's __consumer_offsets partition is lost: a commit waits until a new
+    coordinator is elected (aiokafka looks it up again and again). Polling and handling go on
+    meanwhile, with one commit in flight, and the offsets reach the new coordinator once it is up."""
+    tp = TopicPartition("llm.outcomes", 0)
+    coordinator_back = asyncio.Event()
+    handled: list[int] = []
+
+    class CoordinatorAway:
+        def __init__(self) -> None:
+            self.next_offset = 0
+            self.commits_started = 0
+            self.committed: dict[TopicPartition, int] = {}
+
+        def assignment(self) -> set[TopicPartition]:
+            return {tp}
+
+        def highwater(self, _: TopicPartition) -> None:
+            return None
+
+        async def getmany(self, **_: object) -> dict[TopicPartition, list[ConsumerRecord]]:
+            await asyncio.sleep(0.002)
+            offset, self.next_offset = self.next_offset, self.next_offset + 1
+            return {tp: [ConsumerRecord(tp.topic, tp.partition, offset, 0, 0, None, b"o", None, 0, 1, [])]}
+
+        async def commit(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+            self.commits_started += 1
+            await coordinator_back.wait()
+            self.committed.update({p: o.offset for p, o in offsets.items()})
+
+    async def handle(r: ConsumerRecord) -> None:
+        handled.append(r.offset)
+
+    async def never(*_: object) -> None:
+        raise AssertionError
+
+    consumer = CoordinatorAway()
+    settings = BusSettings(commit_interval_s=0.01, commit_timeout_s=60, poll_timeout_ms=10)
+    loop = ConsumerLoop(consumer, handle, never, settings, service="t", max_in_flight=8)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    run = asyncio.create_task(loop.run(stop))
+    try:
+        async with asyncio.timeout(5):  # far below commit_timeout_s: the commit is still waiting
+            while len(handled) < 50:
+                await asyncio.sleep(0.01)
+        assert consumer.commits_started == 1 and not consumer.committed
+        coordinator_back.set()
+        async with asyncio.timeout(5):
+            while consumer.committed.get(tp, 0) < 50:
+                await asyncio.sleep(0.01)
+    finally:
+        coordinator_back.set()
+        stop.set()
+        await asyncio.wait_for(run, 10)
+    assert consumer.committed[tp] == max(handled) + 1

@@ -85,7 +85,7 @@ def test_comparison_deltas_similarity_and_identity() -> None:
     primary = result("r1", "the cat sat", total_ms=100, ttft_ms=20, tokens=3)
     shadow = result("r1.shadow.e1", "the cat sat down", total_ms=160, ttft_ms=50, tokens=4, shadow=True)
     c = compare("e1", primary, shadow)
-    assert c.comparison_id == "r1:e1" and c.request_id == "r1"
+    assert c.comparison_id == "t:r1:e1" and c.request_id == "r1"
     assert c.total_delta_ms == 60 and c.ttft_delta_ms == 30 and c.length_delta_tokens == 1
     assert 0.8 < c.similarity < 1.0  # type: ignore[operator]
     assert c.control.error_class == "ok" and c.candidate.model == "cand"
@@ -109,7 +109,7 @@ def test_format_checks_json_empty_truncated_refusal_and_error_classes() -> None:
 def test_pair_ref_parses_the_routers_shadow_ids() -> None:
     assert pair_ref(result("abc.shadow.exp-1", shadow=True)) == pair_ref(result("abc.shadow.exp-1", shadow=True))
     ref = pair_ref(result("abc.shadow.exp-1", shadow=True))
-    assert ref is not None and (ref.primary_id, ref.experiment_id, ref.field) == ("abc", "exp-1", "s:exp-1")
+    assert ref is not None and (ref.primary_key, ref.experiment_id, ref.field) == ("t:abc", "exp-1", "s:exp-1")
     primary = pair_ref(result("abc"))
     assert primary is not None and primary.field == "p" and primary.experiment_id is None
     assert pair_ref(result("0123456789abcdef.shadow", shadow=True)) is None  # hashed: cannot be joined

@@ -17,10 +17,16 @@ import asyncio
 import time
 
 import pytest
-from aiokafka.errors import LeaderNotAvailableError, MessageSizeTooLargeError, OutOfOrderSequenceNumber
+from aiokafka.errors import (
+    KafkaTimeoutError,
+    LeaderNotAvailableError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+)
 
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, RoutedRequest, TokenChunk
+from services.engine_worker.adapters.streaming import ReplyStream
 from services.router.config import RouterSettings
 from services.router.core.pipeline import RouteOutcome
 from services.router.handlers import RouterHandlers
@@ -34,14 +40,26 @@ class FakeProducer:
     """`send` enqueues; each delivery ends as `outcome` says: "ok", an exception, or never
     (`outcomes`, when given, says it send by send)."""
 
-    def __init__(self, outcome: object = "ok", ack_after_s: float = 0.0, outcomes: list[object] | None = None) -> None:
+    def __init__(
+        self,
+        outcome: object = "ok",
+        ack_after_s: float = 0.0,
+        outcomes: list[object] | None = None,
+        refused_enqueues: int = 0,
+    ) -> None:
         self.outcome = outcome
+        # aiokafka's own refusal while a partition waits for its leader: its kept batch is full, and
+        # `send` fails after request_timeout_ms with nothing queued.
+        self.refused_enqueues = refused_enqueues
         self.outcomes = outcomes
         self.ack_after_s = ack_after_s
         self.sent: list[bytes] = []
         self.stopped = False
 
     async def send(self, topic: str, value: bytes, **_: object) -> asyncio.Future[object]:
+        if self.refused_enqueues:
+            self.refused_enqueues -= 1
+            raise KafkaTimeoutError()
         self.sent.append(value)
         outcome = self.outcomes.pop(0) if self.outcomes else self.outcome
         delivery: asyncio.Future[object] = asyncio.get_running_loop().create_future()
@@ -106,6 +124,33 @@ async def test_a_chunk_sent_without_waiting_still_replaces_a_refused_producer() 
         await publisher.delivered([delivery])
     await asyncio.sleep(0.01)
     assert publisher.producer is fresh
+
+
+async def test_a_stream_of_chunks_rides_out_a_leader_change_longer_than_the_request_timeout() -> None:
+    """The reply topic's partition waits for its new leader: the next chunks are refused at enqueue,
+    then the acks come later than several send timeouts. Each chunk is written once, in order; before,
+    the refused enqueue failed the attempt, and a late ack had every chunk sent a second time."""
+    leaderless = FakeProducer(ack_after_s=0.35, refused_enqueues=2)  # acks after three send timeouts
+    stream = ReplyStream(publisher_with(leaderless), "llm.replies", "r1", retry_for_s=5)
+    chunks = [CHUNK.model_copy(update={"seq": seq, "delta": f"d{seq}"}) for seq in range(3)]
+    for chunk in chunks:
+        await stream.send(chunk)
+    await stream.delivered()
+    assert leaderless.sent == [chunk.to_bytes() for chunk in chunks]
+
+
+async def test_a_streamed_chunk_whose_producer_is_replaced_is_sent_again() -> None:
+    """A record left pending by a producer replaced and stopped never resolves: the stream sends
+    every chunk again on the new producer (readers drop copies by attempt and seq)."""
+    stuck = FakeProducer(outcome="never")
+    fresh = FakeProducer()
+    publisher = publisher_with(stuck, fresh)
+    stream = ReplyStream(publisher, "llm.replies", "r1", retry_for_s=5)
+    await stream.send(CHUNK)
+    publisher._producer = fresh  # what _replace_broken does after a refused sequence
+    publisher._stopping[stuck] = asyncio.create_task(stuck.stop())  # type: ignore[arg-type]
+    await asyncio.wait_for(stream.delivered(), 5)
+    assert fresh.sent == [CHUNK.to_bytes()]
 
 
 async def test_a_record_refused_for_what_it_is_is_not_sent_again() -> None:

@@ -26,3 +26,39 @@ def test_report_has_a_row_per_scenario_and_the_command(tmp_path: Path) -> None:
     assert "`make reliability`" in md
     assert "| a_fault | 10 | 10 | 0 | 0 | 0 | 0 | 0 | 10 / none | 12.3 | pass |" in md
     assert "| b_fault | 10 | 9 | 0 | 1 |" in md and "**FAIL**" in md and "r7: 2 results" in md
+
+
+def test_report_has_a_row_per_scenario_and_service_judged_by_its_own_check(tmp_path: Path) -> None:
+    from tests.reliability.service_rows import service_rows
+
+    scheduler_log = tmp_path / "scheduler.log"
+    scheduler_log.write_text(
+        "x WARNING aiokafka: Heartbeat failed: local member_id was not recognized; resetting\n"
+        "x WARNING llmbus.bus.commits: commit failed for 10.0s (TimeoutError()): left for the next interval\n"
+        "x WARNING llmbus.bus.producer: no ack yet from Kafka for llm.dispatch.w1; still waiting\n"
+    )
+    cost_log = tmp_path / "cost.log"
+    cost_log.write_text("")
+    logs = {"scheduler": scheduler_log, "cost": cost_log, "w1": tmp_path / "never-started.log"}
+    rows = service_rows(logs, ["cost exited with -9; restarted"], True, {"Billing": False})
+    by_service = {r["service"]: r for r in rows}
+    assert by_service["scheduler"] == {
+        "service": "scheduler",
+        "judged_by": "delivery audit",
+        "passed": True,
+        "exits": 0,
+        "memberships_lost": 1,
+        "commits_left": 1,
+        "acks_waited": 1,
+        "sends_retried": 0,
+        "producers_renewed": 0,
+    }
+    assert by_service["cost"]["judged_by"] == "Billing" and by_service["cost"]["passed"] is False
+    assert by_service["cost"]["exits"] == 1 and by_service["w1"]["memberships_lost"] == 0
+
+    outcome = Outcome("leader_sigkill", AuditReport(sent=1, answered=1, ok_results=1), 1.0, services=rows)
+    write_report([outcome], tmp_path / "cluster", "make reliability-cluster", "long")
+    md = (tmp_path / "cluster.md").read_text()
+    assert "| leader_sigkill | scheduler | delivery audit | pass | 0 | 1 | 1 | 1 | 0 | 0 |" in md
+    assert "| leader_sigkill | cost | Billing | **FAIL** | 1 | 0 | 0 | 0 | 0 | 0 |" in md
+    assert json.loads((tmp_path / "cluster.json").read_text())["scenarios"][0]["services"] == rows

@@ -48,7 +48,7 @@ class EventLog(RecordingPublisher):
         self.events.append(f"enqueue {kind(value)}")
         return await super().send(topic, value, **kw)
 
-    async def delivered(self, deliveries: object) -> None:
+    async def delivered(self, deliveries: object, retry_for_s: float = 0.0) -> None:
         self.events.append("acks awaited")
 
     async def publish(self, topic: str, value: object, **kw: object) -> None:
@@ -99,7 +99,7 @@ async def test_a_completed_attempt_ends_in_the_order_the_rules_ask_for() -> None
 
 
 class ReplyTopicRefuses(RecordingPublisher):
-    async def delivered(self, deliveries: object) -> None:
+    async def delivered(self, deliveries: object, retry_for_s: float = 0.0) -> None:
         raise TopicAuthorizationFailedError("x.llm.tokens")
 
 

@@ -44,7 +44,7 @@ class RecordingPublisher:
         self.sent.append((topic, value))
         return None
 
-    async def delivered(self, _: object) -> None:
+    async def delivered(self, _: object, retry_for_s: float = 0.0) -> None:
         return None
 
     def of(self, kind: type) -> list:  # type: ignore[type-arg]

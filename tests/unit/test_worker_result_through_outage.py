@@ -75,7 +75,7 @@ class ChunksLost(RecordingPublisher):
 
     failed = False
 
-    async def delivered(self, deliveries: object) -> None:
+    async def delivered(self, deliveries: object, retry_for_s: float = 0.0) -> None:
         if not self.failed:
             self.failed = True
             raise PublishTimeout("no ack from Kafka for 3 records within 15.0s")

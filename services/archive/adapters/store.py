@@ -21,31 +21,15 @@ from pathlib import Path, PurePath
 
 import pyarrow.parquet as pq
 
+from llmbus.archive.compact import CompactionBusy, compaction_lock, finish_compactions, journaled_outputs
+from llmbus.archive.durable import commit_durably, fsync_dir
+from llmbus.archive.durable import tmp_path as _tmp
 from llmbus.archive.layout import DATA_SUFFIX, MANIFESTS, TMP_SUFFIX, OffsetRange, manifest_dir, manifest_file
 from llmbus.archive.layout import parse_manifest_name as parse_range
 from llmbus.archive.rows import table_of
 from services.archive.core.plan import BatchPlan
 
 log = logging.getLogger(__name__)
-
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + TMP_SUFFIX)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ArchiveStore:
@@ -57,11 +41,17 @@ class ArchiveStore:
         self._lock = threading.Lock()  # each subscription writes from its own thread
 
     def recover(self, orphan_age_s: float) -> tuple[int, int]:
-        """At start: finish the renames of every manifested batch; remove `.tmp` files older than
-        `orphan_age_s` that no manifest names (a batch killed before its commit point).
+        """At start: finish the compactions and the renames of every manifested batch a crash stopped;
+        remove `.tmp` files older than `orphan_age_s` that no manifest or compaction journal names (a
+        batch or a compaction killed before its commit point).
         Returns (files completed, orphans removed)."""
         completed = removed = 0
-        named: set[Path] = set()
+        try:
+            with compaction_lock(self.root):
+                finish_compactions(self.root)  # a compaction a crash stopped past its commit point
+        except CompactionBusy:
+            log.info("a compaction is running: it finishes what it started")
+        named: set[Path] = journaled_outputs(self.root)
         for manifest in sorted((self.root / MANIFESTS).glob("*/*/*.json")):
             for name in json.loads(manifest.read_text())["files"]:
                 final = self.root / name
@@ -121,14 +111,12 @@ class ArchiveStore:
             "duplicates": plan.duplicates,
             "written_at_ms": int(time.time() * 1000),
         }
-        _write_durably(_tmp(manifest), json.dumps(body).encode())
-        os.replace(_tmp(manifest), manifest)  # the commit point
-        _fsync_dir(manifest.parent)
+        commit_durably(manifest, json.dumps(body).encode())  # the commit point
         for path in plan.files:
             final = self.root / path
             os.replace(_tmp(final), final)
         for directory in {(self.root / path).parent for path in plan.files}:
-            _fsync_dir(directory)
+            fsync_dir(directory)
         with self._lock:
             for written, ids in plan.ids_by_dir().items():
                 if written in self._ids:

@@ -4,11 +4,12 @@ aggregates and budget alerts. Every key carries the namespace (topic prefix) and
 from __future__ import annotations
 
 import json
+import uuid
 
 import redis.asyncio as redis
 from redis.typing import EncodableT, FieldT
 
-from llmbus.contract.messages import CostKind, CostRecord, InferenceResult, now_ms
+from llmbus.contract.messages import CostRecord, InferenceResult, now_ms
 from llmbus.contract.request_key import request_key
 from llmbus.state.text import text_of
 from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
@@ -161,17 +162,60 @@ class CostStore:
     async def hold(self, results: list[tuple[InferenceResult, bytes]]) -> None:
         """Self-hosted results (with their bytes as read) wait for their intervals: held durably and
         marked seen together (MULTI)."""
-        if not results:
+        await self.hold_raw([(r.worker_id or "", r.request_key, payload) for r, payload in results])
+
+    async def hold_raw(self, held: list[tuple[str, str, bytes]]) -> None:
+        """(worker id, request key, result bytes) held and marked seen, as `hold`."""
+        if not held:
             return
         by_worker: dict[str, dict[FieldT, EncodableT]] = {}
-        for r, payload in results:
-            by_worker.setdefault(self._pending(r.worker_id or ""), {})[r.request_key] = payload
+        for worker_id, key, payload in held:
+            by_worker.setdefault(self._pending(worker_id), {})[key] = payload
         async with self.client.pipeline(transaction=True) as pipe:
-            for key, held in by_worker.items():
-                pipe.hset(key, mapping=held)
-                pipe.expire(key, self.ttl_s)
-            await self._mark(keys=[self._seen(r.request_key) for r, _ in results], args=[self.ttl_s], client=pipe)
+            for pending, results in by_worker.items():
+                pipe.hset(pending, mapping=results)
+                pipe.expire(pending, self.ttl_s)
+            await self._mark(keys=[self._seen(key) for _, key, _ in held], args=[self.ttl_s], client=pipe)
             await pipe.execute()
+
+    async def still_held(self, held: list[tuple[str, str]]) -> list[bool]:
+        """Which (worker id, request key) are in their worker's held results (not released, not lost)."""
+        if not held:
+            return []
+        async with self.client.pipeline(transaction=False) as pipe:
+            for worker_id, key in held:
+                pipe.hexists(self._pending(worker_id), key)
+            return [bool(n) for n in await pipe.execute()]
+
+    async def applied(self, record_ids: list[str]) -> list[bool]:
+        """Which record ids are billed (their once-only marker is there)."""
+        return await self._with_marker(self._applied(""), record_ids)
+
+    # -- Redis data loss: a marker of the state, and the once-only markers rebuilt from llm.costs -----
+    @property
+    def _state(self) -> str:
+        return f"{self.ns}cost:state"
+
+    async def state_id(self) -> str | None:
+        """The id of the state this Redis holds (set once by the first replica); None: never set, or lost."""
+        return text_of(raw) if (raw := await self.client.get(self._state)) is not None else None
+
+    async def mark_state(self) -> str:
+        """This state's id: a new one if none is there (the first replica after a loss sets it)."""
+        state = uuid.uuid4().hex
+        await self.client.set(self._state, state, nx=True)
+        return text_of(raw) if (raw := await self.client.get(self._state)) is not None else state
+
+    async def restore_billed(self, records: list[CostRecord]) -> None:
+        """The once-only markers of records on llm.costs, written again: each record id applied, each
+        result it prices seen (a result read again after a data loss is then not billed again)."""
+        for at in range(0, len(records), 1000):
+            async with self.client.pipeline(transaction=False) as pipe:
+                for record in records[at : at + 1000]:
+                    pipe.set(self._applied(record.record_id), "1", ex=self.ttl_s)
+                    for seen in self._seen_marker_of(record):
+                        pipe.set(seen, "1", ex=self.ttl_s)
+                await pipe.execute()
 
     async def release(self, records: list[CostRecord], cursors: dict[str, Cursor]) -> None:
         """After the ledger's records are published: drop them from pending, save the cursors."""
@@ -256,7 +300,8 @@ class CostStore:
         return [v.encode() if isinstance(v, str) else v for v in (await self.client.hgetall(self._outbox)).values()]
 
     def _seen_marker_of(self, record: CostRecord) -> list[str]:
-        return [self._seen(request_key(record.tenant, record.request_id))] if _prices_a_result(record) else []
+        """A record that prices one result also marks it seen (idle and waste records price none)."""
+        return [self._seen(request_key(record.tenant, record.request_id))] if record.prices_a_result else []
 
     async def bill(self, records: list[CostRecord]) -> list[bool]:
         """Apply each (published) record to the aggregates once, by record id, mark the results it
@@ -288,7 +333,7 @@ class CostStore:
         return [i in new for i in range(len(records))]
 
     def _bill_args(self, unique: list[CostRecord]) -> list[str | int]:
-        seen = [request_key(r.tenant, r.request_id) for r in unique if _prices_a_result(r)]
+        seen = [request_key(r.tenant, r.request_id) for r in unique if r.prices_a_result]
         args: list[str | int] = [self.ttl_s, self.ns, len(unique), len(seen), *(r.record_id for r in unique), *seen]
         for key, fields in batch_increments(unique, self.ns).items():
             args += [key, TTL_S[_period_of(key)], len(fields)]
@@ -330,11 +375,6 @@ class CostStore:
     async def first_alert(self, tenant: str, period_key: str, threshold: int) -> bool:
         key = f"{self.ns}cost:alert:{tenant}:{period_key}:{threshold}"
         return bool(await self.client.set(key, "1", nx=True, ex=400 * 86400))
-
-
-def _prices_a_result(record: CostRecord) -> bool:
-    """A record that prices one result also marks it seen (idle and waste records price none)."""
-    return record.kind not in (CostKind.IDLE, CostKind.COLD_START_WASTE)
 
 
 def _period_of(key: str) -> str:

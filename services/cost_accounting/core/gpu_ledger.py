@@ -235,6 +235,13 @@ class GpuLedger:
         life.running_micro = {rid: int(micro) for rid, (micro, _) in running.items()}
         life.busy_ms = {rid: float(busy) for rid, (_, busy) in running.items()}
 
+    def skip_closed(self, worker_id: str, before_ms: int) -> None:
+        """A worker whose cursor a Redis data loss took: the intervals ending by `before_ms` were
+        closed by the run before (their records are on llm.costs) and are not closed again."""
+        for life in [*self.retired, *self.workers.values()]:
+            if life.worker_id == worker_id:
+                life.closed_until_ms = max(life.closed_until_ms, self._floor(before_ms))
+
     def forget(self, worker_id: str) -> None:
         """Another replica owns this worker now: what was held for it here is theirs (and in Redis)."""
         for life in [*self.retired, *self.workers.values()]:

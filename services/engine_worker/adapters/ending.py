@@ -72,7 +72,7 @@ class AttemptEnd:
             if stream is not None:
                 # Nothing final is out yet: if the chunks cannot be delivered, the request is handed
                 # back (the scheduler places it again once this claim's lease has lapsed).
-                await stream.delivered(retry_for_s)
+                await stream.delivered()
             try:
                 await publish_result_with_final(
                     self.bus.publisher, self.bus.topics, result, reply_topic, last_seq, retry_for_s=retry_for_s
@@ -113,6 +113,7 @@ class AttemptEnd:
         usage = result.usage
         outcome = self._outcome_of(dispatch, status, error, usage.prompt_tokens, usage.completion_tokens)
         tenant = dispatch.routed.request.tenant
+        retry_for_s = self.bus.settings.publish_retry_s
         sent: list[asyncio.Future[object]] = []
         try:
             sent.append(await publisher.send(topic, outcome, key=dispatch.request_id, tenant=tenant))
@@ -124,12 +125,11 @@ class AttemptEnd:
         finally:  # the outcome goes out even if the marker could not be set
             if sent:
                 try:
-                    await publisher.delivered(sent)
+                    await publisher.delivered(sent, retry_for_s=retry_for_s)
                     acked = True
                 except Exception:
                     log.warning("%s: outcome not acknowledged; sending it again", dispatch.dedupe_key, exc_info=True)
             if not acked:
-                retry_for_s = self.bus.settings.publish_retry_s
                 await publisher.publish(topic, outcome, key=dispatch.request_id, tenant=tenant, retry_for_s=retry_for_s)
 
     async def _mark_published(self, dispatch: Dispatch) -> None:

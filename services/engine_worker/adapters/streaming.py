@@ -82,28 +82,35 @@ class ChunkBatcher:
 class ReplyStream:
     """An attempt's content chunks on its reply topic: sent without waiting for each ack (one key:
     one partition, their order holds), and all acknowledged, or all sent again in order, before
-    its final chunk may follow them (`delivered`)."""
+    its final chunk may follow them (`delivered`).
 
-    def __init__(self, publisher: Publisher, reply_topic: str, request_id: str) -> None:
+    Through a leader change of the reply topic's partition the chunks wait, as `Publisher.publish`
+    does: an enqueue refused while the partition has no leader is tried again for `retry_for_s`,
+    and late acks are waited for (the batch is kept), so a stream is not failed, nor sent twice,
+    for a failover that outlasts request_timeout_ms."""
+
+    def __init__(self, publisher: Publisher, reply_topic: str, request_id: str, retry_for_s: float) -> None:
         self.publisher = publisher
         self.reply_topic = reply_topic
         self.request_id = request_id
+        self.retry_for_s = retry_for_s
         self.chunks: list[TokenChunk] = []
         self._deliveries: list[asyncio.Future[object]] = []
 
     async def send(self, chunk: TokenChunk) -> None:
         self.chunks.append(chunk)
-        self._deliveries.append(await self.publisher.send(self.reply_topic, chunk, key=self.request_id))
+        delivery = await self.publisher.send(self.reply_topic, chunk, key=self.request_id, retry_for_s=self.retry_for_s)
+        self._deliveries.append(delivery)
 
-    async def delivered(self, retry_for_s: float) -> None:
-        """Every chunk acknowledged. If the broker lost or refused some (a broker restart), all are
-        sent again, in order: a reader drops the copies by (attempt, seq), so it still takes every
-        seq once and in order."""
+    async def delivered(self) -> None:
+        """Every chunk acknowledged. If the broker refused some for good (or their producer was
+        replaced), all are sent again, in order: a reader drops the copies by (attempt, seq), so it
+        still takes every seq once and in order."""
         try:
-            await self.publisher.delivered(self._deliveries)
+            await self.publisher.delivered(self._deliveries, retry_for_s=self.retry_for_s)
         except Exception as exc:
             if not self.chunks or not worth_resending(exc):
                 raise
             log.warning("chunks of %s not all acknowledged (%r): sending them again", self.request_id, exc)
             for chunk in self.chunks:
-                await self.publisher.publish(self.reply_topic, chunk, key=self.request_id, retry_for_s=retry_for_s)
+                await self.publisher.publish(self.reply_topic, chunk, key=self.request_id, retry_for_s=self.retry_for_s)

@@ -2,14 +2,17 @@
 
 Keys (all under `llmbus:<namespace>:{comparator}:`: the one hash tag keeps them in one Redis Cluster
 slot, as the scripts need -- an offer touches its pair and the shared `pending` set):
-  pair:<primary id>        hash: `p` (primary result JSON) and `s:<experiment>` (shadow result
+  pair:<primary key>       hash: `p` (primary result JSON) and `s:<experiment>` (shadow result
                            JSON) while the partner is awaited; TTL `pair_ttl_s`
-  pending                  zset of primary ids by deadline (ms): the sweeper finds expired pairs
-  gone:<primary id>        the pair was swept: a partner arriving now is `late`; TTL `done_ttl_s`
+  pending                  zset of primary keys by deadline (ms): the sweeper finds expired pairs
+  gone:<primary key>       the pair was swept: a partner arriving now is `late`; TTL `done_ttl_s`
   done:<kind>:<id>         an effect (a pair, a result, a cost, a feedback) was counted; TTL `done_ttl_s`
   agg:<exp>:<step>:<var>   mergeable aggregate hash (core/aggregates.py)
-  req:<request id>         "<exp>|<step>|<variant>|<tenant>" of an A/B result, to join costs and feedback
+  req:<request key>        "<exp>|<step>|<variant>|<tenant>" of an A/B result, to join costs and feedback
                            (feedback counts only from the result's own tenant)
+A request key is `<tenant>:<request id>` (llmbus.contract.request_key): two tenants' requests with the same
+id never share a pair, a link or a once-only mark (a pair's is `<primary key>:<experiment>`, a
+result's, cost's or feedback's its request key).
   stats                    join counters (pairs, duplicate, late, missing_primary, ...)
 
 Every once-only effect is one Lua script: `SET done NX` and the HINCRBYFLOATs happen
@@ -71,17 +74,17 @@ class ComparatorStore:
         return ":".join([self._ns, *map(str, parts)])
 
     async def offer(
-        self, primary_id: str, field: str, value: bytes, now_ms: int, done_id: str | None
+        self, primary_key: str, field: str, value: bytes, now_ms: int, done_id: str | None
     ) -> tuple[str, dict[str, bytes]]:
         """Store one side; returns (new | dup | late | done, every side now held for this primary)."""
         reply = await self._offer(
             keys=[
-                self.key("pair", primary_id),
+                self.key("pair", primary_key),
                 self.key("pending"),
-                self.key("gone", primary_id),
+                self.key("gone", primary_key),
                 self.key("done", "pair", done_id) if done_id else self.key("done", "never"),
             ],
-            args=[field, value, self.pair_ttl_s, now_ms + self.pair_ttl_s * 1000, primary_id],
+            args=[field, value, self.pair_ttl_s, now_ms + self.pair_ttl_s * 1000, primary_key],
         )
         status = text_of(reply[0])
         fields = {text_of(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}
@@ -107,12 +110,17 @@ class ComparatorStore:
         raw = await self._r.hgetall(self.agg_key(experiment_id, step, variant))
         return {text_of(k): float(v) for k, v in raw.items()}
 
-    async def remember_request(self, request_id: str, experiment_id: str, step: int, variant: str, tenant: str) -> None:
+    async def remember_request(
+        self, request_key: str, experiment_id: str, step: int, variant: str, tenant: str
+    ) -> None:
         link = f"{experiment_id}|{step}|{variant}|{tenant}"
-        await self._r.set(self.key("req", request_id), link, ex=self.done_ttl_s)
+        await self._r.set(self.key("req", request_key), link, ex=self.done_ttl_s)
 
-    async def request_variant(self, request_id: str) -> RequestLink | None:
-        raw = await self._r.get(self.key("req", request_id))
+    async def request_variant(self, request_key: str, request_id: str) -> RequestLink | None:
+        """The link of the request `request_key`, else one stored under its bare id (`req:<request id>`,
+        by a comparator from before request keys: its tenant field says whose it was)."""
+        raw, legacy = await self._r.mget([self.key("req", request_key), self.key("req", request_id)])
+        raw = raw if raw is not None else legacy
         if raw is None:
             return None
         exp, step, variant, *tenant = text_of(raw).split("|", 3)
@@ -131,14 +139,14 @@ class ComparatorStore:
     async def due(self, now_ms: int, limit: int = 500) -> list[str]:
         return [text_of(m) for m in await self._r.zrangebyscore(self.key("pending"), "-inf", now_ms, 0, limit)]
 
-    async def sweep_one(self, primary_id: str) -> dict[str, bytes] | None:
+    async def sweep_one(self, primary_key: str) -> dict[str, bytes] | None:
         """Remove an expired pair (once: the zset removal decides who sweeps it); its leftover sides."""
-        if not await self._r.zrem(self.key("pending"), primary_id):
+        if not await self._r.zrem(self.key("pending"), primary_key):
             return None
         pipe = self._r.pipeline(transaction=True)
-        pipe.hgetall(self.key("pair", primary_id))
-        pipe.delete(self.key("pair", primary_id))
-        pipe.set(self.key("gone", primary_id), "1", ex=self.done_ttl_s)
+        pipe.hgetall(self.key("pair", primary_key))
+        pipe.delete(self.key("pair", primary_key))
+        pipe.set(self.key("gone", primary_key), "1", ex=self.done_ttl_s)
         fields, _, _ = await pipe.execute()
         return {text_of(k): v for k, v in fields.items()}
 

@@ -4,8 +4,9 @@
   to the join; each completed pair becomes a Comparison and counts once in its experiment's
   pair aggregates. An A/B result counts once in its variant's aggregates and is linked to its
   (experiment, step, variant) and its tenant, so costs and feedback arriving later join it by
-  request id; feedback counts only when it comes from that tenant (a tenant that learns
-  another's request id cannot pre-empt its feedback: the foreign one takes no once-only mark).
+  request key (tenant and request id, llmbus.contract.request_key: two tenants' requests with the same id
+  are two requests, two pairs); feedback counts only when it comes from that tenant (a tenant that
+  learns another's request id cannot pre-empt its feedback: the foreign one takes no once-only mark).
 - sweep: pairs past their TTL are removed and counted (missing primary, unshadowed primary).
 - decide: one verdict per lifecycle experiment from its current step's aggregates.
 """
@@ -25,6 +26,7 @@ from llmbus.contract.messages import (
     InferenceResult,
     now_ms,
 )
+from llmbus.contract.request_key import request_key
 from llmbus.domain.lifecycle import CANDIDATE, CONTROL
 from services.shadow_comparator.core.aggregates import (
     PAIRS,
@@ -93,8 +95,8 @@ class Comparator:
         if not ref.is_shadow and not self.experiments.may_be_shadowed(result.model):
             return
         stored = result.model_copy(update={"text": result.text[: self.max_text_chars]})
-        done_id = f"{ref.primary_id}:{ref.experiment_id}" if ref.is_shadow else None
-        status, sides = await self.store.offer(ref.primary_id, ref.field, stored.to_bytes(), now_ms(), done_id)
+        done_id = f"{ref.primary_key}:{ref.experiment_id}" if ref.is_shadow else None
+        status, sides = await self.store.offer(ref.primary_key, ref.field, stored.to_bytes(), now_ms(), done_id)
         if status in ("done", "dup"):
             await self.store.count(duplicate=1)
         if status == "late":
@@ -117,7 +119,7 @@ class Comparator:
             comparison.comparison_id,
             self.store.agg_key(experiment_id, self.experiments.step_of(experiment_id), PAIRS),
             pair_increments(comparison),
-            settle=(primary.request_id, f"s:{experiment_id}"),
+            settle=(primary.request_key, f"s:{experiment_id}"),
         )
         if counted:
             await self.store.count(pairs=1)
@@ -130,13 +132,13 @@ class Comparator:
             return
         step = self.experiments.step_of(result.experiment_id)
         agg = self.store.agg_key(result.experiment_id, step, result.variant)
-        if await self.store.apply_once("result", result.request_id, agg, variant_increments(result)):
+        if await self.store.apply_once("result", result.request_key, agg, variant_increments(result)):
             await self.store.remember_request(
-                result.request_id, result.experiment_id, step, result.variant, result.tenant
+                result.request_key, result.experiment_id, step, result.variant, result.tenant
             )
 
     async def on_cost(self, cost: CostRecord) -> None:
-        await self._join_late("cost", cost.request_id, cost_increments(cost.cost_usd))
+        await self._join_late("cost", cost.request_id, cost_increments(cost.cost_usd), cost.tenant)
 
     async def on_feedback(self, feedback: Feedback) -> None:
         """`feedback.tenant` is the authenticated one (the handler took it from the topic when auth is on)."""
@@ -146,27 +148,27 @@ class Comparator:
         log.warning("feedback refused: %s", reason)
         await self.store.count(feedback_refused=1)
 
-    async def _join_late(
-        self, kind: str, request_id: str, increments: dict[str, float], from_tenant: str | None = None
-    ) -> None:
-        link = await self.store.request_variant(request_id)
+    async def _join_late(self, kind: str, request_id: str, increments: dict[str, float], from_tenant: str) -> None:
+        """A cost or a feedback joins its request by request key (`from_tenant`'s request of that id)."""
+        key = request_key(from_tenant, request_id)
+        link = await self.store.request_variant(key, request_id)
         if link is None:
             await self.store.count(**{f"{kind}_unjoined": 1})  # not an A/B request, or its result is gone
             return
-        if from_tenant is not None and not feedback_belongs(link.tenant, from_tenant):
+        if not feedback_belongs(link.tenant, from_tenant):
             log.warning(
                 "%s on %s from tenant %r: the request is %r's; not counted", kind, request_id, from_tenant, link.tenant
             )
             await self.store.count(**{f"{kind}_foreign": 1})
             return
         agg = self.store.agg_key(link.experiment_id, link.step, link.variant)
-        if await self.store.apply_once(kind, request_id, agg, increments):
+        if await self.store.apply_once(kind, key, agg, increments):
             await self.store.count(**{f"{kind}_joined": 1})
 
     async def sweep(self, now: int | None = None) -> dict[str, int]:
         counts: dict[str, int] = {}
-        for primary_id in await self.store.due(now if now is not None else now_ms()):
-            sides = await self.store.sweep_one(primary_id)
+        for primary_key in await self.store.due(now if now is not None else now_ms()):
+            sides = await self.store.sweep_one(primary_key)
             if sides is None:
                 continue
             shadows = [k for k in sides if k.startswith("s:")]

@@ -94,7 +94,7 @@ def compare(experiment_id: str, primary: InferenceResult, shadow: InferenceResul
     control, candidate = side_of(primary, json_expected), side_of(shadow, json_expected)
     both_ok = primary.status == ResultStatus.OK and shadow.status == ResultStatus.OK
     return Comparison(
-        comparison_id=f"{primary.request_id}:{experiment_id}",
+        comparison_id=f"{primary.request_key}:{experiment_id}",
         experiment_id=experiment_id,
         request_id=primary.request_id,
         control=control,

@@ -3,7 +3,9 @@
 The router derives a shadow's request id from its primary's.
 A shadow copy's id is `<primary id>.shadow.<experiment id>` (router/policy/experiments.py);
 ids that would pass 128 characters are hashed there and cannot be joined (counted as
-`unjoinable`).
+`unjoinable`). The copy keeps its client's tenant, so a pair is joined under the primary's
+request key (`<tenant>:<primary id>`, llmbus.contract.request_key): two tenants' requests with the
+same id are two pairs.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmbus.contract.messages import InferenceResult
+from llmbus.contract.request_key import RequestKey, request_key
 
 SHADOW_MARK = ".shadow."
 
 
 @dataclass(frozen=True)
 class PairRef:
-    primary_id: str
+    primary_key: RequestKey  # the primary's tenant and request id
     experiment_id: str | None  # None on the primary side: it may pair with several experiments
     is_shadow: bool
 
@@ -28,11 +31,11 @@ class PairRef:
 
 def pair_ref(result: InferenceResult) -> PairRef | None:
     if not result.shadow:
-        return PairRef(result.request_id, None, False)
+        return PairRef(result.request_key, None, False)
     primary_id, mark, experiment_id = result.request_id.rpartition(SHADOW_MARK)
     if not mark or not primary_id or not experiment_id:
         return None
-    return PairRef(primary_id, experiment_id, True)
+    return PairRef(request_key(result.tenant, primary_id), experiment_id, True)
 
 
 def feedback_belongs(result_tenant: str | None, feedback_tenant: str) -> bool:

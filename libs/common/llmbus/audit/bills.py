@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmbus.contract.messages import CostKind, CostRecord
+from llmbus.contract.messages import CostRecord
 
 MAX_EXAMPLES = 20
 
@@ -67,7 +67,7 @@ def check_bills(
             report.worker_cost_micro[worker] = report.worker_cost_micro.get(worker, 0) + record.cost_micro_usd
         if record.request_id in wanted:
             priced[record.request_id] += 1
-        elif record.kind not in (CostKind.IDLE, CostKind.COLD_START_WASTE):
+        elif record.prices_a_result:
             report.extra += 1
             report.note("extra", record.record_id)
     for worker in expected_worker_cost_micro:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from contextvars import Token
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import ConsumerRecord, OffsetAndMetadata
@@ -28,6 +29,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
+from llmbus.bus.holds import Holds
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
 from llmbus.observability import semconv
@@ -106,6 +108,7 @@ class ConsumerLoop:
         drain_grace_s: float | None = None,
         batch_handler: BatchHandler | None = None,
         batch_max_records: int = 500,
+        holds: Holds[Any] | None = None,
     ) -> None:
         self._consumer = consumer
         self._handler = handler
@@ -125,7 +128,16 @@ class ConsumerLoop:
         self._saturated = False
         # Bumped when a partition is revoked: a record started before does not count as done after.
         self._epochs: dict[TopicPartition, int] = {}
+        # One commit at a time (the periodic one runs beside polling, a revoke's waits its turn), so
+        # a commit's offsets are always read after the revoke before it has forgotten its partitions.
+        self._commit_lock = asyncio.Lock()
+        self._committing: asyncio.Task[None] | None = None
         self.last_poll_monotonic = time.monotonic()
+        # Records the handler holds open after it returned (llmbus.bus.holds): done on release.
+        self._holds = holds
+        self._held_epochs: dict[tuple[TopicPartition, int], int] = {}
+        if holds is not None:
+            holds.bind(self._released)
 
     @property
     def in_flight(self) -> int:
@@ -175,6 +187,24 @@ class ConsumerLoop:
         for tp in revoked:
             self._epochs[tp] = self._epochs.get(tp, 0) + 1
         self._tracker.forget(revoked)
+        if self._holds is not None:
+            self._holds.forget(revoked)
+            self._held_epochs = {k: e for k, e in self._held_epochs.items() if k[0] not in revoked}
+
+    def _finished(self, tp: TopicPartition, offset: int, epoch: int, handled: bool) -> None:
+        """The handler returned: done, unless it holds the record open (then done on release). A
+        record dead-lettered instead is done whatever a failed attempt held."""
+        if self._holds is not None and self._holds.is_held(tp, offset):
+            if handled:
+                self._held_epochs[(tp, offset)] = epoch
+                return
+            self._holds.discard(tp, offset)
+        self._tracker.done(tp, offset)
+
+    def _released(self, tp: TopicPartition, offset: int) -> None:
+        epoch = self._held_epochs.pop((tp, offset), None)
+        if epoch is not None and self._epochs.get(tp, 0) == epoch:
+            self._tracker.done(tp, offset)
 
     def _rewind(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         """Records fetched while saturated are not started, and not dropped: read them again later."""
@@ -215,8 +245,24 @@ class ConsumerLoop:
                     if records and (high := self._consumer.highwater(tp)) is not None:
                         _lag(self._service, tp.topic, str(tp.partition)).set(max(0, high - records[-1].offset - 1))
             if time.monotonic() >= next_commit:
-                await self.commit()
+                self._commit_beside_polling()
                 next_commit = time.monotonic() + self._settings.commit_interval_s
+
+    def _commit_beside_polling(self) -> None:
+        """Start the periodic commit without waiting for it (none while the last one still runs).
+
+        A commit waits for the group's coordinator: while the broker leading its __consumer_offsets
+        partition is lost, aiokafka (0.14) looks for the new one until it is elected, and the
+        commit is retried for commit_timeout_s. Awaited in the poll loop, that stopped fetching and
+        handling for every such wait (the scheduler's outcomes unread for 20 s after a broker
+        SIGKILL: placements never released, queues full, requests past their deadline).
+        """
+        task = self._committing
+        if task is not None:
+            if not task.done():
+                return
+            task.result()  # an error retrying cannot fix stops the loop, as an awaited commit did
+        self._committing = asyncio.create_task(self.commit())
 
     def _start(self, tp: TopicPartition, record: ConsumerRecord) -> None:
         self._tracker.started(tp, record.offset)
@@ -260,7 +306,7 @@ class ConsumerLoop:
             _consumed(self._service, tp.topic, outcome).inc(len(part))
             if self._epochs.get(tp, 0) == epochs[tp]:
                 for record in part:
-                    self._tracker.done(tp, record.offset)
+                    self._finished(tp, record.offset, epochs[tp], outcome == "ok")
         self._slot_freed.set()
 
     async def _route_error(self, record: ConsumerRecord, exc: Exception) -> bool:
@@ -316,10 +362,14 @@ class ConsumerLoop:
         _handle_seconds(self._service, record.topic).observe(time.perf_counter() - started)
         _consumed(self._service, record.topic, outcome).inc()
         if self._epochs.get(tp, 0) == epoch:
-            self._tracker.done(tp, record.offset)
+            self._finished(tp, record.offset, epoch, outcome == "ok")
         self._slot_freed.set()
 
     async def commit(self) -> None:
+        async with self._commit_lock:
+            await self._commit_now()
+
+    async def _commit_now(self) -> None:
         offsets = self._tracker.to_commit()
         if not offsets or not self._commit_offsets:
             return
@@ -342,6 +392,8 @@ class ConsumerLoop:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         try:
+            if self._committing is not None:
+                await self._committing  # bounded by commit_timeout_s
             await self.commit()
         except Exception:
             log.warning("final commit failed; the uncommitted records will be redelivered", exc_info=True)

@@ -84,6 +84,7 @@ class MemoryPublisher(Publisher):
         request_id: str | None = None,
         tenant: str | None = None,
         payload: bytes | None = None,
+        retry_for_s: float = 0.0,
     ) -> asyncio.Future[object]:
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         await self.publish_raw(topic, value.to_bytes() if payload is None else payload, key=key, headers=headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -141,6 +142,10 @@ class Publisher:
         self._renewing = asyncio.Lock()
         self._retired: set[asyncio.Task[None]] = set()
         self._stopping: dict[AIOKafkaProducer, asyncio.Task[None]] = {}  # replaced producer → its stop
+        # A pending `send`'s producer, so `delivered` knows a record that producer will never resolve.
+        self._sent_by: weakref.WeakKeyDictionary[asyncio.Future[object], tuple[AIOKafkaProducer, str]] = (
+            weakref.WeakKeyDictionary()
+        )
         # Every topic written (full names): a service's tests compare them with its declared contract.
         self.topics_written: set[str] = set()
 
@@ -224,35 +229,67 @@ class Publisher:
         deadline_s = time.monotonic() + retry_for_s
         encoded_key = key.encode() if key is not None else None
         while True:
-            producer = self._producer
+            producer, delivery = await self._enqueue(topic, payload, encoded_key, headers, partition, deadline_s)
             try:
-                async with asyncio.timeout(self._timeout_s):
-                    delivery = await producer.send(
-                        topic, payload, key=encoded_key, headers=headers, partition=partition
-                    )
-                # Never cancelled: a late ack still comes, and resending now could write the record twice.
-                while True:
-                    left_s = deadline_s - time.monotonic()
-                    if left_s <= 0:
-                        raise PublishTimeout(f"no ack from Kafka for {topic} within {retry_for_s:.0f}s")
-                    done, _ = await asyncio.wait({delivery}, timeout=min(self._timeout_s, left_s))
-                    if done:
-                        delivery.result()
-                        break
-                    if self._abandoned(producer):
-                        raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
-                    log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
+                await self._wait_ack(topic, producer, delivery, deadline_s)
                 self._acknowledged(topic)
                 return
-            except (KafkaError, TimeoutError, DeliveryAbandoned) as exc:
-                # Not queued (the enqueue timed out), or failed for good: nothing was written, send again.
-                if not worth_resending(exc):
-                    raise
-                await self._replace_broken(producer, exc)
-                if time.monotonic() + RETRY_PAUSE_S >= deadline_s:
-                    raise PublishTimeout(f"{topic}: {type(exc).__name__} until the retry time ran out") from exc
-                log.warning("publish to %s failed (%r); sending it again", topic, exc)
-                await asyncio.sleep(RETRY_PAUSE_S)
+            except (KafkaError, DeliveryAbandoned) as exc:
+                # Failed for good, or its producer is gone: nothing was written, send again.
+                await self._pause_before_resending(topic, producer, exc, deadline_s)
+
+    async def _enqueue(
+        self,
+        topic: str,
+        payload: bytes,
+        key: bytes | None,
+        headers: hdr.KafkaHeaders,
+        partition: int | None,
+        deadline_s: float,
+    ) -> tuple[AIOKafkaProducer, asyncio.Future[object]]:
+        """The record handed to the current producer, retried until `deadline_s` while it is refused.
+
+        A partition waiting for its leader holds one batch (kept, keep_batches); once that is full,
+        aiokafka lets nothing more in and fails the enqueue after request_timeout_ms. Nothing was
+        queued then, so trying again writes no copy. Returns the producer with the delivery future.
+        """
+        while True:
+            producer = self._producer
+            try:
+                async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per record
+                    delivery = await producer.send(topic, payload, key=key, headers=headers, partition=partition)
+                return producer, delivery
+            except (KafkaError, TimeoutError) as exc:
+                await self._pause_before_resending(topic, producer, exc, deadline_s)
+
+    async def _pause_before_resending(
+        self, topic: str, producer: AIOKafkaProducer, exc: BaseException, deadline_s: float
+    ) -> None:
+        """Raise `exc` if sending again cannot help, PublishTimeout if no time is left; else pause."""
+        if not worth_resending(exc):
+            raise exc
+        await self._replace_broken(producer, exc)
+        if time.monotonic() + RETRY_PAUSE_S >= deadline_s:
+            raise PublishTimeout(f"{topic}: {type(exc).__name__} until the retry time ran out") from exc
+        log.warning("publish to %s failed (%r); sending it again", topic, exc)
+        await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def _wait_ack(
+        self, topic: str, producer: AIOKafkaProducer, delivery: asyncio.Future[object], deadline_s: float
+    ) -> None:
+        """Until `delivery` resolves (its result raised) or `deadline_s`; DeliveryAbandoned if its
+        producer was replaced and stopped first. Never cancelled: a late ack still comes (the batch is
+        kept through a leader change), and resending meanwhile could write the record twice."""
+        while not delivery.done():
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0:
+                raise PublishTimeout(f"no ack from Kafka for {topic} in the retry time")
+            done, _ = await asyncio.wait({delivery}, timeout=min(self._timeout_s, left_s))
+            if not done:
+                if self._abandoned(producer):
+                    raise DeliveryAbandoned(f"{topic}: its producer was replaced and stopped")
+                log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
+        delivery.result()
 
     async def send(
         self,
@@ -263,20 +300,27 @@ class Publisher:
         request_id: str | None = None,
         tenant: str | None = None,
         payload: bytes | None = None,
+        retry_for_s: float = 0.0,
     ) -> asyncio.Future[object]:
-        """Enqueue without waiting for the broker: returns the delivery future (await it, bounded).
+        """Enqueue without waiting for the broker: returns the delivery future (await it with `delivered`).
 
         Records of one key keep their order (same partition, idempotent producer), so a stream
         of chunks can be sent this way and only the last one waited for. `payload`: `value`
-        already encoded (bytes that must be published exactly as staged elsewhere).
+        already encoded (bytes that must be published exactly as staged elsewhere). With
+        `retry_for_s`, an enqueue refused while a partition waits for its leader is tried again
+        until that time is spent (`publish`'s rule: nothing was queued, so no copy is written).
         """
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         encoded_key = key.encode() if key is not None else None
-        producer = self._producer
-        async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
-            delivery = await producer.send(
-                topic, value.to_bytes() if payload is None else payload, key=encoded_key, headers=headers
-            )
+        data = value.to_bytes() if payload is None else payload
+        if retry_for_s > 0:
+            deadline_s = time.monotonic() + retry_for_s
+            producer, delivery = await self._enqueue(topic, data, encoded_key, headers, None, deadline_s)
+        else:
+            producer = self._producer
+            async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
+                delivery = await producer.send(topic, data, key=encoded_key, headers=headers)
+        self._sent_by[delivery] = (producer, topic)
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
         self._acknowledged(topic)
         return delivery
@@ -331,11 +375,23 @@ class Publisher:
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
 
-    async def delivered(self, deliveries: list[asyncio.Future[object]]) -> None:
-        """Wait (bounded) until every future from `send` is acknowledged; raises the first failure."""
+    async def delivered(self, deliveries: list[asyncio.Future[object]], retry_for_s: float = 0.0) -> None:
+        """Wait until every future from `send` is acknowledged; raises the first failure.
+
+        Bounded by send_timeout_s, or with `retry_for_s` by that: an ack that is late because a
+        partition waits for its new leader is waited for, as `publish` does (the batch is kept and
+        goes out under the producer's own retries), not given up on for a resend that would write
+        the records twice. DeliveryAbandoned if a record's producer was replaced and stopped first.
+        """
         if deliveries and all(delivery.done() for delivery in deliveries):
             for delivery in deliveries:  # resolved already, as often by now: no gather, no wait
                 delivery.result()
+            return
+        if retry_for_s > 0:
+            deadline_s = time.monotonic() + retry_for_s
+            for delivery in deliveries:
+                producer, topic = self._sent_by.get(delivery, (self._producer, "a topic"))
+                await self._wait_ack(topic, producer, delivery, deadline_s)
             return
         if deliveries:
             try:

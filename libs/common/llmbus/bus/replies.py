@@ -97,7 +97,7 @@ async def publish_result_with_final(
     await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id, retry_for_s=retry_for_s)
     if sent:
         try:
-            await publisher.delivered(sent)
+            await publisher.delivered(sent, retry_for_s=retry_for_s)
             return
         except Exception as exc:  # noqa: BLE001 - the result is out: raising would answer the request twice
             if not worth_resending(exc):

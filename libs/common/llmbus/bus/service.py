@@ -44,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from llmbus.bus.catch_up import wait_assigned
 from llmbus.bus.codec import decode
 from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.holds import Holds
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.bus.runtime import Bus, run_until_stopped
 from llmbus.bus.tables import read_table
@@ -79,6 +80,7 @@ class Binding:
     handler: Callable[[Any], Awaitable[object]]
     pattern: str | None = None
     consumer_options: dict[str, object] = field(default_factory=dict)
+    holds: Holds[Any] | None = None  # records the handler keeps open after it returns (llmbus.bus.holds)
 
     def topic_names(self, topics: Topics) -> list[str]:
         return [topics.name(topic) for topic in self.reads.topics if "<" not in topic]
@@ -135,15 +137,17 @@ class ServiceRuntime:
         *,
         pattern: str | None = None,
         consumer_options: dict[str, object] | None = None,
+        holds: Holds[Any] | None = None,
         **overrides: Any,
     ) -> None:
         """Bind the declared subscription `name` to `handler` (a typed one gets the decoded message,
         a `raw` one the record, a batch one the list of records). `overrides` change how it is read
-        (batch size, concurrency), never what: a subscription's topics are its declaration's."""
+        (batch size, concurrency), never what: a subscription's topics are its declaration's.
+        `holds`: records the handler holds there stay uncommitted until it releases them."""
         if unknown := set(overrides) - HOW_READ:
             raise ValueError(f"a subscription reads what its declaration names: {sorted(unknown)} cannot change")
         reads = dataclasses.replace(self.contract.subscription(name), **overrides)
-        self.bindings.append(Binding(reads, handler, pattern, dict(consumer_options or {})))
+        self.bindings.append(Binding(reads, handler, pattern, dict(consumer_options or {}), holds))
 
     async def read_table(self, name: str) -> dict[str, Any]:
         """The declared start-up read `name` (`at_start`): every key's latest value, as of now."""
@@ -223,6 +227,7 @@ class ServiceRuntime:
             commit_offsets=group_id is not None,
             batch_handler=handler if batch else None,
             batch_max_records=reads.batch_max_records or 1,
+            holds=binding.holds,
         )
         listener = loop.rebalance_listener()
         if binding.pattern is not None:

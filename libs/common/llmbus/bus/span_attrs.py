@@ -65,12 +65,14 @@ def _result(result: InferenceResult) -> Attributes:
         sc.LLMBUS_SHADOW: result.shadow,
         sc.GEN_AI_USAGE_INPUT_TOKENS: result.usage.prompt_tokens,
         sc.GEN_AI_USAGE_OUTPUT_TOKENS: result.usage.completion_tokens,
+        sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: result.usage.cached_prompt_tokens,
         sc.LLMBUS_CACHED_PREFIX_TOKENS: result.usage.cached_prompt_tokens,
         sc.LLMBUS_PREEMPTIONS: result.preemptions,
     }
     optional: dict[str, object] = {
         sc.GEN_AI_RESPONSE_MODEL: result.model,
         sc.GEN_AI_RESPONSE_FINISH_REASONS: [str(result.finish_reason)] if result.finish_reason else None,
+        sc.GEN_AI_CONVERSATION_ID: result.session_id,
         sc.LLMBUS_WORKER_ID: result.worker_id,
         sc.LLMBUS_NODE_ID: result.node_id,
         sc.LLMBUS_GPU: result.gpu,

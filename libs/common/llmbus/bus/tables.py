@@ -1,4 +1,5 @@
-"""Reading a topic up to its end as of now: as a table (every key's latest value) or as a log."""
+"""Reading a topic up to its end as of now: as a table (every key's latest value), as a log, or from a
+time on; and when a group's committed offsets were written."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from llmbus.bus.admin import open_admin
 from llmbus.bus.catch_up import assigned_ends, read_to_end
 from llmbus.bus.codec import BadMessage, decode
 from llmbus.bus.security import kafka_auth
@@ -74,3 +76,72 @@ async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: fl
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
     return records
+
+
+async def read_since(settings: BusSettings, topic: str, model: type[M], since_ms: int, timeout_s: float) -> list[M]:
+    """Every message of `topic` whose record was written at or after `since_ms`, up to the end offsets
+    as of now (undecodable records skipped). Raises NotReadToEnd (a TimeoutError) if not read to the end in time."""
+    consumer = _assigned_reader(settings)
+    out: list[M] = []
+    try:
+        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+        tps = await _partitions(settings, topic)
+        consumer.assign(tps)
+        ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
+        starts = await asyncio.wait_for(consumer.offsets_for_times(dict.fromkeys(tps, since_ms)), timeout_s)
+        for tp in tps:
+            found = starts.get(tp)
+            consumer.seek(tp, found.offset if found is not None else ends[tp])
+        async for record in read_to_end(consumer, ends, timeout_s, call_timeout_s=settings.admin_timeout_s):
+            if record.value is not None:
+                try:
+                    out.append(decode(record, model))
+                except BadMessage:
+                    continue
+    finally:
+        await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
+    return out
+
+
+async def resume_time_ms(settings: BusSettings, group: str, topic: str, timeout_s: float) -> int | None:
+    """When the oldest record `group` will read again from `topic` was written: the earliest record
+    timestamp at its committed offsets, or at the log's start on a partition it never committed
+    (it reads those from the earliest). None: nothing is left to read again."""
+    async with open_admin(settings) as admin:
+        committed = await asyncio.wait_for(admin.list_consumer_group_offsets(group), settings.admin_timeout_s)
+    tps = await _partitions(settings, topic)
+    consumer = _assigned_reader(settings)
+    times: list[int] = []
+    try:
+        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
+        consumer.assign(tps)
+        starts = await asyncio.wait_for(consumer.beginning_offsets(tps), settings.admin_timeout_s)
+        ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
+        for tp in tps:
+            meta = committed.get(tp)
+            offset = max(meta.offset, starts[tp]) if meta is not None and meta.offset >= 0 else starts[tp]
+            if offset < ends[tp]:
+                consumer.seek(tp, offset)
+                fetch = consumer.getmany(tp, timeout_ms=int(timeout_s * 1000), max_records=1)
+                got = await asyncio.wait_for(fetch, timeout_s + 1)
+                times += [record.timestamp for record in got.get(tp, [])[:1]]
+    finally:
+        await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
+    return min(times) if times else None
+
+
+def _assigned_reader(settings: BusSettings) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        request_timeout_ms=settings.request_timeout_ms,
+        **kafka_auth(settings),
+    )
+
+
+async def _partitions(settings: BusSettings, topic: str) -> list[TopicPartition]:
+    """Every partition of `topic`, from the broker (a group-less consumer knows none yet)."""
+    async with open_admin(settings) as admin:
+        described = await asyncio.wait_for(admin.describe_topics([topic]), settings.admin_timeout_s)
+    return sorted(TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"])

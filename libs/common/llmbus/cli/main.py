@@ -12,6 +12,7 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_table
 from llmbus.cli import acl, keys, scaling, stack, trace
 from llmbus.cli import costs as cost_commands
+from llmbus.cli.archive import archive_app
 from llmbus.cli.audit import audit_command
 from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app, models_app
@@ -36,6 +37,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(experiments_app, name="experiments")
 app.add_typer(router_app, name="router")
 app.add_typer(export_app, name="export")
+app.add_typer(archive_app, name="archive")
 app.add_typer(keys.app, name="keys")
 app.add_typer(acl.app, name="acl")
 app.command()(trace.trace)

@@ -44,6 +44,14 @@ COST = Contract(
         Reads("pricebook", (t.PRICEBOOK,), m.PriceBookUpdate, group=None),
         Reads("scaling", (t.SCALING,), m.ScaleDecision, group="scaling"),
         Reads("results", (t.RESULTS,), m.InferenceResult, group="results", batch_max_records=2000, raw=True),
+        Reads(
+            "billed",
+            (t.COSTS,),
+            m.CostRecord,
+            group=None,
+            at_start=True,
+            notes="after a Redis loss: what was billed",
+        ),
     ),
     writes=(Writes(t.COSTS, m.CostRecord), Writes(t.BUDGETS, m.BudgetStatus), DLQ),
 )

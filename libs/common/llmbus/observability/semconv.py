@@ -11,6 +11,8 @@ GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
 GEN_AI_SERVER_TTFT = "gen_ai.server.time_to_first_token"
 
 MESSAGING_SYSTEM = "messaging.system"

@@ -24,6 +24,8 @@ def bus_env(settings: BusSettings) -> dict[str, str]:
         # Topics a service creates (its dispatch or reply topic) get the caller's replication.
         "LLMBUS_REPLICATION_FACTOR": str(settings.replication_factor),
         "LLMBUS_MIN_INSYNC_REPLICAS": str(settings.min_insync_replicas),
+        # A scenario that lengthens group sessions (a replicated broker's failover) lengthens its children's.
+        "LLMBUS_SESSION_TIMEOUT_MS": str(settings.session_timeout_ms),
         "LLMBUS_LOG_JSON": "false",
     }
 

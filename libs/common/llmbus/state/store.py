@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import redis.asyncio as redis
 from pydantic import SecretStr
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from llmbus.settings import BusSettings
 from llmbus.state.fencing import RequestFence
+
+
+def reconnect_retry() -> Retry:
+    """A command that failed on a broken connection is sent again on a new one, 3 times at most,
+    10-500 ms apart (jittered), so a restarted Redis is reconnected to without a failed request."""
+    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.5), retries=3, supported_errors=(RedisConnectionError,))
 
 
 def redis_client(
@@ -32,13 +41,16 @@ def redis_client(
         return client  # type: ignore[return-value]  # the same command API as redis.Redis
     # Bounded like every other network call: a dead Redis fails fast instead of hanging. The
     # blocking pool makes a burst of concurrent handlers wait for a connection (up to 5 s)
-    # instead of failing with "Too many connections".
+    # instead of failing with "Too many connections". A pool built here carries no retry (redis-py's
+    # own client retries by default; a pool it is given keeps the pool's): after a Redis restart,
+    # every pooled connection would fail its next command once ("Connection closed by server").
     pool = redis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=5,
         socket_timeout=5,
         socket_connect_timeout=5,
+        retry=reconnect_retry(),
         **auth,
     )
     return redis.Redis(connection_pool=pool, decode_responses=False)

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from llmbus.contract.messages.base import Message, Part, new_request_id, now_ms
 from llmbus.contract.messages.errors import ErrorInfo
+from llmbus.contract.messages.genai import WithGenAi, gen_ai_object
 from llmbus.contract.request_key import RequestKey, request_key
 
 DEFAULT_REPLY_TOPIC = "llm.tokens"
@@ -310,7 +311,7 @@ class ResultStatus(StrEnum):
     ERROR = "error"
 
 
-class InferenceResult(Message):
+class InferenceResult(WithGenAi):
     """Exactly one per request id on llm.results (key: request id)."""
 
     request_id: str
@@ -353,3 +354,13 @@ class InferenceResult(Message):
     @property
     def request_key(self) -> RequestKey:
         return request_key(self.tenant, self.request_id)
+
+    def gen_ai_attributes(self) -> dict[str, Any]:
+        return gen_ai_object(
+            model=self.model,
+            input_tokens=self.usage.prompt_tokens,
+            output_tokens=self.usage.completion_tokens,
+            cached_input_tokens=self.usage.cached_prompt_tokens,
+            finish_reason=self.finish_reason.value if self.finish_reason else None,
+            session_id=self.session_id,
+        )

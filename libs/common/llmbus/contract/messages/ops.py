@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from llmbus.contract.messages.base import Message, Part, now_ms
 from llmbus.contract.messages.experiments import ExperimentState, Guardrails, PairSide, RampPlan
+from llmbus.contract.messages.genai import WithGenAi, gen_ai_object
 
 
 class Variant(Part):
@@ -55,8 +56,8 @@ class Feedback(Message):
 class Comparison(Message):
     """On llm.comparisons (key: experiment id): one per joined primary/shadow pair.
 
-    `comparison_id` (primary request id + experiment id) is the same on a redelivery, so a
-    reader dedupes on it.
+    `comparison_id` (`<tenant>:<primary request id>:<experiment id>`: the primary's request key and
+    the experiment) is the same on a redelivery, so a reader dedupes on it.
     """
 
     comparison_id: str
@@ -102,7 +103,11 @@ class BookedTo(StrEnum):
     PLATFORM = "platform"  # idle and wasted cold-start GPU time
 
 
-class CostRecord(Message):
+# Costs of a worker's time, not of a request: no model answered, no tokens were used.
+WORKER_TIME_KINDS = frozenset({CostKind.IDLE, CostKind.COLD_START_WASTE})
+
+
+class CostRecord(WithGenAi):
     """On llm.costs (key: record id): one per result on llm.results, plus one per closed idle interval.
 
     Money is exact in `*_micro_usd` (integer micro-dollars, rounding half to even once per
@@ -156,6 +161,22 @@ class CostRecord(Message):
     trimmed_prompt_tokens: int = 0
     gpu_busy_ms: float = 0.0
     booked_at_ms: int = Field(default_factory=now_ms, description="When the cost happened (result or interval).")
+
+    @property
+    def prices_a_result(self) -> bool:
+        """The record prices one result (one per request); idle and wasted worker time price none."""
+        return self.kind not in WORKER_TIME_KINDS
+
+    def gen_ai_attributes(self) -> dict[str, Any] | None:
+        if not self.prices_a_result:
+            return None
+        return gen_ai_object(
+            model=self.model,
+            input_tokens=self.prompt_tokens,
+            output_tokens=self.completion_tokens,
+            cached_input_tokens=self.cached_prompt_tokens,
+            session_id=self.session_id,
+        )
 
 
 class BudgetState(StrEnum):

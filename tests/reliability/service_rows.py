@@ -1,0 +1,44 @@
+"""The report's rows per scenario and service: which check judged the service, its verdict, and what
+its log says it went through (group memberships lost, commits left for later, acks waited for)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# What a service's log says when it rides out a broker fault, counted per service (aiokafka's and
+# llmbus.bus's own warnings; each line counts once).
+SIGNALS = {
+    "memberships_lost": "local member_id was not recognized",
+    "commits_left": "commit failed for",
+    "acks_waited": "no ack yet from Kafka",
+    "sends_retried": "sending it again",
+    "producers_renewed": "starting a new producer",
+}
+# The services whose effect an effect checker judges (tests.reliability.effects); every other service
+# is judged by the delivery audit of the request path.
+JUDGED_BY = {"cost": "Billing", "comparator": "Comparing", "autoscaler": "Scaling"}
+DELIVERY = "delivery audit"
+
+
+def signals_in(log_text: str) -> dict[str, int]:
+    lines = log_text.splitlines()
+    return {name: sum(1 for line in lines if marker in line) for name, marker in SIGNALS.items()}
+
+
+def judge_of(service: str) -> str:
+    return next((effect for prefix, effect in JUDGED_BY.items() if service.startswith(prefix)), DELIVERY)
+
+
+def service_rows(
+    logs: dict[str, Path], crashes: list[str], delivery_passed: bool, effects_passed: dict[str, bool]
+) -> list[dict[str, object]]:
+    """One row per service: `logs` service → its log file, `crashes` the supervisor's notes
+    ("<name> exited with …"), `effects_passed` effect class name → its check passed."""
+    rows: list[dict[str, object]] = []
+    for service, path in logs.items():
+        judge = judge_of(service)
+        passed = delivery_passed if judge == DELIVERY else effects_passed.get(judge, delivery_passed)
+        text = path.read_text(errors="replace") if path.exists() else ""
+        exits = sum(1 for c in crashes if c.startswith(f"{service} exited"))
+        rows.append({"service": service, "judged_by": judge, "passed": passed, "exits": exits, **signals_in(text)})
+    return rows
