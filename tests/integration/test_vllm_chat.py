@@ -152,19 +152,8 @@ async def test_required_makes_the_model_write_a_call_in_its_own_format(
 
 
 async def test_auto_answers_free_text_as_text(vllm_chatml_engine: VllmEngine) -> None:
-    """ "auto" constrains nothing: the random model writes no <tool_call>, so its text is the answer."""
+    """tool_choice "auto" constrains nothing: the random model writes no <tool_call>, so its text is the answer."""
     outs = await _run(vllm_chatml_engine, _tool_request("chat-auto", "auto", 8))
     text = "".join(o.delta for o in outs)
     assert text and "<tool_call>" not in text
     assert not any(o.tool_calls for o in outs) and outs[-1].finish_reason == "length"
-
-
-async def test_required_without_a_parser_answers_a_json_array_of_calls(vllm_engine: VllmEngine) -> None:
-    """The Llama engine has no tool-call parser: "required" is vLLM's JSON path (an array of
-    {"name", "parameters"} under structured outputs), streamed as calls."""
-    assert vllm_engine.config.tool_call_parser is None
-    outs = await _run(vllm_engine, _tool_request("chat-required-json", "required", 160))
-    assert "".join(o.delta for o in outs) == ""
-    calls = assemble_tool_calls([d for o in outs for d in o.tool_calls or []])
-    assert calls and {c.function.name for c in calls} == {"lookup_offset"}
-    assert all(c.function.arguments.lstrip().startswith("{") for c in calls)
