@@ -69,8 +69,13 @@ def _chat_request(model: str, tools: list[dict[str, Any]], tool_choice: str | No
     The messages are not needed here (the chat is rendered elsewhere) but the model requires one."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    return ChatCompletionRequest(
-        model=model, messages=[{"role": "user", "content": ""}], tools=tools, tool_choice=tool_choice or "auto"
+    return ChatCompletionRequest.model_validate(
+        {
+            "model": model,
+            "messages": [{"role": "user", "content": ""}],
+            "tools": tools,
+            "tool_choice": tool_choice or "auto",
+        }
     )
 
 
