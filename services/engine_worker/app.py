@@ -24,6 +24,7 @@ from services.engine_worker.adapters.lifecycle import Lifecycle
 from services.engine_worker.adapters.node.metrics import register_node_metrics
 from services.engine_worker.adapters.node.publish import profile_and_publish
 from services.engine_worker.config import WorkerSettings
+from services.engine_worker.core.engine import Engine
 from services.engine_worker.core.node_plan import plan_for
 from services.engine_worker.core.status import cold_start_phases
 from services.engine_worker.handlers import RunSite, WorkerHandlers
@@ -35,8 +36,16 @@ PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready
 PROCESS_STARTED_MS = now_ms()
 
 
-async def main(settings: BusSettings, stop: asyncio.Event) -> None:
-    ws = WorkerSettings()
+async def main(
+    settings: BusSettings,
+    stop: asyncio.Event,
+    engine: Engine | None = None,
+    worker_settings: WorkerSettings | None = None,
+) -> None:
+    """Serve until `stop`. `engine`: one already built (and maybe started) by the caller, used instead of
+    the one the settings describe and left running at the end (its owner stops it): an embedding process
+    or a test that shares one vLLM engine between several workers' lifetimes."""
+    ws = worker_settings or WorkerSettings()
     bus = await Bus.start(settings, t.WORKER, client_suffix=f"-{ws.worker_id}")
     topics = bus.topics
     dispatch_topic = topics.dispatch(ws.worker_id)
@@ -47,7 +56,8 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
     log.info("node %s (%s): %s", profile.node_id, profile.kind, plan.reason)
 
     redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
-    engine = build_engine(plan.settings)
+    owns_engine = engine is None
+    engine = engine or build_engine(plan.settings)
     handlers = WorkerHandlers(bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
     handlers.site = RunSite(
         node_id=profile.node_id,
@@ -128,8 +138,9 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
             task.cancel()
         for consumer in (dispatches, controls):
             await stop_consumer(consumer, settings.stop_timeout_s)
-        with contextlib.suppress(Exception):
-            await engine.stop()
+        if owns_engine:
+            with contextlib.suppress(Exception):
+                await engine.stop()
         with contextlib.suppress(Exception):
             await redis.aclose()
         await bus.stop()

@@ -57,6 +57,7 @@ class WorkerSettings(BaseSettings):
     vllm_max_num_batched_tokens: int | None = Field(default=None, ge=1)
     vllm_kv_offloading_gib: float | None = Field(default=None, gt=0.0)  # host-memory KV tier; None: none
     vllm_otlp_traces_endpoint: str | None = None  # vLLM's own spans join the request's trace there
+    vllm_tool_call_parser: str | None = None  # vLLM's --tool-call-parser ("hermes" for Qwen2.5): auto/required calls
     vllm_warmup_iterations: int = Field(default=5, ge=0)
     vllm_warmup_prompt_tokens: int = Field(default=1024, ge=1)
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -19,6 +17,7 @@ from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest
 from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
+from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, template_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -28,28 +27,6 @@ CHAT = [
     ChatMessage(role="assistant", content="the broker with the partition offset."),
     ChatMessage(role="user", content="and the consumer?"),
 ]
-
-
-def _template_ids(engine: VllmEngine, messages: list[ChatMessage]) -> list[int]:
-    tokenizer = AutoTokenizer.from_pretrained(engine.config.model_path)  # the files, not vLLM's wrapper
-    conversation = [m.model_dump(exclude_none=True) for m in messages]
-    return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False))
-
-
-class _PromptSpy:
-    """Wraps AsyncLLM.generate and keeps the prompt token ids vLLM reports for each request."""
-
-    def __init__(self, engine: VllmEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.prompt_ids: dict[str, list[int]] = {}
-        llm = engine._llm
-        real = llm.generate
-
-        async def generate(prompt: Any, params: Any, request_id: str, **kw: Any) -> AsyncIterator[Any]:
-            async for out in real(prompt, params, request_id, **kw):
-                self.prompt_ids[request_id] = list(out.prompt_token_ids)
-                yield out
-
-        monkeypatch.setattr(llm, "generate", generate)
 
 
 async def _run(engine: VllmEngine, request: EngineRequest) -> list[EngineOutput]:
@@ -64,10 +41,10 @@ def _chat_request(request_id: str, messages: list[ChatMessage], max_tokens: int 
 async def test_llama3_chat_with_a_system_prompt_reaches_vllm_as_the_template_tokens(
     vllm_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spy = _PromptSpy(vllm_engine, monkeypatch)
+    spy = PromptSpy(vllm_engine, monkeypatch)
     outs = await _run(vllm_engine, _chat_request("chat-llama3", CHAT))
 
-    expected = _template_ids(vllm_engine, CHAT)
+    expected = template_ids(vllm_engine, CHAT)
     tokenizer = AutoTokenizer.from_pretrained(vllm_engine.config.model_path)
     assert str(tokenizer.decode(expected)).startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
     assert spy.prompt_ids["chat-llama3"] == expected
@@ -83,10 +60,10 @@ async def test_chatml_chat_with_tool_turns_reaches_vllm_as_the_template_tokens(
         ChatMessage(role="tool", content='{"offset": 42}'),
         ChatMessage(role="user", content="so?"),
     ]
-    spy = _PromptSpy(vllm_chatml_engine, monkeypatch)
+    spy = PromptSpy(vllm_chatml_engine, monkeypatch)
     outs = await _run(vllm_chatml_engine, _chat_request("chat-chatml", messages))
 
-    expected = _template_ids(vllm_chatml_engine, messages)
+    expected = template_ids(vllm_chatml_engine, messages)
     text = str(AutoTokenizer.from_pretrained(vllm_chatml_engine.config.model_path).decode(expected))
     assert text.startswith("<|im_start|>system\nYou answer in one word")  # the client's system prompt, not Qwen's
     assert '<|im_start|>user\n<tool_response>\n{"offset": 42}\n</tool_response><|im_end|>' in text
@@ -96,7 +73,7 @@ async def test_chatml_chat_with_tool_turns_reaches_vllm_as_the_template_tokens(
 
 
 async def test_a_prompt_request_is_tokenized_raw(vllm_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    spy = _PromptSpy(vllm_engine, monkeypatch)
+    spy = PromptSpy(vllm_engine, monkeypatch)
     prompt = "<|user|>\nthe kafka broker"  # looks like a chat, is a completion prompt: no template
     await _run(vllm_engine, EngineRequest("raw-1", prompt, max_tokens=2, temperature=0.0))
 
@@ -111,31 +88,20 @@ async def test_a_chat_too_long_for_the_model_is_refused_before_vllm(vllm_engine:
     assert refused.value.code in (ErrorCode.OVER_CAPACITY, ErrorCode.PROMPT_TOO_LONG)  # not a vLLM error
 
 
-# Small: Qwen's tool preamble alone is ~450 tokens of this tiny tokenizer, the engine's window 512.
-LOOKUP_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup_offset",
-        "parameters": {"type": "object", "properties": {"partition": {"type": "integer"}}},
-    },
-}
 ASK = [ChatMessage(role="user", content="so?")]
 
 
 async def test_tools_reach_the_chat_template_and_a_named_tool_choice_answers_that_call(
     vllm_chatml_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spy = _PromptSpy(vllm_chatml_engine, monkeypatch)
+    spy = PromptSpy(vllm_chatml_engine, monkeypatch)
     chat = _chat_request("chat-tools", ASK, max_tokens=40)
     forced = {"type": "function", "function": {"name": "lookup_offset"}}
     request = dataclasses.replace(chat, tools=[LOOKUP_TOOL], tool_choice=forced)
     outs = await _run(vllm_chatml_engine, request)
 
     tokenizer = AutoTokenizer.from_pretrained(vllm_chatml_engine.config.model_path)
-    conversation = [m.model_dump(exclude_none=True) for m in ASK]
-    expected = list(
-        tokenizer.apply_chat_template(conversation, tools=[LOOKUP_TOOL], add_generation_prompt=True, return_dict=False)
-    )
+    expected = template_ids(vllm_chatml_engine, ASK, tools=[LOOKUP_TOOL])
     assert "lookup_offset" in str(tokenizer.decode(expected))  # Qwen's template lists the tools
     assert spy.prompt_ids["chat-tools"] == expected
     assert all(o.delta == "" for o in outs)  # the answer is the call, not text
@@ -161,3 +127,33 @@ async def test_a_tool_choice_naming_no_given_tool_is_refused(vllm_chatml_engine:
     )
     with pytest.raises(RequestRejected, match="drop_topic"):
         await _run(vllm_chatml_engine, request)
+
+
+def _tool_request(request_id: str, tool_choice: str, max_tokens: int, tools: list | None = None) -> EngineRequest:
+    chat = _chat_request(request_id, ASK, max_tokens=max_tokens)
+    return dataclasses.replace(chat, tools=tools or [LOOKUP_TOOL], tool_choice=tool_choice)
+
+
+async def test_required_makes_the_model_write_a_call_in_its_own_format(
+    vllm_chatml_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Qwen's engine has vLLM's hermes parser: "required" is a structural tag (at least one
+    <tool_call>{"name": ..., "arguments": ...}</tool_call>), parsed back into calls by the parser."""
+    spy = PromptSpy(vllm_chatml_engine, monkeypatch)
+    prompt_tokens = len(template_ids(vllm_chatml_engine, ASK, tools=[LOOKUP_TOOL]))
+    window = vllm_chatml_engine.max_model_len - prompt_tokens  # all the tiny engine leaves after the tools
+    outs = await _run(vllm_chatml_engine, _tool_request("chat-required", "required", window))
+
+    assert len(spy.prompt_ids["chat-required"]) == prompt_tokens
+    assert "".join(o.delta for o in outs) == ""  # the answer is calls, no text
+    calls = assemble_tool_calls([d for o in outs for d in o.tool_calls or []])
+    assert calls and {c.function.name for c in calls} == {"lookup_offset"}
+    assert outs[-1].finish_reason in ("tool_calls", "length")  # random weights may not close the arguments
+
+
+async def test_auto_answers_free_text_as_text(vllm_chatml_engine: VllmEngine) -> None:
+    """tool_choice "auto" constrains nothing: the random model writes no <tool_call>, so its text is the answer."""
+    outs = await _run(vllm_chatml_engine, _tool_request("chat-auto", "auto", 8))
+    text = "".join(o.delta for o in outs)
+    assert text and "<tool_call>" not in text
+    assert not any(o.tool_calls for o in outs) and outs[-1].finish_reason == "length"

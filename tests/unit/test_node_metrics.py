@@ -43,3 +43,14 @@ def test_gauges_use_dcgm_names_units_and_labels(tmp_path: Path) -> None:
 
     latest[0] = profile.model_copy(update={"gpus": []})  # re-profiled: read at scrape time
     assert registry.get_sample_value("DCGM_FI_DEV_FB_FREE", labels0) is None
+
+
+def test_a_worker_started_again_in_the_same_process_reports_its_own_profile(tmp_path: Path) -> None:
+    first = profile_node("n1", nvml=make_fake_nvml([FakeGpu(free_bytes=10 * 1024**3)]), proc_dir=tmp_path)
+    second = profile_node("n1", nvml=make_fake_nvml([FakeGpu(free_bytes=20 * 1024**3)]), proc_dir=tmp_path)
+    registry = CollectorRegistry()
+    register_node_metrics(registry, lambda: first)
+    register_node_metrics(registry, lambda: second)  # the same names: no DuplicateTimeseries
+    gpu = second.gpus[0]
+    labels = {"gpu": "0", "UUID": gpu.uuid, "modelName": gpu.name, "Hostname": second.hostname}
+    assert registry.get_sample_value("DCGM_FI_DEV_FB_FREE", labels) == 20480.0

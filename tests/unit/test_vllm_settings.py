@@ -27,6 +27,7 @@ FLEET_ENV = {
     "LLMBUS_WORKER_VLLM_OTLP_TRACES_ENDPOINT": "http://otel-collector:4317",
     "LLMBUS_WORKER_VLLM_WARMUP_ITERATIONS": "3",
     "LLMBUS_WORKER_VLLM_WARMUP_PROMPT_TOKENS": "2048",
+    "LLMBUS_WORKER_VLLM_TOOL_CALL_PARSER": "hermes",
 }
 
 
@@ -51,6 +52,7 @@ def test_every_fleet_setting_reaches_vllms_engine_args(monkeypatch: pytest.Monke
     assert args.gpu_memory_utilization == 0.9
     assert args.otlp_traces_endpoint == "http://otel-collector:4317"
     assert (engine.config.warmup_iterations, engine.config.warmup_prompt_tokens) == (3, 2048)
+    assert engine.config.tool_call_parser == "hermes"
 
 
 def test_defaults_warm_up_5_x_1024_with_a_pool_of_080_and_eager_only_on_the_cpu_build(

@@ -2,9 +2,10 @@
 request its engine cannot answer as asked) and the gateway (which answers 400 before the bus).
 
 - `response_format` (JSON mode, JSON schema): vLLM's structured outputs, hosted APIs.
-- `tools`: hosted APIs; vLLM, where the tools reach the model's chat template and a named
-  `tool_choice` is answered as that call (arguments under structured outputs); with `auto` vLLM
-  answers text (no tool-call parser runs in the worker).
+- `tools`: hosted APIs; vLLM, where the tools reach the model's chat template, a named
+  `tool_choice` is answered as that call (arguments under structured outputs), and `auto` /
+  `required` go through vLLM's tool-call parser when the worker has one (without one, `required`
+  is a JSON array of calls and `auto` is text).
 - `suffix` (fill-in-the-middle): completion APIs upstream; the sim, which only counts it as prompt.
 
 The sim refuses `response_format` and `tools`: its text is synthetic, and JSON that merely looks

@@ -46,6 +46,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 max_num_batched_tokens=settings.vllm_max_num_batched_tokens,
                 kv_offloading_gib=settings.vllm_kv_offloading_gib,
                 otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,
+                tool_call_parser=settings.vllm_tool_call_parser,
                 warmup_iterations=settings.vllm_warmup_iterations,
                 warmup_prompt_tokens=settings.vllm_warmup_prompt_tokens,
             )

@@ -26,6 +26,10 @@ from services.engine_worker.adapters.engines import vllm_inputs
 from services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
 from services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
 from services.engine_worker.core.engine import (
+from pydantic import ValidationError
+
+from services.engine_worker.adapters.engines import vllm_inputs, vllm_tools
+from services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
@@ -65,6 +69,9 @@ class VllmConfig:
     seed: int = 0
     ignore_eos: bool = False  # benchmarks want fixed-length outputs, like `vllm bench --ignore-eos`
     otlp_traces_endpoint: str | None = None  # without it vLLM drops the trace headers
+    # vLLM's --tool-call-parser (e.g. "hermes" for Qwen2.5): tool_choice "auto" parses calls out of the
+    # model's text, "required" makes it write one in its own format. None: "auto" answers text.
+    tool_call_parser: str | None = None
     warmup_iterations: int = 5  # before ready: this many dummy prompts, one after the other ...
     warmup_prompt_tokens: int = 1024  # ... of this many tokens (capped to max_model_len)
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
@@ -158,6 +165,11 @@ class VllmEngine:
         if self._llm is not None:
             return
         started = time.monotonic()
+        if self.config.tool_call_parser is not None:
+            try:
+                vllm_tools.check_parser(self.config.tool_call_parser)  # a wrong name fails here, not per request
+            except KeyError as exc:
+                raise EngineDead(f"unknown vLLM tool-call parser: {exc}") from exc
         if self.config.kv_cache_memory_bytes is not None:
             # The CPU build's legacy variable would override an explicit size (vllm/platforms/cpu.py).
             os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -279,10 +291,13 @@ class VllmEngine:
         if self._blocks_total and needed > free:
             raise AdmissionError(f"needs {needed} KV blocks, {free} free of {self._blocks_total}")
 
-    def _sampling_params(self, request: EngineRequest, forced_tool: dict[str, Any] | None) -> Any:
+    def _sampling_params(
+        self, request: EngineRequest, forced_tool: dict[str, Any] | None, calls: vllm_tools.ToolCallStream | None
+    ) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        constraint = calls.structured_outputs if calls is not None else None
         return SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -291,7 +306,8 @@ class VllmEngine:
             stop=list(request.stop) or None,
             ignore_eos=self.config.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
-            structured_outputs=structured_outputs(request.response_format, forced_tool),
+            structured_outputs=constraint or structured_outputs(request.response_format, forced_tool),
+            skip_special_tokens=calls.skip_special_tokens if calls is not None else True,
         )
 
     async def _admitted_input(self, llm: Any, request: EngineRequest) -> Any:
@@ -318,14 +334,16 @@ class VllmEngine:
             forced_tool = named_tool(request.tools, request.tool_choice)
         except ValueError as exc:
             raise RequestRejected(str(exc)) from exc
+        calls = None if forced_tool else self._tool_call_stream(request)
         engine_input = await self._admitted_input(llm, request)
         prompt_ids = engine_input["prompt_token_ids"]
         completion_tokens = 0
+        called = False
         self._active.add(request.request_id)
         try:
             async for out in llm.generate(
                 engine_input,
-                self._sampling_params(request, forced_tool),
+                self._sampling_params(request, forced_tool, calls),
                 request.request_id,
                 trace_headers=request.trace_headers or None,
                 priority=request.priority if self.config.scheduling_policy == "priority" else 0,
@@ -338,15 +356,21 @@ class VllmEngine:
                 new_tokens = len(comp.token_ids)
                 first = completion_tokens == 0
                 completion_tokens += new_tokens
+                if calls is not None:
+                    delta, tool_calls = calls.feed(comp.text, comp.token_ids, prompt_ids, out.finished)
+                else:
+                    delta = "" if forced_tool else comp.text
+                    tool_calls = vllm_tools.forced_call_delta(request.request_id, forced_tool, comp.text, first)
+                called = called or (calls is not None and bool(tool_calls))
                 yield EngineOutput(
-                    delta="" if forced_tool else comp.text,
-                    tool_calls=forced_call_delta(request.request_id, forced_tool, comp.text, first),
+                    delta=delta,
+                    tool_calls=tool_calls,
                     new_tokens=new_tokens,
                     prompt_tokens=len(prompt_ids),
                     completion_tokens=completion_tokens,
                     cached_prompt_tokens=out.num_cached_tokens or 0,
                     finished=out.finished,
-                    finish_reason=comp.finish_reason if out.finished else None,
+                    finish_reason=vllm_tools.finish_reason(comp.finish_reason, called) if out.finished else None,
                     # vLLM counts this request's PREEMPTED events (RequestStateStats, with stats on).
                     preemptions=getattr(out.metrics, "num_preemptions", 0),
                 )
@@ -362,6 +386,14 @@ class VllmEngine:
         finally:
             self._active.discard(request.request_id)
             self._abort_requested.discard(request.request_id)
+
+    def _tool_call_stream(self, request: EngineRequest) -> vllm_tools.ToolCallStream | None:
+        try:
+            return vllm_tools.tool_call_stream(
+                self.config.tool_call_parser, self._tokenizer, self.model, request.tools, request.tool_choice
+            )
+        except ValidationError as exc:  # vLLM's request model refused the tools (a malformed definition)
+            raise RequestRejected(f"vLLM refused the tools: {exc}") from exc
 
     async def abort(self, request_id: str) -> None:
         # vLLM ends the request's stream with a final output whose finish_reason is "abort".
@@ -388,15 +420,3 @@ class VllmEngine:
             generation_tokens_total=s.generation_tokens,
             num_preemptions_total=s.preemptions,
         )
-
-
-def forced_call_delta(
-    request_id: str, forced_tool: dict[str, Any] | None, text: str, first: bool
-) -> list[ToolCallDelta] | None:
-    """A forced tool's call fragment: the generated text is its arguments (id, type, name first)."""
-    if forced_tool is None or not (text or first):
-        return None
-    function = FunctionCallDelta(name=forced_tool["name"] if first else None, arguments=text)
-    if first:
-        return [ToolCallDelta(index=0, id=f"call_{request_id[:24]}", type="function", function=function)]
-    return [ToolCallDelta(index=0, function=function)]

@@ -8,6 +8,7 @@ profile at scrape time (a custom collector), so re-profiling never re-registers 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
@@ -57,5 +58,15 @@ class NodeProfileCollector(Collector):
         yield host
 
 
+# One collector per registry: a worker started again in the same process (an embedding host, a test that
+# runs the worker in-process) points it at its own profile instead of registering the same names twice.
+_COLLECTORS: weakref.WeakKeyDictionary[CollectorRegistry, NodeProfileCollector] = weakref.WeakKeyDictionary()
+
+
 def register_node_metrics(registry: CollectorRegistry, latest_profile: Callable[[], NodeProfile | None]) -> None:
-    registry.register(NodeProfileCollector(latest_profile))
+    collector = _COLLECTORS.get(registry)
+    if collector is not None:
+        collector._latest = latest_profile
+        return
+    collector = _COLLECTORS[registry] = NodeProfileCollector(latest_profile)
+    registry.register(collector)
