@@ -15,7 +15,6 @@ from transformers import AutoTokenizer
 from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines import vllm_tools
 from services.engine_worker.adapters.engines.structured import named_tool
-from services.engine_worker.adapters.engines.vllm_engine import forced_call_delta
 from services.engine_worker.adapters.engines.vllm_tools import forced_call_delta, tool_call_stream
 from tests.fixtures.tiny_llama import build_tiny_llama
 

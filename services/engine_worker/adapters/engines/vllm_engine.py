@@ -21,14 +21,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmbus.contract.messages import FunctionCallDelta, ToolCallDelta
-from services.engine_worker.adapters.engines import vllm_inputs
-from services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
-from services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
-from services.engine_worker.core.engine import (
 from pydantic import ValidationError
 
 from services.engine_worker.adapters.engines import vllm_inputs, vllm_tools
+from services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
+from services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
 from services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
