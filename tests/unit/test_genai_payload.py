@@ -11,8 +11,8 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus.codec import decode
 from llmbus.bus.span_attrs import message_attributes
+from llmbus.contract import semconv as sc
 from llmbus.contract.messages import CostKind, CostRecord, FinishReason, InferenceResult, ResultStatus, Usage
-from llmbus.observability import semconv as sc
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 SEMCONV_NAMES = {value for name, value in vars(sc).items() if name.startswith("GEN_AI_")}

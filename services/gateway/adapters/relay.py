@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from llmbus.bus import BadMessage, Bus
 from llmbus.client import ReplyRouter, TopicTail
+from llmbus.contract import semconv as sc
 from llmbus.contract import topics as t
 from llmbus.contract.chunks import ChunkAssembler, unshown, unshown_tool_calls
 from llmbus.contract.messages import (
@@ -30,7 +31,6 @@ from llmbus.contract.messages import (
     TokenChunk,
     ToolCallDelta,
 )
-from llmbus.observability import semconv as sc
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
 from llmbus.bus.holds import Holds
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
-from llmbus.observability import semconv
+from llmbus.contract import semconv
 from llmbus.observability.metric_children import children_of
 from llmbus.observability.telemetry import request_id_var, tracing_off
 from llmbus.settings import BusSettings

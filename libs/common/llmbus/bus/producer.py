@@ -27,8 +27,8 @@ from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.partitioner import partition_for
 from llmbus.bus.security import kafka_auth
 from llmbus.bus.span_attrs import message_attributes
+from llmbus.contract import semconv
 from llmbus.contract.messages import Message
-from llmbus.observability import semconv
 from llmbus.observability.metric_children import children_of
 from llmbus.observability.telemetry import tracing_off
 from llmbus.settings import BusSettings

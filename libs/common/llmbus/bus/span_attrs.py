@@ -7,6 +7,7 @@ node, GPU, model version and preemptions on the result) without code in the hand
 
 from __future__ import annotations
 
+from llmbus.contract import semconv as sc
 from llmbus.contract.messages import (
     Control,
     Dispatch,
@@ -16,7 +17,6 @@ from llmbus.contract.messages import (
     Message,
     RoutedRequest,
 )
-from llmbus.observability import semconv as sc
 
 Attributes = dict[str, str | int | float | bool | list[str]]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import Field, SerializationInfo, SerializerFunctionWrapHandler, field_validator, model_serializer
 
+from llmbus.contract import semconv as sc
 from llmbus.contract.messages.base import Message, Part
-from llmbus.observability import semconv as sc
 
 GEN_AI = "gen_ai"
 
