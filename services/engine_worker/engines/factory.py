@@ -48,6 +48,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,
                 warmup_iterations=settings.vllm_warmup_iterations,
                 warmup_prompt_tokens=settings.vllm_warmup_prompt_tokens,
+                engine_core_start_method=settings.vllm_engine_core_start_method,
             )
         )
     from services.engine_worker.engines.openai_http import OpenAIHttpEngine
