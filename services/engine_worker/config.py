@@ -60,6 +60,7 @@ class WorkerSettings(BaseSettings):
     vllm_tool_call_parser: str | None = None  # vLLM's --tool-call-parser ("hermes" for Qwen2.5): auto/required calls
     vllm_warmup_iterations: int = Field(default=5, ge=0)
     vllm_warmup_prompt_tokens: int = Field(default=1024, ge=1)
+    vllm_engine_core_start_method: Literal["fork", "spawn"] | None = None  # None: vLLM's (spawn on the CPU build)
 
     # openai-http engine
     openai_base_url: str = "http://127.0.0.1:8000/v1"

@@ -42,6 +42,7 @@ from llmbus.contract.messages import (
 from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
 from tests.fixtures.tiny_llama import build_tiny_llama
+from tests.fixtures.vllm_engine import FAST_VLLM_ENV
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -109,9 +110,8 @@ async def worker() -> AsyncIterator[Harness]:
             "LLMBUS_WORKER_VLLM_WARMUP_ITERATIONS": "2",  # the plan's shape, small on 2 cores
             "LLMBUS_WORKER_VLLM_WARMUP_PROMPT_TOKENS": "256",
             "LLMBUS_WORKER_DRAIN_GRACE_S": "0.3",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_LOGGING_LEVEL": "WARNING",
-            "TOKENIZERS_PARALLELISM": "false",
+            "LLMBUS_WORKER_VLLM_ENGINE_CORE_START_METHOD": "fork",
+            **FAST_VLLM_ENV,
         },
     ).start()
     bus = await Bus.start(settings, "test")

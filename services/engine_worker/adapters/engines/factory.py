@@ -49,6 +49,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 tool_call_parser=settings.vllm_tool_call_parser,
                 warmup_iterations=settings.vllm_warmup_iterations,
                 warmup_prompt_tokens=settings.vllm_warmup_prompt_tokens,
+                engine_core_start_method=settings.vllm_engine_core_start_method,
             )
         )
     from services.engine_worker.adapters.engines.openai_http import OpenAIHttpEngine

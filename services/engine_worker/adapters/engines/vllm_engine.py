@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -71,6 +71,11 @@ class VllmConfig:
     tool_call_parser: str | None = None
     warmup_iterations: int = 5  # before ready: this many dummy prompts, one after the other ...
     warmup_prompt_tokens: int = 1024  # ... of this many tokens (capped to max_model_len)
+    # How the engine-core process starts. None: vLLM's choice (the CPU build forces "spawn", which
+    # imports torch and vLLM again in the child: ~20 CPU-seconds per start). "fork" reuses this
+    # process's imports; the test suite uses it with one OpenMP thread (libgomp is not fork-safe
+    # once it has a thread pool).
+    engine_core_start_method: Literal["fork", "spawn"] | None = None
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
 
@@ -184,6 +189,9 @@ class VllmEngine:
             # Two phases seen from here: the config (model files read, platform resolved), then the
             # engine core (weights loaded, KV cache profiled and allocated, CUDA graphs captured).
             vllm_config = await asyncio.to_thread(self._engine_args().create_engine_config)
+            if self.config.engine_core_start_method is not None:
+                # After the config: the CPU platform sets "spawn" while it checks the config.
+                os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = self.config.engine_core_start_method
             configured = time.monotonic()
             self._llm = await asyncio.to_thread(
                 AsyncLLM.from_vllm_config, vllm_config, stat_loggers=[stat_logger_factory(self._sink)]
