@@ -21,7 +21,8 @@ from typing import Any
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
 from services.cost_accounting.adapters.store import CostStore
-from services.cost_accounting.app import CostService, main
+from services.cost_accounting.adapters.publishing import CostPublisher
+from services.cost_accounting.app import main
 
 
 def stop_dead_after(cls: type, name: str, flag: Path) -> None:
@@ -42,7 +43,7 @@ if __name__ == "__main__":
     if where == "staged":
         stop_dead_after(CostStore, "stage", flag)
     elif where == "published":
-        stop_dead_after(CostService, "publish_records", flag)
+        stop_dead_after(CostPublisher, "publish_records", flag)
     else:
         stop_dead_after(CostStore, "bill", flag)
     run_service(t.COST, main)

@@ -15,6 +15,7 @@ import json
 import random
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -67,6 +68,7 @@ class HttpLoad:
     accepted: list[str] = field(default_factory=list)  # x-request-id of every 200
     restarted: bool = False  # set once the restarted gateway is ready
     accepted_after_restart: int = 0
+    sent: int = 0
     done: int = 0  # streams that ended with [DONE]
     error_events: int = 0  # streams that ended with an SSE error event
     broken: int = 0  # accepted, then the connection broke (the gateway died)
@@ -109,24 +111,34 @@ class HttpLoad:
     def _refuse(self, why: str) -> None:
         self.refused[why] = self.refused.get(why, 0) + 1
 
-    async def run(self, hooks: dict[int, object]) -> None:
+    async def run(
+        self, hooks: dict[int, object], until: Callable[[], bool] | None = None, more_within_s: float = 60.0
+    ) -> None:
+        """`requests` at `rate_per_s`, then, while `until()` is false, more at the same rate for up to
+        `more_within_s` (a scenario that needs the load to outlast a restart waits for it, not a window)."""
         rng = random.Random(self.seed)
         started = time.monotonic()
         tasks = []
         limits = httpx.Limits(max_connections=500, max_keepalive_connections=0)  # a new connection each
         async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=5), limits=limits) as http:
-            for i in range(self.requests):
+            i = 0
+            more_until = float("inf")
+            while i < self.requests or (until is not None and not until() and time.monotonic() < more_until):
+                if i == self.requests:
+                    more_until = time.monotonic() + more_within_s
                 if (hook := hooks.get(i)) is not None:
                     await hook(i)  # type: ignore[operator]
                 tasks.append(asyncio.create_task(self._one(http, i, rng)))
-                behind_s = (i + 1) / self.rate_per_s - (time.monotonic() - started)
+                i += 1
+                behind_s = i / self.rate_per_s - (time.monotonic() - started)
                 if behind_s > 0:
                     await asyncio.sleep(behind_s)
+            self.sent = i
             await asyncio.gather(*tasks)
 
     def summary(self) -> str:
         return (
-            f"HTTP clients: {self.requests} sent, {len(self.accepted)} accepted ({self.done} [DONE], "
+            f"HTTP clients: {self.sent} sent, {len(self.accepted)} accepted ({self.done} [DONE], "
             f"{self.error_events} error events, {self.broken} broken by the kill, {len(self.silent)} silent; "
             f"{self.accepted_after_restart} by the restarted gateway), "
             f"refused {self.refused or 'none'}"
