@@ -20,8 +20,8 @@ from typing import Any
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.adapters.publishing import CostPublisher
+from services.cost_accounting.adapters.store import CostStore
 from services.cost_accounting.app import main
 
 

@@ -110,9 +110,8 @@ async def worker() -> AsyncIterator[Harness]:
             "LLMBUS_WORKER_VLLM_WARMUP_ITERATIONS": "2",  # the plan's shape, small on 2 cores
             "LLMBUS_WORKER_VLLM_WARMUP_PROMPT_TOKENS": "256",
             "LLMBUS_WORKER_DRAIN_GRACE_S": "0.3",
-            # The worker as users run it: vLLM's own CPU start path (spawned engine core and
-            # executor); only the OpenMP threads are cut to one (two wait for each other on 2 cores).
-            **{name: value for name, value in FAST_VLLM_ENV.items() if name != "VLLM_ENABLE_V1_MULTIPROCESSING"},
+            "LLMBUS_WORKER_VLLM_ENGINE_CORE_START_METHOD": "fork",
+            **FAST_VLLM_ENV,
         },
     ).start()
     bus = await Bus.start(settings, "test")
