@@ -60,7 +60,12 @@ async def test_reads_every_record_below_the_ends_and_stops_there(topic: tuple[Bu
     consumer = group_less(settings, name)
     await asyncio.wait_for(consumer.start(), 30)
     try:
-        ends = await assigned_ends(consumer, 30)
+        # The coordinator writes the commit marker after the commit returns: until then the
+        # read_committed end (the last stable offset) stays below the transaction's record.
+        deadline = asyncio.get_running_loop().time() + 30
+        while sum((ends := await assigned_ends(consumer, 30)).values()) < 32:
+            assert asyncio.get_running_loop().time() < deadline, ends
+            await asyncio.sleep(0.1)
         assert sum(ends.values()) == 32  # 30 records, the transaction's record and its commit marker
         await produce(settings, name, [(p, b"after") for p in range(PARTITIONS)])
         seen = [(r.partition, r.value) async for r in read_to_end(consumer, ends, 60, call_timeout_s=30)]

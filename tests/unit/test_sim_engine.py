@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -102,13 +103,25 @@ async def test_admission_refuses_what_can_never_fit() -> None:
 async def test_speedup_paces_steps_in_wall_time() -> None:
     engine = SimEngine(SimConfig(speedup=1.0))
     await engine.start()
+    # Idle virtual time follows wall time (engine._sync_idle_clock): the steps are timed from the
+    # request's arrival, whatever a loaded machine delayed before it.
+    arrivals: list[float] = []
+    add = engine.core.add
+
+    def add_noting_arrival(request: Any, arrival_us: float | None = None) -> None:
+        add(request, arrival_us)
+        arrivals.append(engine.core.now_us)
+
+    engine.core.add = add_noting_arrival  # type: ignore[method-assign]
     t0 = time.perf_counter()
     outs = await collect(engine, EngineRequest("a", "y" * 2048, max_tokens=10))  # 512 prompt tokens
     elapsed_s = time.perf_counter() - t0
     # 14.6 ms prefill step + 9 decode steps of 5.76 ms ≈ 66 ms on the H100 profile.
     assert outs[-1].completion_tokens == 10
     assert 0.060 <= elapsed_s < 1.0
-    assert engine.core.now_us == pytest.approx(5752.705 + 17.2509 * 512 + 9 * (5752.705 + 5.9991), abs=1e3)
+    [arrived_us] = arrivals
+    busy_us = engine.core.now_us - arrived_us
+    assert busy_us == pytest.approx(5752.705 + 17.2509 * 512 + 9 * (5752.705 + 5.9991), abs=1e3)
 
 
 async def test_warmup_then_stop() -> None:
