@@ -6,8 +6,10 @@ import os
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.engine_worker.core.fim import parse_fim_template
 
 
 class WorkerSettings(BaseSettings):
@@ -58,6 +60,9 @@ class WorkerSettings(BaseSettings):
     vllm_kv_offloading_gib: float | None = Field(default=None, gt=0.0)  # host-memory KV tier; None: none
     vllm_otlp_traces_endpoint: str | None = None  # vLLM's own spans join the request's trace there
     vllm_tool_call_parser: str | None = None  # vLLM's --tool-call-parser ("hermes" for Qwen2.5): auto/required calls
+    # The model's fill-in-the-middle format (`suffix`): a known name (qwen2.5-coder, starcoder2, codellama,
+    # codestral) or a template with {prefix} and {suffix}; None: vLLM's renderer's, if the model has one
+    vllm_fim_format: str | None = None
     vllm_warmup_iterations: int = Field(default=5, ge=0)
     vllm_warmup_prompt_tokens: int = Field(default=1024, ge=1)
     vllm_engine_core_start_method: Literal["fork", "spawn"] | None = None  # None: vLLM's (spawn on the CPU build)
@@ -68,3 +73,10 @@ class WorkerSettings(BaseSettings):
     openai_model: str = ""
     # YAML of every upstream's settings (adapters/engines/OPENAI_HTTP.md); overrides the 3 above
     openai_upstreams_file: str = ""
+
+    @field_validator("vllm_fim_format")
+    @classmethod
+    def _known_fim_format(cls, setting: str | None) -> str | None:
+        if setting is not None:
+            parse_fim_template(setting)  # a wrong name or template fails at start, not per request
+        return setting

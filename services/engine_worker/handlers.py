@@ -50,6 +50,7 @@ from services.engine_worker.core.engine import (
     EngineOutput,
     EngineRequest,
     UpstreamBusy,
+    honoured_features,
 )
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,7 @@ class WorkerHandlers:
         routed = dispatch.routed
         request = routed.request
         prompt = request.prompt_text()
-        if missing := missing_features(self.engine.name, request.engine_features()):
+        if missing := missing_features(self.engine.name, request.engine_features(), honoured_features(self.engine)):
             # Final: this engine would answer something else than asked (free text for JSON, ...).
             refused = ErrorInfo.of(ErrorCode.INVALID_REQUEST, refusal(self.engine.name, routed.model, missing))
             await self._answer_failure(dispatch, refused)

@@ -120,10 +120,10 @@ def _check_engines_can(catalog: ModelCatalog, inference: InferenceRequest) -> No
     With `auto` the model is chosen later; the worker then refuses it the same way (a final
     invalid_request, a 400 here too)."""
     needed = inference.engine_features()
-    engines = catalog.engines_of(inference.model) if inference.model and needed else set()
-    if engines and all(missing_features(engine, needed) for engine in engines):
-        engine = sorted(engines)[0]
-        missing = missing_features(engine, needed)
+    serving = catalog.serving(inference.model) if inference.model and needed else []
+    lacking = [(w.engine, missing_features(w.engine, needed, w.engine_features)) for w in serving]
+    if lacking and all(missing for _, missing in lacking):
+        engine, missing = min(lacking)
         raise errors.invalid(refusal(engine, inference.model or "", missing), missing[0], "unsupported_parameter")
 
 

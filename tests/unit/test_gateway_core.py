@@ -210,4 +210,12 @@ def test_engine_features_decide_who_refuses() -> None:
         "a": WorkerStatus(worker_id="a", node_id="n", state=WorkerState.READY, engine="sim", models=["m"]),
         "b": WorkerStatus(worker_id="b", node_id="n", state=WorkerState.READY, engine="vllm", models=["m", "v"]),
     }
-    assert catalog.engines_of("m") == {"sim", "vllm"} and catalog.engines_of("v") == {"vllm"}
+    assert {w.engine for w in catalog.serving("m")} == {"sim", "vllm"}
+    assert [w.worker_id for w in catalog.serving("v")] == ["b"]
+
+
+def test_a_workers_advertised_features_override_its_engine_kinds() -> None:
+    # vLLM answers suffix only with a FIM format configured: its heartbeat says so.
+    assert missing_features("vllm", {"suffix"}, advertised=["response_format", "suffix", "tools"]) == []
+    assert missing_features("vllm", {"suffix"}, advertised=["response_format", "tools"]) == ["suffix"]
+    assert missing_features("sim", {"suffix"}, advertised=[]) == ["suffix"]

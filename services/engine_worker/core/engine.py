@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from llmbus.contract.engine_features import features_of
 from llmbus.contract.messages import RETRYABLE, ChatMessage, ErrorCode, ToolCallDelta
 
 
@@ -150,3 +151,10 @@ class Engine(Protocol):
     def stats(self) -> EngineStats: ...
 
     async def stop(self) -> None: ...
+
+
+def honoured_features(engine: Engine) -> frozenset[str]:
+    """What `engine` honours beyond text: its own `features` where its configuration decides (vLLM
+    with or without a FIM format), else its kind's (llmbus.contract.engine_features)."""
+    own = getattr(engine, "features", None)
+    return frozenset(own) if own is not None else features_of(engine.name)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from llmbus.contract.messages import WorkerState, WorkerStatus
 from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import Engine, EngineStats
+from services.engine_worker.core.engine import Engine, EngineStats, honoured_features
 
 
 @dataclass
@@ -67,6 +67,7 @@ def build_status(
         node_id=settings.node_id,
         state=state,
         engine=engine.name,
+        engine_features=sorted(honoured_features(engine)),
         models=[engine.model],
         model_version=settings.model_version,
         model_format=model_format,

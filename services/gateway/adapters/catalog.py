@@ -37,9 +37,9 @@ class ModelCatalog:
             w for w in self.workers.values() if w.state != WorkerState.STOPPED and at_ms - w.sent_at_ms <= self.stale_ms
         ]
 
-    def engines_of(self, model: str, at_ms: int | None = None) -> set[str]:
-        """The engines (vllm, sim, openai-http) of the live workers serving `model`."""
-        return {w.engine for w in self._live(now_ms() if at_ms is None else at_ms) if model in w.models}
+    def serving(self, model: str, at_ms: int | None = None) -> list[WorkerStatus]:
+        """The last heartbeats of the live workers serving `model`."""
+        return [w for w in self._live(now_ms() if at_ms is None else at_ms) if model in w.models]
 
     def listing(self, at_ms: int | None = None) -> list[dict[str, object]]:
         live = self._live(now_ms() if at_ms is None else at_ms)

@@ -34,6 +34,7 @@ class FleetView:
         view.state = status.state
         view.models = list(status.models)
         view.engine = status.engine
+        view.engine_features = status.engine_features
         view.model_format = status.model_format
         view.formats_supported = list(status.formats_supported)
         view.compute_capability = self._node_cc.get(status.node_id)

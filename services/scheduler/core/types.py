@@ -106,6 +106,7 @@ class WorkerView:
     state: WorkerState = WorkerState.READY
     models: list[str] = field(default_factory=list)
     engine: str = ""  # vllm | sim | openai-http: what it can honour (llmbus.contract.engine_features)
+    engine_features: list[str] | None = None  # what it advertised it honours; None: its engine kind's
     model_format: str | None = None
     formats_supported: list[str] = field(default_factory=list)
     compute_capability: str | None = None  # from the node's NodeProfile (first GPU)

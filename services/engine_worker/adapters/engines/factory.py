@@ -47,6 +47,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 kv_offloading_gib=settings.vllm_kv_offloading_gib,
                 otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,
                 tool_call_parser=settings.vllm_tool_call_parser,
+                fim_format=settings.vllm_fim_format,
                 warmup_iterations=settings.vllm_warmup_iterations,
                 warmup_prompt_tokens=settings.vllm_warmup_prompt_tokens,
                 engine_core_start_method=settings.vllm_engine_core_start_method,

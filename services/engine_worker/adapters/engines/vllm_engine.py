@@ -8,7 +8,9 @@ sim or openai-http engine runs.
 
 A chat is rendered the way vLLM's own chat entry points render it (`LLM.chat`, the OpenAI
 server): the model's chat template with the generation prompt, through vLLM's renderer;
-a plain `prompt` is tokenized raw (vllm_inputs.py).
+a plain `prompt` is tokenized raw (vllm_inputs.py). A prompt with a `suffix` (fill-in-the-middle) is
+rendered in the model's FIM format (core/fim.py): the worker's `fim_format`, else vLLM's own renderer's
+where it has one (DeepSeek V4); with neither the engine does not offer `suffix` and refuses it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import ValidationError
 from services.engine_worker.adapters.engines import vllm_inputs, vllm_tools
 from services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
 from services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
+from services.engine_worker.core import fim
 from services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
@@ -69,6 +72,9 @@ class VllmConfig:
     # vLLM's --tool-call-parser (e.g. "hermes" for Qwen2.5): tool_choice "auto" parses calls out of the
     # model's text, "required" makes it write one in its own format. None: "auto" answers text.
     tool_call_parser: str | None = None
+    # The model's fill-in-the-middle format: a name of core/fim.py's FIM_FORMATS ("qwen2.5-coder", ...)
+    # or a template with {prefix} and {suffix}. None: vLLM's renderer's, if the model's has one.
+    fim_format: str | None = None
     warmup_iterations: int = 5  # before ready: this many dummy prompts, one after the other ...
     warmup_prompt_tokens: int = 1024  # ... of this many tokens (capped to max_model_len)
     # How the engine-core process starts. None: vLLM's choice (the CPU build forces "spawn", which
@@ -121,6 +127,14 @@ class VllmEngine:
         self._active: set[str] = set()
         self._abort_requested: set[str] = set()
         self._dead: EngineError | None = None
+        self._fim: fim.FimTemplate | None = None
+        self._renderer_fim = False  # vLLM's renderer has the model's FIM format (DeepSeek V4)
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What this engine honours beyond text: `suffix` only where a FIM format is known."""
+        base = frozenset({"response_format", "tools"})
+        return base | {"suffix"} if self._fim is not None or self._renderer_fim else base
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -172,6 +186,10 @@ class VllmEngine:
                 vllm_tools.check_parser(self.config.tool_call_parser)  # a wrong name fails here, not per request
             except KeyError as exc:
                 raise EngineDead(f"unknown vLLM tool-call parser: {exc}") from exc
+        try:
+            template = None if self.config.fim_format is None else fim.parse_fim_template(self.config.fim_format)
+        except ValueError as exc:
+            raise EngineDead(str(exc)) from exc
         if self.config.kv_cache_memory_bytes is not None:
             # The CPU build's legacy variable would override an explicit size (vllm/platforms/cpu.py).
             os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -202,6 +220,11 @@ class VllmEngine:
             err = classify_error(exc)
             raise (err if isinstance(err, EngineOOM) else EngineDead(f"vLLM engine failed to start: {exc!r}")) from exc
         self._tokenizer = self._llm.get_tokenizer()
+        if template is not None and (unknown := fim.unknown_sentinels(template, self._tokenizer.get_vocab())):
+            await self.stop()  # the model would see the sentinels as plain text, not as FIM
+            raise EngineDead(f"FIM format {self.config.fim_format!r}: {unknown} are not tokens of {self.model!r}")
+        self._fim = template
+        self._renderer_fim = self._llm.renderer.render_completion_suffix("", "") is not None
         cache = self._llm.vllm_config.cache_config
         self._block_size = int(cache.block_size)
         self._blocks_total = int(cache.num_gpu_blocks or 0)
@@ -319,7 +342,8 @@ class VllmEngine:
         """The request's engine input (token ids), once its length is admitted."""
         if not request.messages:
             # Tokenized once here (admission needs the count) and handed over as token ids.
-            prompt_ids = self._encode(request.prompt)
+            text = request.prompt if request.suffix is None else self._fim_text(llm, request.prompt, request.suffix)
+            prompt_ids = self._encode(text)
             self.check_admission(len(prompt_ids), request.max_tokens)
             (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": prompt_ids}])
             return engine_input
@@ -332,6 +356,15 @@ class VllmEngine:
             raise err from exc
         self.check_admission(len(engine_input["prompt_token_ids"]), request.max_tokens)
         return engine_input
+
+    def _fim_text(self, llm: Any, prefix: str, suffix: str) -> str:
+        """The prompt in the model's FIM format; never the prefix alone (a silent plain completion)."""
+        if self._fim is not None:
+            return self._fim.render(prefix, suffix)
+        rendered = llm.renderer.render_completion_suffix(prefix, suffix)
+        if rendered is None:
+            raise RequestRejected(f"suffix: no fill-in-the-middle format is configured for {self.model!r}")
+        return str(rendered)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         llm = self._require_llm()

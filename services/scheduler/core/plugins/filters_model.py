@@ -82,5 +82,5 @@ class EngineSupportsFilter:
     def filter(self, state: CycleState, request: SchedRequest, workers: list[WorkerView]) -> list[WorkerView]:
         if not request.engine_features:
             return workers
-        able = [w for w in workers if not missing_features(w.engine, request.engine_features)]
+        able = [w for w in workers if not missing_features(w.engine, request.engine_features, w.engine_features)]
         return able or workers

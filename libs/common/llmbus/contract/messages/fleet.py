@@ -33,6 +33,11 @@ class WorkerStatus(Message):
     node_id: str
     state: WorkerState
     engine: str = Field(description="vllm | sim | openai-http")
+    engine_features: list[str] | None = Field(
+        default=None,
+        description="what this worker's engine honours beyond text (response_format, tools, suffix);"
+        " None: the engine kind's defaults (llmbus.contract.engine_features)",
+    )
     models: list[str] = Field(default_factory=list)
     model_version: str | None = None
     model_format: str | None = None
