@@ -268,13 +268,16 @@ def _cli(stack: Stack, *args: str) -> subprocess.CompletedProcess[str]:
 
 async def test_cli_chat_auto_takes_the_hints_and_shows_errors(stack: Stack) -> None:
     ask = ("fix this typo", "--max-tokens", "8")
-    edit, budget, plain = await asyncio.gather(
+    fim = ("def add(a, b):\n", "--max-tokens", "4", "--category", "tab_completion", "--suffix", "\nprint(add(1, 2))\n")
+    edit, budget, plain, infill = await asyncio.gather(
         asyncio.to_thread(_cli, stack, *ask, "--category", "quick_edit"),
         asyncio.to_thread(_cli, stack, *ask, "--token-budget", "900", "--session", "s-1"),
         asyncio.to_thread(_cli, stack, *ask),
+        asyncio.to_thread(_cli, stack, *fim),
     )
-    for done in (edit, budget, plain):
+    for done in (edit, budget, plain, infill):
         assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{SMALL} (rule:" in infill.stdout  # fill-in-the-middle on the tab-completion tier
     assert f"{SMALL} (rule:editor_fast) · usage" in edit.stdout
     assert f"{MID} (rule:token_budget_low) · usage" in budget.stdout
     assert f"{DEFAULT} (default) · usage" in plain.stdout  # `auto`, the default: the policy chose

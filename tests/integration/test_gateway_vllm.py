@@ -1,6 +1,8 @@
 """The official `openai` SDK through the gateway, router, scheduler and an engine-worker to the real vLLM
 CPU engine: a multi-turn chat with a system prompt reaches the model as its chat template's tokens,
-streaming and not; `tool_choice: "required"` on the Qwen engine (vLLM's hermes parser) answers calls.
+streaming and not; `tool_choice: "required"` on the Qwen engine (vLLM's hermes parser) answers calls;
+`completions.create(suffix=...)` reaches the Qwen engine as its FIM format's tokens, and is a 400 for
+the engine without one.
 
 The prompt ids are those vLLM reports for the request (its RequestOutput), keyed by the worker's engine
 request id (<tenant>:<request id>, the gateway's x-request-id), and compared with Hugging Face's
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import openai
 import pytest
 import pytest_asyncio
 from transformers import AutoTokenizer
@@ -20,7 +23,7 @@ from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.contract.request_key import request_key
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from tests.fixtures.vllm_gateway import TENANT, VllmGateway, vllm_gateway
-from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, template_ids
+from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, qwen_fim_ids, template_ids
 
 pytestmark = [
     pytest.mark.kafka,
@@ -120,3 +123,34 @@ async def test_tool_choice_required_answers_a_call_through_the_gateway(
     assert not choice.message.content
     assert choice.finish_reason in ("tool_calls", "length")  # random weights may not close the arguments
     assert completion.usage is not None and completion.usage.prompt_tokens == prompt_tokens
+
+
+FIM_PREFIX, FIM_SUFFIX = "the broker holds the topic", " partition offset."
+
+
+async def test_a_suffix_from_the_sdk_reaches_vllm_as_the_fim_formats_tokens(
+    chatml_gateway: VllmGateway, vllm_chatml_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = qwen_fim_ids(vllm_chatml_engine, FIM_PREFIX, FIM_SUFFIX)
+    spy = PromptSpy(vllm_chatml_engine, monkeypatch)
+    raw = await chatml_gateway.sdk().completions.with_raw_response.create(
+        model=chatml_gateway.model, prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=ANSWER_TOKENS, temperature=0
+    )
+    completion = raw.parse()
+    assert spy.prompt_ids[request_key(TENANT, raw.headers["x-request-id"])] == expected
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == len(expected) and completion.usage.completion_tokens == ANSWER_TOKENS
+    assert completion.choices[0].text
+
+
+async def test_a_suffix_for_an_engine_without_a_fim_format_is_a_400(
+    gateway: VllmGateway, monkeypatch: pytest.MonkeyPatch, vllm_engine: VllmEngine
+) -> None:
+    spy = PromptSpy(vllm_engine, monkeypatch)
+    with pytest.raises(openai.BadRequestError) as refused:
+        await gateway.sdk().completions.create(
+            model=gateway.model, prompt=FIM_PREFIX, suffix=FIM_SUFFIX, max_tokens=2, temperature=0
+        )
+    assert refused.value.status_code == 400 and refused.value.code == "unsupported_parameter"
+    assert "suffix" in refused.value.message and "vllm" in refused.value.message
+    assert not spy.prompt_ids  # refused at the gateway: nothing reached the engine

@@ -8,11 +8,9 @@ and the two halves tokenized by Hugging Face's tokenizer on the model's files.
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
-
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineRequest, RequestRejected, honoured_features
-from tests.fixtures.vllm_prompts import PromptSpy
+from tests.fixtures.vllm_prompts import PromptSpy, qwen_fim_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -26,17 +24,7 @@ async def test_a_suffix_reaches_vllm_as_the_fim_formats_tokens(
     spy = PromptSpy(vllm_chatml_engine, monkeypatch)
     request = EngineRequest("fim-1", PREFIX, max_tokens=4, temperature=0.0, suffix=SUFFIX)
     outs = [o async for o in vllm_chatml_engine.generate(request)]
-    tokenizer = AutoTokenizer.from_pretrained(vllm_chatml_engine.config.model_path)
-    sentinel = tokenizer.convert_tokens_to_ids
-    expected = [
-        sentinel("<|fim_prefix|>"),
-        *tokenizer.encode(PREFIX, add_special_tokens=False),
-        sentinel("<|fim_suffix|>"),
-        *tokenizer.encode(SUFFIX, add_special_tokens=False),
-        sentinel("<|fim_middle|>"),
-    ]
-    sentinels = {expected[0], sentinel("<|fim_suffix|>"), expected[-1]}
-    assert len(sentinels) == 3 and tokenizer.unk_token_id not in sentinels  # each one token of its own
+    expected = qwen_fim_ids(vllm_chatml_engine, PREFIX, SUFFIX)
     assert spy.prompt_ids["fim-1"] == expected
     assert outs[-1].prompt_tokens == len(expected) and outs[-1].completion_tokens == 4
     assert "suffix" in honoured_features(vllm_chatml_engine)

@@ -135,6 +135,23 @@ def worker(engine: ScriptedEngine, fence: MemoryFence | None = None, **settings:
     return handlers, publisher
 
 
+async def test_a_suffix_an_engine_cannot_render_is_a_final_error_before_the_engine() -> None:
+    """Fill-in-the-middle on an engine that does not advertise it (vLLM without a FIM format): a final
+    invalid_request on the bus, never a completion of the prefix alone."""
+    engine = ScriptedEngine()
+    engine.features = frozenset({"response_format", "tools"})  # type: ignore[attr-defined]
+    handlers, publisher = worker(engine)
+    request = InferenceRequest(request_id="r1", prompt="def f(", suffix="\n    return x", max_tokens=4)
+    raw = Dispatch(routed=RoutedRequest(request=request, model="m"), worker_id="w1", attempt=1).to_bytes()
+    await handlers.on_dispatch(ConsumerRecord("x.llm.dispatch.w1", 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
+    assert engine.calls == 0
+    [result] = publisher.of(InferenceResult)
+    assert result.status == ResultStatus.ERROR and result.error is not None
+    assert result.error.code == ErrorCode.INVALID_REQUEST and "suffix" in result.error.message
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.FAILED
+
+
 @pytest.mark.parametrize("status", [400, 404, 413, 422])
 async def test_an_upstream_4xx_is_the_final_error_and_the_engine_keeps_running(status: int) -> None:
     handlers, publisher = worker(ScriptedEngine(_status_error(status, "bad request")))

@@ -98,12 +98,18 @@ def chat(
     token_budget: int | None = typer.Option(None, help="routing hint: the caller's token budget"),
     session: str | None = typer.Option(None, help="session id: its turns stay on one worker (prefix affinity)"),
     priority: int = typer.Option(0, min=0, max=9, help="0 = most urgent"),
+    suffix: str | None = typer.Option(
+        None, help="fill-in-the-middle: TEXT is what comes before the insertion point, this what comes after"
+    ),
 ) -> None:
     """Send one request through the bus and stream the answer token by token."""
 
     async def _chat() -> bool:
+        # With a suffix, TEXT is a completion prompt (the prefix), as /v1/completions sends it.
         request = InferenceRequest(
-            messages=[ChatMessage(role="user", content=text)],
+            messages=[ChatMessage(role="user", content=text)] if suffix is None else [],
+            prompt=None if suffix is None else text,
+            suffix=suffix,
             model=model,
             max_tokens=max_tokens,
             tenant=tenant,
