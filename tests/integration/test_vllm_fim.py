@@ -8,6 +8,7 @@ and the two halves tokenized by Hugging Face's tokenizer on the model's files.
 from __future__ import annotations
 
 import pytest
+
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineRequest, RequestRejected, honoured_features
 from tests.fixtures.vllm_prompts import PromptSpy, qwen_fim_ids
