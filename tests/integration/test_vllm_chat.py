@@ -38,16 +38,16 @@ def _chat_request(request_id: str, messages: list[ChatMessage], max_tokens: int 
     return EngineRequest(request_id, text, max_tokens=max_tokens, temperature=0.0, messages=tuple(messages))
 
 
-async def test_llama3_chat_with_a_system_prompt_reaches_vllm_as_the_template_tokens(
+async def test_granite_chat_with_a_system_prompt_reaches_vllm_as_the_template_tokens(
     vllm_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spy = PromptSpy(vllm_engine, monkeypatch)
-    outs = await _run(vllm_engine, _chat_request("chat-llama3", CHAT))
+    outs = await _run(vllm_engine, _chat_request("chat-granite", CHAT))
 
     expected = template_ids(vllm_engine, CHAT)
     tokenizer = AutoTokenizer.from_pretrained(vllm_engine.config.model_path)
-    assert str(tokenizer.decode(expected)).startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
-    assert spy.prompt_ids["chat-llama3"] == expected
+    assert str(tokenizer.decode(expected)).startswith("<|start_of_role|>system<|end_of_role|>")
+    assert spy.prompt_ids["chat-granite"] == expected
     assert outs[-1].prompt_tokens == len(expected) and outs[-1].completion_tokens == 6
 
 
