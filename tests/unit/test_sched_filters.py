@@ -162,6 +162,13 @@ def test_engine_supports_prefers_engines_that_honour_the_request() -> None:
     assert picked is not None and picked.worker_id in ("gpu", "hosted")
 
 
+def test_a_vllm_worker_with_a_fim_format_takes_a_suffix_by_its_heartbeat() -> None:
+    fim = ["response_format", "suffix", "tools"]
+    state = state_of(hb("plain", engine="vllm"), hb("coder", engine="vllm", engine_features=fim))
+    assert run(EngineSupportsFilter(), state, req(engine_features=frozenset({"suffix"}))) == ["coder"]
+    assert run(EngineSupportsFilter(), state, req(engine_features=frozenset({"tools"}))) == ["coder", "plain"]
+
+
 def test_pipeline_reports_the_filter_that_emptied_the_candidates() -> None:
     state = state_of(hb("a", kv_blocks_free=1))
     result = Pipeline.load("default").pick(state, req(1000, 1000))

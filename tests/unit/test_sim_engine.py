@@ -155,6 +155,7 @@ async def test_a_host_kv_tier_shows_in_stats_and_the_heartbeat() -> None:
         WorkerSettings(), engine, WorkerState.READY, "topic", RateTracker(), 0.0, cold_start_s=1.0, started_at_ms=1
     )
     assert status.kv_offload_blocks_total == 512
+    assert status.engine_features == ["suffix"]  # what the sim honours, advertised to gateway and scheduler
     hits = stats.prefix_cache_hits_total + stats.external_prefix_cache_hits_total
     assert status.prefix_cache_hit_rate == pytest.approx(hits / stats.prefix_cache_queries_total)
     await engine.stop()
