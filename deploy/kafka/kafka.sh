@@ -2,6 +2,7 @@
 # Local Apache Kafka (KRaft, single node) for llmbus: fetched as Maven artifacts into a
 # cache outside git, storage formatted once, broker on 127.0.0.1:9092.
 # Usage: deploy/kafka/kafka.sh start|stop|status|fetch|reset   (all idempotent)
+# KAFKA_JVM_OPTS: the JVM flags (default -Xms256m -Xmx768m -XX:+UseG1GC).
 # A second, private broker (the reliability tests stop and restart one) takes its own port,
 # data dir and name: KAFKA_PORT=19092 KAFKA_DATA_DIR=/tmp/x KAFKA_NAME=kafka-19092 kafka.sh start
 #
@@ -33,6 +34,8 @@ PORT=${KAFKA_PORT:-9092}
 CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 PROPERTIES=$RUN_DIR/$NAME.server.properties
 READY_TIMEOUT_S=${KAFKA_READY_TIMEOUT_S:-90}
+# The JVM's heap and compiler flags; a short-lived test broker may start on the quick compiler only.
+JVM_OPTS=${KAFKA_JVM_OPTS:--Xms256m -Xmx768m -XX:+UseG1GC}
 AUTH=${KAFKA_AUTH:-none}  # none | scram
 CREDENTIALS=${KAFKA_CREDENTIALS:-$RUN_DIR/$NAME.credentials}
 SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway archive operator analytics"
@@ -56,7 +59,8 @@ fetch() {
 }
 
 java_run() {
-  java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true \
+  # shellcheck disable=SC2086 # JVM_OPTS is a list of flags
+  java $JVM_OPTS -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
     -cp "$LIBS/*" "$@"
 }
@@ -205,7 +209,7 @@ start() {
   log "starting broker (logs: $LOG_FILE)"
   # The broker writes its own pid (the JVM's, through exec) so stop/status see the real process.
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PID_FILE" \
-    java -Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true \
+    java $JVM_OPTS -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
     -cp "$LIBS/*" kafka.Kafka "$PROPERTIES" \
     >>"$RUN_DIR/$NAME.stdout" 2>&1 </dev/null &
