@@ -58,16 +58,6 @@ def _refused(found: dict[str, list[InferenceResult]], request: InferenceRequest,
 async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_known(
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
-    tekken = load_tokenizer(TEKKEN)
-    cjk, code = _text_of("cjk", 8000), _text_of("code", 16000)
-    for text in (cjk, code):  # too long for the model's tokenizer only
-        assert math.ceil(len(text) / 4) + MAX_TOKENS < MAX_MODEL_LEN < tekken.count(text) + MAX_TOKENS
-    # For the model without a spec: the estimate fits the window exactly, the real count does not.
-    near = _text_of("code", 24000, skip_lang="json")
-    rendered = f"<|user|>\n{near}\n<|assistant|>\n"
-    near_max_tokens = MAX_MODEL_LEN - estimate_tokens(f"<|user|>\n{near}\n") - estimate_tokens("<|assistant|>\n")
-    assert near_max_tokens > 0 and tekken.count(rendered) + near_max_tokens > MAX_MODEL_LEN
-
     await ensure_catalog(bus_settings)
     topics = t.Topics(bus_settings.topic_prefix)
     bus = await Bus.start(bus_settings, t.CLIENT)
@@ -86,6 +76,17 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
             "LLMBUS_WORKER_TOKENIZER": TEKKEN,
         }
         services.append(ServiceProc("services.engine_worker", bus_settings, name=worker_id, env=env).start())
+    # while the services start (each loads the tokenizer too): the prompts are what the test says they are
+    tekken = load_tokenizer(TEKKEN)
+    cjk, code = _text_of("cjk", 8000), _text_of("code", 16000)
+    for text in (cjk, code):  # too long for the model's tokenizer only
+        assert math.ceil(len(text) / 4) + MAX_TOKENS < MAX_MODEL_LEN < tekken.count(text) + MAX_TOKENS
+    # For the model without a spec: the estimate fits the window exactly, the real count does not.
+    near = _text_of("code", 24000, skip_lang="json")
+    rendered = f"<|user|>\n{near}\n<|assistant|>\n"
+    near_max_tokens = MAX_MODEL_LEN - estimate_tokens(f"<|user|>\n{near}\n") - estimate_tokens("<|assistant|>\n")
+    assert near_max_tokens > 0 and tekken.count(rendered) + near_max_tokens > MAX_MODEL_LEN
+
     await wait_workers_ready(bus_settings, {"w1", "w2"})
     results = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
 
@@ -95,11 +96,23 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
         "near": _chat(UNSPECCED, near, near_max_tokens),
         "fits": _chat(SPECCED, cjk[:500], 8),
     }
+    ids = {r.request_id for r in requests.values()}
+    # "never retried": a retry or a second refusal would come before a sentinel sent once every request
+    # has its result, down the path the "near" request took (router, scheduler, w2).
+    sentinel = _chat(UNSPECCED, "ping", 8)
     async with LlmbusClient(bus_settings) as client:
         for request in requests.values():
             await client.send(request)
-    found = await collect_results(bus_settings, {r.request_id for r in requests.values()}, timeout_s=60, tail=results)
+        found = await collect_results(bus_settings, ids, timeout_s=60, tail=results, until=lambda f: f.keys() == ids)
+        await client.send(sentinel)
+        watched = ids | {sentinel.request_id}
+        later = await collect_results(
+            bus_settings, watched, timeout_s=60, tail=results, until=lambda f: sentinel.request_id in f
+        )
     await results.stop()
+    assert [r.status for r in later.pop(sentinel.request_id)] == [ResultStatus.OK]
+    for request_id, more in later.items():
+        found[request_id].extend(more)
 
     for name in ("cjk", "code"):
         result = _refused(found, requests[name], "router")
