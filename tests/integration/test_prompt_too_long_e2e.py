@@ -20,12 +20,12 @@ import pytest
 
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
-from llmbus.client import LlmbusClient, TopicTail, collect_results
+from llmbus.client import LlmbusClient, TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, InferenceResult, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.tokens import estimate_tokens, load_tokenizer
-from tests.support import ServiceProc, wait_workers_ready
+from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -96,23 +96,19 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
         "near": _chat(UNSPECCED, near, near_max_tokens),
         "fits": _chat(SPECCED, cjk[:500], 8),
     }
-    ids = {r.request_id for r in requests.values()}
     # "never retried": a retry or a second refusal would come before a sentinel sent once every request
     # has its result, down the path the "near" request took (router, scheduler, w2).
-    sentinel = _chat(UNSPECCED, "ping", 8)
     async with LlmbusClient(bus_settings) as client:
         for request in requests.values():
             await client.send(request)
-        found = await collect_results(bus_settings, ids, timeout_s=60, tail=results, until=lambda f: f.keys() == ids)
-        await client.send(sentinel)
-        watched = ids | {sentinel.request_id}
-        later = await collect_results(
-            bus_settings, watched, timeout_s=60, tail=results, until=lambda f: sentinel.request_id in f
-        )
+
+        async def sentinel() -> str:
+            ping = _chat(UNSPECCED, "ping", 8)
+            await client.send(ping)
+            return ping.request_id
+
+        found = await results_then_sentinel(bus_settings, {r.request_id for r in requests.values()}, results, sentinel)
     await results.stop()
-    assert [r.status for r in later.pop(sentinel.request_id)] == [ResultStatus.OK]
-    for request_id, more in later.items():
-        found[request_id].extend(more)
 
     for name in ("cjk", "code"):
         result = _refused(found, requests[name], "router")
