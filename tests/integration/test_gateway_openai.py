@@ -33,6 +33,7 @@ from tests.support import (
     drop_namespace,
     eventually,
     fresh_settings,
+    gateway_sentinel,
     results_then_sentinel,
     wait_workers_ready,
 )
@@ -166,12 +167,7 @@ def sdk(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
 
 
 async def sentinel(stack: Stack) -> str:
-    """A short request through gateway, router, scheduler and a worker: once its result is read, a
-    second result of a request before it would have been too (see `results_then_sentinel`)."""
-    raw = await sdk(stack).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "ping"}], max_tokens=2
-    )
-    return raw.headers["x-request-id"]
+    return await gateway_sentinel(stack.base_url, stack.key, MODEL)
 
 
 async def test_chat_completion_not_streaming(stack: Stack) -> None:
