@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +19,8 @@ import psutil
 import redis.asyncio as redis
 
 from llmbus.bus.admin import delete_topics_matching
-from llmbus.client import ready_workers
+from llmbus.client import TopicTail, collect_results, ready_workers
+from llmbus.contract.messages import InferenceResult
 from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
 
@@ -143,6 +144,42 @@ async def eventually(predicate, timeout_s: float = 30, interval_s: float = 0.1) 
             return
         await asyncio.sleep(interval_s)
     raise TimeoutError("condition not met in time")
+
+
+async def results_then_sentinel(
+    settings: BusSettings,
+    request_ids: set[str],
+    tail: TopicTail,
+    send_sentinel: Callable[[], Awaitable[str]],
+    timeout_s: float = 60,
+) -> dict[str, list[InferenceResult]]:
+    """Every result of `request_ids` (on `tail`, started before they were sent) up to a sentinel's.
+
+    Waits until each request has a result, then sends a sentinel request down the same services
+    (`send_sentinel` returns its id) and reads on until its result: a second
+    result of any request published before the sentinel passed is caught, without a fixed window.
+    """
+    found = await collect_results(settings, request_ids, timeout_s, tail, until=lambda f: f.keys() == request_ids)
+    sentinel_id = await send_sentinel()
+    later = await collect_results(
+        settings, request_ids | {sentinel_id}, timeout_s, tail, until=lambda f: sentinel_id in f
+    )
+    assert later.pop(sentinel_id, []), f"no result for the sentinel {sentinel_id} in {timeout_s} s"
+    for request_id, more in later.items():
+        found.setdefault(request_id, []).extend(more)
+    return found
+
+
+async def gateway_sentinel(base_url: str, api_key: str, model: str) -> str:
+    """A short chat completion through a gateway (for `results_then_sentinel`): its request id."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        response = await http.post(
+            "/v1/chat/completions",
+            json={"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 2},
+            headers={"authorization": f"Bearer {api_key}"},
+        )
+    response.raise_for_status()
+    return response.headers["x-request-id"]
 
 
 async def wait_http_ok(url: str, timeout_s: float = 90) -> None:

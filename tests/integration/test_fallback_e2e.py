@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmbus.client import LlmbusClient, TopicTail, collect_results
+from llmbus.client import LlmbusClient, TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, ResultStatus
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, wait_workers_ready
+from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "services" / "router" / "policies" / "default.yaml"
@@ -45,7 +45,13 @@ async def test_unserved_target_falls_back_to_the_next_model(
     request = InferenceRequest(request_id=uuid.uuid4().hex, prompt="no model named, so the default rule", max_tokens=8)
     async with LlmbusClient(bus_settings) as client:
         chunks = [c async for c in client.stream(request, timeout_s=90)]
-    found = await collect_results(bus_settings, {request.request_id}, timeout_s=3, tail=results)
+
+        async def sentinel() -> str:  # down the same fallback
+            ping = InferenceRequest(prompt="ping", max_tokens=2)
+            await client.send(ping)
+            return ping.request_id
+
+        found = await results_then_sentinel(bus_settings, {request.request_id}, results, sentinel)
     await results.stop()
     assert chunks[-1].final and chunks[-1].error is None
     [result] = found[request.request_id]

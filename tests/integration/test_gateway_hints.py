@@ -21,14 +21,23 @@ import pytest
 from llmbus.bus import decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.cli import stack as dev_stack
-from llmbus.client import TopicTail, collect_results
+from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult, RoutedRequest
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from tests.fixtures.openai_server import FakeOpenAIServer
-from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
+from tests.support import (
+    REPO,
+    ServiceProc,
+    drop_namespace,
+    eventually,
+    fresh_settings,
+    gateway_sentinel,
+    results_then_sentinel,
+    wait_workers_ready,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -137,7 +146,8 @@ async def _chat_and_result(stack: Stack, **kwargs: object) -> tuple[object, Infe
     try:
         raw = await sdk(stack).chat.completions.with_raw_response.create(**kwargs)  # type: ignore[call-overload]
         request_id = raw.headers["x-request-id"]
-        found = await collect_results(stack.settings, {request_id}, timeout_s=5, tail=results)
+        sentinel = lambda: gateway_sentinel(stack.base_url, stack.key, "auto")  # noqa: E731
+        found = await results_then_sentinel(stack.settings, {request_id}, results, sentinel)
     finally:
         await results.stop()
     [result] = found[request_id]

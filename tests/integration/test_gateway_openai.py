@@ -21,13 +21,22 @@ import yaml
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog
 from llmbus.bus.tables import read_log
-from llmbus.client import TopicTail, collect_results
+from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Control, ControlAction, Dispatch, ErrorCode, Feedback, ModelSpec, ResultStatus
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import REPO, ServiceProc, drop_namespace, eventually, fresh_settings, wait_workers_ready
+from tests.support import (
+    REPO,
+    ServiceProc,
+    drop_namespace,
+    eventually,
+    fresh_settings,
+    gateway_sentinel,
+    results_then_sentinel,
+    wait_workers_ready,
+)
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -157,6 +166,10 @@ def sdk(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{stack.base_url}/v1", api_key=key or stack.key, max_retries=0, timeout=120)
 
 
+async def sentinel(stack: Stack) -> str:
+    return await gateway_sentinel(stack.base_url, stack.key, MODEL)
+
+
 async def test_chat_completion_not_streaming(stack: Stack) -> None:
     results = await TopicTail(stack.settings, t.Topics(stack.settings.topic_prefix).name(t.RESULTS)).start()
     try:
@@ -169,7 +182,7 @@ async def test_chat_completion_not_streaming(stack: Stack) -> None:
         )
         completion = raw.parse()
         request_id = raw.headers["x-request-id"]
-        found = await collect_results(stack.settings, {request_id}, timeout_s=3, tail=results)
+        found = await results_then_sentinel(stack.settings, {request_id}, results, lambda: sentinel(stack))
     finally:
         await results.stop()
     [result] = found[request_id]
@@ -296,7 +309,7 @@ async def test_a_client_that_hangs_up_cancels_its_request(stack: Stack) -> None:
                 cancels.append(message)
                 break
         assert cancels and cancels[0].action == ControlAction.CANCEL
-        found = await collect_results(stack.settings, {request_id}, timeout_s=15, tail=results)
+        found = await results_then_sentinel(stack.settings, {request_id}, results, lambda: sentinel(stack))
         [result] = found[request_id]
         assert result.status == ResultStatus.ERROR and result.error is not None
         assert result.error.code == ErrorCode.CANCELLED and result.usage.completion_tokens < 3000
@@ -496,7 +509,7 @@ async def test_a_retried_request_streams_on_without_repeating_text(stack: Stack)
             if first_worker is None and text:
                 first_worker = await worker_of(dispatches, request_id)
                 await asyncio.to_thread(stack.procs[first_worker].terminate, 60)
-        found = await collect_results(stack.settings, {request_id}, timeout_s=10, tail=results)
+        found = await results_then_sentinel(stack.settings, {request_id}, results, lambda: sentinel(stack))
     finally:
         for tail in (*dispatches.values(), results):
             await tail.stop()

@@ -10,12 +10,12 @@ import uuid
 import pytest
 
 from llmbus.bus import decode
-from llmbus.client import TopicTail, collect_results
+from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, ErrorCode, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
 from tests.integration.test_spine import raw_producer, read_until
-from tests.support import ServiceProc
+from tests.support import ServiceProc, results_then_sentinel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -71,7 +71,17 @@ async def test_a_huge_malformed_record_is_dead_lettered_and_the_router_keeps_ser
         )
     }
     assert set(valid_ids) <= routed_ids, "valid traffic behind the huge records is still routed"
-    found = await collect_results(bus_settings, {big_id}, timeout_s=10, tail=results)
+
+    async def sentinel() -> str:  # refused by the router too, behind the first on its partition
+        after = json.dumps({"request_id": f"{run}-sentinel", "tenant": "acme", "prompt": "y" * 1_000_000})
+        await asyncio.wait_for(producer.send_and_wait(topics.name(t.REQUESTS), after.encode(), partition=0), 30)
+        return f"{run}-sentinel"
+
+    producer = await raw_producer(bus_settings)
+    try:
+        found = await results_then_sentinel(bus_settings, {big_id}, results, sentinel)
+    finally:
+        await producer.stop()
     [refused] = found[big_id]
     assert refused.status == ResultStatus.ERROR and refused.error is not None
     assert refused.error.code == ErrorCode.REQUEST_TOO_LARGE, "the client of an oversize request gets a final error"

@@ -20,12 +20,12 @@ import pytest
 
 from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
-from llmbus.client import LlmbusClient, TopicTail, collect_results
+from llmbus.client import LlmbusClient, TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, InferenceResult, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.tokens import estimate_tokens, load_tokenizer
-from tests.support import ServiceProc, wait_workers_ready
+from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -58,16 +58,6 @@ def _refused(found: dict[str, list[InferenceResult]], request: InferenceRequest,
 async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_known(
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
-    tekken = load_tokenizer(TEKKEN)
-    cjk, code = _text_of("cjk", 8000), _text_of("code", 16000)
-    for text in (cjk, code):  # too long for the model's tokenizer only
-        assert math.ceil(len(text) / 4) + MAX_TOKENS < MAX_MODEL_LEN < tekken.count(text) + MAX_TOKENS
-    # For the model without a spec: the estimate fits the window exactly, the real count does not.
-    near = _text_of("code", 24000, skip_lang="json")
-    rendered = f"<|user|>\n{near}\n<|assistant|>\n"
-    near_max_tokens = MAX_MODEL_LEN - estimate_tokens(f"<|user|>\n{near}\n") - estimate_tokens("<|assistant|>\n")
-    assert near_max_tokens > 0 and tekken.count(rendered) + near_max_tokens > MAX_MODEL_LEN
-
     await ensure_catalog(bus_settings)
     topics = t.Topics(bus_settings.topic_prefix)
     bus = await Bus.start(bus_settings, t.CLIENT)
@@ -86,6 +76,17 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
             "LLMBUS_WORKER_TOKENIZER": TEKKEN,
         }
         services.append(ServiceProc("services.engine_worker", bus_settings, name=worker_id, env=env).start())
+    # while the services start (each loads the tokenizer too): the prompts are what the test says they are
+    tekken = load_tokenizer(TEKKEN)
+    cjk, code = _text_of("cjk", 8000), _text_of("code", 16000)
+    for text in (cjk, code):  # too long for the model's tokenizer only
+        assert math.ceil(len(text) / 4) + MAX_TOKENS < MAX_MODEL_LEN < tekken.count(text) + MAX_TOKENS
+    # For the model without a spec: the estimate fits the window exactly, the real count does not.
+    near = _text_of("code", 24000, skip_lang="json")
+    rendered = f"<|user|>\n{near}\n<|assistant|>\n"
+    near_max_tokens = MAX_MODEL_LEN - estimate_tokens(f"<|user|>\n{near}\n") - estimate_tokens("<|assistant|>\n")
+    assert near_max_tokens > 0 and tekken.count(rendered) + near_max_tokens > MAX_MODEL_LEN
+
     await wait_workers_ready(bus_settings, {"w1", "w2"})
     results = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
 
@@ -95,10 +96,18 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
         "near": _chat(UNSPECCED, near, near_max_tokens),
         "fits": _chat(SPECCED, cjk[:500], 8),
     }
+    # "never retried": a retry or a second refusal would come before a sentinel sent once every request
+    # has its result, down the path the "near" request took (router, scheduler, w2).
     async with LlmbusClient(bus_settings) as client:
         for request in requests.values():
             await client.send(request)
-    found = await collect_results(bus_settings, {r.request_id for r in requests.values()}, timeout_s=60, tail=results)
+
+        async def sentinel() -> str:
+            ping = _chat(UNSPECCED, "ping", 8)
+            await client.send(ping)
+            return ping.request_id
+
+        found = await results_then_sentinel(bus_settings, {r.request_id for r in requests.values()}, results, sentinel)
     await results.stop()
 
     for name in ("cjk", "code"):

@@ -15,7 +15,7 @@ from llmbus.client import TopicTail, collect_results
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceResult, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, wait_workers_ready
+from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -129,7 +129,17 @@ async def test_malformed_and_invalid_requests_go_to_dlq_and_invalid_gets_final_e
     assert malformed.source_topic == topics.name(t.REQUESTS) and malformed.service == "router"
     assert invalid_letter.error_code == ErrorCode.INVALID_REQUEST and invalid_letter.request_id == bad_id
     assert "max_tokens" in invalid_letter.error and "role" in invalid_letter.error
-    found = await collect_results(bus_settings, {bad_id}, timeout_s=10, tail=results)
+
+    async def sentinel() -> str:  # refused by the router the same way
+        ping = invalid | {"request_id": f"{bad_id}-sentinel"}
+        producer = await raw_producer(bus_settings)
+        try:
+            await producer.send_and_wait(topics.name(t.REQUESTS), json.dumps(ping).encode(), key=bad_id.encode())
+        finally:
+            await producer.stop()
+        return str(ping["request_id"])
+
+    found = await results_then_sentinel(bus_settings, {bad_id}, results, sentinel)
     await dlq.stop()
     await results.stop()
     [result] = found[bad_id]

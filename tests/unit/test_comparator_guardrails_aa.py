@@ -1,7 +1,7 @@
 """The guardrails under peeking: seeded A/A and A/B simulations through `decide` itself (pure core).
 
-Each run streams both arms request by request and asks the decision loop for a verdict every
-`LOOK_EVERY` candidate samples from the guardrails' `min_samples` on, as the loop's ticks would;
+Each run draws both arms' samples up front and asks the decision loop for a verdict every
+`LOOK_EVERY` samples (on the growing prefix) from the guardrails' `min_samples` on, as the loop's ticks would;
 a run counts as rolled back at its first rollback verdict. The pass criteria were fixed before
 the first run: an identical candidate is rolled back in at most 5 % of 200 runs, a candidate with
 50 % more errors in at least 90 % of 200 runs. Point-estimate guardrails checked this way rolled an
@@ -11,6 +11,7 @@ identical candidate back in 21-53 % of A/A runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -33,56 +34,68 @@ EXPERIMENT = to_step(
 LOG_MS_MEAN, LOG_MS_SD = math.log(800.0), 0.6
 
 
-class Arm:
-    """One arm's running aggregates, as the store would hold them."""
+LOOKS = [GUARDRAILS.min_samples, *range(LOOK_EVERY, N_MAX + 1, LOOK_EVERY)]
 
-    def __init__(self) -> None:
-        self.n = self.errors = 0
-        self.lat_n, self.lat_sum, self.lat_sq = 0, 0.0, 0.0
-        self.bins: dict[int, int] = {}
 
-    def add(self, errors: np.ndarray, log_ms: np.ndarray) -> None:
-        ok = ~errors
-        self.n += len(errors)
-        self.errors += int(errors.sum())
-        lat = log_ms[ok]
-        self.lat_n += len(lat)
-        self.lat_sum += float(lat.sum())
-        self.lat_sq += float((lat * lat).sum())
-        bins = np.floor((lat - math.log(MIN_MS)) / _LOG_GROWTH).astype(int)
-        for b, c in zip(*np.unique(bins, return_counts=True), strict=True):
-            self.bins[int(b)] = self.bins.get(int(b), 0) + int(c)
+def _upto(values: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
+    """At each look: the count of kept samples, or the sum of `values` over the kept samples, so far."""
+    kept = values if keep is None else np.where(keep, values, 0)
+    return np.cumsum(kept)[np.asarray(LOOKS) - 1]
 
-    def stats(self) -> VariantStats:
-        ok = self.n - self.errors
-        return VariantStats(
-            n=self.n,
-            ok=ok,
-            errors=self.errors,
-            stopped=ok,
-            latency=LatencyHistogram(self.bins),
-            ttft=LatencyHistogram(),
-            log_latency=Moments(self.lat_n, self.lat_sum, self.lat_sq),
-            cost_n=0,
-            cost_usd=0.0,
-            feedback_n=0,
-            feedback_negative=0,
-        )
+
+def _bin_of(log_ms: np.ndarray) -> np.ndarray:
+    return np.floor((log_ms - math.log(MIN_MS)) / _LOG_GROWTH).astype(int)
+
+
+def _hists_upto(log_ms: np.ndarray, keep: np.ndarray) -> Iterator[dict[int, int]]:
+    """At each look: the latency histogram's bins (as the store holds them) of the kept samples so far."""
+    bins = _bin_of(log_ms)
+    low = int(bins.min())
+    counts = np.zeros(int(bins.max()) - low + 1, dtype=np.int64)
+    done = 0
+    for look in LOOKS:
+        counts += np.bincount(bins[done:look][keep[done:look]] - low, minlength=len(counts))
+        done = look
+        filled = np.flatnonzero(counts)
+        yield dict(zip((filled + low).tolist(), counts[filled].tolist(), strict=True))
+
+
+def _arm_stats(errors: np.ndarray, log_ms: np.ndarray) -> Iterator[VariantStats]:
+    """One arm's running aggregates at each look, as the store would hold them."""
+    ok = ~errors
+    n_errors, lat_n = _upto(errors.astype(np.int64)), _upto(ok.astype(np.int64))
+    lat_sum, lat_sq = _upto(log_ms, ok), _upto(log_ms * log_ms, ok)
+    for i, (look, bins) in enumerate(zip(LOOKS, _hists_upto(log_ms, ok), strict=True)):
+        yield _variant(look, int(n_errors[i]), Moments(int(lat_n[i]), float(lat_sum[i]), float(lat_sq[i])), bins)
+
+
+def _variant(n: int, errors: int, log_latency: Moments, bins: dict[int, int]) -> VariantStats:
+    return VariantStats(
+        n=n,
+        ok=n - errors,
+        errors=errors,
+        stopped=n - errors,
+        latency=LatencyHistogram(bins),
+        ttft=LatencyHistogram(),
+        log_latency=log_latency,
+        cost_n=0,
+        cost_usd=0.0,
+        feedback_n=0,
+        feedback_negative=0,
+    )
 
 
 def rolled_back_share(candidate_error_rate: float, seed: int) -> float:
+    """Each run draws both arms' N_MAX samples at once; the looks see growing prefixes of them."""
     rng = np.random.default_rng(seed)
     rolled = 0
-    looks = [GUARDRAILS.min_samples, *range(LOOK_EVERY, N_MAX + 1, LOOK_EVERY)]
     for _ in range(RUNS):
-        control, candidate = Arm(), Arm()
-        done = 0
-        for look in looks:
-            for arm, rate in ((control, BASE_ERROR_RATE), (candidate, candidate_error_rate)):
-                size = look - done
-                arm.add(rng.random(size) < rate, rng.normal(LOG_MS_MEAN, LOG_MS_SD, size))
-            done = look
-            evidence = StepEvidence(control=control.stats(), candidate=candidate.stats())
+        arms = [
+            _arm_stats(rng.random(N_MAX) < rate, rng.normal(LOG_MS_MEAN, LOG_MS_SD, N_MAX))
+            for rate in (BASE_ERROR_RATE, candidate_error_rate)
+        ]
+        for control, candidate in zip(*arms, strict=True):
+            evidence = StepEvidence(control=control, candidate=candidate)
             verdict = decide(EXPERIMENT, evidence, EXPERIMENT.step_started_at_ms)
             assert verdict is not None
             if verdict.decision.decision == "rollback":
@@ -106,10 +119,10 @@ def test_a_candidate_with_half_again_the_errors_is_rolled_back() -> None:
 def test_a_candidate_that_only_failed_is_not_promoted_even_where_no_guardrail_forbids_errors() -> None:
     lax = Guardrails(max_error_rate=1.0, max_error_rate_increase=1.0, min_samples=30)
     exp = to_step(create("e", "ctrl", "cand", ramp=RampPlan(min_samples_per_step=100, min_step_s=0), guardrails=lax), 2)
-    control, candidate = Arm(), Arm()
-    control.add(np.zeros(300, dtype=bool), np.full(300, LOG_MS_MEAN))
-    candidate.add(np.ones(300, dtype=bool), np.full(300, LOG_MS_MEAN))
-    verdict = decide(exp, StepEvidence(control=control.stats(), candidate=candidate.stats()), exp.step_started_at_ms)
+    one_bin = {int(_bin_of(np.array(LOG_MS_MEAN))): 300}
+    all_ok = _variant(300, 0, Moments(300, 300 * LOG_MS_MEAN, 300 * LOG_MS_MEAN**2), one_bin)
+    only_failed = _variant(300, 300, Moments(0, 0.0, 0.0), {})
+    verdict = decide(exp, StepEvidence(control=all_ok, candidate=only_failed), exp.step_started_at_ms)
     assert verdict is not None and verdict.decision.decision == "hold" and verdict.updated is None
     assert any("no answer" in r for r in verdict.decision.reasons)
 
@@ -123,45 +136,37 @@ FORMAT_FAILURE_RATE = 0.07
 SIMILARITY_MEAN, SIMILARITY_SD = 0.6, 0.2
 
 
-def _bins(log_ms: np.ndarray) -> dict[int, int]:
-    bins = np.floor((log_ms - math.log(MIN_MS)) / _LOG_GROWTH).astype(int)
-    return {int(b): int(c) for b, c in zip(*np.unique(bins, return_counts=True), strict=True)}
-
-
 def shadow_rolled_back_share(candidate_error_rate: float, seed: int) -> float:
+    """As `rolled_back_share`, for pairs (control answer, candidate's shadow answer)."""
     rng = np.random.default_rng(seed)
     rolled = 0
-    looks = [SHADOW_GUARDRAILS.min_samples, *range(LOOK_EVERY, N_MAX + 1, LOOK_EVERY)]
     for _ in range(RUNS):
-        fields: dict[str, float] = {}
-        done = 0
-        for look in looks:
-            size = look - done
-            done = look
-            ctrl_err = rng.random(size) < BASE_ERROR_RATE
-            cand_err = rng.random(size) < candidate_error_rate
-            both = ~ctrl_err & ~cand_err
-            sim = np.clip(rng.normal(SIMILARITY_MEAN, SIMILARITY_SD, size), 0.0, 1.0)[both]
-            ctrl_ms = rng.normal(LOG_MS_MEAN, LOG_MS_SD, size)
-            cand_ms = rng.normal(LOG_MS_MEAN, LOG_MS_SD, size)
-            d = (cand_ms - ctrl_ms)[~cand_err]
-            add = {
-                "n": size,
-                "ctrl_err": ctrl_err.sum(),
-                "cand_err": cand_err.sum(),
-                "cand_fmt_fail": (rng.random(size) < FORMAT_FAILURE_RATE).sum(),
-                "sim_n": len(sim),
-                "sim_sum": sim.sum(),
-                "sim_sq": (sim * sim).sum(),
-                "d_n": len(d),
-                "d_sum": d.sum(),
-                "d_sq": (d * d).sum(),
-            }
-            add |= {f"hc:{b}": c for b, c in _bins(ctrl_ms[~cand_err]).items()}
-            add |= {f"hk:{b}": c for b, c in _bins(cand_ms[~cand_err]).items()}
-            for k, v in add.items():
-                fields[k] = fields.get(k, 0.0) + float(v)
-            verdict = decide(SHADOW, StepEvidence(pairs=PairStats.from_fields(fields)), SHADOW.step_started_at_ms)
+        ctrl_err = rng.random(N_MAX) < BASE_ERROR_RATE
+        cand_err = rng.random(N_MAX) < candidate_error_rate
+        both = ~ctrl_err & ~cand_err
+        sim = np.clip(rng.normal(SIMILARITY_MEAN, SIMILARITY_SD, N_MAX), 0.0, 1.0)
+        ctrl_ms = rng.normal(LOG_MS_MEAN, LOG_MS_SD, N_MAX)
+        cand_ms = rng.normal(LOG_MS_MEAN, LOG_MS_SD, N_MAX)
+        fmt_fail = rng.random(N_MAX) < FORMAT_FAILURE_RATE
+        d, cand_ok = cand_ms - ctrl_ms, ~cand_err
+        ctrl_errors, cand_errors = _upto(ctrl_err.astype(np.int64)), _upto(cand_err.astype(np.int64))
+        fmt_failures = _upto(fmt_fail.astype(np.int64))
+        sim_n, sim_sum, sim_sq = _upto(both.astype(np.int64)), _upto(sim, both), _upto(sim * sim, both)
+        d_n, d_sum, d_sq = _upto(cand_ok.astype(np.int64)), _upto(d, cand_ok), _upto(d * d, cand_ok)
+        hists = zip(_hists_upto(ctrl_ms, cand_ok), _hists_upto(cand_ms, cand_ok), strict=True)
+        for i, (look, (ctrl_bins, cand_bins)) in enumerate(zip(LOOKS, hists, strict=True)):
+            pairs = PairStats(  # what PairStats.from_fields reads from the store's fields (tested on its own)
+                n=look,
+                control_errors=int(ctrl_errors[i]),
+                candidate_errors=int(cand_errors[i]),
+                candidate_format_failures=int(fmt_failures[i]),
+                similarity=Moments(int(sim_n[i]), float(sim_sum[i]), float(sim_sq[i])),
+                log_latency_delta=Moments(int(d_n[i]), float(d_sum[i]), float(d_sq[i])),
+                control_latency=LatencyHistogram(ctrl_bins),
+                candidate_latency=LatencyHistogram(cand_bins),
+                ttft_delta_mean_ms=None,
+            )
+            verdict = decide(SHADOW, StepEvidence(pairs=pairs), SHADOW.step_started_at_ms)
             assert verdict is not None
             if verdict.decision.decision == "rollback":
                 rolled += 1

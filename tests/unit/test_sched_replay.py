@@ -29,14 +29,20 @@ def run(trace, policy: str, host_kv_blocks: int = 0):
     return replay(trace, policy, H100, cfg)
 
 
-def test_every_request_gets_its_tokens(trace) -> None:
-    res = run(trace, "default", host_kv_blocks=40_000)
+@pytest.fixture(scope="module")
+def with_host(trace):
+    """The replay with a host KV tier: both tests read it, it is run once (it takes seconds)."""
+    return run(trace, "default", host_kv_blocks=40_000)
+
+
+def test_every_request_gets_its_tokens(trace, with_host) -> None:
+    res = with_host
     assert len(res.e2e_ms) == len(res.ttft_ms) == len(trace) and not res.errors
     assert res.output_tokens == sum(r.output_tokens for r in trace)
     assert sum(res.per_worker_requests.values()) == len(trace)
 
 
-def test_a_host_tier_turns_evicted_prefixes_into_hits(trace) -> None:
-    gpu_only, with_host = run(trace, "default"), run(trace, "default", host_kv_blocks=40_000)
+def test_a_host_tier_turns_evicted_prefixes_into_hits(trace, with_host) -> None:
+    gpu_only = run(trace, "default")
     assert gpu_only.host_loaded_tokens == 0 < with_host.host_loaded_tokens
     assert with_host.cached_prompt_tokens > gpu_only.cached_prompt_tokens

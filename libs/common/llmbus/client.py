@@ -214,9 +214,15 @@ class LlmbusClient:
 
 
 async def collect_results(
-    settings: BusSettings, request_ids: set[str], timeout_s: float, tail: TopicTail | None = None
+    settings: BusSettings,
+    request_ids: set[str],
+    timeout_s: float,
+    tail: TopicTail | None = None,
+    until: Callable[[dict[str, list[InferenceResult]]], bool] | None = None,
 ) -> dict[str, list[InferenceResult]]:
-    """Every result published for `request_ids` (after the tail's start) within timeout_s."""
+    """Every result published for `request_ids` (after the tail's start) within timeout_s, or until
+    `until(found)` holds: for example once every request has one, or once a sentinel request sent
+    after them has come through the same services (a duplicate would have come before it)."""
     topics = t.Topics(settings.topic_prefix)
     own_tail = tail is None
     tail = tail or await TopicTail(settings, topics.name(t.RESULTS)).start()
@@ -226,6 +232,8 @@ async def collect_results(
             result = decode(record, InferenceResult)  # type: ignore[arg-type]
             if result.request_id in request_ids:
                 found.setdefault(result.request_id, []).append(result)
+                if until is not None and until(found):
+                    break
     finally:
         if own_tail:
             await tail.stop()
