@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from transformers import AutoTokenizer
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.contract.request_key import request_key
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from tests.fixtures.vllm_gateway import TENANT, VllmGateway, vllm_gateway
-from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, template_ids
+from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, hf_tokenizer, template_ids
 
 pytestmark = [
     pytest.mark.kafka,
@@ -60,7 +59,7 @@ async def test_a_multi_turn_chat_with_a_system_prompt_reaches_vllm_as_its_chat_t
 ) -> None:
     expected = template_ids(vllm_engine, [ChatMessage.model_validate(m) for m in CHAT])
     # The control: the plain-text rendering the engine once tokenized is another token sequence.
-    tokenizer = AutoTokenizer.from_pretrained(vllm_engine.config.model_path)
+    tokenizer = hf_tokenizer(vllm_engine.config.model_path)
     plain = InferenceRequest(messages=[ChatMessage.model_validate(m) for m in CHAT]).prompt_text()
     assert tokenizer.encode(plain) != expected
     spy = PromptSpy(vllm_engine, monkeypatch)
