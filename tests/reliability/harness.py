@@ -39,6 +39,9 @@ TENANTS = [f"rel-{i}" for i in range(8)]  # per-tenant rate limits (50/s each) s
 WORKER_ENV = {"LLMBUS_WORKER_SIM_SPEEDUP": "50", "LLMBUS_WORKER_HEARTBEAT_INTERVAL_S": "0.5"}
 SCHEDULER_ENV = {"LLMBUS_SCHEDULER_TICK_MS": "100"}  # a worker is dead after 5 s without a heartbeat (default)
 ROUTER_ENV = {"LLMBUS_ROUTER_STATE_CATCH_UP_S": "2"}
+# A broker that lives a minute or two: the quick compiler only and the serial collector (a third less CPU
+# to start than the default G1 with both compilers).
+SHORT_LIVED_BROKER_JVM_FLAGS = "-Xms256m -Xmx768m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:CICompilerCount=1"
 
 
 def _free_port() -> int:
@@ -68,8 +71,7 @@ class PrivateKafka:
             "KAFKA_RUN_DIR": str(self.run_dir),
             "KAFKA_NAME": f"kafka-{self.port}",
             "KAFKA_READY_TIMEOUT_S": "240",  # a JVM starting on two busy cores
-            # A broker that lives a minute: the quick compiler only (a third less CPU to start).
-            "KAFKA_JVM_OPTS": "-Xms256m -Xmx768m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:CICompilerCount=1",
+            "KAFKA_BROKER_JVM_FLAGS": SHORT_LIVED_BROKER_JVM_FLAGS,
         }
         subprocess.run([str(REPO / "deploy/kafka/kafka.sh"), action], check=True, env=env, timeout=360)
 

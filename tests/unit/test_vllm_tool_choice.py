@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from transformers import AutoTokenizer
 
 from llmbus.contract.tool_calls import assemble_tool_calls
 from services.engine_worker.adapters.engines import vllm_tools
 from services.engine_worker.adapters.engines.structured import named_tool
 from services.engine_worker.adapters.engines.vllm_tools import forced_call_delta, tool_call_stream
 from tests.fixtures.tiny_llama import build_tiny_llama
+from tests.fixtures.vllm_prompts import hf_tokenizer
 
 LOOKUP_FUNCTION: dict[str, Any] = {"name": "lookup", "parameters": {"type": "object"}}
 LOOKUP: dict[str, Any] = {"type": "function", "function": LOOKUP_FUNCTION}
@@ -50,7 +50,7 @@ CALL = '<tool_call>\n{"name": "lookup_offset", "arguments": {"partition": 7}}\n<
 
 @pytest.fixture(scope="module")
 def qwen_tokenizer() -> Any:
-    return AutoTokenizer.from_pretrained(build_tiny_llama(chat_family="qwen2.5"))
+    return hf_tokenizer(build_tiny_llama(chat_family="qwen2.5"))
 
 
 def _answer(calls: vllm_tools.ToolCallStream, tokenizer: Any, text: str) -> tuple[str, list[Any]]:

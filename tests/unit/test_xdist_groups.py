@@ -57,10 +57,10 @@ def test_both_vllm_groups_go_out_before_slow_tests_and_other_groups() -> None:
     slow = _Item("d.py::slow", markers=("slow",))
     plain = _Item("d.py::plain")
     ranks = {
-        "vllm": xdist_groups._start_rank(plain, "vllm"),  # type: ignore[arg-type]
-        "vllm-chatml": xdist_groups._start_rank(plain, "vllm-chatml"),  # type: ignore[arg-type]
-        "slow": xdist_groups._start_rank(slow, None),  # type: ignore[arg-type]
-        "module": xdist_groups._start_rank(plain, "d.py"),  # type: ignore[arg-type]
-        "rest": xdist_groups._start_rank(plain, None),  # type: ignore[arg-type]
+        "vllm": xdist_groups.start_rank(plain, "vllm"),  # type: ignore[arg-type]
+        "vllm-chatml": xdist_groups.start_rank(plain, "vllm-chatml"),  # type: ignore[arg-type]
+        "slow": xdist_groups.start_rank(slow, None),  # type: ignore[arg-type]
+        "module": xdist_groups.start_rank(plain, "d.py"),  # type: ignore[arg-type]
+        "rest": xdist_groups.start_rank(plain, None),  # type: ignore[arg-type]
     }
     assert ranks["vllm"] == ranks["vllm-chatml"] < ranks["slow"] < ranks["module"] < ranks["rest"]
