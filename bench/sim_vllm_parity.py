@@ -97,7 +97,7 @@ def build_vllm_scheduler(w: Workload):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from tests.fixtures.tiny_llama import build_tiny_llama
+    from llmbus_tools.harness.tiny_llama import build_tiny_llama
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=w.max_num_seqs,

@@ -12,8 +12,8 @@ import pytest
 
 from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 from tests import xdist_groups
-from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
 pytest_plugins = [

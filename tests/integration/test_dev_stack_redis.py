@@ -14,7 +14,7 @@ import pytest
 from llmbus.cli.stack import persist_redis
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import REPO
+from llmbus_tools.harness.service_procs import REPO
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from llmbus.client import LlmbusClient, TopicTail, collect_results
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, ResultStatus
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "services" / "router" / "policies" / "default.yaml"

@@ -25,7 +25,7 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, InferenceResult, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.tokens import estimate_tokens, load_tokenizer
-from tests.support import ServiceProc, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import REPO
+from llmbus_tools.harness.service_procs import REPO
 
 PASSWORD = "not-in-any-log-" + os.urandom(6).hex()
 
