@@ -32,8 +32,8 @@ def redis_with_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         "REDIS_PASSWORD": PASSWORD,
     }
     script = str(REPO / "deploy/redis/redis.sh")
-    subprocess.run([script, "start"], env=env, check=True, timeout=60)
-    try:
+    try:  # a start that failed its wait may still have left a server: stop it too
+        subprocess.run([script, "start"], env=env, check=True, timeout=60)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         subprocess.run([script, "stop"], env=env, check=False, timeout=30)
