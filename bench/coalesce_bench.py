@@ -31,8 +31,8 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, InferenceRequest, InferenceResult, TokenChunk
+from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 from services.router.core.config import load_policy
-from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 

@@ -133,10 +133,10 @@ async def bench_service(n: int, t0_ms: int, span_ms: int) -> dict[str, float]:
     from llmbus.bus.admin import ensure_catalog
     from llmbus.bus.producer import make_producer
     from llmbus.contract import topics as t
+    from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
     from services.cost_accounting.app import CostService
     from services.cost_accounting.config import CostSettings
     from services.cost_accounting.core.aggregates import agg_key, read_totals
-    from tests.support import drop_namespace, fresh_settings
 
     settings = fresh_settings()
     await ensure_catalog(settings)

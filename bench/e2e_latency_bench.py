@@ -22,7 +22,7 @@ import numpy as np
 from llmbus.bus.admin import ensure_catalog
 from llmbus.client import LlmbusClient
 from llmbus.contract.messages import InferenceRequest
-from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 

@@ -110,9 +110,9 @@ def tests_step() -> Step:
 
 
 async def _engine_run(enforce_eager: bool | None) -> dict[str, Any]:
+    from llmbus_tools.harness.vllm_config import tiny_vllm_config
     from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
     from services.engine_worker.core.engine import EngineRequest
-    from tests.fixtures.vllm_engine import tiny_vllm_config
 
     config = tiny_vllm_config(
         enforce_eager=enforce_eager,

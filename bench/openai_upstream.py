@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 
-from tests.fixtures.openai_server import FakeOpenAIServer
+from llmbus_tools.harness.openai_server import FakeOpenAIServer
 
 
 class _Forgetful(FakeOpenAIServer):

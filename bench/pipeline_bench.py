@@ -47,7 +47,7 @@ from bench.traces import AZURE_CONVERSATION
 from llmbus.bus.admin import ensure_catalog
 from llmbus.contract.messages import InferenceRequest
 from llmbus.settings import BusSettings
-from tests.support import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
+from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 ANSWER_TOKENS = 16
 TENANT = "bench"

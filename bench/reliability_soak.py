@@ -39,8 +39,8 @@ from llmbus.client import LlmbusClient
 from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.reliability.harness import Answers, Load, Stack, make_request, prepare, start_and_wait
-from tests.support import drop_namespace, fresh_settings
+from llmbus_tools.harness.reliability.stack import Answers, Load, Stack, make_request, prepare, start_and_wait
+from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 WORKERS = ["w1", "w2"]

@@ -39,9 +39,9 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Experiment, Variant
+from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings
 from llmbus_tools.router_training.corpus import HAND_PATH
 from services.router.core.config import load_policy
-from tests.support import ServiceProc, fresh_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "bench" / "reports"

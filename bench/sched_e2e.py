@@ -33,7 +33,7 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult, RoutedRequest, WorkerState, WorkerStatus
 from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
-from tests.support import drop_namespace, fresh_settings
+from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "sim-llama-8b"

@@ -7,7 +7,7 @@ to vllm.v1.core.sched.scheduler.Scheduler (no model: each step's "sampled" token
 deterministic function of the prompt and position, so output blocks hash alike) and to
 SimCore with the same limits and KV blocks. Per step we compare which requests got how
 many tokens, and price both schedules with the same step-time profile. Needs the vLLM
-CPU build (imports in ~6 s) and the tiny Llama config from tests/fixtures (no weights run).
+CPU build (imports in ~6 s) and the tiny Llama config from llmbus_tools.harness (no weights run).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def build_vllm_scheduler(w: Workload):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from tests.fixtures.tiny_llama import build_tiny_llama
+    from llmbus_tools.harness.tiny_llama import build_tiny_llama
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=w.max_num_seqs,

@@ -71,11 +71,11 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Dispatch, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.process.launch import bus_env, spawn_module
+from llmbus_tools.harness.service_procs import REPO, fresh_settings, wait_workers_ready
+from llmbus_tools.harness.tiny_llama import build_tiny_llama
+from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN, tiny_vllm_config
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import EngineRequest
-from tests.fixtures.tiny_llama import build_tiny_llama
-from tests.fixtures.vllm_engine import TINY_MAX_MODEL_LEN, tiny_vllm_config
-from tests.support import REPO, fresh_settings, wait_workers_ready
 
 
 def log(msg: str) -> None:

@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from tests.fixtures.vllm_engine import TINY_MAX_MODEL_LEN
+from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN
 
 REPORTS = Path(__file__).parent / "reports"
 COMMAND = "python -m bench.worker_vllm_bench"
@@ -48,7 +48,7 @@ class ModelCase:
     """A random-weight Llama to run the comparison on, and the loads for it."""
 
     name: str
-    sizes: dict[str, int]  # overrides of tests.fixtures.tiny_llama.RECIPE
+    sizes: dict[str, int]  # overrides of llmbus_tools.harness.tiny_llama.RECIPE
     shapes: tuple[Shape, ...]
     about: str
     # The engine's processes on CPU 1 only, everything else (front-end or worker, broker, bench) on

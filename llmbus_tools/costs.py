@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 from rich.console import Console
 from rich.table import Table
 
 from llmbus.bus import Bus
 from llmbus.contract import topics as t
+from llmbus.contract.config_file import read_yaml
 from llmbus.contract.messages import PriceBookUpdate, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
@@ -108,7 +108,7 @@ def plan(
     out: str = typer.Option("bench/reports", help="where the Markdown, JSON and PNG go"),
 ) -> None:
     """Capacity planner: the design source's case study from first principles, every step shown."""
-    fields: dict[str, Any] = yaml.safe_load(Path(config).read_text()) if config else {}
+    fields: dict[str, Any] = read_yaml(config) if config else {}
     flags = {
         "consultations_per_day": consultations_per_day,
         "consultations_per_instance_hour": consultations_per_instance_hour,
@@ -146,7 +146,7 @@ def plan(
 @app.command()
 def pricebook(path: str = typer.Argument(..., help="price book YAML (validated before it is published)")) -> None:
     """Publish a price book to llm.pricebook: cost-accounting uses it from now on, without a restart."""
-    raw = yaml.safe_load(Path(path).read_text())
+    raw = read_yaml(path)
     PriceBook.model_validate(raw)  # fail here, not in the service
 
     async def _publish() -> None:

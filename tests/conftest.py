@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 from tests import xdist_groups
-from tests.support import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
+from tests.leaks import describe, leftovers
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
 pytest_plugins = [
@@ -71,6 +74,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     return xdist_groups.SharedResourceScheduling(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run if it left a private Redis or broker running (each one a leak a later run inherits),
+    and end them. In the xdist controller: its temporary directory holds every worker's."""
+    if hasattr(session.config, "workerinput"):
+        return
+    left = leftovers(session.config._tmp_path_factory.getbasetemp())
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for proc in left:
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"LEFT RUNNING by this session, now killed: {describe(proc)}", red=True)
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

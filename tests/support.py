@@ -1,99 +1,23 @@
-"""Test helpers: an isolated topic namespace per test and services run as real processes."""
+"""Test helpers: waits with deadlines, Redis key scans, and the sim stack most flow tests start.
+
+Namespaces and service processes come from llmbus_tools.harness.service_procs (benchmarks use them too).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
-import signal
-import subprocess
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import psutil
 import redis.asyncio as redis
 
-from llmbus.bus.admin import delete_topics_matching
-from llmbus.client import TopicTail, collect_results, ready_workers
+from llmbus.client import TopicTail, collect_results
 from llmbus.contract.messages import InferenceResult
-from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-# Test and bench namespaces look like "t0123456789.": easy to find and drop afterwards.
-TEST_NAMESPACE = re.compile(r"^t[0-9a-f]{10}\.")
-
-
-def fresh_settings(**overrides: object) -> BusSettings:
-    """Settings under a namespace no other test uses (topics and groups alike)."""
-    return BusSettings(topic_prefix=f"t{uuid.uuid4().hex[:10]}.", log_json=False, **overrides)  # type: ignore[arg-type]
-
-
-async def drop_namespace(settings: BusSettings) -> None:
-    """Delete a test namespace's topics: thousands of leftover partitions slow the broker for everyone."""
-    await delete_topics_matching(settings, re.compile(re.escape(settings.topic_prefix)))
-
-
-@dataclass
-class ServiceProc:
-    """One service as its own process, with its log kept for the test's report."""
-
-    module: str
-    settings: BusSettings
-    env: dict[str, str] = field(default_factory=dict)
-    log_dir: Path = Path("/tmp")
-    name: str = ""
-    cwd: Path = REPO  # another checkout (a benchmark's baseline) runs its own code
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ServiceProc:
-        self.name = self.name or self.module.rsplit(".", 1)[-1]
-        self.log_path = self.log_dir / f"{self.settings.topic_prefix}{self.name}.log"
-        env = os.environ | bus_env(self.settings) | self.env
-        self.proc = spawn_module(self.module, env=env, log_path=self.log_path, cwd=self.cwd)
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL: no drain, no commit — what a crash looks like. Its children (vLLM's engine
-        processes) go too: a crashed host takes them with it, and orphans would keep busy-polling."""
-        if self.proc and self.proc.poll() is None:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-            for child in children:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    child.kill()
-
-    def terminate(self, timeout_s: float = 60) -> int:
-        """SIGTERM and wait: the graceful path."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise
-        return self.proc.returncode
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except (AttributeError, FileNotFoundError):
-            return ""
-
-
-async def wait_workers_ready(settings: BusSettings, worker_ids: set[str], timeout_s: float = 60) -> None:
-    ready = await ready_workers(settings, lambda seen: worker_ids <= seen, timeout_s)
-    if not worker_ids <= ready:
-        raise TimeoutError(f"workers {worker_ids - ready} not ready within {timeout_s}s")
+from llmbus_tools.harness.service_procs import ServiceProc
 
 
 def start_sim_stack(

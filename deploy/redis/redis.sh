@@ -45,8 +45,23 @@ start() {
   log "not answering; see $RUN_DIR/$NAME.log"; exit 1
 }
 
+# The pid file's redis-server, if it is still one (a pid may have been reused).
+own_pid() {
+  local pid
+  pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "redis-server" ] && echo "$pid"
+}
+
+# SHUTDOWN (bounded: a stopped or overloaded server may never answer), then the pid file's process
+# until it is gone: a server that did not answer in time or refused the shutdown would be left running.
 stop() {
-  if answering; then redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true; log "stopped"; else log "not running"; fi
+  local pid
+  timeout 10 redis-cli -p "$PORT" shutdown nosave >/dev/null 2>&1 || true
+  if pid=$(own_pid); then
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then log "pid $pid did not shut down: SIGKILL"; kill -9 "$pid" 2>/dev/null || true; fi
+  fi
+  log "stopped"
   rm -f "$PID_FILE"
 }
 

@@ -42,8 +42,9 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.service_procs import REPO, ServiceProc, wait_workers_ready
 from tests.integration.test_cost_e2e import COST_ENV, caught_up, hosted_result, read_log, results_for
-from tests.support import REPO, ServiceProc, eventually, redis_keys, start_sim_stack, wait_workers_ready
+from tests.support import eventually, redis_keys, start_sim_stack
 
 # The job alone may take its 600 s bound on a loaded machine (503 s measured at load 28): past the suite's 300 s.
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.analytics, pytest.mark.timeout(900)]

@@ -46,7 +46,8 @@ from llmbus.contract.messages import (
 from llmbus.contract.messages.experiments import DEFAULT_RAMP_PCT
 from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, eventually, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 

@@ -24,7 +24,7 @@ from llmbus.bus import Bus
 from llmbus.bus.admin import ensure_catalog
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord, Feedback, InferenceResult, Message, ResultStatus
-from tests.support import ServiceProc, drop_namespace, fresh_settings
+from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 RESULTS, COSTS, FEEDBACK = 4000, 1500, 800

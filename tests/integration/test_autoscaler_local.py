@@ -37,7 +37,8 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, eventually
+from llmbus_tools.harness.service_procs import ServiceProc
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 POOL = "sim-llama-8b"

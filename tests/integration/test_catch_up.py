@@ -14,8 +14,8 @@ from llmbus.bus.catch_up import NotReadToEnd, assigned_ends, reached, read_to_en
 from llmbus.contract.messages import InferenceRequest
 from llmbus.contract.topics import TopicSpec
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
 from tests.integration.test_consumer_loop import produce
-from tests.support import drop_namespace, fresh_settings
 
 pytestmark = pytest.mark.kafka
 PARTITIONS = 3

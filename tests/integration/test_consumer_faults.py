@@ -18,8 +18,9 @@ from llmbus.bus.catch_up import wait_assigned
 from llmbus.contract.messages import InferenceRequest
 from llmbus.contract.topics import TopicSpec
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
 from tests.integration.test_consumer_loop import produce
-from tests.support import drop_namespace, eventually, fresh_settings, until
+from tests.support import eventually, until
 
 pytestmark = pytest.mark.kafka
 

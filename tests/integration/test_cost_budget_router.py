@@ -23,8 +23,8 @@ from llmbus.contract.messages import (
     Usage,
 )
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import ServiceProc
 from services.router.core.config import DEFAULT_POLICY_PATH
-from tests.support import ServiceProc
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -23,9 +23,10 @@ from llmbus.contract.messages import CostRecord, InferenceResult, ResultStatus, 
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus.state.text import text_of
+from llmbus_tools.harness.service_procs import ServiceProc
 from services.cost_accounting.core.aggregates import agg_key, read_totals
 from services.cost_accounting.core.prices import load_pricebook
-from tests.support import ServiceProc, eventually
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 BOOK = load_pricebook()

@@ -33,8 +33,9 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.service_procs import ServiceProc
 from tests.integration.test_cost_e2e import caught_up, hosted_result, instance_cost_micro, read_log
-from tests.support import ServiceProc, eventually
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 # The workload is replayed into the past: its results wait for their workers' first heartbeat

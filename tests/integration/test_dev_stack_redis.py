@@ -14,7 +14,7 @@ import pytest
 from llmbus.cli.stack import persist_redis
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import REPO
+from llmbus_tools.harness.service_procs import REPO
 
 
 @pytest.fixture
@@ -24,8 +24,8 @@ def plain_redis(tmp_path: Path) -> Iterator[str]:
         port = s.getsockname()[1]
     env = os.environ | {"REDIS_PORT": str(port), "REDIS_RUN_DIR": str(tmp_path), "REDIS_APPENDONLY": "no"}
     script = str(REPO / "deploy/redis/redis.sh")
-    subprocess.run([script, "start"], check=True, env=env, timeout=60)
-    try:
+    try:  # a start that failed its wait may still have left a server: stop it too
+        subprocess.run([script, "start"], check=True, env=env, timeout=60)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         subprocess.run([script, "stop"], check=True, env=env, timeout=60)

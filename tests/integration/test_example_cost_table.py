@@ -16,7 +16,7 @@ from llmbus.bus.producer import stop_producer
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord
 from llmbus.settings import BusSettings
-from tests.support import REPO
+from llmbus_tools.harness.service_procs import REPO
 
 pytestmark = [pytest.mark.kafka]
 

@@ -12,7 +12,8 @@ from llmbus.client import LlmbusClient, TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, ResultStatus
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
+from tests.support import results_then_sentinel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 DEFAULT_POLICY = Path(__file__).resolve().parents[2] / "services" / "router" / "policies" / "default.yaml"

@@ -27,16 +27,8 @@ from llmbus.contract.messages import Control, ControlAction, Dispatch, ErrorCode
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import (
-    REPO,
-    ServiceProc,
-    drop_namespace,
-    eventually,
-    fresh_settings,
-    gateway_sentinel,
-    results_then_sentinel,
-    wait_workers_ready,
-)
+from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
+from tests.support import eventually, gateway_sentinel, results_then_sentinel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from llmbus.cli.main import app
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.state.store import redis_client
-from tests.reliability.harness import PrivateRedis
+from llmbus_tools.harness.reliability.stack import PrivateRedis
 
 pytestmark = [pytest.mark.redis]
 
@@ -41,8 +41,8 @@ async def _tenant_of(url: str, secret: str) -> str | None:
 
 def test_keys_come_back_after_a_flushall_from_an_export(tmp_path: Path) -> None:
     instance = PrivateRedis(tmp_path / "redis")
-    instance.start()
-    try:
+    try:  # a start that failed its wait may still have left a server: stop it too
+        instance.start()
         secret = _cli(instance.url, "create", "--tenant", "acme", "--name", "prod").strip().splitlines()[-1]
         other = _cli(instance.url, "create", "--tenant", "globex").strip().splitlines()[-1]
         backup = tmp_path / "keys.jsonl"

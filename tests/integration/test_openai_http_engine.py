@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 from llmbus.contract.messages import ErrorCode
+from llmbus_tools.harness.openai_server import FakeOpenAIServer
 from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from services.engine_worker.core.engine import (
@@ -21,7 +22,6 @@ from services.engine_worker.core.engine import (
     RequestRejected,
     UpstreamBusy,
 )
-from tests.fixtures.openai_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -1,5 +1,5 @@
 """Tool calling end to end: the official `openai` SDK through the gateway, the real broker and Redis,
-to openai-http workers whose upstream (tests/fixtures/openai_server.py) answers `tool_choice:
+to openai-http workers whose upstream (llmbus_tools/harness/openai_server.py) answers `tool_choice:
 required` with a streamed call of every tool asked for.
 
 Checked, streaming and not: the upstream's tool calls (ids, names, arguments pieced together from

@@ -2,7 +2,7 @@
 Kafka, Redis), driven by the official `openai` SDK.
 
 Each worker's upstream is an OpenAI-compatible HTTP server run by the test
-(tests/fixtures/openai_server.py): it records every request exactly as it arrives and streams a
+(llmbus_tools/harness/openai_server.py): it records every request exactly as it arrives and streams a
 real OpenAI-format SSE answer. Checked: a multi-turn chat with a system prompt reaches the upstream
 as the very message list the client sent, streaming and not; an upstream that answers 500 opens its
 worker's circuit breaker (DEGRADED in the heartbeat), no request is lost meanwhile, new requests go
@@ -29,9 +29,10 @@ from llmbus.contract.messages import InferenceResult, WorkerState, WorkerStatus
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.fixtures.openai_server import FakeOpenAIServer, SeenRequest
+from llmbus_tools.harness.openai_server import FakeOpenAIServer, SeenRequest
+from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 from tests.integration.test_gateway_openai import free_port
-from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_http_ok, wait_workers_ready
+from tests.support import wait_http_ok
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

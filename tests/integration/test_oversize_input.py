@@ -14,8 +14,9 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, ErrorCode, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import ServiceProc
 from tests.integration.test_spine import raw_producer, read_until
-from tests.support import ServiceProc, results_then_sentinel
+from tests.support import results_then_sentinel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -25,7 +25,8 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, InferenceResult, ModelSpec, ResultStatus
 from llmbus.settings import BusSettings
 from llmbus.tokens import estimate_tokens, load_tokenizer
-from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
+from tests.support import results_then_sentinel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import REPO
+from llmbus_tools.harness.service_procs import REPO
 
 PASSWORD = "not-in-any-log-" + os.urandom(6).hex()
 
@@ -32,8 +32,8 @@ def redis_with_password(tmp_path_factory: pytest.TempPathFactory) -> Iterator[st
         "REDIS_PASSWORD": PASSWORD,
     }
     script = str(REPO / "deploy/redis/redis.sh")
-    subprocess.run([script, "start"], env=env, check=True, timeout=60)
-    try:
+    try:  # a start that failed its wait may still have left a server: stop it too
+        subprocess.run([script, "start"], env=env, check=True, timeout=60)
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         subprocess.run([script, "stop"], env=env, check=False, timeout=30)

@@ -11,6 +11,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+import psutil
 import redis
 
 from llmbus.state.store import redis_client
@@ -36,8 +37,8 @@ def private_redis(tmp_path: Path) -> tuple[int, dict[str, str]]:
 
 def test_a_key_written_before_a_stop_is_there_after_the_start(tmp_path: Path) -> None:
     port, env = private_redis(tmp_path)
-    subprocess.run([SCRIPT, "start"], env=env, check=True, timeout=60)
-    try:
+    try:  # a start that failed its wait may still have left a server: stop it too
+        subprocess.run([SCRIPT, "start"], env=env, check=True, timeout=60)
         client = redis.Redis(port=port, socket_timeout=5)
         assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
         client.set("llmbus:test:marker", "kept")
@@ -55,7 +56,6 @@ def test_a_services_client_serves_right_after_redis_is_killed_and_started(tmp_pa
     # Every connection of the pool was open when Redis died; each must reconnect on its next command
     # instead of failing it (the compose smoke's gateway answered 500 after a Redis restart).
     port, env = private_redis(tmp_path)
-    subprocess.run([SCRIPT, "start"], env=env, check=True, timeout=60)
 
     async def scenario() -> list[bytes | None]:
         client = redis_client(f"redis://127.0.0.1:{port}/0", max_connections=8)
@@ -71,7 +71,22 @@ def test_a_services_client_serves_right_after_redis_is_killed_and_started(tmp_pa
         await client.aclose()
         return list(answers)
 
-    try:
+    try:  # a start that failed its wait may still have left a server: stop it too
+        subprocess.run([SCRIPT, "start"], env=env, check=True, timeout=60)
         assert asyncio.run(scenario()) == [b"kept"] * 8
     finally:
         subprocess.run([SCRIPT, "stop"], env=env, check=False, timeout=30)
+
+
+def test_a_stop_ends_a_server_that_does_not_answer(tmp_path: Path) -> None:
+    # A stopped server (SIGSTOP) answers no ping and no SHUTDOWN, like one too loaded to answer in time:
+    # the old stop hung on its ping (or, had the ping failed, said "not running") and left it running.
+    _, env = private_redis(tmp_path)
+    try:
+        subprocess.run([SCRIPT, "start"], env=env, check=True, timeout=60)
+        pid = int((tmp_path / "redis-persist.pid").read_text())
+        os.kill(pid, signal.SIGSTOP)
+        subprocess.run([SCRIPT, "stop"], env=env, check=True, timeout=60)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        subprocess.run([SCRIPT, "stop"], env=env, check=False, timeout=60)

@@ -32,7 +32,7 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.support import ServiceProc, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 N = 5

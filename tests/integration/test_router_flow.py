@@ -31,8 +31,8 @@ from llmbus.contract.messages import (
     Variant,
 )
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import ServiceProc
 from services.router.core.config import load_policy
-from tests.support import ServiceProc
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -14,8 +14,9 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, RoutedRequest, Timings
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import ServiceProc
 from services.router.core.config import load_policy
-from tests.support import ServiceProc, eventually
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 SLOW_MODEL = "llama-3.3-70b-instruct"  # tier mid, target 800 ms

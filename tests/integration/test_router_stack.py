@@ -12,8 +12,9 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, Experiment, InferenceRequest, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 from services.router.core.cache_key import cache_key
-from tests.support import ServiceProc, eventually, wait_workers_ready
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

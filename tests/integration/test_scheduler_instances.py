@@ -8,9 +8,10 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import ServiceProc
 from services.scheduler.adapters.store import PlacementStore
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
-from tests.support import ServiceProc, eventually
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 MODELS = [f"model-{i}" for i in range(8)]

@@ -22,8 +22,8 @@ from llmbus.contract.messages import Control, ControlAction, InferenceResult, Ou
 from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers, redis_client
+from llmbus_tools.harness.service_procs import ServiceProc
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
-from tests.support import ServiceProc
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 MODELS = [f"model-{i}" for i in range(8)]

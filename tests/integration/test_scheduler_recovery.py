@@ -30,7 +30,8 @@ from llmbus.contract.messages import (
     now_ms,
 )
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, eventually
+from llmbus_tools.harness.service_procs import ServiceProc
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 MODEL = "m-test"

@@ -46,10 +46,11 @@ from llmbus.contract.request_key import request_key
 from llmbus.security.acls import ANALYTICS, all_acls, tenant_topics
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings, wait_workers_ready
 from llmbus_tools.router_training.feedback import read_feedback
 from services.shadow_comparator.adapters.store import ComparatorStore
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
-from tests.support import ServiceProc, eventually, fresh_settings, wait_workers_ready
+from tests.support import eventually
 
 
 async def fresh_namespace(secured_kafka: SecuredKafka) -> str:

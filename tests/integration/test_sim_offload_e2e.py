@@ -11,7 +11,7 @@ from llmbus.client import LlmbusClient, TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, WorkerStatus
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

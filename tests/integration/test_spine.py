@@ -15,7 +15,8 @@ from llmbus.client import TopicTail, collect_results
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceResult, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, results_then_sentinel, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
+from tests.support import results_then_sentinel
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -19,8 +19,9 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import BookedTo, ChatMessage, CostRecord, InferenceRequest, InferenceResult, ResultStatus
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 from tests.integration.test_cost_e2e import COST_ENV, caught_up, read_log
-from tests.support import ServiceProc, eventually, start_sim_stack, wait_workers_ready
+from tests.support import eventually, start_sim_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 TENANTS = ("acme", "globex")

@@ -34,10 +34,11 @@ from llmbus.contract.messages import (
 from llmbus.domain.lifecycle import create, to_step
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.service_procs import ServiceProc
 from services.shadow_comparator.adapters.store import ComparatorStore
 from services.shadow_comparator.core.aggregates import VariantStats
 from tests.integration.test_cost_e2e import caught_up, read_log
-from tests.support import ServiceProc, eventually
+from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 

@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from llmbus.contract.messages import ErrorCode
+from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN
 from services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
 from services.engine_worker.core.engine import (
     AdmissionError,
@@ -18,7 +19,6 @@ from services.engine_worker.core.engine import (
     EngineOutput,
     EngineRequest,
 )
-from tests.fixtures.vllm_engine import TINY_MAX_MODEL_LEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

@@ -26,7 +26,7 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
-from tests.support import ServiceProc, wait_workers_ready
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 

@@ -40,10 +40,10 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
-from tests.fixtures.tiny_llama import build_tiny_llama
-from tests.fixtures.vllm_engine import FAST_VLLM_ENV
+from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
+from llmbus_tools.harness.tiny_llama import build_tiny_llama
+from llmbus_tools.harness.vllm_config import FAST_VLLM_ENV
 from tests.fixtures.vllm_prompts import hf_tokenizer
-from tests.support import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(600)]
 WORKER = "vllm-w1"

@@ -18,12 +18,12 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from llmbus.bus.admin import open_admin
 from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.reliability.effects import Billing
+from llmbus_tools.harness.reliability.stack import Load, Outcome
+from llmbus_tools.harness.service_procs import fresh_settings
 from tests.fixtures.kafka_cluster import MIN_INSYNC_REPLICAS, REPLICATION_FACTOR, KafkaCluster, kafka_cluster
-from tests.reliability.effects import Billing
-from tests.reliability.harness import Load, Outcome
 from tests.reliability.scenarios import NO_ERRORS, WORKERS, Faults, Size, at, run_scenario, running_stack
 from tests.reliability.service_scenarios import rejoined
-from tests.support import fresh_settings
 
 # Plus every llm.dispatch.<worker> topic. llm.tokens carries the streamed chunks (every load request
 # streams), which workers send without waiting for each ack (Publisher.send): the victim must lead

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.reliability.harness import Outcome
+from llmbus_tools.harness.reliability.stack import Outcome
 from tests.reliability.report import write_report
 
 

@@ -23,7 +23,7 @@ import httpx
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.reliability.harness import MODEL, TENANTS, make_request
+from llmbus_tools.harness.reliability.stack import MODEL, TENANTS, make_request
 
 
 def free_port() -> int:

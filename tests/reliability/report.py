@@ -7,8 +7,8 @@ import platform
 import time
 from pathlib import Path
 
-from tests.reliability.harness import Outcome
-from tests.reliability.service_rows import SIGNALS
+from llmbus_tools.harness.reliability.service_rows import SIGNALS
+from llmbus_tools.harness.reliability.stack import Outcome
 
 COLUMNS = ("sent", "answered", "lost", "doubled", "bad_chunks", "misplaced", "unaccounted")
 SERVICE_COLUMNS = ("exits", *SIGNALS)

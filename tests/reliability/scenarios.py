@@ -21,8 +21,8 @@ from llmbus.bus import Bus
 from llmbus.bus.codec import MAX_ID_CHARS
 from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
-from tests.reliability.effects import Effect
-from tests.reliability.harness import (
+from llmbus_tools.harness.reliability.effects import Effect
+from llmbus_tools.harness.reliability.stack import (
     Answers,
     ErrorBound,
     Load,
@@ -36,8 +36,8 @@ from tests.reliability.harness import (
     prepare,
     start_and_wait,
 )
+from llmbus_tools.harness.service_procs import fresh_settings
 from tests.reliability.hostile import DUPLICATE, FOREIGN, Hostile, draw_corpus
-from tests.support import fresh_settings
 
 WORKERS = ["w1", "w2"]
 NO_ERRORS: ErrorBound = {}  # nothing a client needs was down: every request must be answered OK

@@ -1,6 +1,6 @@
 """Fault scenarios for the services beside the request path: cost-accounting, the shadow-comparator,
 the gateway and the autoscaler, each in the stack under load and SIGKILLed mid-run, judged by their exactly-once
-effects (`tests.reliability.effects`) besides the delivery audit. Sizes and helpers are the other
+effects (`llmbus_tools.harness.reliability.effects`) besides the delivery audit. Sizes and helpers are the other
 scenarios' (`tests.reliability.scenarios`); docs/reliability.md says how each is judged.
 """
 
@@ -22,11 +22,20 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ModelSpec
 from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
-from tests.reliability.effects import Billing, Comparing, Scaling, group_members, live_pids
+from llmbus_tools.harness.reliability.effects import Billing, Comparing, Scaling, group_members, live_pids
+from llmbus_tools.harness.reliability.stack import (
+    MODEL,
+    Answers,
+    Outcome,
+    Stack,
+    dispose,
+    finish,
+    prepare,
+    start_and_wait,
+)
+from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings
 from tests.reliability.gateway import HttpLoad, api_keys, free_port, wait_ready
-from tests.reliability.harness import MODEL, Answers, Outcome, Stack, dispose, finish, prepare, start_and_wait
 from tests.reliability.scenarios import NO_ERRORS, WORKERS, Faults, Size, at, run_scenario, running_stack
-from tests.support import ServiceProc, fresh_settings
 
 CANDIDATE = "sim-cand"  # the shadow experiment's candidate model (sigkill_comparator)
 
@@ -211,7 +220,7 @@ def autoscaled_pool(path: Path, max_replicas: int) -> Path:
 async def sigkill_autoscaler(size: Size, log_dir: Path) -> Outcome:
     """One slow static worker and a 10/s load: the autoscaler (local actuator) adds workers on the
     queue wait and is SIGKILLed twice meanwhile (`kill_twice`); its workers outlive it. Each decision
-    is applied once (`tests.reliability.effects.Scaling`): the decisions chain, the pool stays under
+    is applied once (`llmbus_tools.harness.reliability.effects.Scaling`): the decisions chain, the pool stays under
     its maximum, and once idle it ends at its minimum with no worker left behind."""
     settings = fresh_settings()
     faults = Faults()

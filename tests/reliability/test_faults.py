@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from llmbus.audit import AuditReport
+from llmbus_tools.harness.reliability.stack import Outcome
 from tests.reliability.cluster_scenarios import CLUSTER_SCENARIOS
-from tests.reliability.harness import Outcome
 from tests.reliability.scenarios import LONG, SHORT, sized
 from tests.reliability.scenarios import SCENARIOS as DELIVERY_SCENARIOS
 from tests.reliability.service_scenarios import SERVICE_SCENARIOS

@@ -38,15 +38,15 @@ from llmbus.contract.messages import BookedTo, CostKind, CostRecord
 from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from tests.reliability.effects import costs_in, results_in
-from tests.reliability.harness import (
+from llmbus_tools.harness.reliability.effects import costs_in, results_in
+from llmbus_tools.harness.reliability.stack import (
     Outcome,
     PrivateRedis,
     dispose,
 )
+from llmbus_tools.harness.service_procs import fresh_settings
 from tests.reliability.scenarios import SHORT, Faults, at, run_scenario
 from tests.reliability.service_scenarios import billed_stack
-from tests.support import fresh_settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -4,7 +4,8 @@
   level but those; I/O lives in adapters/, configuration files in policies/;
 - libs/ imports no service and no offline tool; no service imports another service, the CLI or
   the offline tools;
-- core/ imports no transport, Redis, HTTP or metrics client, and none of its service's outer layers.
+- core/ imports no transport, Redis, HTTP or metrics client, and none of its service's outer layers;
+- no benchmark and no offline tool imports tests: what both need is in llmbus_tools/harness/.
 """
 
 from __future__ import annotations
@@ -122,6 +123,18 @@ def test_core_is_pure(service: str) -> None:
         for name in imports(path)
         if any(within(name, banned) for banned in (*NOT_IN_CORE, *outer))
     }
+    assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("folder", ["bench", "llmbus_tools"])
+def test_bench_and_tools_import_no_tests(folder: str) -> None:
+    wrong = {
+        f"{path.relative_to(REPO)}: {name}"
+        for path in sources(REPO / folder)
+        for name in imports(path)
+        if within(name, "tests")
+    }
+    assert sources(REPO / folder), folder
     assert not wrong, sorted(wrong)
 
 

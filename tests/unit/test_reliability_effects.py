@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from llmbus.audit import AuditReport
 from llmbus.contract.messages import BookedTo, CostKind, CostRecord
-from tests.reliability.effects import comparison_problems, tenant_totals_of, totals_problems
-from tests.reliability.harness import Outcome, over_bound
+from llmbus_tools.harness.reliability.effects import comparison_problems, tenant_totals_of, totals_problems
+from llmbus_tools.harness.reliability.stack import Outcome, over_bound
 
 
 def cost(request_id: str, micro: int, booked_to: BookedTo = BookedTo.TENANT) -> CostRecord:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from llmbus.audit import AuditReport
-from tests.reliability.harness import Outcome
+from llmbus_tools.harness.reliability.stack import Outcome
 from tests.reliability.report import write_report
 
 
@@ -29,7 +29,7 @@ def test_report_has_a_row_per_scenario_and_the_command(tmp_path: Path) -> None:
 
 
 def test_report_has_a_row_per_scenario_and_service_judged_by_its_own_check(tmp_path: Path) -> None:
-    from tests.reliability.service_rows import service_rows
+    from llmbus_tools.harness.reliability.service_rows import service_rows
 
     scheduler_log = tmp_path / "scheduler.log"
     scheduler_log.write_text(

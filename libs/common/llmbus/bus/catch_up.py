@@ -8,7 +8,7 @@ late, so a loop with no deadline can hang a service's start for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -61,7 +61,7 @@ async def read_to_end(
     *,
     call_timeout_s: float,
     max_records: int | None = None,
-) -> AsyncIterator[ConsumerRecord]:
+) -> AsyncGenerator[ConsumerRecord, None]:
     """Every record from the consumer's positions up to `ends` (exclusive), partition by partition in order.
 
     A partition is done when its position reaches its end, not when a record at end - 1 arrives:
@@ -84,3 +84,33 @@ async def read_to_end(
             for record in records:
                 if record.offset < ends[tp]:
                     yield record
+
+
+async def first_records(
+    consumer: AIOKafkaConsumer,
+    starts: dict[TopicPartition, int],
+    ends: dict[TopicPartition, int],
+    timeout_s: float,
+    *,
+    call_timeout_s: float,
+) -> dict[TopicPartition, ConsumerRecord]:
+    """The first record at or after each partition's start offset and below its end (an assigned
+    consumer; it is moved to `starts`). A partition with only markers or compacted offsets left there
+    has none. Raises NotReadToEnd when `timeout_s` (for all of them) passes first."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    firsts: dict[TopicPartition, ConsumerRecord] = {}
+    for tp, start in sorted(starts.items()):
+        if start >= ends[tp]:
+            continue
+        consumer.seek(tp, start)
+        records = read_to_end(
+            consumer, {tp: ends[tp]}, max(0.0, deadline - loop.time()), call_timeout_s=call_timeout_s, max_records=1
+        )
+        try:
+            async for record in records:
+                firsts[tp] = record
+                break
+        finally:
+            await records.aclose()
+    return firsts

@@ -11,7 +11,7 @@ from typing import TypeVar
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from llmbus.bus.admin import open_admin
-from llmbus.bus.catch_up import assigned_ends, read_to_end
+from llmbus.bus.catch_up import assigned_ends, first_records, read_to_end
 from llmbus.bus.codec import BadMessage, decode
 from llmbus.bus.security import kafka_auth
 from llmbus.contract.messages import Message
@@ -48,15 +48,7 @@ async def read_log(settings: BusSettings, topic: str, model: type[M], timeout_s:
 
 async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: float) -> list[tuple[str, M | None]]:
     """(key, message or None for a tombstone) up to the end offsets as of now."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        request_timeout_ms=settings.request_timeout_ms,
-        **kafka_auth(settings),
-    )
+    consumer = reader(settings, topic)
     records: list[tuple[str, M | None]] = []
     try:  # a start that fails (times out) is stopped too: an unstopped consumer keeps its connections
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
@@ -81,11 +73,11 @@ async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: fl
 async def read_since(settings: BusSettings, topic: str, model: type[M], since_ms: int, timeout_s: float) -> list[M]:
     """Every message of `topic` whose record was written at or after `since_ms`, up to the end offsets
     as of now (undecodable records skipped). Raises NotReadToEnd (a TimeoutError) if not read to the end in time."""
-    consumer = _assigned_reader(settings)
+    consumer = reader(settings)
     out: list[M] = []
     try:
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
-        tps = await _partitions(settings, topic)
+        tps = await partitions_of(settings, [topic])
         consumer.assign(tps)
         ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
         starts = await asyncio.wait_for(consumer.offsets_for_times(dict.fromkeys(tps, since_ms)), timeout_s)
@@ -106,42 +98,45 @@ async def read_since(settings: BusSettings, topic: str, model: type[M], since_ms
 async def resume_time_ms(settings: BusSettings, group: str, topic: str, timeout_s: float) -> int | None:
     """When the oldest record `group` will read again from `topic` was written: the earliest record
     timestamp at its committed offsets, or at the log's start on a partition it never committed
-    (it reads those from the earliest). None: nothing is left to read again."""
+    (it reads those from the earliest). None: nothing is left to read again. Raises NotReadToEnd
+    (a TimeoutError) when the first records did not all come within `timeout_s`: a later answer could be older."""
     async with open_admin(settings) as admin:
         committed = await asyncio.wait_for(admin.list_consumer_group_offsets(group), settings.admin_timeout_s)
-    tps = await _partitions(settings, topic)
-    consumer = _assigned_reader(settings)
-    times: list[int] = []
+    tps = await partitions_of(settings, [topic])
+    consumer = reader(settings)
     try:
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         consumer.assign(tps)
         starts = await asyncio.wait_for(consumer.beginning_offsets(tps), settings.admin_timeout_s)
         ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
+        resume = {}
         for tp in tps:
             meta = committed.get(tp)
-            offset = max(meta.offset, starts[tp]) if meta is not None and meta.offset >= 0 else starts[tp]
-            if offset < ends[tp]:
-                consumer.seek(tp, offset)
-                fetch = consumer.getmany(tp, timeout_ms=int(timeout_s * 1000), max_records=1)
-                got = await asyncio.wait_for(fetch, timeout_s + 1)
-                times += [record.timestamp for record in got.get(tp, [])[:1]]
+            resume[tp] = max(meta.offset, starts[tp]) if meta is not None and meta.offset >= 0 else starts[tp]
+        firsts = await first_records(consumer, resume, ends, timeout_s, call_timeout_s=settings.admin_timeout_s)
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
-    return min(times) if times else None
+    return min((record.timestamp for record in firsts.values()), default=None)
 
 
-def _assigned_reader(settings: BusSettings) -> AIOKafkaConsumer:
+def reader(settings: BusSettings, *topics: str) -> AIOKafkaConsumer:
+    """A group-less consumer that commits nothing: subscribed to `topics` from their start, or, with
+    none, for `assign` and `seek` (it starts from the earliest offset wherever a seek falls off the log)."""
     return AIOKafkaConsumer(
+        *topics,
         bootstrap_servers=settings.kafka_bootstrap,
         group_id=None,
+        auto_offset_reset="earliest",
         enable_auto_commit=False,
         request_timeout_ms=settings.request_timeout_ms,
         **kafka_auth(settings),
     )
 
 
-async def _partitions(settings: BusSettings, topic: str) -> list[TopicPartition]:
-    """Every partition of `topic`, from the broker (a group-less consumer knows none yet)."""
+async def partitions_of(settings: BusSettings, topics: list[str]) -> list[TopicPartition]:
+    """Every partition of `topics`, from the broker (a group-less consumer knows none yet)."""
+    if not topics:
+        return []
     async with open_admin(settings) as admin:
-        described = await asyncio.wait_for(admin.describe_topics([topic]), settings.admin_timeout_s)
+        described = await asyncio.wait_for(admin.describe_topics(topics), settings.admin_timeout_s)
     return sorted(TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"])

@@ -19,19 +19,19 @@ their own TTL, and deleting them would lose a bill.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from dataclasses import dataclass, field
 
 import typer
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import for_code
 from aiokafka.protocol.admin import DeleteGroupsRequest
 from rich.console import Console
 
 from llmbus.bus.admin import open_admin
-from llmbus.bus.security import kafka_auth
-from llmbus.bus.tables import read_table
+from llmbus.bus.catch_up import NotReadToEnd, first_records
+from llmbus.bus.tables import partitions_of, read_table, reader
 from llmbus.cli.experiments import publish_record
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
@@ -39,6 +39,8 @@ from llmbus.contract.messages import WorkerStatus
 from llmbus.security.tenancy import RESERVED_TENANT_PREFIXES
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+
+log = logging.getLogger(__name__)
 
 console = Console()
 
@@ -139,34 +141,23 @@ async def last_write_ms(
     newest: dict[str, int | None] = dict.fromkeys(topic_names)
     if not topic_names:
         return newest
-    async with open_admin(settings) as admin:
-        described = await asyncio.wait_for(admin.describe_topics(topic_names), settings.admin_timeout_s)
-    partitions = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        request_timeout_ms=settings.request_timeout_ms,
-        **kafka_auth(settings),
-    )
+    partitions = await partitions_of(settings, topic_names)
+    consumer = reader(settings)
     try:
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         consumer.assign(partitions)
         starts = await asyncio.wait_for(consumer.beginning_offsets(partitions), settings.admin_timeout_s)
         ends = await asyncio.wait_for(consumer.end_offsets(partitions), settings.admin_timeout_s)
-        pending = {tp for tp in partitions if ends[tp] > starts[tp]}
-        for tp in pending:
-            consumer.seek(tp, ends[tp] - 1)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while pending and loop.time() < deadline:
-            for tp, records in (await consumer.getmany(*pending, timeout_ms=200)).items():
-                if records:
-                    stamp_ms = max(r.timestamp for r in records)
-                    newest[tp.topic] = max(stamp_ms, newest[tp.topic] or stamp_ms)
-                    pending.discard(tp)
+        lasts = {tp: max(ends[tp] - 1, starts[tp]) for tp in partitions}
+        try:
+            found = await first_records(consumer, lasts, ends, timeout_s, call_timeout_s=settings.admin_timeout_s)
+        except NotReadToEnd as short:  # a partition not read is no proof of an idle topic: keep its topic
+            log.warning("last records not read in time: %s", short)
+            found = {}
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
+    for tp, record in found.items():
+        newest[tp.topic] = max(record.timestamp, newest[tp.topic] or record.timestamp)
     return newest
 
 

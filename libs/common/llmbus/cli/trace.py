@@ -6,15 +6,14 @@ import asyncio
 import time
 
 import typer
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from rich.console import Console
 
 from llmbus.bus import BadMessage, decode
 from llmbus.bus.admin import open_admin
 from llmbus.bus.catch_up import NotReadToEnd, read_to_end
 from llmbus.bus.headers import REQUEST_ID, as_dict
-from llmbus.bus.security import kafka_auth
-from llmbus.bus.tables import read_table
+from llmbus.bus.tables import partitions_of, read_table, reader
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Control, NodeProfile, WorkerStatus
 from llmbus.domain.lineage import Lineage, render
@@ -34,21 +33,14 @@ async def _path_partitions(settings: BusSettings) -> list[TopicPartition]:
         existing = set(await asyncio.wait_for(admin.list_topics(), settings.admin_timeout_s))
         wanted = {topics.name(base) for base in _FIXED}
         wanted |= {n for n in existing if any(n.startswith(topics.name(p)) for p in _PREFIXES)}
-        described = await asyncio.wait_for(admin.describe_topics(sorted(wanted & existing)), settings.admin_timeout_s)
-    return [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
+    return await partitions_of(settings, sorted(wanted & existing))
 
 
 async def read_lineage(settings: BusSettings, request_id: str, since_s: float, timeout_s: float) -> Lineage:
     """Scan the path's topics from `since_s` ago to their end as of now, keeping the request's records."""
     topics = t.Topics(settings.topic_prefix)
     tps = await _path_partitions(settings)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        group_id=None,
-        enable_auto_commit=False,
-        request_timeout_ms=settings.request_timeout_ms,
-        **kafka_auth(settings),
-    )
+    consumer = reader(settings)
     lineage = Lineage(request_id)
     control_topic = topics.name(t.CONTROL)
     try:  # a start that fails (times out) is stopped too: an unstopped consumer keeps its connections

@@ -5,7 +5,7 @@ with its name instead of being ignored."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -20,10 +20,15 @@ class StrictModel(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
-def load_yaml(path: str | Path, model: type[M]) -> M:
-    """`path` read as YAML and validated by `model` (an empty file counts as `{}`)."""
+def read_yaml(path: str | Path) -> Any:
+    """`path` read as YAML, not yet validated (an empty file counts as `{}`)."""
     raw = yaml.safe_load(Path(path).read_text())
-    return model.model_validate({} if raw is None else raw)
+    return {} if raw is None else raw
+
+
+def load_yaml(path: str | Path, model: type[M]) -> M:
+    """`path` read as YAML and validated by `model`."""
+    return model.model_validate(read_yaml(path))
 
 
 def shipped_or_path(name_or_path: str, folder: Path) -> Path:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import yaml
+from llmbus.contract.config_file import read_yaml
 
 PROFILES_PATH = Path(__file__).resolve().parents[3] / "policies" / "sim_profiles.yaml"
 DEFAULT_PROFILE = "llama-3.1-8b-h100"
@@ -48,7 +48,7 @@ class SimProfile:
 
 @cache
 def load_profiles(path: Path = PROFILES_PATH) -> dict[str, SimProfile]:
-    raw = yaml.safe_load(path.read_text())["profiles"]
+    raw = read_yaml(path)["profiles"]
     return {name: SimProfile(name=name, **fields) for name, fields in raw.items()}
 
 

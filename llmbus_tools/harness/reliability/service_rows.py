@@ -14,7 +14,7 @@ SIGNALS = {
     "sends_retried": "sending it again",
     "producers_renewed": "starting a new producer",
 }
-# The services whose effect an effect checker judges (tests.reliability.effects); every other service
+# The services whose effect an effect checker judges (llmbus_tools.harness.reliability.effects); every other service
 # is judged by the delivery audit of the request path.
 JUDGED_BY = {"cost": "Billing", "comparator": "Comparing", "autoscaler": "Scaling"}
 DELIVERY = "delivery audit"

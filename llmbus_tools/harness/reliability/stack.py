@@ -1,7 +1,7 @@
 """What every fault scenario stands on: a stack of real service processes, private infrastructure
 to break, a bounded load, and the wait for answers before the audit reads the namespace back.
 
-Services are `tests.support.ServiceProc` processes; a private broker or Redis comes from the
+Services are `llmbus_tools.harness.service_procs.ServiceProc` processes; a private broker or Redis comes from the
 project's own scripts (deploy/kafka/kafka.sh, deploy/redis/redis.sh) on another port and data
 dir, so the shared ones are never touched.
 """
@@ -28,9 +28,9 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
-from tests.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
-from tests.reliability.service_rows import service_rows
-from tests.support import REPO, ServiceProc, drop_namespace, wait_workers_ready
+from llmbus_tools.harness.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
+from llmbus_tools.harness.reliability.service_rows import service_rows
+from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, wait_workers_ready
 
 log = logging.getLogger(__name__)
 MODEL = "sim-llama-8b"
@@ -319,7 +319,7 @@ class Outcome:
     error: str | None = None  # the scenario itself did not complete (the audit did not run)
     error_bound: ErrorBound = field(default_factory=dict)
     effect_problems: list[str] = field(default_factory=list)  # downstream effects not exactly once
-    services: list[dict[str, object]] = field(default_factory=list)  # tests.reliability.service_rows
+    services: list[dict[str, object]] = field(default_factory=list)  # llmbus_tools.harness.reliability.service_rows
 
     @property
     def errors_over_bound(self) -> list[str]:
