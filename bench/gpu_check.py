@@ -69,14 +69,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def find_gpus(nvml: ModuleType | None = None) -> NodeProfile:
-    from services.engine_worker.adapters.node.profile import profile_node
+    from llmbus_services.engine_worker.adapters.node.profile import profile_node
 
     return profile_node(nvml=nvml)
 
 
 def node_step(profile: NodeProfile) -> Step:
-    from services.engine_worker.core.formats import NoFormatFits, choose_format
-    from services.engine_worker.core.node_plan import gpu_healthy
+    from llmbus_services.engine_worker.core.formats import NoFormatFits, choose_format
+    from llmbus_services.engine_worker.core.node_plan import gpu_healthy
 
     gpu = profile.gpus[0]
     detail = f"{len(profile.gpus)} x {gpu.name}, {gpu.memory_total_bytes / 2**30:.1f} GiB, CC {gpu.compute_capability}"
@@ -110,8 +110,8 @@ def tests_step() -> Step:
 
 
 async def _engine_run(enforce_eager: bool | None) -> dict[str, Any]:
-    from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-    from services.engine_worker.core.engine import EngineRequest
+    from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+    from llmbus_services.engine_worker.core.engine import EngineRequest
     from tests.fixtures.vllm_engine import tiny_vllm_config
 
     config = tiny_vllm_config(

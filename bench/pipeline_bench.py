@@ -111,9 +111,9 @@ class Stack:
             worker_env |= {"LLMBUS_WORKER_ENGINE": "openai-http", "LLMBUS_WORKER_OPENAI_BASE_URL": self.upstream_url}
         else:
             worker_env |= {"LLMBUS_WORKER_ENGINE": "sim", "LLMBUS_WORKER_SIM_SPEEDUP": "0"}
-        self._proc("services.router", "router", {"LLMBUS_ROUTER_POLICY_PATH": str(self.policy)}, self.tree)
-        self._proc("services.scheduler", "scheduler", {}, self.tree)
-        self._proc("services.engine_worker", "worker", worker_env, self.tree)
+        self._proc("llmbus_services.router", "router", {"LLMBUS_ROUTER_POLICY_PATH": str(self.policy)}, self.tree)
+        self._proc("llmbus_services.scheduler", "scheduler", {}, self.tree)
+        self._proc("llmbus_services.engine_worker", "worker", worker_env, self.tree)
         await wait_workers_ready(self.settings, {WORKER_ID}, timeout_s=90)
 
     def pids(self) -> dict[str, int]:

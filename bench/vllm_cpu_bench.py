@@ -28,8 +28,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from services.engine_worker.adapters.engines.vllm_engine import VllmConfig, VllmEngine
-from services.engine_worker.core.engine import EngineRequest
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmConfig, VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineRequest
 from tests.fixtures.tiny_llama import build_tiny_llama
 
 REPORTS = Path(__file__).parent / "reports"

@@ -106,10 +106,10 @@ async def measure(mode: str, requests: int, concurrency: int, max_tokens: int, w
     from llmbus.contract.topics import Topics
     from llmbus.observability.telemetry import setup_tracing
     from llmbus.settings import BusSettings
-    from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
-    from services.engine_worker.config import WorkerSettings
-    from services.engine_worker.core.engine import EngineRequest
-    from services.engine_worker.handlers import WorkerHandlers
+    from llmbus_services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
+    from llmbus_services.engine_worker.config import WorkerSettings
+    from llmbus_services.engine_worker.core.engine import EngineRequest
+    from llmbus_services.engine_worker.handlers import WorkerHandlers
 
     setup_tracing("engine-worker", BusSettings())
     engine = SimEngine(SimConfig(speedup=0))

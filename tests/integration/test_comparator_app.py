@@ -10,8 +10,8 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import Comparison, DeadLetter, InferenceResult, ResultStatus, Timings
 from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
-from services.shadow_comparator.app import build
-from services.shadow_comparator.config import ComparatorSettings
+from llmbus_services.shadow_comparator.app import build
+from llmbus_services.shadow_comparator.config import ComparatorSettings
 from tests.support import fresh_settings
 
 pytestmark = pytest.mark.redis

@@ -38,8 +38,8 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from services.cost_accounting.core.aggregates import agg_key, read_totals
-from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
+from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
+from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
 from tests.support import ServiceProc, eventually, redis_keys, start_sim_stack, wait_workers_ready
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.contract.request_key import request_key
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from tests.fixtures.vllm_gateway import TENANT, VllmGateway, vllm_gateway
 from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, template_ids
 

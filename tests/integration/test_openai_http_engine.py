@@ -10,9 +10,9 @@ import pytest
 import pytest_asyncio
 
 from llmbus.contract.messages import ErrorCode
-from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine_worker.core.engine import EngineRequest, RequestRejected
+from llmbus_services.engine_worker.core.engine import EngineRequest, RequestRejected
 from tests.fixtures.openai_server import FakeOpenAIServer
 from tests.integration.test_openai_http_engine import _collect, _engine, server  # noqa: F401 - the fixture
 

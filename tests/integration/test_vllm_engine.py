@@ -9,8 +9,8 @@ import signal
 import pytest
 
 from llmbus.contract.messages import ErrorCode
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
