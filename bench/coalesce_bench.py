@@ -51,7 +51,9 @@ async def run_mode(coalesce: bool, prompts: int, burst: int, max_tokens: int, wo
     policy_path = workdir / f"policy-{coalesce}.yaml"
     policy_path.write_text(yaml.safe_dump(raw))
     procs = [
-        ServiceProc("llmbus_services.router", settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path)}, log_dir=workdir),
+        ServiceProc(
+            "llmbus_services.router", settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path)}, log_dir=workdir
+        ),
         ServiceProc("llmbus_services.scheduler", settings, log_dir=workdir),
         ServiceProc(
             "llmbus_services.engine_worker",

@@ -42,6 +42,7 @@ from llmbus.contract.messages import (
     WorkerStatus,
     now_ms,
 )
+from llmbus.process.launch import checkout_pythonpath
 from llmbus_services.cost_accounting.core.costing import ServedRequest, price_result
 from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
 from llmbus_services.cost_accounting.core.prices import load_pricebook
@@ -241,8 +242,8 @@ async def _drop_keys(settings) -> None:  # type: ignore[no-untyped-def]
 
 
 def _service_in_subprocess(tree: Path, n: int, batch: int | None) -> dict[str, float]:
-    """One service measurement in a fresh process whose `services` and `llmbus` come from `tree`."""
-    env = os.environ | {"PYTHONPATH": f"{tree / 'libs' / 'common'}{os.pathsep}{tree}"}
+    """One service measurement in a fresh process whose `llmbus_services` and `llmbus` come from `tree`."""
+    env = os.environ | {"PYTHONPATH": checkout_pythonpath(tree)}
     if batch:
         env["LLMBUS_COST_BATCH_MAX_RECORDS"] = str(batch)
     command = [sys.executable, str(Path(__file__).resolve()), "--service-only", str(n)]

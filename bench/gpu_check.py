@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from llmbus.contract.messages import NodeProfile
+from llmbus.process.launch import checkout_pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "bench" / "reports"
@@ -170,7 +171,7 @@ def _answers(port: int) -> bool:
 
 
 def _pythonpath() -> str:
-    return os.pathsep.join([str(REPO / "libs" / "common"), str(REPO), os.environ.get("PYTHONPATH", "")])
+    return os.pathsep.join([checkout_pythonpath(REPO), os.environ.get("PYTHONPATH", "")])
 
 
 def bench_step(repeats: int) -> Step:

@@ -46,6 +46,7 @@ from bench.pipeline_stream import stream_window
 from bench.traces import AZURE_CONVERSATION
 from llmbus.bus.admin import ensure_catalog
 from llmbus.contract.messages import InferenceRequest
+from llmbus.process.launch import checkout_pythonpath
 from llmbus.settings import BusSettings
 from tests.support import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
@@ -96,7 +97,7 @@ class Stack:
         self.upstream_url = ""
 
     def _proc(self, module: str, name: str, env: dict[str, str], cwd: Path) -> ServiceProc:
-        code_env = {"PYTHONPATH": f"{cwd / 'libs/common'}{os.pathsep}{cwd}"}
+        code_env = {"PYTHONPATH": checkout_pythonpath(cwd)}
         proc = ServiceProc(module, self.settings, env=code_env | env, log_dir=self.log_dir, name=name, cwd=cwd)
         self.procs[name] = proc.start()
         return proc

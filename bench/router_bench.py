@@ -39,8 +39,8 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Experiment, Variant
-from llmbus_tools.router_training.corpus import HAND_PATH
 from llmbus_services.router.core.config import load_policy
+from llmbus_tools.router_training.corpus import HAND_PATH
 from tests.support import ServiceProc, fresh_settings
 
 ROOT = Path(__file__).resolve().parent.parent

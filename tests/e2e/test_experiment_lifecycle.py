@@ -172,7 +172,9 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
     s = bus_settings
     services.append(ServiceProc("llmbus_services.router", s).start())
     # A loaded CI machine can delay heartbeats by seconds: don't let the scheduler declare workers dead.
-    services.append(ServiceProc("llmbus_services.scheduler", s, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "30"}).start())
+    services.append(
+        ServiceProc("llmbus_services.scheduler", s, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "30"}).start()
+    )
     services.append(
         ServiceProc(
             "llmbus_services.shadow_comparator",

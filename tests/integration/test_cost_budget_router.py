@@ -48,7 +48,10 @@ async def test_tenant_over_budget_is_degraded_or_rejected_within_seconds(
     policy_path.write_text(yaml.safe_dump(policy))
     services.append(
         ServiceProc(
-            "llmbus_services.cost_accounting", bus_settings, log_dir=tmp_path, env={"LLMBUS_COST_BUDGETS_PATH": str(budgets)}
+            "llmbus_services.cost_accounting",
+            bus_settings,
+            log_dir=tmp_path,
+            env={"LLMBUS_COST_BUDGETS_PATH": str(budgets)},
         ).start()
     )
     services.append(

@@ -81,7 +81,9 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
 
     procs = [
         ServiceProc("llmbus_services.router", settings, {}, log_dir).start(),
-        ServiceProc("llmbus_services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir).start(),
+        ServiceProc(
+            "llmbus_services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir
+        ).start(),
         worker("w-small", SMALL),
         worker("w-mid", MID),
         worker("w-default", DEFAULT),

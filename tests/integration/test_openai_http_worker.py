@@ -77,7 +77,9 @@ async def hosted(
     port = free_port()
     procs = [
         ServiceProc("llmbus_services.router", settings, {}, log_dir).start(),
-        ServiceProc("llmbus_services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir).start(),
+        ServiceProc(
+            "llmbus_services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir
+        ).start(),
         *(
             ServiceProc(
                 "llmbus_services.engine_worker",

@@ -46,8 +46,8 @@ from llmbus.contract.request_key import request_key
 from llmbus.security.acls import ANALYTICS, all_acls, tenant_topics
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from llmbus_tools.router_training.feedback import read_feedback
 from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
+from llmbus_tools.router_training.feedback import read_feedback
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import ServiceProc, eventually, fresh_settings, wait_workers_ready
 
@@ -77,9 +77,14 @@ async def stack(
     """Router, scheduler and one sim worker, each as its own principal."""
     log_dir: Path = tmp_path_factory.mktemp("secured-stack")
     procs = [
-        ServiceProc("llmbus_services.router", secured_kafka.settings(t.ROUTER, prefix), secured_kafka.env(t.ROUTER), log_dir),
         ServiceProc(
-            "llmbus_services.scheduler", secured_kafka.settings(t.SCHEDULER, prefix), secured_kafka.env(t.SCHEDULER), log_dir
+            "llmbus_services.router", secured_kafka.settings(t.ROUTER, prefix), secured_kafka.env(t.ROUTER), log_dir
+        ),
+        ServiceProc(
+            "llmbus_services.scheduler",
+            secured_kafka.settings(t.SCHEDULER, prefix),
+            secured_kafka.env(t.SCHEDULER),
+            log_dir,
         ),
         ServiceProc(
             "llmbus_services.engine_worker",

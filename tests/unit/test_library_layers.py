@@ -87,7 +87,7 @@ def test_imports_go_down_the_layers_only(path: Path) -> None:
     wrong = []
     for imported in sorted(_imports(path)):
         top = imported.split(".")[0]
-        if top == "services":
+        if top == "llmbus_services":
             if role != "cli" or imported not in CLI_SERVICE_IMPORTS:
                 wrong.append(f"{imported} (libs/ never imports a service)")
         elif top == "llmbus" and imported != "llmbus":

@@ -118,7 +118,9 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
         )
     procs += [_worker(f"worker-{i}", f"sim-{i}", SIM_MODEL, sim_speedup) for i in range(1, workers + 1)]
     # Scales the pool beyond the static workers on queue wait and back (services/autoscaler).
-    procs.append(ServiceProcess("autoscaler", "llmbus_services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)}))
+    procs.append(
+        ServiceProcess("autoscaler", "llmbus_services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)})
+    )
     return [_with_metrics(proc, i) for i, proc in enumerate(procs)]
 
 
