@@ -86,7 +86,7 @@ def test_every_service_has_a_deployment_running_a_real_module() -> None:
         service = by_kind(docs, "Service")[name]
         assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     services = {p.name for p in (REPO / "services").iterdir() if (p / "__main__.py").exists()}
-    assert {m.removeprefix("services.") for m in modules} == services
+    assert {m.removeprefix("llmbus_services.") for m in modules} == services
 
 
 def test_workers_drain_before_sigkill_and_autoscaler_may_scale_them() -> None:

@@ -79,6 +79,10 @@ def old_names(path: Path) -> list[str]:
             found += [node.module] if node.module.split(".")[0] == "services" else []
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and OLD_MODULE.match(node.value):
             found.append(repr(node.value))
+        elif isinstance(node, ast.JoinedStr) and node.values:  # f"services.{name}": a module name built
+            head = node.values[0]
+            if isinstance(head, ast.Constant) and str(head.value).startswith("services."):
+                found.append(f"f{str(head.value)!r}...")
     return found
 
 
@@ -94,9 +98,10 @@ def test_the_checks_see_every_old_form(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import services.router\nfrom services.gateway import app\nstart('services.scheduler')\n"
-        "import llmbus_services.router\nname = 'some_services.x'\n"
+        "import llmbus_services.router\nname = 'some_services.x'\nmodule = f'services.{name}.config'\n"
     )
-    assert old_names(probe) == ["services.router", "services.gateway", "'services.scheduler'"]
+    found = sorted(old_names(probe))
+    assert found == sorted(["services.router", "services.gateway", "'services.scheduler'", "f'services.'..."])
     assert OLD_COMMAND.search('command: ["python", "-m", "services.router"]')
     assert OLD_COMMAND.search("python -m services.router")
     assert not OLD_COMMAND.search('command: ["python", "-m", "llmbus_services.router"]')
