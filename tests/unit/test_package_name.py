@@ -59,6 +59,13 @@ def test_a_checkout_imports_its_own_services_folder() -> None:
     assert [Path(p) for p in checkout_pythonpath(REPO).split(":")] == [REPO / r for r in CHECKOUT_IMPORT_ROOTS]
 
 
+def test_a_tree_from_before_the_rename_is_refused(tmp_path: Path) -> None:
+    """Its children would import the installed llmbus_services, not its own code."""
+    (tmp_path / "services").mkdir()
+    with pytest.raises(ValueError, match="before the rename"):
+        checkout_pythonpath(tmp_path)
+
+
 def python_files() -> list[Path]:
     """The tree's Python, but this file: its probes name the old forms on purpose."""
     here = Path(__file__).resolve()
