@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -71,6 +72,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     return xdist_groups.SharedResourceScheduling(config, log)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_module_under_the_old_services_name() -> Iterator[None]:
+    """The services import as llmbus_services; a checkout's root still imports the folder as `services`,
+    so code that builds the old name (a module name from a path) would load a second copy unnoticed.
+    Checked at the end of each session (each xdist worker's too)."""
+    yield
+    old = sorted(name for name in sys.modules if name == "services" or name.startswith("services."))
+    assert not old, f"imported under the old name `services` (now llmbus_services): {old[:10]}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
