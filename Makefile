@@ -109,7 +109,7 @@ bench-autoscaler: setup ## the autoscaler's tidal-day benchmark alone (virtual t
 # Not on `setup`: that installs the CPU build of vLLM, and a GPU host runs `pip install vllm` instead.
 GPU_CHECK_ARGS ?=
 gpu-check: ## on an NVIDIA GPU host: engine tests on the GPU, NVML profile, CUDA graphs, worker vs AsyncLLM → bench/reports/gpu_check.md
-	@PYTHONPATH=libs/common:. $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
+	@PYTHONPATH=libs/common:.:scripts/pythonpath $(PY) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 compose-check: ## validate deploy/compose/docker-compose.yml with Debian's docker-compose 1.29 and compose v2 (when built)
 	@command -v docker-compose >/dev/null || (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null)

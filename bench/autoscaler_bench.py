@@ -32,11 +32,11 @@ import numpy as np
 
 from bench.autoscaler_replay import Arrival, DayResult, ReplayConfig, replay_day
 from bench.traces import AZURE_CONVERSATION
-from services.autoscaler.core import Bounds
-from services.autoscaler.core.predictive import PredictivePolicy
-from services.autoscaler.core.sizing import replicas_for
-from services.autoscaler.core.threshold import ThresholdPolicy
-from services.engine_worker.adapters.engines.sim.profiles import get_profile
+from llmbus_services.autoscaler.core import Bounds
+from llmbus_services.autoscaler.core.predictive import PredictivePolicy
+from llmbus_services.autoscaler.core.sizing import replicas_for
+from llmbus_services.autoscaler.core.threshold import ThresholdPolicy
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import get_profile
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 DAY_S = 86_400

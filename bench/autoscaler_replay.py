@@ -20,12 +20,12 @@ from pathlib import Path
 
 from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
 from llmbus.contract.request_key import request_key
-from services.autoscaler.core import FleetTable, ScalingPolicy
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile
-from services.scheduler.adapters.pool_stats import PoolStatsRecorder
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.autoscaler.core import FleetTable, ScalingPolicy
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile
+from llmbus_services.scheduler.adapters.pool_stats import PoolStatsRecorder
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import SchedRequest
 
 POOL = "llama-large"
 

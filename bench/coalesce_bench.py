@@ -31,8 +31,8 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, InferenceRequest, InferenceResult, TokenChunk
+from llmbus_services.router.core.config import load_policy
 from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
-from services.router.core.config import load_policy
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 
@@ -51,10 +51,12 @@ async def run_mode(coalesce: bool, prompts: int, burst: int, max_tokens: int, wo
     policy_path = workdir / f"policy-{coalesce}.yaml"
     policy_path.write_text(yaml.safe_dump(raw))
     procs = [
-        ServiceProc("services.router", settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path)}, log_dir=workdir),
-        ServiceProc("services.scheduler", settings, log_dir=workdir),
         ServiceProc(
-            "services.engine_worker",
+            "llmbus_services.router", settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path)}, log_dir=workdir
+        ),
+        ServiceProc("llmbus_services.scheduler", settings, log_dir=workdir),
+        ServiceProc(
+            "llmbus_services.engine_worker",
             settings,
             name="w1",
             env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_MODEL": "sim-llama-8b"},

@@ -29,13 +29,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy import stats
 
-from services.shadow_comparator.core.sequential import (
+from llmbus_services.shadow_comparator.core.sequential import (
     Moments,
     msprt_proportions,
     welch_z_p,
     z_test_proportions,
 )
-from services.shadow_comparator.core.simulate import SimResult, simulate_log_latency, simulate_proportions
+from llmbus_services.shadow_comparator.core.simulate import SimResult, simulate_log_latency, simulate_proportions
 
 REPORTS = Path(__file__).parent / "reports"
 COMMAND = "python -m bench.comparator_bench"

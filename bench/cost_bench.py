@@ -42,9 +42,10 @@ from llmbus.contract.messages import (
     WorkerStatus,
     now_ms,
 )
-from services.cost_accounting.core.costing import ServedRequest, price_result
-from services.cost_accounting.core.gpu_ledger import GpuLedger
-from services.cost_accounting.core.prices import load_pricebook
+from llmbus.process.launch import checkout_pythonpath
+from llmbus_services.cost_accounting.core.costing import ServedRequest, price_result
+from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
+from llmbus_services.cost_accounting.core.prices import load_pricebook
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 WORKERS = [f"bench-w{i}" for i in range(4)]
@@ -133,10 +134,10 @@ async def bench_service(n: int, t0_ms: int, span_ms: int) -> dict[str, float]:
     from llmbus.bus.admin import ensure_catalog
     from llmbus.bus.producer import make_producer
     from llmbus.contract import topics as t
+    from llmbus_services.cost_accounting.app import CostService
+    from llmbus_services.cost_accounting.config import CostSettings
+    from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
     from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
-    from services.cost_accounting.app import CostService
-    from services.cost_accounting.config import CostSettings
-    from services.cost_accounting.core.aggregates import agg_key, read_totals
 
     settings = fresh_settings()
     await ensure_catalog(settings)
@@ -218,13 +219,13 @@ def _reference_loop() -> float:
 
 
 def _late_results() -> float:
-    from services.cost_accounting.adapters.metrics import LATE_RESULTS
+    from llmbus_services.cost_accounting.adapters.metrics import LATE_RESULTS
 
     return sum(s.value for m in LATE_RESULTS.collect() for s in m.samples if s.name.endswith("_total"))
 
 
 def _results_seen() -> float:
-    from services.cost_accounting.adapters.metrics import RESULTS
+    from llmbus_services.cost_accounting.adapters.metrics import RESULTS
 
     return sum(
         sample.value for metric in RESULTS.collect() for sample in metric.samples if sample.name.endswith("_total")
@@ -241,8 +242,8 @@ async def _drop_keys(settings) -> None:  # type: ignore[no-untyped-def]
 
 
 def _service_in_subprocess(tree: Path, n: int, batch: int | None) -> dict[str, float]:
-    """One service measurement in a fresh process whose `services` and `llmbus` come from `tree`."""
-    env = os.environ | {"PYTHONPATH": f"{tree / 'libs' / 'common'}{os.pathsep}{tree}"}
+    """One service measurement in a fresh process whose `llmbus_services` and `llmbus` come from `tree`."""
+    env = os.environ | {"PYTHONPATH": checkout_pythonpath(tree)}
     if batch:
         env["LLMBUS_COST_BATCH_MAX_RECORDS"] = str(batch)
     command = [sys.executable, str(Path(__file__).resolve()), "--service-only", str(n)]

@@ -31,10 +31,10 @@ async def run(requests: int, max_tokens: int) -> dict[str, object]:
     settings = fresh_settings()
     await ensure_catalog(settings)
     procs = [
-        ServiceProc("services.router", settings).start(),
-        ServiceProc("services.scheduler", settings).start(),
+        ServiceProc("llmbus_services.router", settings).start(),
+        ServiceProc("llmbus_services.scheduler", settings).start(),
         ServiceProc(
-            "services.engine_worker",
+            "llmbus_services.engine_worker",
             settings,
             name="w1",
             env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "0"},

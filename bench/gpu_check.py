@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from llmbus.contract.messages import NodeProfile
+from llmbus.process.launch import checkout_pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 REPORTS = REPO / "bench" / "reports"
@@ -69,14 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def find_gpus(nvml: ModuleType | None = None) -> NodeProfile:
-    from services.engine_worker.adapters.node.profile import profile_node
+    from llmbus_services.engine_worker.adapters.node.profile import profile_node
 
     return profile_node(nvml=nvml)
 
 
 def node_step(profile: NodeProfile) -> Step:
-    from services.engine_worker.core.formats import NoFormatFits, choose_format
-    from services.engine_worker.core.node_plan import gpu_healthy
+    from llmbus_services.engine_worker.core.formats import NoFormatFits, choose_format
+    from llmbus_services.engine_worker.core.node_plan import gpu_healthy
 
     gpu = profile.gpus[0]
     detail = f"{len(profile.gpus)} x {gpu.name}, {gpu.memory_total_bytes / 2**30:.1f} GiB, CC {gpu.compute_capability}"
@@ -110,9 +111,9 @@ def tests_step() -> Step:
 
 
 async def _engine_run(enforce_eager: bool | None) -> dict[str, Any]:
+    from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+    from llmbus_services.engine_worker.core.engine import EngineRequest
     from llmbus_tools.harness.vllm_config import tiny_vllm_config
-    from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-    from services.engine_worker.core.engine import EngineRequest
 
     config = tiny_vllm_config(
         enforce_eager=enforce_eager,
@@ -170,7 +171,7 @@ def _answers(port: int) -> bool:
 
 
 def _pythonpath() -> str:
-    return os.pathsep.join([str(REPO / "libs" / "common"), str(REPO), os.environ.get("PYTHONPATH", "")])
+    return os.pathsep.join([checkout_pythonpath(REPO), os.environ.get("PYTHONPATH", "")])
 
 
 def bench_step(repeats: int) -> Step:

@@ -46,6 +46,7 @@ from bench.pipeline_stream import stream_window
 from bench.traces import AZURE_CONVERSATION
 from llmbus.bus.admin import ensure_catalog
 from llmbus.contract.messages import InferenceRequest
+from llmbus.process.launch import checkout_pythonpath
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 
@@ -96,7 +97,7 @@ class Stack:
         self.upstream_url = ""
 
     def _proc(self, module: str, name: str, env: dict[str, str], cwd: Path) -> ServiceProc:
-        code_env = {"PYTHONPATH": f"{cwd / 'libs/common'}{os.pathsep}{cwd}"}
+        code_env = {"PYTHONPATH": checkout_pythonpath(cwd)}
         proc = ServiceProc(module, self.settings, env=code_env | env, log_dir=self.log_dir, name=name, cwd=cwd)
         self.procs[name] = proc.start()
         return proc
@@ -111,9 +112,9 @@ class Stack:
             worker_env |= {"LLMBUS_WORKER_ENGINE": "openai-http", "LLMBUS_WORKER_OPENAI_BASE_URL": self.upstream_url}
         else:
             worker_env |= {"LLMBUS_WORKER_ENGINE": "sim", "LLMBUS_WORKER_SIM_SPEEDUP": "0"}
-        self._proc("services.router", "router", {"LLMBUS_ROUTER_POLICY_PATH": str(self.policy)}, self.tree)
-        self._proc("services.scheduler", "scheduler", {}, self.tree)
-        self._proc("services.engine_worker", "worker", worker_env, self.tree)
+        self._proc("llmbus_services.router", "router", {"LLMBUS_ROUTER_POLICY_PATH": str(self.policy)}, self.tree)
+        self._proc("llmbus_services.scheduler", "scheduler", {}, self.tree)
+        self._proc("llmbus_services.engine_worker", "worker", worker_env, self.tree)
         await wait_workers_ready(self.settings, {WORKER_ID}, timeout_s=90)
 
     def pids(self) -> dict[str, int]:

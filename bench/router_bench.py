@@ -3,7 +3,7 @@
     python -m bench.router_bench [--rate 500] [--seconds 8] [--backlog 20000]
 
 Two processes are measured the same way, each in its own topic namespace:
-  * the router (`python -m services.router`, the shipped policy with an A/B and a 10 %
+  * the router (`python -m llmbus_services.router`, the shipped policy with an A/B and a 10 %
     shadow experiment; tenant limits raised so nothing is refused, but every request still
     takes its Redis token bucket; 10 % of requests are deterministic and hit the cache path);
   * a null forwarder (bench/router_null_forwarder.py): same consumer loop and producer,
@@ -39,9 +39,9 @@ from llmbus.bus.admin import ensure_catalog
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Experiment, Variant
+from llmbus_services.router.core.config import load_policy
 from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings
 from llmbus_tools.router_training.corpus import HAND_PATH
-from services.router.core.config import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "bench" / "reports"
@@ -133,7 +133,7 @@ async def measure(kind: str, rate: float, seconds: float, backlog: int) -> dict:
         ):
             await bus.publisher.publish(topics.name(t.EXPERIMENTS), exp, key=exp.experiment_id)
         await bus.stop()
-    module = "services.router" if kind == "router" else "bench.router_null_forwarder"
+    module = "llmbus_services.router" if kind == "router" else "bench.router_null_forwarder"
     proc = ServiceProc(module, settings, env=env, name=kind).start()
     assert proc.proc is not None
     tail = await TopicTail(settings, topics.name(t.ROUTED)).start()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
-from services.router.core.complexity import build_scorer
+from llmbus_services.router.core.complexity import build_scorer
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = ROOT / "services" / "router" / "data" / "complexity_labelled.jsonl"

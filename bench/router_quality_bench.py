@@ -28,11 +28,11 @@ from pathlib import Path
 from bench.router_savings import savings_report
 from bench.semantic_cache_eval import evaluate as semantic_eval
 from llmbus.contract.messages import InferenceRequest
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.router.core.heuristic import HeuristicScorer
+from llmbus_services.router.core.learned import LearnedScorer
 from llmbus_tools.router_training.corpus import load_corpus
 from llmbus_tools.router_training.train import evaluate, heuristic_score, model_score, split
-from services.router.core.config import load_policy
-from services.router.core.heuristic import HeuristicScorer
-from services.router.core.learned import LearnedScorer
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from bench.traces import MOONCAKE_CONVERSATION
 from llmbus.contract.messages import InferenceRequest
-from services.cost_accounting.core.prices import PriceBook, load_pricebook
-from services.router.core.complexity import ComplexityScorer
-from services.router.core.config import RouterPolicy
-from services.router.core.rules import RouteFeatures, decide_route
+from llmbus_services.cost_accounting.core.prices import PriceBook, load_pricebook
+from llmbus_services.router.core.complexity import ComplexityScorer
+from llmbus_services.router.core.config import RouterPolicy
+from llmbus_services.router.core.rules import RouteFeatures, decide_route
 
 STRONG_MODEL = "gpt-4.1"
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from bench.sched_replay import TRACE_BLOCK_TOKENS, ReplayConfig, load_trace, replay, reuse_ceiling
 from bench.traces import MOONCAKE_CONVERSATION, shown
-from services.engine_worker.adapters.engines.sim.profiles import DEFAULT_PROFILE, get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import DEFAULT_PROFILE, get_profile
 
 TRACE = MOONCAKE_CONVERSATION
 REPORTS = Path(__file__).resolve().parent / "reports"
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "command": command,
         "method": (
-            "discrete-event replay in virtual time: services.scheduler.core.SchedulerCore (real pipelines "
+            "discrete-event replay in virtual time: llmbus_services.scheduler.core.SchedulerCore (real pipelines "
             "from services/scheduler/policies/*.yaml) placing onto SimCore engines; no broker"
         ),
         "trace": shown(args.trace),

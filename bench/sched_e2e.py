@@ -66,7 +66,7 @@ async def run_policy(policy: str, rows: list[dict], args: argparse.Namespace) ->
     await ensure_catalog(settings)
     procs = [
         spawn(
-            "services.scheduler",
+            "llmbus_services.scheduler",
             settings,
             {"LLMBUS_SCHEDULER_PIPELINE": policy, "LLMBUS_SCHEDULER_SEED": "0"},
             "scheduler",
@@ -75,7 +75,7 @@ async def run_policy(policy: str, rows: list[dict], args: argparse.Namespace) ->
     for i in range(args.workers):
         procs.append(
             spawn(
-                "services.engine_worker",
+                "llmbus_services.engine_worker",
                 settings,
                 {
                     "LLMBUS_WORKER_WORKER_ID": f"w{i}",

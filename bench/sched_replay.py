@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
 from llmbus.contract.request_key import request_key
 from llmbus.tokens import CHARS_PER_TOKEN, prefix_block_hashes
-from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import SchedRequest
 
 TRACE_BLOCK_TOKENS = 512  # Mooncake: one hash id per 512-token block
 MODEL = "llama-3.1-8b"

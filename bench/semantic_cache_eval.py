@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from services.router.adapters.embedders import build_embedder
+from llmbus_services.router.adapters.embedders import build_embedder
 
 PAIRS = Path(__file__).resolve().parents[1] / "services" / "router" / "data" / "paraphrase_pairs.jsonl"
 THRESHOLDS = [round(0.5 + 0.02 * i, 2) for i in range(26)]  # 0.50 .. 1.00

@@ -29,8 +29,8 @@ import matplotlib.pyplot as plt
 
 from bench.sim_replay import AZURE_CONV_TRACE, ReplayResult, load_azure_trace, replay
 from bench.traces import shown
-from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
 
 REPORTS = Path(__file__).parent / "reports"
 COMMAND = "python -m bench.sim_bench"

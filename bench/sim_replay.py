@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.traces import AZURE_CONVERSATION
-from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest, StepResult
+from llmbus_services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest, StepResult
 
 AZURE_CONV_TRACE = AZURE_CONVERSATION
 

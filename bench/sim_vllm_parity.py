@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
 
 REPORTS = Path(__file__).parent / "reports"
 COMMAND = "python -m bench.sim_vllm_parity"

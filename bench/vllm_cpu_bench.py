@@ -28,9 +28,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmConfig, VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineRequest
 from llmbus_tools.harness.tiny_llama import build_tiny_llama
-from services.engine_worker.adapters.engines.vllm_engine import VllmConfig, VllmEngine
-from services.engine_worker.core.engine import EngineRequest
 
 REPORTS = Path(__file__).parent / "reports"
 COMMAND = "python -m bench.vllm_cpu_bench"

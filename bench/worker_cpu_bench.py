@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from llmbus.process.launch import checkout_pythonpath
+
 REPORTS = Path(__file__).parent / "reports"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -106,10 +108,10 @@ async def measure(mode: str, requests: int, concurrency: int, max_tokens: int, w
     from llmbus.contract.topics import Topics
     from llmbus.observability.telemetry import setup_tracing
     from llmbus.settings import BusSettings
-    from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
-    from services.engine_worker.config import WorkerSettings
-    from services.engine_worker.core.engine import EngineRequest
-    from services.engine_worker.handlers import WorkerHandlers
+    from llmbus_services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
+    from llmbus_services.engine_worker.config import WorkerSettings
+    from llmbus_services.engine_worker.core.engine import EngineRequest
+    from llmbus_services.engine_worker.handlers import WorkerHandlers
 
     setup_tracing("engine-worker", BusSettings())
     engine = SimEngine(SimConfig(speedup=0))
@@ -166,7 +168,7 @@ async def measure(mode: str, requests: int, concurrency: int, max_tokens: int, w
 
 
 def run_child(tree: Path, args: argparse.Namespace, mode: str) -> dict[str, float]:
-    env = os.environ | {"PYTHONPATH": f"{tree / 'libs' / 'common'}{os.pathsep}{tree}"}
+    env = os.environ | {"PYTHONPATH": checkout_pythonpath(tree)}
     command = [
         sys.executable,
         str(Path(__file__).resolve()),

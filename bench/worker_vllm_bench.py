@@ -15,7 +15,7 @@ Phases run one after the other, never two engines at once (the machine has 2 cor
 1. direct: AsyncLLM in this process (built through VllmEngine, so the engine arguments are the
    worker's), N requests submitted at once; also the same load through VllmEngine.generate
    (the worker's engine wrapper without Kafka).
-2. worker: `python -m services.engine_worker` (engine=vllm, same settings) on a fresh topic
+2. worker: `python -m llmbus_services.engine_worker` (engine=vllm, same settings) on a fresh topic
    namespace; N Dispatch messages written straight onto its dispatch topic, wall time from the
    first publish to the last InferenceResult read back from llm.results.
 3. worker, tuned: the same with fewer, larger token chunks and a longer producer linger (env
@@ -71,11 +71,11 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Dispatch, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.process.launch import bus_env, spawn_module
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineRequest
 from llmbus_tools.harness.service_procs import REPO, fresh_settings, wait_workers_ready
 from llmbus_tools.harness.tiny_llama import build_tiny_llama
 from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN, tiny_vllm_config
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import EngineRequest
 
 
 def log(msg: str) -> None:

@@ -21,7 +21,7 @@ MAX_NUM_SEQS = 16
 PROMPT_WORDS = 48  # ≈ 64 tokens with the tiny tokenizer
 TARGET_RATIO = 0.95
 WORKER_ID = "bench-vllm-w1"
-WORKER_MODULE = "services.engine_worker"
+WORKER_MODULE = "llmbus_services.engine_worker"
 OUR_PROCESSES = ("engine_core", "frontend", "kafka_broker", "bench_client")
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
 # Fewer, larger chunks (a client still gets its first token at once: the batcher sends it alone) and

@@ -8,10 +8,10 @@ from typing import Any
 import redis.asyncio as redis
 
 from llmbus.state.text import text_of
-from services.cost_accounting.core.aggregates import SCALING_METRICS, agg_key, read_totals
-from services.cost_accounting.core.money import usd
-from services.cost_accounting.core.prices import PriceBook
-from services.cost_accounting.core.savings import savings
+from llmbus_services.cost_accounting.core.aggregates import SCALING_METRICS, agg_key, read_totals
+from llmbus_services.cost_accounting.core.money import usd
+from llmbus_services.cost_accounting.core.prices import PriceBook
+from llmbus_services.cost_accounting.core.savings import savings
 
 VIEWS = ("tenant", "model", "experiment", "pool", "kind", "total")
 

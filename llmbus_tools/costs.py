@@ -26,11 +26,11 @@ from llmbus.contract.config_file import read_yaml
 from llmbus.contract.messages import PriceBookUpdate, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_services.cost_accounting.core.planner import PlanInputs
+from llmbus_services.cost_accounting.core.planner import plan as make_plan
+from llmbus_services.cost_accounting.core.prices import PriceBook, load_pricebook
 from llmbus_tools.cost_report import cost_report
 from llmbus_tools.plan_report import write
-from services.cost_accounting.core.planner import PlanInputs
-from services.cost_accounting.core.planner import plan as make_plan
-from services.cost_accounting.core.prices import PriceBook, load_pricebook
 
 console = Console()
 app = typer.Typer(help="cost reports, the capacity planner, price books", no_args_is_help=True)

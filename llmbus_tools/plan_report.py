@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from services.cost_accounting.core.planner import Plan
+from llmbus_services.cost_accounting.core.planner import Plan
 
 
 def markdown(p: Plan, command: str) -> str:

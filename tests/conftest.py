@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -92,6 +93,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         with contextlib.suppress(psutil.Error):
             proc.kill()
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_module_under_the_old_services_name() -> Iterator[None]:
+    """The services import as llmbus_services; a checkout's root still imports the folder as `services`,
+    so code that builds the old name (a module name from a path) would load a second copy unnoticed.
+    Checked at the end of each session (each xdist worker's too)."""
+    yield
+    old = sorted(name for name in sys.modules if name == "services" or name.startswith("llmbus_services."))
+    assert not old, f"imported under the old name `services` (now llmbus_services): {old[:10]}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -28,11 +28,11 @@ def start_sim_stack(
     router_env: dict[str, str] | None = None,
 ) -> ServiceProc:
     """cost-accounting, router, scheduler and one sim worker `w1` (20x speed) as processes; the worker back."""
-    services.append(ServiceProc("services.cost_accounting", settings, env=cost_env, log_dir=log_dir).start())
-    services.append(ServiceProc("services.router", settings, env=router_env or {}, log_dir=log_dir).start())
-    services.append(ServiceProc("services.scheduler", settings, log_dir=log_dir).start())
+    services.append(ServiceProc("llmbus_services.cost_accounting", settings, env=cost_env, log_dir=log_dir).start())
+    services.append(ServiceProc("llmbus_services.router", settings, env=router_env or {}, log_dir=log_dir).start())
+    services.append(ServiceProc("llmbus_services.scheduler", settings, log_dir=log_dir).start())
     worker = ServiceProc(
-        "services.engine_worker",
+        "llmbus_services.engine_worker",
         settings,
         name="w1",
         log_dir=log_dir,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmConfig
 from llmbus_tools.harness.tiny_llama import build_tiny_llama
-from services.engine_worker.adapters.engines.vllm_engine import VllmConfig
 
 TINY_MAX_MODEL_LEN = 512
 

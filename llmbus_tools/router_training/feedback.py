@@ -26,8 +26,8 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import Feedback, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
-from services.router.core.config import RouterPolicy
-from services.router.core.learned import scored_text_and_depth
+from llmbus_services.router.core.config import RouterPolicy
+from llmbus_services.router.core.learned import scored_text_and_depth
 
 log = logging.getLogger(__name__)
 

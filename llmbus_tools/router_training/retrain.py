@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from llmbus_services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel
 from llmbus_tools.router_training.corpus import load_corpus
 from llmbus_tools.router_training.train import evaluate, heuristic_score, model_score, split, train
-from services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel
 
 MIN_AUC_GAIN = 0.0
 
@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         samples += [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     if args.from_bus:
         from llmbus.settings import BusSettings
+        from llmbus_services.router.config import RouterSettings
+        from llmbus_services.router.core.config import load_policy
         from llmbus_tools.router_training.feedback import collect_samples
-        from services.router.config import RouterSettings
-        from services.router.core.config import load_policy
 
         policy = load_policy(RouterSettings().policy_path)
         samples += asyncio.run(collect_samples(BusSettings(), policy))

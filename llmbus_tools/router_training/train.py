@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmbus_services.router.core.heuristic import HeuristicScorer
+from llmbus_services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize_text
 from llmbus_tools.router_training.corpus import digest, load_corpus
-from services.router.core.heuristic import HeuristicScorer
-from services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize_text
 
 THRESHOLD = 0.8  # the default policy's complexity_high threshold
 TIERS = ("high", "low")

@@ -5,7 +5,7 @@
   llm.comparisons  group llmbus.archive.comparisons
   llm.feedback     group llmbus.archive.feedback  (auth on: by pattern, and every llm.feedback.<tenant>)
   llm.requests     group llmbus.archive.requests  (auth on: by pattern; LLMBUS_ARCHIVE_PROMPTS=false: not read)
-A batch's offsets are committed after its files and manifest are in place (services.archive.adapters.store);
+A batch's offsets are committed after its files and manifest are in place (llmbus_services.archive.adapters.store);
 a batch that raises goes to llm.dlq record by record, a transient failure is retried in place.
 """
 
@@ -19,9 +19,9 @@ from llmbus.bus.service import ServiceRuntime
 from llmbus.contract import contracts
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
-from services.archive.adapters.store import ArchiveStore
-from services.archive.config import ArchiveSettings
-from services.archive.handlers import ArchiveHandlers
+from llmbus_services.archive.adapters.store import ArchiveStore
+from llmbus_services.archive.config import ArchiveSettings
+from llmbus_services.archive.handlers import ArchiveHandlers
 
 log = logging.getLogger(__name__)
 PATTERNS = {"feedback": tenancy.feedback_topic_pattern, "requests": tenancy.request_topic_pattern}

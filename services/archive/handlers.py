@@ -19,8 +19,8 @@ from llmbus.bus import BadMessage, decode
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ErrorCode
 from llmbus.security import tenancy
-from services.archive.adapters.store import ArchiveStore
-from services.archive.core.plan import BatchPlan, plan_batch
+from llmbus_services.archive.adapters.store import ArchiveStore
+from llmbus_services.archive.core.plan import BatchPlan, plan_batch
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""`python -m services.autoscaler`"""
+"""`python -m llmbus_services.autoscaler`"""
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.autoscaler.app import main
+from llmbus_services.autoscaler.app import main
 
 if __name__ == "__main__":
     run_service(t.AUTOSCALER, main)

@@ -10,19 +10,19 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ScaleDecision
 from llmbus.settings import BusSettings
-from services.autoscaler.adapters.actuators import Actuator, NoActuator
-from services.autoscaler.config import AutoscalerSettings
-from services.autoscaler.core import FleetTable
-from services.autoscaler.core.config import PoolsFile
-from services.autoscaler.core.merge import PoolStatsMerger
-from services.autoscaler.handlers import AutoscalerHandlers
+from llmbus_services.autoscaler.adapters.actuators import Actuator, NoActuator
+from llmbus_services.autoscaler.config import AutoscalerSettings
+from llmbus_services.autoscaler.core import FleetTable
+from llmbus_services.autoscaler.core.config import PoolsFile
+from llmbus_services.autoscaler.core.merge import PoolStatsMerger
+from llmbus_services.autoscaler.handlers import AutoscalerHandlers
 
 log = logging.getLogger(__name__)
 
 
 def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSettings) -> Actuator:
     if cfg.actuator == "local":
-        from services.autoscaler.adapters.actuators.local import LocalActuator
+        from llmbus_services.autoscaler.adapters.actuators.local import LocalActuator
 
         # The workers join this autoscaler's bus (and namespace).
         bus_env = {
@@ -36,7 +36,7 @@ def build_actuator(cfg: AutoscalerSettings, pools: PoolsFile, settings: BusSetti
             cfg.worker_metrics_port_base,
         )
     if cfg.actuator == "kubernetes":
-        from services.autoscaler.adapters.actuators.kubernetes import KubernetesActuator
+        from llmbus_services.autoscaler.adapters.actuators.kubernetes import KubernetesActuator
 
         k8s = {name: spec.kubernetes for name, spec in pools.pools.items() if spec.kubernetes is not None}
         if missing := set(pools.pools) - set(k8s):

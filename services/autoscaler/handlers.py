@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from llmbus.contract.messages import PoolStats, ScaleDecision, WorkerStatus, now_ms
-from services.autoscaler.adapters.actuators import Actuator
-from services.autoscaler.core import Decision, FleetTable, ScalingPolicy
-from services.autoscaler.core.config import PoolsFile, PoolSpec
-from services.autoscaler.core.merge import PoolStatsMerger
+from llmbus_services.autoscaler.adapters.actuators import Actuator
+from llmbus_services.autoscaler.core import Decision, FleetTable, ScalingPolicy
+from llmbus_services.autoscaler.core.config import PoolsFile, PoolSpec
+from llmbus_services.autoscaler.core.merge import PoolStatsMerger
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,14 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord, ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from services.cost_accounting.adapters.gc_tuning import tune_gc
-from services.cost_accounting.adapters.publishing import CostPublisher
-from services.cost_accounting.adapters.store import CostStore
-from services.cost_accounting.config import CostSettings
-from services.cost_accounting.core.budgets import load_budgets
-from services.cost_accounting.core.gpu_ledger import GpuLedger
-from services.cost_accounting.core.prices import load_pricebook
-from services.cost_accounting.handlers import CostHandlers
+from llmbus_services.cost_accounting.adapters.gc_tuning import tune_gc
+from llmbus_services.cost_accounting.adapters.publishing import CostPublisher
+from llmbus_services.cost_accounting.adapters.store import CostStore
+from llmbus_services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.core.budgets import load_budgets
+from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
+from llmbus_services.cost_accounting.core.prices import load_pricebook
+from llmbus_services.cost_accounting.handlers import CostHandlers
 
 log = logging.getLogger(__name__)
 

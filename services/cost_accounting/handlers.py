@@ -78,15 +78,15 @@ from llmbus.contract.messages import (
     now_ms,
 )
 from llmbus.contract.request_key import RequestKey
-from services.cost_accounting.adapters import metrics
-from services.cost_accounting.adapters.publishing import Items
-from services.cost_accounting.adapters.store import CostStore
-from services.cost_accounting.core import budgets as b
-from services.cost_accounting.core.aggregates import agg_key, scaling_increments
-from services.cost_accounting.core.costing import ServedRequest, price_result
-from services.cost_accounting.core.gpu_ledger import GpuLedger
-from services.cost_accounting.core.money import usd
-from services.cost_accounting.core.prices import PriceBook
+from llmbus_services.cost_accounting.adapters import metrics
+from llmbus_services.cost_accounting.adapters.publishing import Items
+from llmbus_services.cost_accounting.adapters.store import CostStore
+from llmbus_services.cost_accounting.core import budgets as b
+from llmbus_services.cost_accounting.core.aggregates import agg_key, scaling_increments
+from llmbus_services.cost_accounting.core.costing import ServedRequest, price_result
+from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
+from llmbus_services.cost_accounting.core.money import usd
+from llmbus_services.cost_accounting.core.prices import PriceBook
 
 log = logging.getLogger(__name__)
 

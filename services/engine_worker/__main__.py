@@ -1,8 +1,8 @@
-"""`python -m services.engine_worker` (the guard matters: vLLM spawns processes)."""
+"""`python -m llmbus_services.engine_worker` (the guard matters: vLLM spawns processes)."""
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.engine_worker.app import main
+from llmbus_services.engine_worker.app import main
 
 if __name__ == "__main__":
     run_service(t.WORKER, main)

@@ -19,15 +19,15 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ModelSpec, WorkerState, now_ms
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers, redis_client
-from services.engine_worker.adapters.engines.factory import build_engine
-from services.engine_worker.adapters.lifecycle import Lifecycle
-from services.engine_worker.adapters.node.metrics import register_node_metrics
-from services.engine_worker.adapters.node.publish import profile_and_publish
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import Engine
-from services.engine_worker.core.node_plan import plan_for
-from services.engine_worker.core.status import cold_start_phases
-from services.engine_worker.handlers import RunSite, WorkerHandlers
+from llmbus_services.engine_worker.adapters.engines.factory import build_engine
+from llmbus_services.engine_worker.adapters.lifecycle import Lifecycle
+from llmbus_services.engine_worker.adapters.node.metrics import register_node_metrics
+from llmbus_services.engine_worker.adapters.node.publish import profile_and_publish
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.engine import Engine
+from llmbus_services.engine_worker.core.node_plan import plan_for
+from llmbus_services.engine_worker.core.status import cold_start_phases
+from llmbus_services.engine_worker.handlers import RunSite, WorkerHandlers
 
 log = logging.getLogger(__name__)
 PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.engine_worker.core.fim import parse_fim_template
+from llmbus_services.engine_worker.core.fim import parse_fim_template
 
 
 class WorkerSettings(BaseSettings):

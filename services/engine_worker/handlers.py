@@ -40,10 +40,10 @@ from llmbus.contract.messages import (
 from llmbus.contract.request_key import RequestKey
 from llmbus.contract.tool_calls import assemble_tool_calls
 from llmbus.state.fencing import RequestFence
-from services.engine_worker.adapters.ending import AttemptEnd, ResultOut
-from services.engine_worker.adapters.streaming import ChunkBatcher, ReplyStream
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.ending import AttemptEnd, ResultOut
+from llmbus_services.engine_worker.adapters.streaming import ChunkBatcher, ReplyStream
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     Engine,
     EngineError,

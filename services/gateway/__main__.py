@@ -1,8 +1,8 @@
-"""`python -m services.gateway`"""
+"""`python -m llmbus_services.gateway`"""
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.gateway.app import main
+from llmbus_services.gateway.app import main
 
 if __name__ == "__main__":
     run_service(t.GATEWAY, main)

@@ -15,11 +15,11 @@ from llmbus.contract import topics as t
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
-from services.gateway.adapters.relay import Relay
-from services.gateway.adapters.server import server_config
-from services.gateway.config import GatewaySettings
-from services.gateway.handlers import Gateway, create_app
+from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.relay import Relay
+from llmbus_services.gateway.adapters.server import server_config
+from llmbus_services.gateway.config import GatewaySettings
+from llmbus_services.gateway.handlers import Gateway, create_app
 
 log = logging.getLogger(__name__)
 

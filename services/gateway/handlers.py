@@ -25,15 +25,15 @@ from llmbus.contract.engine_features import missing_features, refusal
 from llmbus.contract.messages import InferenceRequest, new_request_id
 from llmbus.contract.tool_calls import assemble_tool_calls
 from llmbus.security.apikeys import ApiKeyStore
-from services.gateway.adapters import metrics
-from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
-from services.gateway.adapters.relay import Exchange, Relay
-from services.gateway.config import GatewaySettings
-from services.gateway.core import errors
-from services.gateway.core.feedback import FeedbackBody
-from services.gateway.core.hints import BadHint, routing_hints
-from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
-from services.gateway.core.translate import ResponseShape, finish_reason, to_request
+from llmbus_services.gateway.adapters import metrics
+from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.relay import Exchange, Relay
+from llmbus_services.gateway.config import GatewaySettings
+from llmbus_services.gateway.core import errors
+from llmbus_services.gateway.core.feedback import FeedbackBody
+from llmbus_services.gateway.core.hints import BadHint, routing_hints
+from llmbus_services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
+from llmbus_services.gateway.core.translate import ResponseShape, finish_reason, to_request
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("llmbus.gateway")

@@ -1,8 +1,8 @@
-"""`python -m services.router`"""
+"""`python -m llmbus_services.router`"""
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.router.app import main
+from llmbus_services.router.app import main
 
 if __name__ == "__main__":
     run_service(t.ROUTER, main)

@@ -16,20 +16,20 @@ from llmbus.contract import topics as t
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers, redis_client
-from services.router.adapters.cache import RedisResponseCache
-from services.router.adapters.coalescing import RedisCoalescer
-from services.router.adapters.embedders import build_embedder
-from services.router.adapters.latency_watch import LatencyReporter
-from services.router.adapters.limits import RedisRateLimiter
-from services.router.adapters.semantic_cache import RedisSemanticCache
-from services.router.adapters.state_follow import caught_up
-from services.router.config import RouterSettings
-from services.router.core.budgets import BudgetBook
-from services.router.core.complexity import build_scorer_with_fallback
-from services.router.core.config import RouterPolicy, load_policy, with_default_model
-from services.router.core.latency import TierLatencyWatch
-from services.router.core.pipeline import RouterCore
-from services.router.handlers import RouterHandlers
+from llmbus_services.router.adapters.cache import RedisResponseCache
+from llmbus_services.router.adapters.coalescing import RedisCoalescer
+from llmbus_services.router.adapters.embedders import build_embedder
+from llmbus_services.router.adapters.latency_watch import LatencyReporter
+from llmbus_services.router.adapters.limits import RedisRateLimiter
+from llmbus_services.router.adapters.semantic_cache import RedisSemanticCache
+from llmbus_services.router.adapters.state_follow import caught_up
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.core.budgets import BudgetBook
+from llmbus_services.router.core.complexity import build_scorer_with_fallback
+from llmbus_services.router.core.config import RouterPolicy, load_policy, with_default_model
+from llmbus_services.router.core.latency import TierLatencyWatch
+from llmbus_services.router.core.pipeline import RouterCore
+from llmbus_services.router.handlers import RouterHandlers
 
 
 def build_core(

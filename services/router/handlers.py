@@ -33,14 +33,14 @@ from llmbus.security import tenancy
 from llmbus.security.tenancy import Refused
 from llmbus.state.fencing import RequestFence
 from llmbus.tokens import try_load
-from services.router.adapters.cache import RedisResponseCache
-from services.router.adapters.coalesce_relay import CoalesceRelay
-from services.router.adapters.coalescing import RedisCoalescer
-from services.router.adapters.latency_watch import LatencyReporter
-from services.router.adapters.semantic_cache import RedisSemanticCache
-from services.router.config import RouterSettings
-from services.router.core.budgets import BudgetBook
-from services.router.core.pipeline import RouteOutcome, RouterCore
+from llmbus_services.router.adapters.cache import RedisResponseCache
+from llmbus_services.router.adapters.coalesce_relay import CoalesceRelay
+from llmbus_services.router.adapters.coalescing import RedisCoalescer
+from llmbus_services.router.adapters.latency_watch import LatencyReporter
+from llmbus_services.router.adapters.semantic_cache import RedisSemanticCache
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.core.budgets import BudgetBook
+from llmbus_services.router.core.pipeline import RouteOutcome, RouterCore
 
 log = logging.getLogger(__name__)
 ROUTER_ATTEMPT = 0  # the router's own answers, before any worker attempt (those count from 1)

@@ -1,8 +1,8 @@
-"""`python -m services.scheduler`"""
+"""`python -m llmbus_services.scheduler`"""
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.scheduler.app import main
+from llmbus_services.scheduler.app import main
 
 if __name__ == "__main__":
     run_service(t.SCHEDULER, main)

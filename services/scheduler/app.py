@@ -15,12 +15,12 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers, redis_client
-from services.scheduler.adapters.pool_stats import publish_pool_stats
-from services.scheduler.adapters.store import PlacementStore
-from services.scheduler.config import SchedulerSettings
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import CoreConfig, SchedulerCore
-from services.scheduler.handlers import SchedulerHandlers
+from llmbus_services.scheduler.adapters.pool_stats import publish_pool_stats
+from llmbus_services.scheduler.adapters.store import PlacementStore
+from llmbus_services.scheduler.config import SchedulerSettings
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import CoreConfig, SchedulerCore
+from llmbus_services.scheduler.handlers import SchedulerHandlers
 
 log = logging.getLogger(__name__)
 OUTCOMES_IN_FLIGHT = 256

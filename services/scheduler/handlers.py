@@ -43,11 +43,11 @@ from llmbus.contract.request_key import RequestKey
 from llmbus.domain.fallback import fall_back
 from llmbus.process.periodic import run_every
 from llmbus.state.fencing import RequestFence, Superseded
-from services.scheduler.adapters.pool_stats import PoolStatsRecorder
-from services.scheduler.adapters.store import PlacementStore
-from services.scheduler.config import SchedulerSettings
-from services.scheduler.core.scheduler import Action, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.adapters.pool_stats import PoolStatsRecorder
+from llmbus_services.scheduler.adapters.store import PlacementStore
+from llmbus_services.scheduler.config import SchedulerSettings
+from llmbus_services.scheduler.core.scheduler import Action, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 log = logging.getLogger(__name__)
 

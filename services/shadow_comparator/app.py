@@ -25,10 +25,10 @@ from llmbus.contract.messages import Comparison
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from services.shadow_comparator.adapters.store import ComparatorStore
-from services.shadow_comparator.config import ComparatorSettings
-from services.shadow_comparator.core.comparator import Comparator, ExperimentView
-from services.shadow_comparator.handlers import ComparatorHandlers
+from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
+from llmbus_services.shadow_comparator.config import ComparatorSettings
+from llmbus_services.shadow_comparator.core.comparator import Comparator, ExperimentView
+from llmbus_services.shadow_comparator.handlers import ComparatorHandlers
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from llmbus.contract.messages import (
     InferenceResult,
 )
 from llmbus.security import tenancy
-from services.shadow_comparator.core.comparator import Comparator
+from llmbus_services.shadow_comparator.core.comparator import Comparator
 
 log = logging.getLogger(__name__)
 

@@ -171,12 +171,14 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
     bus_settings: BusSettings, services: list[ServiceProc], load_task: list[asyncio.Task[None]], size: Size
 ) -> None:
     s = bus_settings
-    services.append(ServiceProc("services.router", s).start())
+    services.append(ServiceProc("llmbus_services.router", s).start())
     # A loaded CI machine can delay heartbeats by seconds: don't let the scheduler declare workers dead.
-    services.append(ServiceProc("services.scheduler", s, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "30"}).start())
+    services.append(
+        ServiceProc("llmbus_services.scheduler", s, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "30"}).start()
+    )
     services.append(
         ServiceProc(
-            "services.shadow_comparator",
+            "llmbus_services.shadow_comparator",
             s,
             env={
                 "LLMBUS_COMPARATOR_DECIDE_INTERVAL_S": "0.5",
@@ -191,7 +193,7 @@ async def test_worse_candidate_rolled_back_in_shadow_better_one_ramped_to_100(
             "LLMBUS_WORKER_MODEL": model,
             "LLMBUS_WORKER_SIM_SPEEDUP": str(size.sim_speedup),
         }
-        services.append(ServiceProc("services.engine_worker", s, name=model, env=worker_env | env).start())
+        services.append(ServiceProc("llmbus_services.engine_worker", s, name=model, env=worker_env | env).start())
     await wait_workers_ready(s, set(WORKERS), timeout_s=240)
     for model in WORKERS:  # what `llmbus models register` does (its parsing is tested in test_experiments_cli)
         await publish_record(s, t.MODELS, model, ModelSpec(name=model, max_output_tokens=256))

@@ -20,9 +20,9 @@ from typing import Any
 
 from llmbus.bus import run_service
 from llmbus.contract import topics as t
-from services.cost_accounting.adapters.publishing import CostPublisher
-from services.cost_accounting.adapters.store import CostStore
-from services.cost_accounting.app import main
+from llmbus_services.cost_accounting.adapters.publishing import CostPublisher
+from llmbus_services.cost_accounting.adapters.store import CostStore
+from llmbus_services.cost_accounting.app import main
 
 
 def stop_dead_after(cls: type, name: str, flag: Path) -> None:

@@ -111,7 +111,7 @@ async def test_archive_survives_sigkill_mid_batch_with_every_record_once(tmp_pat
     try:
         await ensure_catalog(settings)
         await publish(settings, workload())
-        archive = ServiceProc("services.archive", settings, env, log_dir=tmp_path, name="archive").start()
+        archive = ServiceProc("llmbus_services.archive", settings, env, log_dir=tmp_path, name="archive").start()
         try:
             await until(lambda: manifests(root) >= 4, 90, "the archive wrote no batch")
             archive.kill()

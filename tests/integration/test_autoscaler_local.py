@@ -139,14 +139,14 @@ async def send(bus: Bus, max_tokens: int) -> str:
 async def stack(settings: BusSettings, services: list[ServiceProc], tmp_path: Path) -> AsyncIterator[Bus]:
     services.append(
         ServiceProc(
-            "services.scheduler",
+            "llmbus_services.scheduler",
             settings,
             env={"LLMBUS_SCHEDULER_POOL_STATS_INTERVAL_S": "1", "LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "120"},
         ).start()
     )
     services.append(
         ServiceProc(
-            "services.autoscaler",
+            "llmbus_services.autoscaler",
             settings,
             env={
                 "LLMBUS_CACHE": str(tmp_path / "cache"),  # the local actuator's run dir: pid and log files

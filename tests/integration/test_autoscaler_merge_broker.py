@@ -16,9 +16,9 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import PoolStats, ScaleDecision, now_ms
 from llmbus.settings import BusSettings
-from services.autoscaler.adapters.actuators import NoActuator
-from services.autoscaler.app import build_app
-from services.autoscaler.config import AutoscalerSettings
+from llmbus_services.autoscaler.adapters.actuators import NoActuator
+from llmbus_services.autoscaler.app import build_app
+from llmbus_services.autoscaler.config import AutoscalerSettings
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka]

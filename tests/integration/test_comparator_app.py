@@ -10,9 +10,9 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import Comparison, DeadLetter, InferenceResult, ResultStatus, Timings
 from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
+from llmbus_services.shadow_comparator.app import build
+from llmbus_services.shadow_comparator.config import ComparatorSettings
 from llmbus_tools.harness.service_procs import fresh_settings
-from services.shadow_comparator.app import build
-from services.shadow_comparator.config import ComparatorSettings
 
 pytestmark = pytest.mark.redis
 

@@ -22,9 +22,9 @@ from llmbus.contract.messages import (
     now_ms,
 )
 from llmbus.domain.lifecycle import create, to_step
-from services.shadow_comparator.adapters.store import ComparatorStore
-from services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
-from services.shadow_comparator.core.comparator import Comparator, ExperimentView
+from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
+from llmbus_services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
+from llmbus_services.shadow_comparator.core.comparator import Comparator, ExperimentView
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

@@ -23,8 +23,8 @@ from llmbus.contract.messages import (
     Usage,
 )
 from llmbus.settings import BusSettings
+from llmbus_services.router.core.config import DEFAULT_POLICY_PATH
 from llmbus_tools.harness.service_procs import ServiceProc
-from services.router.core.config import DEFAULT_POLICY_PATH
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -48,12 +48,15 @@ async def test_tenant_over_budget_is_degraded_or_rejected_within_seconds(
     policy_path.write_text(yaml.safe_dump(policy))
     services.append(
         ServiceProc(
-            "services.cost_accounting", bus_settings, log_dir=tmp_path, env={"LLMBUS_COST_BUDGETS_PATH": str(budgets)}
+            "llmbus_services.cost_accounting",
+            bus_settings,
+            log_dir=tmp_path,
+            env={"LLMBUS_COST_BUDGETS_PATH": str(budgets)},
         ).start()
     )
     services.append(
         ServiceProc(
-            "services.router",
+            "llmbus_services.router",
             bus_settings,
             log_dir=tmp_path,
             env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path), "LLMBUS_ROUTER_STATE_CATCH_UP_S": "2"},

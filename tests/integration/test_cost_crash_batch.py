@@ -23,9 +23,9 @@ from llmbus.contract.messages import CostRecord, InferenceResult, ResultStatus, 
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus.state.text import text_of
+from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
+from llmbus_services.cost_accounting.core.prices import load_pricebook
 from llmbus_tools.harness.service_procs import ServiceProc
-from services.cost_accounting.core.aggregates import agg_key, read_totals
-from services.cost_accounting.core.prices import load_pricebook
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -136,7 +136,7 @@ async def test_crash_mid_batch_bills_each_result_once(
             committed = sum((await offsets(bus_settings, results_topic, group)).values())
             assert len(applied) > committed
 
-        services.append(ServiceProc("services.cost_accounting", bus_settings, env=env, log_dir=tmp_path).start())
+        services.append(ServiceProc("llmbus_services.cost_accounting", bus_settings, env=env, log_dir=tmp_path).start())
         day_total = agg_key(bus_settings.topic_prefix, "day", at_ms, "total")
 
         async def all_applied() -> bool:

@@ -38,9 +38,9 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
+from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
 from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
-from services.cost_accounting.core.aggregates import agg_key, read_totals
-from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
 from tests.support import eventually, redis_keys, start_sim_stack
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -25,12 +25,12 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
-from services.cost_accounting.adapters import store as store_module
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
-from services.cost_accounting.core.aggregates import agg_key, read_totals
-from services.cost_accounting.core.costing import price_result
-from services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
+from llmbus_services.cost_accounting.adapters import store as store_module
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
+from llmbus_services.cost_accounting.core.costing import price_result
+from llmbus_services.cost_accounting.core.prices import DEFAULT_PRICEBOOK_PATH
 from tests.support import redis_keys
 
 NOW = 1_780_000_000_000

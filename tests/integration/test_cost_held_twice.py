@@ -21,8 +21,8 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord, InferenceResult, WorkerState
 from llmbus.settings import BusSettings
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
 from tests.integration.test_cost_e2e import instance_cost_micro
 from tests.integration.test_cost_takeover import START, beat, served
 

@@ -105,7 +105,9 @@ async def test_two_replicas_bill_each_result_once_and_each_worker_life_exactly(
     group = topics.group(t.COST, "results")
     for name in ("cost-a", "cost-b"):
         services.append(
-            ServiceProc("services.cost_accounting", bus_settings, name=name, env=COST_ENV, log_dir=tmp_path).start()
+            ServiceProc(
+                "llmbus_services.cost_accounting", bus_settings, name=name, env=COST_ENV, log_dir=tmp_path
+            ).start()
         )
 
     async def both_consume() -> bool:

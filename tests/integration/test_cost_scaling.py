@@ -16,10 +16,10 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ScaleDecision
 from llmbus.settings import BusSettings
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.core.prices import load_pricebook
 from llmbus_tools.cost_report import cost_report
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
-from services.cost_accounting.core.prices import load_pricebook
 from tests.support import redis_keys
 
 NOW = 1_780_000_000_000

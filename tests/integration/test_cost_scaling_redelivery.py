@@ -13,10 +13,10 @@ from llmbus.bus import Bus
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ScaleDecision, now_ms
 from llmbus.settings import BusSettings
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.core.prices import load_pricebook
 from llmbus_tools.cost_report import cost_report
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
-from services.cost_accounting.core.prices import load_pricebook
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -20,8 +20,8 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord
 from llmbus.settings import BusSettings
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
 from tests.integration.test_cost_handlers import NOW, hosted, send_result
 from tests.support import redis_keys
 

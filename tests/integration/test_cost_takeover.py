@@ -30,8 +30,8 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
 from tests.integration.test_cost_e2e import instance_cost_micro
 from tests.support import eventually
 from tests.unit.test_cost_ledger import heartbeat

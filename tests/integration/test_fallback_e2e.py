@@ -28,14 +28,14 @@ async def test_unserved_target_falls_back_to_the_next_model(
     policy_path = tmp_path / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy))
     services.append(
-        ServiceProc("services.router", bus_settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path)}).start()
+        ServiceProc("llmbus_services.router", bus_settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path)}).start()
     )
     services.append(
-        ServiceProc("services.scheduler", bus_settings, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "2"}).start()
+        ServiceProc("llmbus_services.scheduler", bus_settings, env={"LLMBUS_SCHEDULER_HEARTBEAT_STALE_S": "2"}).start()
     )
     services.append(
         ServiceProc(
-            "services.engine_worker",
+            "llmbus_services.engine_worker",
             bus_settings,
             name="w1",
             env={"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "50"},

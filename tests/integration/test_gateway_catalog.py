@@ -11,7 +11,7 @@ from llmbus.bus.tables import read_log
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
-from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 from tests.support import eventually
 
 pytestmark = pytest.mark.kafka

@@ -72,17 +72,19 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
     fleet = {
         proc.env["LLMBUS_WORKER_MODEL"]: proc.env
         for proc in dev_stack.default_services(workers=0)
-        if proc.module == "services.engine_worker"
+        if proc.module == "llmbus_services.engine_worker"
     }
 
     def worker(worker_id: str, model: str, **more: str) -> ServiceProc:
         env = fleet[model] | {"LLMBUS_WORKER_WORKER_ID": worker_id, "LLMBUS_WORKER_SIM_SPEEDUP": "0"}
         env["LLMBUS_METRICS_PORT"] = "0"
-        return ServiceProc("services.engine_worker", settings, env | more, log_dir, worker_id).start()
+        return ServiceProc("llmbus_services.engine_worker", settings, env | more, log_dir, worker_id).start()
 
     procs = [
-        ServiceProc("services.router", settings, {}, log_dir).start(),
-        ServiceProc("services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir).start(),
+        ServiceProc("llmbus_services.router", settings, {}, log_dir).start(),
+        ServiceProc(
+            "llmbus_services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir
+        ).start(),
         worker("w-small", SMALL),
         worker("w-mid", MID),
         worker("w-default", DEFAULT),
@@ -94,7 +96,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
             LLMBUS_WORKER_OPENAI_MODEL="det",
         ),
         ServiceProc(
-            "services.gateway",
+            "llmbus_services.gateway",
             settings,
             {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-hints"},
             log_dir,

@@ -27,12 +27,12 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Control, ControlAction, TokenChunk
 from llmbus.settings import BusSettings
-from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
-from services.gateway.adapters.relay import Relay
-from services.gateway.adapters.server import server_config
-from services.gateway.app import _Server
-from services.gateway.config import GatewaySettings
-from services.gateway.handlers import Gateway, create_app
+from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.relay import Relay
+from llmbus_services.gateway.adapters.server import server_config
+from llmbus_services.gateway.app import _Server
+from llmbus_services.gateway.config import GatewaySettings
+from llmbus_services.gateway.handlers import Gateway, create_app
 from tests.support import eventually
 
 pytestmark = pytest.mark.kafka

@@ -91,20 +91,20 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
 
     procs = [
         ServiceProc(
-            "services.router",
+            "llmbus_services.router",
             settings,
             env("router", LLMBUS_ROUTER_POLICY_PATH=str(policy), LLMBUS_ROUTER_DEFAULT_MODEL=MODEL),
             log_dir,
         ).start(),
         ServiceProc(
-            "services.scheduler", settings, env("scheduler", LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S="3"), log_dir
+            "llmbus_services.scheduler", settings, env("scheduler", LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S="3"), log_dir
         ).start(),
         # Two workers of the same model, both quick to hand work back when stopped: the retry test
         # stops whichever one the scheduler picked (a tie, broken at random), and with the default
         # grace (20 s) that one would finish the answer itself instead of handing it back.
         *(
             ServiceProc(
-                "services.engine_worker",
+                "llmbus_services.engine_worker",
                 settings,
                 env(w, LLMBUS_WORKER_WORKER_ID=w, LLMBUS_WORKER_DRAIN_GRACE_S="0.5"),
                 log_dir,
@@ -113,7 +113,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory, kafka_up: None, redis_
             for w in ("w1", "w2")
         ),
         ServiceProc(
-            "services.gateway",
+            "llmbus_services.gateway",
             settings,
             env("gateway", LLMBUS_GATEWAY_PORT=str(port), LLMBUS_GATEWAY_INSTANCE_ID="gw-test"),
             log_dir,

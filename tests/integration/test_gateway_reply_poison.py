@@ -16,7 +16,7 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceRequest, TokenChunk
 from llmbus.settings import BusSettings
-from services.gateway.adapters.relay import Relay
+from llmbus_services.gateway.adapters.relay import Relay
 
 pytestmark = pytest.mark.kafka
 

@@ -19,7 +19,7 @@ import pytest_asyncio
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.contract.request_key import request_key
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from tests.fixtures.vllm_gateway import TENANT, VllmGateway, vllm_gateway
 from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, hf_tokenizer, qwen_fim_ids, template_ids
 

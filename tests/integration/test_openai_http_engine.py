@@ -10,10 +10,9 @@ import pytest
 import pytest_asyncio
 
 from llmbus.contract.messages import ErrorCode
-from llmbus_tools.harness.openai_server import FakeOpenAIServer
-from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
@@ -22,6 +21,7 @@ from services.engine_worker.core.engine import (
     RequestRejected,
     UpstreamBusy,
 )
+from llmbus_tools.harness.openai_server import FakeOpenAIServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from llmbus_services.engine_worker.core.engine import EngineRequest, RequestRejected
 from llmbus_tools.harness.openai_server import FakeOpenAIServer
-from services.engine_worker.core.engine import EngineRequest, RequestRejected
 from tests.integration.test_openai_http_engine import _collect, _engine, server  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -77,11 +77,13 @@ async def hosted(
     log_dir = tmp_path_factory.mktemp("hosted-logs")
     port = free_port()
     procs = [
-        ServiceProc("services.router", settings, {}, log_dir).start(),
-        ServiceProc("services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir).start(),
+        ServiceProc("llmbus_services.router", settings, {}, log_dir).start(),
+        ServiceProc(
+            "llmbus_services.scheduler", settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, log_dir
+        ).start(),
         *(
             ServiceProc(
-                "services.engine_worker",
+                "llmbus_services.engine_worker",
                 settings,
                 {
                     "LLMBUS_WORKER_WORKER_ID": w,
@@ -97,7 +99,7 @@ async def hosted(
             for w in WORKERS
         ),
         ServiceProc(
-            "services.gateway",
+            "llmbus_services.gateway",
             settings,
             {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-hosted"},
             log_dir,

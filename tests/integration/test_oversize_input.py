@@ -31,7 +31,7 @@ async def test_a_huge_malformed_record_is_dead_lettered_and_the_router_keeps_ser
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
-    router = ServiceProc("services.router", bus_settings).start()
+    router = ServiceProc("llmbus_services.router", bus_settings).start()
     services.append(router)
     dlq = await TopicTail(bus_settings, topics.name(t.DLQ)).start()
     routed = await TopicTail(bus_settings, topics.name(t.ROUTED)).start()
@@ -97,7 +97,7 @@ async def test_a_worker_whose_dispatch_loop_stalls_exits_non_zero(
     """The watchdog (1 s) fires while a poll waits (3 s): the loop reports ConsumerStalled. The worker
     must exit with an error so its supervisor restarts it, not drain and heartbeat on or exit 0."""
     worker = ServiceProc(
-        "services.engine_worker",
+        "llmbus_services.engine_worker",
         bus_settings,
         name="stalls",
         env={

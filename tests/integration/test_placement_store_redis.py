@@ -9,8 +9,8 @@ import redis.asyncio as redis
 
 from llmbus.contract.messages import InferenceRequest, RoutedRequest
 from llmbus.contract.request_key import request_key
-from services.scheduler.adapters.store import PlacementStore
-from services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.adapters.store import PlacementStore
+from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 pytestmark = pytest.mark.redis
 

@@ -67,8 +67,8 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
         await bus.publisher.publish(topics.name(t.MODELS), spec, key=SPECCED)
     finally:
         await bus.stop()
-    services.append(ServiceProc("services.router", bus_settings).start())
-    services.append(ServiceProc("services.scheduler", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.router", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.scheduler", bus_settings).start())
     for worker_id, model in (("w1", SPECCED), ("w2", UNSPECCED)):
         env = {
             "LLMBUS_WORKER_WORKER_ID": worker_id,
@@ -76,7 +76,7 @@ async def test_over_length_cjk_and_code_prompts_end_prompt_too_long_where_first_
             "LLMBUS_WORKER_SIM_SPEEDUP": "50",
             "LLMBUS_WORKER_TOKENIZER": TEKKEN,
         }
-        services.append(ServiceProc("services.engine_worker", bus_settings, name=worker_id, env=env).start())
+        services.append(ServiceProc("llmbus_services.engine_worker", bus_settings, name=worker_id, env=env).start())
     # while the services start (each loads the tokenizer too): the prompts are what the test says they are
     tekken = load_tokenizer(TEKKEN)
     cjk, code = _text_of("cjk", 8000), _text_of("code", 16000)

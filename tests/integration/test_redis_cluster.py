@@ -21,11 +21,11 @@ from llmbus.contract.request_key import request_key
 from llmbus.state.fencing import RequestFence, Superseded
 from llmbus.state.redis_batch import RedisBatcher
 from llmbus.state.store import redis_client
-from services.router.adapters.cache import RedisResponseCache
-from services.router.adapters.limits import RedisRateLimiter
-from services.router.core.cache_key import cache_key
-from services.router.core.config import TenantPolicy
-from services.scheduler.adapters.store import PlacementStore
+from llmbus_services.router.adapters.cache import RedisResponseCache
+from llmbus_services.router.adapters.limits import RedisRateLimiter
+from llmbus_services.router.core.cache_key import cache_key
+from llmbus_services.router.core.config import TenantPolicy
+from llmbus_services.scheduler.adapters.store import PlacementStore
 from tests.integration.test_comparator_join import Harness, pair_stats, res, shadow_view
 from tests.integration.test_placement_store_redis import placement
 from tests.integration.test_router_redis_cache import ok_result

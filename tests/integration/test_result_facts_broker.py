@@ -29,10 +29,10 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.messages.base import now_ms
 from llmbus.settings import BusSettings
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.scheduler.core.scheduler import FinalError
+from llmbus_services.scheduler.core.types import SchedRequest
 from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
-from services.router.core.config import load_policy
-from services.scheduler.core.scheduler import FinalError
-from services.scheduler.core.types import SchedRequest
 from tests.integration.test_cost_e2e import COST_ENV, results_for
 from tests.integration.test_scheduler_handler_faults import make_handlers, namespace, publisher
 from tests.support import start_sim_stack

@@ -96,10 +96,10 @@ async def test_identical_requests_in_flight_share_one_generation(
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
-    services.append(ServiceProc("services.router", bus_settings).start())
-    services.append(ServiceProc("services.scheduler", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.router", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.scheduler", bus_settings).start())
     worker_env = {"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_MODEL": "sim-llama-8b"}
-    services.append(ServiceProc("services.engine_worker", bus_settings, name="w1", env=worker_env).start())
+    services.append(ServiceProc("llmbus_services.engine_worker", bus_settings, name="w1", env=worker_env).start())
     await wait_workers_ready(bus_settings, {"w1"}, timeout_s=120)
     bus = await Bus.start(bus_settings, t.CLIENT)
     tails = [await TopicTail(bus_settings, topics.name(topic)).start() for topic in (t.TOKENS, t.RESULTS, t.ROUTED)]
@@ -143,8 +143,8 @@ async def test_followers_of_a_failed_leader_are_routed_alone_and_answered_once(
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
-    services.append(ServiceProc("services.router", bus_settings).start())
-    services.append(ServiceProc("services.scheduler", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.router", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.scheduler", bus_settings).start())
     bus = await Bus.start(bus_settings, t.CLIENT)
     tails = [await TopicTail(bus_settings, topics.name(topic)).start() for topic in (t.TOKENS, t.RESULTS, t.ROUTED)]
     tokens_tail, results_tail, routed_tail = tails

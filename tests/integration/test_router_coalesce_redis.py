@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.contract.messages import InferenceRequest, RoutedRequest, now_ms
-from services.router.adapters.coalescing import RedisCoalescer
+from llmbus_services.router.adapters.coalescing import RedisCoalescer
 
 pytestmark = pytest.mark.redis
 

@@ -21,9 +21,9 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from services.router.adapters.coalesce_relay import CoalesceRelay
-from services.router.adapters.coalescing import RedisCoalescer
-from services.router.core.config import CoalescePolicy
+from llmbus_services.router.adapters.coalesce_relay import CoalesceRelay
+from llmbus_services.router.adapters.coalescing import RedisCoalescer
+from llmbus_services.router.core.config import CoalescePolicy
 from tests.support import redis_keys
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 

@@ -31,8 +31,8 @@ from llmbus.contract.messages import (
     Variant,
 )
 from llmbus.settings import BusSettings
+from llmbus_services.router.core.config import load_policy
 from llmbus_tools.harness.service_procs import ServiceProc
-from services.router.core.config import load_policy
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
@@ -101,7 +101,7 @@ async def test_router_rules_variants_shadows_limits_and_budgets(
             )
         services.append(
             ServiceProc(
-                "services.router", bus_settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(write_policy(tmp_path))}
+                "llmbus_services.router", bus_settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(write_policy(tmp_path))}
             ).start()
         )
 

@@ -14,8 +14,8 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, RoutedRequest, Timings
 from llmbus.settings import BusSettings
+from llmbus_services.router.core.config import load_policy
 from llmbus_tools.harness.service_procs import ServiceProc
-from services.router.core.config import load_policy
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -45,7 +45,7 @@ async def test_a_tier_missing_its_ttft_target_is_reported_and_avoided(
     bus = await Bus.start(bus_settings, t.CLIENT)
     routed_tail = await TopicTail(bus_settings, topics.name(t.ROUTED)).start()
     router = ServiceProc(
-        "services.router", bus_settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(write_policy(tmp_path))}
+        "llmbus_services.router", bus_settings, env={"LLMBUS_ROUTER_POLICY_PATH": str(write_policy(tmp_path))}
     ).start()
     services.append(router)
     run = uuid.uuid4().hex[:6]

@@ -19,11 +19,11 @@ from llmbus.contract.messages import (
     ToolCall,
     Usage,
 )
-from services.router.adapters.cache import RedisResponseCache
-from services.router.core.cache_key import cache_key
-from services.router.core.complexity import build_scorer
-from services.router.core.config import load_policy
-from services.router.core.pipeline import RouterCore
+from llmbus_services.router.adapters.cache import RedisResponseCache
+from llmbus_services.router.core.cache_key import cache_key
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.router.core.pipeline import RouterCore
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

@@ -9,8 +9,8 @@ import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from services.router.adapters.limits import RedisRateLimiter
-from services.router.core.config import TenantPolicy
+from llmbus_services.router.adapters.limits import RedisRateLimiter
+from llmbus_services.router.core.config import TenantPolicy
 from tests.support import redis_keys
 
 pytestmark = pytest.mark.redis

@@ -8,8 +8,8 @@ from llmbus.bus import Bus
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Feedback, InferenceRequest, InferenceResult, ResultStatus, RoutedRequest
 from llmbus.settings import BusSettings
+from llmbus_services.router.core.config import load_policy
 from llmbus_tools.router_training.feedback import collect_samples
-from services.router.core.config import load_policy
 
 pytestmark = pytest.mark.kafka
 

@@ -10,11 +10,11 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, Usage
-from services.router.adapters.cache import RedisResponseCache
-from services.router.adapters.semantic_cache import RedisSemanticCache
-from services.router.core.cache_key import cache_key
-from services.router.core.config import SemanticCachePolicy
-from services.router.core.semantic import normalised
+from llmbus_services.router.adapters.cache import RedisResponseCache
+from llmbus_services.router.adapters.semantic_cache import RedisSemanticCache
+from llmbus_services.router.core.cache_key import cache_key
+from llmbus_services.router.core.config import SemanticCachePolicy
+from llmbus_services.router.core.semantic import normalised
 
 pytestmark = pytest.mark.redis
 MODEL = "m"

@@ -12,8 +12,8 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, Experiment, InferenceRequest, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_services.router.core.cache_key import cache_key
 from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
-from services.router.core.cache_key import cache_key
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -44,12 +44,12 @@ async def test_shadow_never_reaches_the_client_and_cache_hits_stay_in_tenant(
         experiment_id="sh", kind="shadow", match_models=["sim-llama-8b"], shadow_model="sim-candidate", shadow_share=1.0
     )
     await bus.publisher.publish(topics.name(t.EXPERIMENTS), exp, key=exp.experiment_id)
-    services.append(ServiceProc("services.router", bus_settings).start())
-    services.append(ServiceProc("services.scheduler", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.router", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.scheduler", bus_settings).start())
     for wid, model in (("w1", "sim-llama-8b"), ("w2", "sim-candidate")):
         services.append(
             ServiceProc(
-                "services.engine_worker",
+                "llmbus_services.engine_worker",
                 bus_settings,
                 name=wid,
                 env={"LLMBUS_WORKER_WORKER_ID": wid, "LLMBUS_WORKER_MODEL": model, "LLMBUS_WORKER_SIM_SPEEDUP": "50"},

@@ -30,12 +30,12 @@ from llmbus.contract.request_key import request_key
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers
-from services.scheduler.adapters.store import PlacementStore
-from services.scheduler.app import build_core
-from services.scheduler.config import SchedulerSettings
-from services.scheduler.core.scheduler import FinalError
-from services.scheduler.core.types import SchedRequest
-from services.scheduler.handlers import SchedulerHandlers
+from llmbus_services.scheduler.adapters.store import PlacementStore
+from llmbus_services.scheduler.app import build_core
+from llmbus_services.scheduler.config import SchedulerSettings
+from llmbus_services.scheduler.core.scheduler import FinalError
+from llmbus_services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.handlers import SchedulerHandlers
 from tests.support import redis_keys, until
 
 pytestmark = pytest.mark.redis

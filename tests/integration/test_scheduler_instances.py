@@ -8,8 +8,8 @@ import pytest
 import redis.asyncio as redis
 
 from llmbus.settings import BusSettings
+from llmbus_services.scheduler.adapters.store import PlacementStore
 from llmbus_tools.harness.service_procs import ServiceProc
-from services.scheduler.adapters.store import PlacementStore
 from tests.integration.test_scheduler_recovery import scheduler_setup, send_routed
 from tests.support import eventually
 
@@ -26,7 +26,7 @@ async def test_two_instances_split_models_without_double_placement(
         fleet.start()
         # Both instances join the group and share llm.routed's partitions (a fixed sleep was too
         # short on a loaded machine: the second one's join came after the requests were placed).
-        schedulers = [proc for proc in services if proc.module == "services.scheduler"]
+        schedulers = [proc for proc in services if proc.module == "llmbus_services.scheduler"]
 
         async def both_hold_routed_partitions() -> bool:
             return len(schedulers) == 2 and all(

@@ -64,7 +64,7 @@ async def test_waiting_requests_of_revoked_partitions_get_one_result(
             "LLMBUS_SCHEDULER_PIPELINE": str(pipeline),
             "LLMBUS_SCHEDULER_INSTANCE_ID": f"joiner-{uuid.uuid4().hex[:6]}",
         }
-        services.append(ServiceProc("services.scheduler", bus_settings, name="joiner", env=env).start())
+        services.append(ServiceProc("llmbus_services.scheduler", bus_settings, name="joiner", env=env).start())
         placed = await fleet.dispatches(1, timeout_s=120)
         placed += await fleet.dispatches(len(MODELS), timeout_s=3)  # the rest of the joiner's share
         assert placed, "the joiner took some partitions and placed their waiting requests"

@@ -145,7 +145,7 @@ async def scheduler_setup(
     for i in range(instances):
         services.append(
             ServiceProc(
-                "services.scheduler",
+                "llmbus_services.scheduler",
                 settings,
                 name=f"scheduler{i}",
                 env=base_env | {"LLMBUS_SCHEDULER_INSTANCE_ID": f"s{i}-{uuid.uuid4().hex[:6]}"},
@@ -267,8 +267,8 @@ async def test_a_claim_without_its_dispatch_is_sent_after_a_restart(
     """The crash window between the Redis claim and the Dispatch: the placement is in Redis, the
     Dispatch never went out and the routed record was not committed. The next scheduler sends it."""
     from llmbus.state.store import redis_client
-    from services.scheduler.adapters.store import PlacementStore
-    from services.scheduler.core.types import Placement, SchedRequest
+    from llmbus_services.scheduler.adapters.store import PlacementStore
+    from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
     request = InferenceRequest(prompt="hello " * 20, max_tokens=16, model=MODEL)
     routed = RoutedRequest(request=request, model=MODEL)
@@ -288,7 +288,7 @@ async def test_a_claim_without_its_dispatch_is_sent_after_a_restart(
         fleet.start()
         await bus.publisher.publish(bus.topics.name(t.ROUTED), routed, key=MODEL, request_id=request.request_id)
         services.append(
-            ServiceProc("services.scheduler", bus_settings, env={"LLMBUS_SCHEDULER_TICK_MS": "100"}).start()
+            ServiceProc("llmbus_services.scheduler", bus_settings, env={"LLMBUS_SCHEDULER_TICK_MS": "100"}).start()
         )
         [sent] = await fleet.dispatches(1, timeout_s=40)
         assert (sent.request_id, sent.worker_id, sent.attempt) == (request.request_id, "w1", 1)

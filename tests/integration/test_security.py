@@ -46,9 +46,9 @@ from llmbus.contract.request_key import request_key
 from llmbus.security.acls import ANALYTICS, all_acls, tenant_topics
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
 from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings, wait_workers_ready
 from llmbus_tools.router_training.feedback import read_feedback
-from services.shadow_comparator.adapters.store import ComparatorStore
 from tests.fixtures.secured_kafka import TENANTS, SecuredKafka
 from tests.support import eventually
 
@@ -78,12 +78,17 @@ async def stack(
     """Router, scheduler and one sim worker, each as its own principal."""
     log_dir: Path = tmp_path_factory.mktemp("secured-stack")
     procs = [
-        ServiceProc("services.router", secured_kafka.settings(t.ROUTER, prefix), secured_kafka.env(t.ROUTER), log_dir),
         ServiceProc(
-            "services.scheduler", secured_kafka.settings(t.SCHEDULER, prefix), secured_kafka.env(t.SCHEDULER), log_dir
+            "llmbus_services.router", secured_kafka.settings(t.ROUTER, prefix), secured_kafka.env(t.ROUTER), log_dir
         ),
         ServiceProc(
-            "services.engine_worker",
+            "llmbus_services.scheduler",
+            secured_kafka.settings(t.SCHEDULER, prefix),
+            secured_kafka.env(t.SCHEDULER),
+            log_dir,
+        ),
+        ServiceProc(
+            "llmbus_services.engine_worker",
             secured_kafka.settings(t.WORKER, prefix),
             secured_kafka.env(t.WORKER) | {"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "50"},
             log_dir,
@@ -287,7 +292,7 @@ async def comparator(
     """The shadow-comparator as its own principal; its Redis store, to read what it counted."""
     settings = secured_kafka.settings(t.COMPARATOR, prefix)
     proc = ServiceProc(
-        "services.shadow_comparator",
+        "llmbus_services.shadow_comparator",
         settings,
         secured_kafka.env(t.COMPARATOR) | {"LLMBUS_COMPARATOR_DECIDE": "false"},
         tmp_path_factory.mktemp("secured-comparator"),

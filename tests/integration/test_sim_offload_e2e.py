@@ -21,10 +21,10 @@ DOC = "Kafka keeps every record in an ordered partition log. " * 45  # ~610 toke
 async def test_an_evicted_prefix_is_served_from_the_host_tier(bus_settings: BusSettings, services: list) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
     services += [
-        ServiceProc("services.router", bus_settings).start(),
-        ServiceProc("services.scheduler", bus_settings).start(),
+        ServiceProc("llmbus_services.router", bus_settings).start(),
+        ServiceProc("llmbus_services.scheduler", bus_settings).start(),
         ServiceProc(
-            "services.engine_worker",
+            "llmbus_services.engine_worker",
             bus_settings,
             name="w1",
             env={

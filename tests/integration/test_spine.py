@@ -25,12 +25,12 @@ def start_stack(
     settings: BusSettings, services: list[ServiceProc], worker_ids: tuple[str, ...] = ("w1",), speedup: str = "50"
 ) -> dict[str, ServiceProc]:
     procs = {
-        "router": ServiceProc("services.router", settings).start(),
-        "scheduler": ServiceProc("services.scheduler", settings).start(),
+        "router": ServiceProc("llmbus_services.router", settings).start(),
+        "scheduler": ServiceProc("llmbus_services.scheduler", settings).start(),
     }
     for wid in worker_ids:
         procs[wid] = ServiceProc(
-            "services.engine_worker",
+            "llmbus_services.engine_worker",
             settings,
             name=wid,
             env={"LLMBUS_WORKER_WORKER_ID": wid, "LLMBUS_WORKER_SIM_SPEEDUP": speedup},
@@ -106,7 +106,7 @@ async def test_malformed_and_invalid_requests_go_to_dlq_and_invalid_gets_final_e
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
-    services.append(ServiceProc("services.router", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.router", bus_settings).start())
     dlq = await TopicTail(bus_settings, topics.name(t.DLQ)).start()
     results = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
     bad_id = uuid.uuid4().hex

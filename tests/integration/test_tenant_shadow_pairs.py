@@ -34,9 +34,9 @@ from llmbus.contract.messages import (
 from llmbus.domain.lifecycle import create, to_step
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
+from llmbus_services.shadow_comparator.core.aggregates import VariantStats
 from llmbus_tools.harness.service_procs import ServiceProc
-from services.shadow_comparator.adapters.store import ComparatorStore
-from services.shadow_comparator.core.aggregates import VariantStats
 from tests.integration.test_cost_e2e import caught_up, read_log
 from tests.support import eventually
 
@@ -80,7 +80,7 @@ async def test_two_tenants_shadow_pairs_and_ab_samples_with_one_id_never_mix(
 
     try:
         await send(t.EXPERIMENTS, shadowing, ab)
-        services.append(ServiceProc("services.shadow_comparator", bus_settings, log_dir=tmp_path).start())
+        services.append(ServiceProc("llmbus_services.shadow_comparator", bus_settings, log_dir=tmp_path).start())
 
         # Ready once a probe pair is compared: its results consumer reads and the experiment is known.
         async def probe_compared() -> bool:

@@ -14,8 +14,8 @@ import pytest
 
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest
 from llmbus.contract.tool_calls import assemble_tool_calls
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
 from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, hf_tokenizer, template_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]

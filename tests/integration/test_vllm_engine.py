@@ -9,9 +9,8 @@ import signal
 import pytest
 
 from llmbus.contract.messages import ErrorCode
-from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
@@ -19,6 +18,7 @@ from services.engine_worker.core.engine import (
     EngineOutput,
     EngineRequest,
 )
+from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import EngineRequest, RequestRejected, honoured_features
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineRequest, RequestRejected, honoured_features
 from tests.fixtures.vllm_prompts import PromptSpy, qwen_fim_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]

@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import EngineOutput, EngineRequest
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineOutput, EngineRequest
 from tests.fixtures.vllm_engine import CHATML_KV_BLOCKS
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.core.engine import EngineRequest
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.core.engine import EngineRequest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
 

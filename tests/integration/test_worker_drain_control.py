@@ -58,10 +58,12 @@ async def test_a_drained_worker_heartbeats_draining_and_gets_no_more_dispatches(
     bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path
 ) -> None:
     services.append(
-        ServiceProc("services.scheduler", bus_settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, tmp_path).start()
+        ServiceProc(
+            "llmbus_services.scheduler", bus_settings, {"LLMBUS_SCHEDULER_NO_WORKER_TIMEOUT_S": "3"}, tmp_path
+        ).start()
     )
     worker_env = {"LLMBUS_WORKER_WORKER_ID": WORKER, "LLMBUS_WORKER_HEARTBEAT_INTERVAL_S": "0.2"}
-    services.append(ServiceProc("services.engine_worker", bus_settings, worker_env, tmp_path, WORKER).start())
+    services.append(ServiceProc("llmbus_services.engine_worker", bus_settings, worker_env, tmp_path, WORKER).start())
     await wait_workers_ready(bus_settings, {WORKER})
     topics = t.Topics(bus_settings.topic_prefix)
     bus = await Bus.start(bus_settings, t.CLIENT)

@@ -95,7 +95,7 @@ async def worker() -> AsyncIterator[Harness]:
     settings = fresh_settings()
     await ensure_catalog(settings)
     proc = ServiceProc(
-        "services.engine_worker",
+        "llmbus_services.engine_worker",
         settings,
         name=WORKER,
         env={

@@ -153,7 +153,7 @@ async def sigkill_gateway(size: Size, log_dir: Path) -> Outcome:
             keys = await api_keys(settings)
             gateway_env = {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": "gw-rel"}
             stack.procs["gateway"] = ServiceProc(
-                "services.gateway", settings, env=gateway_env, log_dir=log_dir, name="gateway"
+                "llmbus_services.gateway", settings, env=gateway_env, log_dir=log_dir, name="gateway"
             ).start()
             await wait_ready(base_url)
 

@@ -12,8 +12,8 @@ from llmbus.archive import read
 from llmbus.archive.layout import OffsetRange, covered, parse_manifest_name
 from llmbus.archive.rows import KINDS_BY_NAME, SCHEMA, Source, row_of
 from llmbus.contract.messages import Feedback, InferenceResult, ResultStatus
-from services.archive.adapters.store import ArchiveStore
-from services.archive.core.plan import plan_batch
+from llmbus_services.archive.adapters.store import ArchiveStore
+from llmbus_services.archive.core.plan import plan_batch
 
 DAY_MS = 1_764_547_200_000  # 2025-12-01T00:00:00Z
 

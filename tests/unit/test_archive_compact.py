@@ -24,8 +24,8 @@ from llmbus.archive.compact import (
 from llmbus.archive.layout import DATA_SUFFIX, TMP_SUFFIX
 from llmbus.archive.rows import KINDS_BY_NAME, Source, row_of
 from llmbus.cli.main import app
-from services.archive.adapters.store import ArchiveStore
-from services.archive.core.plan import plan_batch
+from llmbus_services.archive.adapters.store import ArchiveStore
+from llmbus_services.archive.core.plan import plan_batch
 from tests.unit.test_archive import DAY_MS, no_ids, result, result_rows
 
 DIRECTORY = PurePath("results/day=2025-12-01/tenant=acme")

@@ -24,8 +24,8 @@ from llmbus.contract.messages import (
     Usage,
 )
 from llmbus.contract.schemagen import rlhf_schema
-from services.archive.adapters.store import ArchiveStore
-from services.archive.core.plan import plan_batch
+from llmbus_services.archive.adapters.store import ArchiveStore
+from llmbus_services.archive.core.plan import plan_batch
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_764_547_200_000  # 2025-12-01T00:00:00Z

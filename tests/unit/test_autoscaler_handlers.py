@@ -8,9 +8,9 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter, PoolStats, ScaleDecision, WorkerState, WorkerStatus, now_ms
 from llmbus.settings import BusSettings
-from services.autoscaler.adapters.actuators import NoActuator
-from services.autoscaler.app import build_app
-from services.autoscaler.config import AutoscalerSettings
+from llmbus_services.autoscaler.adapters.actuators import NoActuator
+from llmbus_services.autoscaler.app import build_app
+from llmbus_services.autoscaler.config import AutoscalerSettings
 
 
 async def test_pool_at_zero_wakes_on_a_waiting_request_and_the_decision_is_published() -> None:

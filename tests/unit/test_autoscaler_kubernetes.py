@@ -19,8 +19,8 @@ pytest.importorskip("kubernetes")
 
 from kubernetes.client.exceptions import ApiException
 
-from services.autoscaler.adapters.actuators.kubernetes import KubernetesActuator
-from services.autoscaler.core.config import KubernetesSpec
+from llmbus_services.autoscaler.adapters.actuators.kubernetes import KubernetesActuator
+from llmbus_services.autoscaler.core.config import KubernetesSpec
 
 SCALE_PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/(deployments|statefulsets)/([^/]+)/scale$")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.autoscaler.adapters.actuators.local import LocalActuator
-from services.autoscaler.core.config import LocalSpec
+from llmbus_services.autoscaler.adapters.actuators.local import LocalActuator
+from llmbus_services.autoscaler.core.config import LocalSpec
 
 
 @pytest.mark.parametrize(("base", "expected"), [(0, ["0", "0"]), (29120, ["29121", "29122"])])

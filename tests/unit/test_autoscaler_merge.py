@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmbus.contract.messages import PoolStats
-from services.autoscaler.core.merge import PoolStatsMerger, merge_pool_stats
+from llmbus_services.autoscaler.core.merge import PoolStatsMerger, merge_pool_stats
 
 
 def stats(instance: str, sent_at_ms: int, window_s: float = 5.0, **fields: object) -> PoolStats:

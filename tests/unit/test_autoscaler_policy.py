@@ -8,12 +8,12 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from services.autoscaler.core import Bounds, PoolSignals
-from services.autoscaler.core.config import PoolsFile
-from services.autoscaler.core.forecast import DAY_S, RateForecaster
-from services.autoscaler.core.predictive import PredictivePolicy
-from services.autoscaler.core.sizing import erlang_c_wait_s, replicas_for
-from services.autoscaler.core.threshold import ThresholdPolicy
+from llmbus_services.autoscaler.core import Bounds, PoolSignals
+from llmbus_services.autoscaler.core.config import PoolsFile
+from llmbus_services.autoscaler.core.forecast import DAY_S, RateForecaster
+from llmbus_services.autoscaler.core.predictive import PredictivePolicy
+from llmbus_services.autoscaler.core.sizing import erlang_c_wait_s, replicas_for
+from llmbus_services.autoscaler.core.threshold import ThresholdPolicy
 
 STEP_S = 5
 

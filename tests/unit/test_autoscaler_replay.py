@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 from bench.autoscaler_replay import Arrival, ReplayConfig, replay_day
-from services.autoscaler.core import Bounds
-from services.autoscaler.core.predictive import PredictivePolicy
-from services.autoscaler.core.threshold import ThresholdPolicy
-from services.engine_worker.adapters.engines.sim.profiles import get_profile
+from llmbus_services.autoscaler.core import Bounds
+from llmbus_services.autoscaler.core.predictive import PredictivePolicy
+from llmbus_services.autoscaler.core.threshold import ThresholdPolicy
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import get_profile
 
 
 def step_load() -> list[Arrival]:

@@ -16,7 +16,7 @@ from llmbus.bus import headers as hdr
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ErrorCode, InferenceRequest, TokenChunk
-from services.engine_worker.adapters.streaming import ChunkBatcher
+from llmbus_services.engine_worker.adapters.streaming import ChunkBatcher
 
 
 def record(value: bytes | None, key: bytes | None = None) -> ConsumerRecord:

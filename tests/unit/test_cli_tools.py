@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from llmbus.process.launch import checkout_pythonpath
+
 pytestmark = pytest.mark.slow  # two interpreters per command
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def llmbus(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(REPO / "libs" / "common"), str(REPO)])}
+    env = os.environ | {"PYTHONPATH": checkout_pythonpath(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "llmbus.cli.main", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
     )

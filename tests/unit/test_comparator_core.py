@@ -29,17 +29,17 @@ from llmbus.domain.lifecycle import (
     to_step,
     with_state,
 )
-from services.router.core.experiments import pick_variant
-from services.shadow_comparator.core.aggregates import (
+from llmbus_services.router.core.experiments import pick_variant
+from llmbus_services.shadow_comparator.core.aggregates import (
     PairStats,
     VariantStats,
     pair_increments,
     variant_increments,
 )
-from services.shadow_comparator.core.compare import compare, rouge_l_f1
-from services.shadow_comparator.core.decide import StepEvidence, decide
-from services.shadow_comparator.core.join import pair_ref
-from services.shadow_comparator.core.sketch import GROWTH, LatencyHistogram
+from llmbus_services.shadow_comparator.core.compare import compare, rouge_l_f1
+from llmbus_services.shadow_comparator.core.decide import StepEvidence, decide
+from llmbus_services.shadow_comparator.core.join import pair_ref
+from llmbus_services.shadow_comparator.core.sketch import GROWTH, LatencyHistogram
 
 
 def result(

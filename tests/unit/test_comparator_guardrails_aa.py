@@ -17,10 +17,10 @@ import numpy as np
 
 from llmbus.contract.messages import Guardrails, RampPlan
 from llmbus.domain.lifecycle import create, to_step
-from services.shadow_comparator.core.aggregates import PairStats, VariantStats
-from services.shadow_comparator.core.decide import StepEvidence, decide
-from services.shadow_comparator.core.sequential import Moments
-from services.shadow_comparator.core.sketch import _LOG_GROWTH, MIN_MS, LatencyHistogram
+from llmbus_services.shadow_comparator.core.aggregates import PairStats, VariantStats
+from llmbus_services.shadow_comparator.core.decide import StepEvidence, decide
+from llmbus_services.shadow_comparator.core.sequential import Moments
+from llmbus_services.shadow_comparator.core.sketch import _LOG_GROWTH, MIN_MS, LatencyHistogram
 
 RUNS = 200
 N_MAX = 10_000  # samples per arm in a run (one ramp step's worth of traffic)

@@ -29,7 +29,7 @@ def test_metrics_bind_the_configured_host(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("LLMBUS_METRICS_HOST", "127.0.0.1")
     monkeypatch.setattr(runtime, "start_http_server", start_http_server)
     monkeypatch.setattr(runtime, "setup_tracing", lambda *a, **k: False)
-    monkeypatch.setattr("services.shadow_comparator.app.main", main)
+    monkeypatch.setattr("llmbus_services.shadow_comparator.app.main", main)
     with pytest.raises(Started):
-        runpy.run_module("services.shadow_comparator", run_name="__main__")
+        runpy.run_module("llmbus_services.shadow_comparator", run_name="__main__")
     assert calls == [(29104, "127.0.0.1")]

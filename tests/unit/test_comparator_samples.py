@@ -6,7 +6,7 @@ import pytest
 
 from llmbus.contract.messages import ErrorCode, ErrorInfo, InferenceResult, ResultStatus
 from llmbus.domain.lifecycle import create, to_step
-from services.shadow_comparator.core.samples import not_a_sample, variant_model
+from llmbus_services.shadow_comparator.core.samples import not_a_sample, variant_model
 
 EXP = to_step(create("e", "ctrl", "cand"), 2)
 

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from services.shadow_comparator.core.sequential import (
+from llmbus_services.shadow_comparator.core.sequential import (
     Moments,
     msprt_means,
     msprt_proportions,
     welch_z_p,
     z_test_proportions,
 )
-from services.shadow_comparator.core.simulate import (
+from llmbus_services.shadow_comparator.core.simulate import (
     _proportion_stats,
     msprt_log_lr,
     simulate_log_latency,

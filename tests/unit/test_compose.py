@@ -17,12 +17,12 @@ import yaml
 from pydantic_settings import BaseSettings
 
 from llmbus.settings import BusSettings
-from services.archive.config import ArchiveSettings
-from services.autoscaler.config import AutoscalerSettings
-from services.engine_worker.config import WorkerSettings
-from services.gateway.config import GatewaySettings
-from services.router.config import RouterSettings
-from services.scheduler.config import SchedulerSettings
+from llmbus_services.archive.config import ArchiveSettings
+from llmbus_services.autoscaler.config import AutoscalerSettings
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.gateway.config import GatewaySettings
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.scheduler.config import SchedulerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "deploy" / "compose" / "docker-compose.yml"

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from llmbus.security import acls
-from services.router.core.config import load_policy
+from llmbus_services.router.core.config import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "deploy" / "compose"

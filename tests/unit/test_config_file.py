@@ -8,10 +8,10 @@ import pytest
 from pydantic import ValidationError
 
 from llmbus.contract.config_file import StrictModel, load_yaml, shipped_or_path
-from services.autoscaler.core.config import PoolsFile
-from services.cost_accounting.core.prices import load_pricebook
-from services.router.core.config import load_policy
-from services.scheduler.core.pipeline import Pipeline
+from llmbus_services.autoscaler.core.config import PoolsFile
+from llmbus_services.cost_accounting.core.prices import load_pricebook
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.scheduler.core.pipeline import Pipeline
 
 
 class Limits(StrictModel):

@@ -16,7 +16,7 @@ from llmbus.bus import tables
 from llmbus.client import TopicTail
 from llmbus.contract.messages import ModelSpec
 from llmbus.settings import BusSettings
-from services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
 
 
 def unused_port() -> int:

@@ -12,13 +12,13 @@ from llmbus.contract import topics as t
 from llmbus.contract.declarations import catalog_name
 from llmbus.contract.messages import Control, ControlAction
 from llmbus.settings import BusSettings
-from services.autoscaler.adapters.actuators import NoActuator
-from services.autoscaler.app import build_app
-from services.autoscaler.config import AutoscalerSettings
-from services.cost_accounting.app import CostService
-from services.cost_accounting.config import CostSettings
-from services.shadow_comparator.app import build
-from services.shadow_comparator.config import ComparatorSettings
+from llmbus_services.autoscaler.adapters.actuators import NoActuator
+from llmbus_services.autoscaler.app import build_app
+from llmbus_services.autoscaler.config import AutoscalerSettings
+from llmbus_services.cost_accounting.app import CostService
+from llmbus_services.cost_accounting.config import CostSettings
+from llmbus_services.shadow_comparator.app import build
+from llmbus_services.shadow_comparator.config import ComparatorSettings
 
 SETTINGS = BusSettings(topic_prefix="unit.")
 

@@ -18,12 +18,12 @@ from llmbus.contract.messages import (
     WorkerState,
     WorkerStatus,
 )
-from services.cost_accounting.core.aggregates import batch_increments, increments
-from services.cost_accounting.core.costing import ServedRequest, price_result
-from services.cost_accounting.core.gpu_ledger import GpuLedger
-from services.cost_accounting.core.money import cents
-from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
-from services.cost_accounting.core.savings import savings
+from llmbus_services.cost_accounting.core.aggregates import batch_increments, increments
+from llmbus_services.cost_accounting.core.costing import ServedRequest, price_result
+from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
+from llmbus_services.cost_accounting.core.money import cents
+from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
+from llmbus_services.cost_accounting.core.savings import savings
 
 BOOK = load_pricebook()
 T0 = 1_780_000_000_000 - 1_780_000_000_000 % MS_PER_HOUR  # an hour boundary

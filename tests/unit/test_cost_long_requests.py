@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from llmbus.audit.bills import check_bills
 from llmbus.contract.messages import CostKind, CostRecord, InferenceResult, WorkerState, WorkerStatus
-from services.cost_accounting.core.costing import ServedRequest, price_result
-from services.cost_accounting.core.gpu_ledger import GpuLedger
-from services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
+from llmbus_services.cost_accounting.core.costing import ServedRequest, price_result
+from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
+from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
 from tests.unit.test_cost_ledger import heartbeat, result
 
 BOOK = load_pricebook()

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from services.cost_accounting.core.budgets import BudgetPolicy, Period, crossed, period_key, state_of
-from services.cost_accounting.core.money import cents, split, to_micro
-from services.cost_accounting.core.planner import PlanInputs, plan
-from services.cost_accounting.core.prices import HostedPrice, PriceBook, SelfHostedRate, load_pricebook
+from llmbus_services.cost_accounting.core.budgets import BudgetPolicy, Period, crossed, period_key, state_of
+from llmbus_services.cost_accounting.core.money import cents, split, to_micro
+from llmbus_services.cost_accounting.core.planner import PlanInputs, plan
+from llmbus_services.cost_accounting.core.prices import HostedPrice, PriceBook, SelfHostedRate, load_pricebook
 
 _PRICES = st.decimals(min_value=0, max_value=200, places=6, allow_nan=False, allow_infinity=False)
 _TOKENS = st.integers(min_value=0, max_value=10_000_000)

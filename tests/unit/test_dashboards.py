@@ -27,11 +27,11 @@ def _generator():  # type: ignore[no-untyped-def]
 
 def exported_series() -> set[str]:
     """Every series name the services' processes register (importing them registers their metrics)."""
-    import services.engine_worker.adapters.metrics
-    import services.gateway.adapters.metrics
-    import services.router.adapters.cache
-    import services.router.adapters.limits  # noqa: F401
-    from services.engine_worker.adapters.node.metrics import register_node_metrics
+    import llmbus_services.engine_worker.adapters.metrics
+    import llmbus_services.gateway.adapters.metrics
+    import llmbus_services.router.adapters.cache
+    import llmbus_services.router.adapters.limits  # noqa: F401
+    from llmbus_services.engine_worker.adapters.node.metrics import register_node_metrics
 
     node = CollectorRegistry()
     gpu = GpuInfo(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from llmbus.cli import stack
-from services.engine_worker.adapters.engines.sim.profiles import load_profiles
-from services.router.core.config import load_policy
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import load_profiles
+from llmbus_services.router.core.config import load_policy
 
 
 def _routed_models() -> set[str]:
@@ -19,7 +19,7 @@ def test_every_model_the_default_policy_routes_to_has_a_sim_worker() -> None:
     served = {
         proc.env["LLMBUS_WORKER_MODEL"]
         for proc in stack.default_services(workers=1)
-        if proc.module == "services.engine_worker"
+        if proc.module == "llmbus_services.engine_worker"
     }
     assert _routed_models() <= served, f"nobody serves {_routed_models() - served}"
 
@@ -44,8 +44,8 @@ def test_every_process_serves_metrics_on_its_own_loopback_port() -> None:
 
 def test_the_autoscalers_workers_do_not_inherit_its_metrics_port() -> None:
     """make up gives the autoscaler LLMBUS_METRICS_PORT; a worker it starts would die on EADDRINUSE."""
-    from services.autoscaler.adapters.actuators.local import LocalActuator
-    from services.autoscaler.core.config import LocalSpec
+    from llmbus_services.autoscaler.adapters.actuators.local import LocalActuator
+    from llmbus_services.autoscaler.core.config import LocalSpec
 
     worker = LocalActuator({stack.SIM_MODEL: LocalSpec()}).process(stack.SIM_MODEL, 3)
     assert worker.env["LLMBUS_METRICS_PORT"] == "0"

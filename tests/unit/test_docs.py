@@ -91,7 +91,7 @@ def test_every_make_target_named_exists(path: Path) -> None:
 
 def _service_settings(service: str) -> list[type[BaseSettings]]:
     """The settings classes of a service's config.py (each with its own env prefix)."""
-    module = importlib.import_module(f"services.{service}.config")
+    module = importlib.import_module(f"llmbus_services.{service}.config")
     return [
         obj
         for obj in vars(module).values()

@@ -22,10 +22,10 @@ from llmbus.contract.messages import (
 )
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.shadow_comparator.core.join import feedback_belongs
+from llmbus_services.shadow_comparator.handlers import ComparatorHandlers
 from llmbus_tools.router_training.feedback import authenticated, join_samples
-from services.router.core.config import load_policy
-from services.shadow_comparator.core.join import feedback_belongs
-from services.shadow_comparator.handlers import ComparatorHandlers
 
 
 def test_the_feedback_source_is_the_topic() -> None:

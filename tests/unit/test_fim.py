@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.fim import FIM_FORMATS, parse_fim_template, unknown_sentinels
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.fim import FIM_FORMATS, parse_fim_template, unknown_sentinels
 
 PREFIX = "def area(r):\n    "
 SUFFIX = "\n    return a\n"

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmbus.contract.messages.fleet import ModelFormat
-from services.engine_worker.core.formats import (
+from llmbus_services.engine_worker.core.formats import (
     MIN_COMPUTE_CAPABILITY,
     QUALITY_ORDER,
     NoFormatFits,

@@ -16,11 +16,11 @@ from llmbus.contract.messages import (
     WorkerState,
     WorkerStatus,
 )
-from services.gateway.adapters.catalog import ModelCatalog
-from services.gateway.core import errors
-from services.gateway.core.hints import BadHint, routing_hints
-from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
-from services.gateway.core.translate import ResponseShape, to_request
+from llmbus_services.gateway.adapters.catalog import ModelCatalog
+from llmbus_services.gateway.core import errors
+from llmbus_services.gateway.core.hints import BadHint, routing_hints
+from llmbus_services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
+from llmbus_services.gateway.core.translate import ResponseShape, to_request
 
 
 def test_chat_body_becomes_a_request_of_the_keys_tenant() -> None:
@@ -138,7 +138,7 @@ def test_catalog_lists_declared_and_served_models() -> None:
 
 
 def test_finish_reason_is_kept() -> None:
-    from services.gateway.core.translate import finish_reason
+    from llmbus_services.gateway.core.translate import finish_reason
 
     assert finish_reason(FinishReason.LENGTH) == "length" and finish_reason(FinishReason.STOP) == "stop"
 

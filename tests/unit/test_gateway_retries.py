@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from llmbus.contract.messages import ErrorCode, ErrorInfo, FinishReason, InferenceRequest, TokenChunk
-from services.gateway.adapters.relay import Exchange
-from services.gateway.core.translate import ResponseShape
-from services.gateway.handlers import _sse_events
+from llmbus_services.gateway.adapters.relay import Exchange
+from llmbus_services.gateway.core.translate import ResponseShape
+from llmbus_services.gateway.handlers import _sse_events
 
 
 def chunk(seq: int, delta: str = "", attempt: int = 1, final: bool = False, **fields: object) -> TokenChunk:

@@ -16,14 +16,14 @@ import yaml
 
 from llmbus.cli.gc import parse_duration_ms
 from llmbus.settings import BusSettings
-from services.archive.config import ArchiveSettings
-from services.autoscaler.config import AutoscalerSettings
-from services.autoscaler.core.config import PoolsFile
-from services.engine_worker.config import WorkerSettings
-from services.gateway.config import GatewaySettings
-from services.router.config import RouterSettings
-from services.scheduler.adapters.pool_stats import QUEUE_WAIT_SECONDS
-from services.scheduler.config import SchedulerSettings
+from llmbus_services.archive.config import ArchiveSettings
+from llmbus_services.autoscaler.config import AutoscalerSettings
+from llmbus_services.autoscaler.core.config import PoolsFile
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.gateway.config import GatewaySettings
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.scheduler.adapters.pool_stats import QUEUE_WAIT_SECONDS
+from llmbus_services.scheduler.config import SchedulerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -86,7 +86,7 @@ def test_every_service_has_a_deployment_running_a_real_module() -> None:
         service = by_kind(docs, "Service")[name]
         assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
     services = {p.name for p in (REPO / "services").iterdir() if (p / "__main__.py").exists()}
-    assert {m.removeprefix("services.") for m in modules} == services
+    assert {m.removeprefix("llmbus_services.") for m in modules} == services
 
 
 def test_workers_drain_before_sigkill_and_autoscaler_may_scale_them() -> None:
@@ -181,14 +181,14 @@ def test_every_pod_connects_secured_as_its_own_principal_from_its_own_secret() -
         "SCRAM-SHA-512",
     )
     modules_principal = {
-        "services.router": "router",
-        "services.scheduler": "scheduler",
-        "services.engine_worker": "engine-worker",
-        "services.cost_accounting": "cost-accounting",
-        "services.shadow_comparator": "shadow-comparator",
-        "services.gateway": "gateway",
-        "services.autoscaler": "autoscaler",
-        "services.archive": "archive",
+        "llmbus_services.router": "router",
+        "llmbus_services.scheduler": "scheduler",
+        "llmbus_services.engine_worker": "engine-worker",
+        "llmbus_services.cost_accounting": "cost-accounting",
+        "llmbus_services.shadow_comparator": "shadow-comparator",
+        "llmbus_services.gateway": "gateway",
+        "llmbus_services.autoscaler": "autoscaler",
+        "llmbus_services.archive": "archive",
     }
     pods = [(n, d["spec"]["template"]["spec"]) for n, d in workloads(docs).items()]
     pods += [(n, d["spec"]["template"]["spec"]) for n, d in by_kind(docs, "Job").items()]

@@ -17,6 +17,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = sorted(p.parent.name for p in (REPO / "services").glob("*/__main__.py"))
+PACKAGE = "llmbus_services"  # the import name of the folder services/ (setup.py)
 TOP_MODULES = {"__init__.py", "__main__.py", "app.py", "config.py", "handlers.py"}
 FOLDERS = {"core", "adapters", "policies"}
 # What a core module may not import: transport, Redis, HTTP, metrics, Kubernetes, and the llmbus
@@ -96,7 +97,7 @@ def test_libs_import_no_service_and_no_tool() -> None:
         f"{path.relative_to(REPO)}: {name}"
         for path in sources(REPO / "libs")
         for name in imports(path)
-        if within(name, "services") or within(name, "llmbus_tools")
+        if within(name, PACKAGE) or within(name, "llmbus_tools")
     }
     assert not wrong, sorted(wrong)
 
@@ -107,7 +108,7 @@ def test_service_imports_no_other_service_no_cli_no_tool(service: str) -> None:
         f"{path.relative_to(REPO)}: {name}"
         for path in sources(REPO / "services" / service)
         for name in imports(path)
-        if (within(name, "services") and name != "services" and not within(name, f"services.{service}"))
+        if (within(name, PACKAGE) and name != PACKAGE and not within(name, f"{PACKAGE}.{service}"))
         or within(name, "llmbus.cli")
         or within(name, "llmbus_tools")
     }
@@ -116,7 +117,7 @@ def test_service_imports_no_other_service_no_cli_no_tool(service: str) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_core_is_pure(service: str) -> None:
-    outer = [f"services.{service}.{layer}" for layer in ("adapters", "handlers", "app")]
+    outer = [f"{PACKAGE}.{service}.{layer}" for layer in ("adapters", "handlers", "app")]
     wrong = {
         f"{path.relative_to(REPO)}: {name}"
         for path in sources(REPO / "services" / service / "core")

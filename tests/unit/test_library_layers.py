@@ -37,8 +37,8 @@ ALLOWED: dict[str, set[str]] = {
 EXTRA: dict[str, set[str]] = {"llmbus.contract.schemagen": {"archive"}}
 # The CLI's commands that still reach into a service (issue 25: through public entry points only).
 CLI_SERVICE_IMPORTS = {
-    "services.cost_accounting.core.planner",
-    "services.cost_accounting.core.prices",
+    "llmbus_services.cost_accounting.core.planner",
+    "llmbus_services.cost_accounting.core.prices",
     "llmbus_tools.plan_report",
     "llmbus_tools.cost_report",
     "llmbus_tools.router_training.retrain",
@@ -87,7 +87,7 @@ def test_imports_go_down_the_layers_only(path: Path) -> None:
     wrong = []
     for imported in sorted(_imports(path)):
         top = imported.split(".")[0]
-        if top == "services":
+        if top == "llmbus_services":
             if role != "cli" or imported not in CLI_SERVICE_IMPORTS:
                 wrong.append(f"{imported} (libs/ never imports a service)")
         elif top == "llmbus" and imported != "llmbus":
@@ -101,5 +101,5 @@ def test_the_checker_sees_lazy_and_from_llmbus_imports(tmp_path: Path) -> None:
     """The AST walk finds an import inside a function and `from llmbus import x` as module llmbus.x
     (x a name that no move map rewrites: settings stays where it is)."""
     source = tmp_path / "probe.py"
-    source.write_text("from llmbus import settings as s\n\ndef f():\n    import services.router.app\n")
-    assert {"llmbus", "llmbus.settings", "services.router.app"} <= _imports(source)
+    source.write_text("from llmbus import settings as s\n\ndef f():\n    import llmbus_services.router.app\n")
+    assert {"llmbus", "llmbus.settings", "llmbus_services.router.app"} <= _imports(source)

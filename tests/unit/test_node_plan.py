@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from llmbus.contract.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.formats import NoFormatFits
-from services.engine_worker.core.node_plan import plan_for
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.formats import NoFormatFits
+from llmbus_services.engine_worker.core.node_plan import plan_for
 
 GIB = 1024**3
 SPEC = ModelSpec(

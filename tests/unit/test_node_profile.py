@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.engine_worker.adapters.node.profile import profile_node
-from services.engine_worker.core.node_plan import gpu_healthy
+from llmbus_services.engine_worker.adapters.node.profile import profile_node
+from llmbus_services.engine_worker.core.node_plan import gpu_healthy
 from tests.fixtures.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, make_fake_nvml
 
 

@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from llmbus.contract.messages import ErrorCode, WorkerState, WorkerStatus
-from services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from services.engine_worker.core.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
-from services.engine_worker.core.engine import EngineError, EngineRequest, RequestRejected, UpstreamBusy
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
+from llmbus_services.engine_worker.core.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
+from llmbus_services.engine_worker.core.engine import EngineError, EngineRequest, RequestRejected, UpstreamBusy
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import SchedRequest
 from tests.unit.test_sched_fallback import routed
 
 

@@ -10,11 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from llmbus.contract.messages import ChatMessage
-from services.engine_worker.adapters.engines.factory import build_engine
-from services.engine_worker.adapters.engines.openai_http import OpenAIHttpEngine
-from services.engine_worker.adapters.engines.openai_http_config import OpenAIHttpConfig, load_upstreams
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import EngineRequest
+from llmbus_services.engine_worker.adapters.engines.factory import build_engine
+from llmbus_services.engine_worker.adapters.engines.openai_http import OpenAIHttpEngine
+from llmbus_services.engine_worker.adapters.engines.openai_http_config import OpenAIHttpConfig, load_upstreams
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.engine import EngineRequest
 from tests.unit.test_openai_http_breaker import Clock, Upstream, engine_on
 
 CHAT = (

@@ -40,12 +40,12 @@ def queries(console: Path) -> list[str]:
 
 def exported() -> set[str]:
     """Every sample name the code's metrics export (counters with _total, histograms' _bucket/_sum/_count)."""
-    roots = [REPO / "libs/common", REPO]
-    for base, pattern in ((roots[0], "llmbus/**/*.py"), (roots[1], "services/**/*.py")):
-        for path in base.glob(pattern):
+    # Each folder under its import name: services/ is the package llmbus_services (setup.py).
+    for folder, package in ((REPO / "libs/common/llmbus", "llmbus"), (REPO / "services", "llmbus_services")):
+        for path in folder.glob("**/*.py"):
             text = path.read_text()
             if "prometheus_client" in text and ("Counter(" in text or "Gauge(" in text or "Histogram(" in text):
-                importlib.import_module(".".join(path.relative_to(base).with_suffix("").parts))
+                importlib.import_module(".".join((package, *path.relative_to(folder).with_suffix("").parts)))
     names = set()
     for metric in REGISTRY.collect():
         names |= {metric.name, f"{metric.name}_total", f"{metric.name}_bucket", f"{metric.name}_sum"}

@@ -26,10 +26,10 @@ from aiokafka.errors import (
 
 from llmbus.bus.producer import Publisher, PublishTimeout
 from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, RoutedRequest, TokenChunk
-from services.engine_worker.adapters.streaming import ReplyStream
-from services.router.config import RouterSettings
-from services.router.core.pipeline import RouteOutcome
-from services.router.handlers import RouterHandlers
+from llmbus_services.engine_worker.adapters.streaming import ReplyStream
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.core.pipeline import RouteOutcome
+from llmbus_services.router.handlers import RouterHandlers
 from tests.unit.test_router_answers_once import EveryTopicExists, request_record
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 

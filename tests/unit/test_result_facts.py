@@ -23,15 +23,15 @@ from llmbus.contract.messages import (
 )
 from llmbus.security.tenancy import user_ref
 from llmbus.settings import BusSettings
-from services.cost_accounting.core.costing import price_result
-from services.cost_accounting.core.prices import load_pricebook
-from services.engine_worker.adapters.engines.openai_http import _status_error
-from services.router.config import RouterSettings
-from services.router.core.coalesce import follower_answer, follower_error
-from services.router.core.config import RouterPolicy, load_policy
-from services.router.core.experiments import ExperimentBook
-from services.router.core.ports import CachedAnswer
-from services.router.handlers import RouterHandlers
+from llmbus_services.cost_accounting.core.costing import price_result
+from llmbus_services.cost_accounting.core.prices import load_pricebook
+from llmbus_services.engine_worker.adapters.engines.openai_http import _status_error
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.core.coalesce import follower_answer, follower_error
+from llmbus_services.router.core.config import RouterPolicy, load_policy
+from llmbus_services.router.core.experiments import ExperimentBook
+from llmbus_services.router.core.ports import CachedAnswer
+from llmbus_services.router.handlers import RouterHandlers
 from tests.unit.test_router_authorise import FakeBus as AuthoriseBus
 from tests.unit.test_router_authorise import handlers_for
 from tests.unit.test_router_failures import EveryTopicExists, UnreachableRedisCore

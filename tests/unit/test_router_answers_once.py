@@ -18,9 +18,9 @@ from llmbus.contract.messages import (
     TokenChunk,
 )
 from llmbus.contract.topics import Topics
-from services.router.config import RouterSettings
-from services.router.core.pipeline import RouteOutcome
-from services.router.handlers import RouterHandlers
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.core.pipeline import RouteOutcome
+from llmbus_services.router.handlers import RouterHandlers
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 

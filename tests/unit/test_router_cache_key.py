@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmbus.contract.messages import InferenceRequest
-from services.router.core.cache_key import cache_key, cacheable
+from llmbus_services.router.core.cache_key import cache_key, cacheable
 
 
 def req(**kw: object) -> InferenceRequest:

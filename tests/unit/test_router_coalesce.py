@@ -16,16 +16,16 @@ from llmbus.contract.messages import (
     ToolCall,
     Usage,
 )
-from services.router.core.coalesce import (
+from llmbus_services.router.core.coalesce import (
     FollowerVerdict,
     follower_answer,
     outcome_for,
     verdict_on,
 )
-from services.router.core.complexity import build_scorer
-from services.router.core.config import CoalescePolicy, RouterPolicy, load_policy
-from services.router.core.pipeline import RouterCore
-from services.router.core.ports import CachedAnswer
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import CoalescePolicy, RouterPolicy, load_policy
+from llmbus_services.router.core.pipeline import RouterCore
+from llmbus_services.router.core.ports import CachedAnswer
 
 
 class MemoryCache:

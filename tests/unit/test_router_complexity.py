@@ -7,8 +7,8 @@ import json
 import pytest
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
+from llmbus_services.router.core.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
 from llmbus_tools.router_training.corpus import HAND_PATH
-from services.router.core.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
 
 DATA = HAND_PATH
 

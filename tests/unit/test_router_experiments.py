@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmbus.contract.messages import Experiment, InferenceRequest, RoutedRequest, Variant
-from services.router.core.experiments import (
+from llmbus_services.router.core.experiments import (
     BUCKETS,
     ExperimentBook,
     bucket_of,

@@ -6,11 +6,11 @@ import pytest
 from aiokafka.structs import ConsumerRecord
 
 from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, TokenChunk
-from services.router.config import RouterSettings
-from services.router.core.complexity import build_scorer
-from services.router.core.config import load_policy
-from services.router.core.pipeline import RouteOutcome, RouterCore
-from services.router.handlers import RouterHandlers
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.router.core.pipeline import RouteOutcome, RouterCore
+from llmbus_services.router.handlers import RouterHandlers
 from tests.unit.test_worker_request_errors import FakeBus, RecordingPublisher
 
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus, Timings
-from services.router.adapters.latency_watch import LatencyReporter
-from services.router.core.complexity import build_scorer
-from services.router.core.config import LatencyPolicy, load_policy
-from services.router.core.latency import TierLatencyWatch, avoid_missing_tier
-from services.router.core.pipeline import RouterCore
+from llmbus_services.router.adapters.latency_watch import LatencyReporter
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import LatencyPolicy, load_policy
+from llmbus_services.router.core.latency import TierLatencyWatch, avoid_missing_tier
+from llmbus_services.router.core.pipeline import RouterCore
 
 
 def test_policy_defaults_are_the_design_targets() -> None:

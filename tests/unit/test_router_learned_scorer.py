@@ -15,13 +15,13 @@ from llmbus.contract.messages import (
     ResultStatus,
     RoutedRequest,
 )
+from llmbus_services.router.core.complexity import build_scorer, build_scorer_with_fallback
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize
 from llmbus_tools.router_training.corpus import CORPUS_PATH, digest, load_corpus
 from llmbus_tools.router_training.feedback import join_samples, label_of
 from llmbus_tools.router_training.retrain import is_better
 from llmbus_tools.router_training.train import fit, split
-from services.router.core.complexity import build_scorer, build_scorer_with_fallback
-from services.router.core.config import load_policy
-from services.router.core.learned import DEFAULT_MODEL_PATH, ScorerModel, featurize
 
 
 def test_shipped_model_is_versioned_against_the_shipped_corpus() -> None:

@@ -17,12 +17,12 @@ from llmbus.contract.messages import (
     Variant,
 )
 from llmbus.tokens import estimate_tokens
-from services.router.core.cache_key import cache_key
-from services.router.core.complexity import build_scorer
-from services.router.core.config import RouterPolicy, TenantPolicy, load_policy
-from services.router.core.experiments import ExperimentBook
-from services.router.core.pipeline import RouterCore
-from services.router.core.ports import CachedAnswer, RateDecision
+from llmbus_services.router.core.cache_key import cache_key
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import RouterPolicy, TenantPolicy, load_policy
+from llmbus_services.router.core.experiments import ExperimentBook
+from llmbus_services.router.core.pipeline import RouterCore
+from llmbus_services.router.core.ports import CachedAnswer, RateDecision
 
 
 @dataclass

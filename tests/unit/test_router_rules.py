@@ -7,11 +7,11 @@ from pydantic import ValidationError
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
-from services.router.core.complexity import build_scorer
-from services.router.core.config import RouterPolicy, load_policy
-from services.router.core.heuristic import features_of
-from services.router.core.pipeline import RouterCore
-from services.router.core.rules import RouteFeatures, decide_route
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import RouterPolicy, load_policy
+from llmbus_services.router.core.heuristic import features_of
+from llmbus_services.router.core.pipeline import RouterCore
+from llmbus_services.router.core.rules import RouteFeatures, decide_route
 
 STRONG, MID, SMALL, DEFAULT = "gpt-4.1", "llama-3.3-70b-instruct", "qwen2.5-coder-1.5b-instruct", "gpt-4.1-mini"
 

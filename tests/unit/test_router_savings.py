@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from bench.router_savings import TraceRequest, replay
-from services.cost_accounting.core.prices import load_pricebook
-from services.router.core.config import load_policy
+from llmbus_services.cost_accounting.core.prices import load_pricebook
+from llmbus_services.router.core.config import load_policy
 
 
 def test_duplicates_are_coalesced_while_generating_then_hit_the_cache_until_the_ttl() -> None:

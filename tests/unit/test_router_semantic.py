@@ -6,12 +6,12 @@ import numpy as np
 import numpy.typing as npt
 
 from llmbus.contract.messages import InferenceRequest, Usage
-from services.router.adapters.embedders import build_embedder
-from services.router.core.complexity import build_scorer
-from services.router.core.config import RouterPolicy, load_policy
-from services.router.core.pipeline import RouterCore
-from services.router.core.ports import CachedAnswer, SemanticProbe
-from services.router.core.semantic import eligible, nearest, normalised
+from llmbus_services.router.adapters.embedders import build_embedder
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import RouterPolicy, load_policy
+from llmbus_services.router.core.pipeline import RouterCore
+from llmbus_services.router.core.ports import CachedAnswer, SemanticProbe
+from llmbus_services.router.core.semantic import eligible, nearest, normalised
 
 
 def policy_with(**semantic: object) -> RouterPolicy:

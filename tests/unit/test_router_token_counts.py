@@ -8,9 +8,9 @@ from pathlib import Path
 
 from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest, ModelSpec
 from llmbus.tokens import load_tokenizer
-from services.router.core.complexity import build_scorer
-from services.router.core.config import load_policy
-from services.router.core.pipeline import RouterCore
+from llmbus_services.router.core.complexity import build_scorer
+from llmbus_services.router.core.config import load_policy
+from llmbus_services.router.core.pipeline import RouterCore
 
 TEKKEN = "pkg:mistral_common/data/tekken_240911.json"
 MODEL = "sim-llama-8b"  # 8192 tokens in the shipped policy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
-from services.router.core.trimming import trim_to_window, turn_tokens
+from llmbus_services.router.core.trimming import trim_to_window, turn_tokens
 
 
 def chat(*turns: tuple[str, str]) -> InferenceRequest:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from llmbus.contract.messages import ErrorCode, InferenceRequest, RoutedRequest, WorkerState, WorkerStatus
 from llmbus.domain.fallback import fall_back
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import SchedRequest
 
 
 def core_with_worker(model: str, now_ms: int) -> SchedulerCore:

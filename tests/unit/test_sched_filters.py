@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from llmbus.contract.messages import GpuInfo, ModelFormat, ModelSpec, NodeProfile, WorkerState, WorkerStatus
-from services.scheduler.core.fleet import FleetView
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.plugins import CycleState
-from services.scheduler.core.plugins.filters_health import FitsCapacityFilter, GpuHealthyFilter
-from services.scheduler.core.plugins.filters_model import (
+from llmbus_services.scheduler.core.fleet import FleetView
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.plugins import CycleState
+from llmbus_services.scheduler.core.plugins.filters_health import FitsCapacityFilter, GpuHealthyFilter
+from llmbus_services.scheduler.core.plugins.filters_model import (
     EngineSupportsFilter,
     FormatSupportedFilter,
     ServesModelFilter,
 )
-from services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
+from llmbus_services.scheduler.core.types import SchedRequest
 
 NOW_MS = 1_000_000
 

@@ -6,10 +6,10 @@ from prometheus_client import generate_latest
 
 from llmbus.contract.messages import OutcomeStatus, WorkerState, WorkerStatus
 from llmbus.contract.request_key import request_key
-from services.scheduler.adapters.pool_stats import ARRIVALS_TOTAL, PoolStatsRecorder
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import PlaceAction, SchedulerCore
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.adapters.pool_stats import ARRIVALS_TOTAL, PoolStatsRecorder
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import SchedRequest
 
 
 def status(worker_id: str, state: WorkerState, sent_at_ms: int) -> WorkerStatus:

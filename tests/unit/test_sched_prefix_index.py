@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmbus.tokens import prefix_block_hashes
-from services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
+from llmbus_services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
 
 
 def test_match_counts_only_the_leading_run() -> None:
@@ -94,8 +94,8 @@ def test_session_index_is_bounded_and_forgets_workers() -> None:
 
 
 def test_the_schedulers_index_grows_to_what_the_fleets_kv_tiers_hold() -> None:
-    from services.scheduler.core.pipeline import Pipeline
-    from services.scheduler.core.scheduler import CoreConfig, SchedulerCore
+    from llmbus_services.scheduler.core.pipeline import Pipeline
+    from llmbus_services.scheduler.core.scheduler import CoreConfig, SchedulerCore
     from tests.unit.test_sched_filters import NOW_MS, hb
 
     core = SchedulerCore(Pipeline.load("default"), CoreConfig(prefix_index_max_blocks=1_000))

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from llmbus.contract.request_key import request_key
-from services.scheduler.core.queue import FlowQueues, ModelQueue
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.core.queue import FlowQueues, ModelQueue
+from llmbus_services.scheduler.core.types import SchedRequest
 
 
 def r(rid: str, tenant: str = "t", priority: int = 0, deadline_ms: int | None = None, arrived_at_ms: int = 0):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
 from llmbus.contract.request_key import request_key
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.recovery import Done, GiveUp, RecoveryPolicy, Retry
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
-from services.scheduler.core.types import Placement
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.recovery import Done, GiveUp, RecoveryPolicy, Retry
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.types import Placement
 from tests.unit.test_sched_filters import NOW_MS, hb, req
 
 

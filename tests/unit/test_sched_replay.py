@@ -8,7 +8,7 @@ import pytest
 
 from bench.sched_replay import ReplayConfig, load_trace, replay
 from bench.traces import MOONCAKE_CONVERSATION
-from services.engine_worker.adapters.engines.sim.profiles import get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import get_profile
 
 H100 = get_profile("llama-3.1-8b-h100")
 

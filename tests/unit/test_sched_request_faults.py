@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
 from llmbus.contract.request_key import request_key
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.queue import FlowQueues
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.queue import FlowQueues
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from tests.unit.test_sched_filters import NOW_MS, hb, req
 
 

@@ -7,10 +7,10 @@ import random
 import pytest
 
 from llmbus.contract.request_key import request_key
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.plugins.pickers import MaxScorePicker, RoundRobinPicker
-from services.scheduler.core.plugins.scorers_affinity import PrefixAffinityScorer, SessionAffinityScorer
-from services.scheduler.core.plugins.scorers_load import KvUsageScorer, QueueDepthScorer
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.plugins.pickers import MaxScorePicker, RoundRobinPicker
+from llmbus_services.scheduler.core.plugins.scorers_affinity import PrefixAffinityScorer, SessionAffinityScorer
+from llmbus_services.scheduler.core.plugins.scorers_load import KvUsageScorer, QueueDepthScorer
 from tests.unit.test_sched_filters import NOW_MS, hb, req, state_of
 
 
@@ -125,7 +125,7 @@ def test_a_pipeline_file_with_a_mistake_is_refused_at_load(broken: dict[str, obj
 
 
 def test_prefill_backlog_prefers_the_shorter_wait_counting_prefix_hits() -> None:
-    from services.scheduler.core.plugins.scorers_load import PrefillBacklogScorer
+    from llmbus_services.scheduler.core.plugins.scorers_load import PrefillBacklogScorer
 
     state = state_of(hb("a"), hb("b"), hb("c"))
     state.fleet.prefill_tokens_per_ms = 10.0
@@ -144,7 +144,7 @@ def test_prefill_backlog_prefers_the_shorter_wait_counting_prefix_hits() -> None
 
 
 def test_every_shipped_pipeline_loads() -> None:
-    from services.scheduler.core.pipeline import PIPELINES_DIR
+    from llmbus_services.scheduler.core.pipeline import PIPELINES_DIR
 
     names = sorted(p.stem for p in PIPELINES_DIR.glob("*.yaml"))
     assert {"default", "least-loaded", "round-robin"} <= set(names)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from llmbus.contract.messages import InferenceRequest, RoutedRequest
-from services.scheduler.adapters.store import decode_placement, encode
-from services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.adapters.store import decode_placement, encode
+from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 
 def test_placement_round_trip_keeps_what_recovery_needs() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from llmbus.contract.messages import InferenceRequest, RoutedRequest
 from llmbus.tokens import estimate_tokens, load_tokenizer
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.core.types import SchedRequest
 
 TEKKEN = "pkg:mistral_common/data/tekken_240911.json"
 TEXT = "调度器为每个工作节点维护一个简单的视图"

@@ -7,8 +7,8 @@ import pytest
 
 from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
 from llmbus.contract.request_key import request_key
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from tests.unit.test_sched_filters import NOW_MS, hb, req
 
 OOM = ErrorInfo.of(ErrorCode.ENGINE_OOM, "CUDA out of memory")

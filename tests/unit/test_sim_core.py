@@ -7,8 +7,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest, StepResult
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest, StepResult
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
 
 H100 = get_profile("llama-3.1-8b-h100")
 # Round, distinct coefficients so a term that is dropped or swapped shows.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.engine_worker.adapters.engines.sim.text import AnswerText
-from services.shadow_comparator.core.compare import rouge_l_f1
+from llmbus_services.engine_worker.adapters.engines.sim.text import AnswerText
+from llmbus_services.shadow_comparator.core.compare import rouge_l_f1
 
 
 def answer(prompt: str, divergence: float, model: str, tokens: int = 64) -> str:

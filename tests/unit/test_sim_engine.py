@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.engine_worker.adapters.engines.sim import SimConfig, SimEngine
-from services.engine_worker.core.engine import AdmissionError, Engine, EngineOutput, EngineRequest
+from llmbus_services.engine_worker.adapters.engines.sim import SimConfig, SimEngine
+from llmbus_services.engine_worker.core.engine import AdmissionError, Engine, EngineOutput, EngineRequest
 
 PROMPT = "You are a helpful assistant. " * 40
 
@@ -137,8 +137,8 @@ async def test_warmup_then_stop() -> None:
 
 async def test_a_host_kv_tier_shows_in_stats_and_the_heartbeat() -> None:
     from llmbus.contract.messages import WorkerState
-    from services.engine_worker.config import WorkerSettings
-    from services.engine_worker.core.status import RateTracker, build_status
+    from llmbus_services.engine_worker.config import WorkerSettings
+    from llmbus_services.engine_worker.core.status import RateTracker, build_status
 
     # 40 GPU blocks (640 tokens) and a 1 GiB host tier (512 blocks of 2 MiB on the H100 profile).
     engine = await started(kv_blocks_total=40, kv_offloading_gib=1.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.engine_worker.adapters.engines.sim import SimConfig, SimEngine
-from services.engine_worker.adapters.engines.sim.text import AnswerText, content_key
-from services.engine_worker.core.engine import EngineOutput, EngineRequest
+from llmbus_services.engine_worker.adapters.engines.sim import SimConfig, SimEngine
+from llmbus_services.engine_worker.adapters.engines.sim.text import AnswerText, content_key
+from llmbus_services.engine_worker.core.engine import EngineOutput, EngineRequest
 
 PROMPT = "You are a helpful assistant. " * 20
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest, StepResult
-from services.engine_worker.adapters.engines.sim.kv_cache import HostKvTier
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.core import SimCore, SimRequest, StepResult
+from llmbus_services.engine_worker.adapters.engines.sim.kv_cache import HostKvTier
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile, get_profile
 from tests.unit.test_sim_core import run_to_end
 
 # 50,000-byte blocks over a 1 GB/s link: 50 µs a block, easy to see in the clock.

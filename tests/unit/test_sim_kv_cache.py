@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine_worker.adapters.engines.sim.kv_cache import BlockPool
+from llmbus_services.engine_worker.adapters.engines.sim.kv_cache import BlockPool
 
 
 def test_allocate_and_free_keep_counts() -> None:

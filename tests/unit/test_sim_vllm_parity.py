@@ -7,7 +7,7 @@ from importlib.util import find_spec
 import pytest
 
 from bench.sim_vllm_parity import make_workload, run_parity
-from services.engine_worker.adapters.engines.sim.profiles import get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import get_profile
 
 # find_spec, not importorskip: importing vllm (and torch) at collection costs every pytest-xdist worker ~5 s.
 pytestmark = [pytest.mark.vllm, pytest.mark.skipif(find_spec("vllm") is None, reason="needs the vLLM CPU build")]

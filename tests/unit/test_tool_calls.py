@@ -16,11 +16,11 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.messages import ToolCallDelta as D
 from llmbus.contract.tool_calls import assemble_tool_calls
-from services.engine_worker.adapters.engines.openai_http import _message_body, _tool_call_deltas
-from services.engine_worker.adapters.streaming import ChunkBatcher
-from services.engine_worker.core.engine import EngineRequest
-from services.gateway.core.translate import ResponseShape, finish_reason
-from services.router.core.trimming import turn_tokens
+from llmbus_services.engine_worker.adapters.engines.openai_http import _message_body, _tool_call_deltas
+from llmbus_services.engine_worker.adapters.streaming import ChunkBatcher
+from llmbus_services.engine_worker.core.engine import EngineRequest
+from llmbus_services.gateway.core.translate import ResponseShape, finish_reason
+from llmbus_services.router.core.trimming import turn_tokens
 from tests.unit.test_openai_http_breaker import Clock, Upstream, engine_on
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from services.engine_worker.adapters.engines import vllm_inputs
-from services.engine_worker.adapters.engines.factory import build_engine
-from services.engine_worker.adapters.engines.vllm_engine import VllmEngine
-from services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.adapters.engines import vllm_inputs
+from llmbus_services.engine_worker.adapters.engines.factory import build_engine
+from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
+from llmbus_services.engine_worker.config import WorkerSettings
 
 FLEET_ENV = {
     "LLMBUS_WORKER_ENGINE": "vllm",

@@ -12,10 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from llmbus.contract.tool_calls import assemble_tool_calls
+from llmbus_services.engine_worker.adapters.engines import vllm_tools
+from llmbus_services.engine_worker.adapters.engines.structured import named_tool
+from llmbus_services.engine_worker.adapters.engines.vllm_tools import forced_call_delta, tool_call_stream
 from llmbus_tools.harness.tiny_llama import build_tiny_llama
-from services.engine_worker.adapters.engines import vllm_tools
-from services.engine_worker.adapters.engines.structured import named_tool
-from services.engine_worker.adapters.engines.vllm_tools import forced_call_delta, tool_call_stream
 from tests.fixtures.vllm_prompts import hf_tokenizer
 
 LOOKUP_FUNCTION: dict[str, Any] = {"name": "lookup", "parameters": {"type": "object"}}

@@ -24,8 +24,8 @@ from llmbus.bus.replies import REPLY_FAILURES, publish_result_with_final
 from llmbus.contract.messages import DispatchOutcome, InferenceResult, OutcomeStatus, ResultStatus, TokenChunk
 from llmbus.contract.topics import Topics
 from llmbus.state.fencing import claim_kept
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.handlers import WorkerHandlers
 from tests.unit.test_publish_through_outage import FakeProducer, publisher_with
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher, ScriptedEngine, record
 from tests.unit.test_worker_result_through_outage import CountingFence

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from aiokafka.structs import ConsumerRecord
 
 from llmbus.contract.messages import ChatMessage, Dispatch, InferenceRequest, InferenceResult, RoutedRequest
-from services.engine_worker.core.engine import EngineOutput, EngineRequest
+from llmbus_services.engine_worker.core.engine import EngineOutput, EngineRequest
 from tests.unit.test_worker_request_errors import ScriptedEngine, worker
 
 CHAT = [

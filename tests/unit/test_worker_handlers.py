@@ -16,9 +16,9 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.handlers import WorkerHandlers
 
 
 @dataclass

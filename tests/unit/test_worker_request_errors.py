@@ -27,10 +27,10 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
-from services.engine_worker.adapters.engines.openai_http import _status_error
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import EngineDead, EngineError, EngineOutput, EngineRequest, EngineStats
-from services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.adapters.engines.openai_http import _status_error
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.engine import EngineDead, EngineError, EngineOutput, EngineRequest, EngineStats
+from llmbus_services.engine_worker.handlers import WorkerHandlers
 
 
 @dataclass
@@ -195,7 +195,7 @@ async def test_a_failed_stream_is_retried_elsewhere_without_restarting_the_engin
 
 async def test_one_requests_oom_is_handed_back_without_restarting_the_engine() -> None:
     """vLLM fails only the request that ran out of memory; a restart would abort every other one here."""
-    from services.engine_worker.adapters.engines.vllm_engine import classify_error
+    from llmbus_services.engine_worker.adapters.engines.vllm_engine import classify_error
 
     oom = classify_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     handlers, publisher = worker(ScriptedEngine(oom))
@@ -214,7 +214,7 @@ async def test_an_oom_that_killed_the_engine_core_restarts_it() -> None:
 
 
 async def test_an_admission_refusal_sends_the_workers_prompt_count_back() -> None:
-    from services.engine_worker.core.engine import AdmissionError
+    from llmbus_services.engine_worker.core.engine import AdmissionError
 
     class TooLong(ScriptedEngine):
         def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
@@ -306,8 +306,8 @@ async def test_when_not_even_the_outcome_goes_out_the_client_still_gets_its_fina
 
 
 def test_vllm_errors_by_kind() -> None:
-    from services.engine_worker.adapters.engines.vllm_engine import classify_error
-    from services.engine_worker.core.engine import EngineOOM, RequestRejected
+    from llmbus_services.engine_worker.adapters.engines.vllm_engine import classify_error
+    from llmbus_services.engine_worker.core.engine import EngineOOM, RequestRejected
 
     class VLLMValidationError(ValueError):  # the name is what classify_error matches (vLLM imported lazily)
         pass

@@ -30,7 +30,7 @@ from llmbus.contract.messages import BookedTo, Comparison, CostRecord, Inference
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus.state.text import text_of
-from services.shadow_comparator.adapters.store import ComparatorStore
+from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
 
 # Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after
 # a minute plus 30 s of grace (the interval must divide an hour).

@@ -125,34 +125,34 @@ class Stack:
         return proc
 
     def router(self, name: str = "router", env: dict[str, str] | None = None) -> ServiceProc:
-        return self._add(name, "services.router", ROUTER_ENV | (env or {}), None)
+        return self._add(name, "llmbus_services.router", ROUTER_ENV | (env or {}), None)
 
     def scheduler(
         self, name: str = "scheduler", settings: BusSettings | None = None, env: dict[str, str] | None = None
     ) -> ServiceProc:
         # A stable instance id: a restarted scheduler resumes its own outcomes group.
         own = SCHEDULER_ENV | {"LLMBUS_SCHEDULER_INSTANCE_ID": f"{self.settings.topic_prefix}{name}"}
-        return self._add(name, "services.scheduler", own | (env or {}), settings)
+        return self._add(name, "llmbus_services.scheduler", own | (env or {}), settings)
 
     def worker(
         self, worker_id: str, settings: BusSettings | None = None, env: dict[str, str] | None = None
     ) -> ServiceProc:
         own = WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id}
-        return self._add(worker_id, "services.engine_worker", own | (env or {}), settings)
+        return self._add(worker_id, "llmbus_services.engine_worker", own | (env or {}), settings)
 
     def autoscaler(self, env: dict[str, str], name: str = "autoscaler") -> ServiceProc:
-        return self._add(name, "services.autoscaler", env, None)
+        return self._add(name, "llmbus_services.autoscaler", env, None)
 
     def cost(self, name: str = "cost") -> ServiceProc:
-        return self._add(name, "services.cost_accounting", COST_ENV, None)
+        return self._add(name, "llmbus_services.cost_accounting", COST_ENV, None)
 
     def comparator(self, name: str = "comparator") -> ServiceProc:
         # Compare and aggregate only: a verdict mid-run would change what the router mirrors.
-        return self._add(name, "services.shadow_comparator", COMPARATOR_ENV, None)
+        return self._add(name, "llmbus_services.shadow_comparator", COMPARATOR_ENV, None)
 
     def shadow_worker(self, worker_id: str, model: str) -> ServiceProc:
         env = WORKER_ENV | {"LLMBUS_WORKER_WORKER_ID": worker_id, "LLMBUS_WORKER_MODEL": model}
-        return self._add(worker_id, "services.engine_worker", env, None)
+        return self._add(worker_id, "llmbus_services.engine_worker", env, None)
 
     def kill(self, name: str) -> None:
         """SIGKILL; the service stays down until `restart` (the supervisor leaves it alone)."""

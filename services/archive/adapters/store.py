@@ -27,7 +27,7 @@ from llmbus.archive.durable import tmp_path as _tmp
 from llmbus.archive.layout import DATA_SUFFIX, MANIFESTS, TMP_SUFFIX, OffsetRange, manifest_dir, manifest_file
 from llmbus.archive.layout import parse_manifest_name as parse_range
 from llmbus.archive.rows import table_of
-from services.archive.core.plan import BatchPlan
+from llmbus_services.archive.core.plan import BatchPlan
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """Scaling policies (pure: no broker imports). Importing this package registers every policy."""
 
-from services.autoscaler.core import predictive, threshold
-from services.autoscaler.core.base import POLICIES, Bounds, Decision, ScalingPolicy, build_policy
-from services.autoscaler.core.signals import FleetTable, PoolSignals
+from llmbus_services.autoscaler.core import predictive, threshold
+from llmbus_services.autoscaler.core.base import POLICIES, Bounds, Decision, ScalingPolicy, build_policy
+from llmbus_services.autoscaler.core.signals import FleetTable, PoolSignals
 
 __all__ = [
     "POLICIES",

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from services.autoscaler.core.signals import PoolSignals
+from llmbus_services.autoscaler.core.signals import PoolSignals
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from llmbus.contract.config_file import StrictModel, load_yaml, shipped_or_path
-from services.autoscaler.core.base import POLICIES, Bounds, ScalingPolicy, build_policy
+from llmbus_services.autoscaler.core.base import POLICIES, Bounds, ScalingPolicy, build_policy
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 
@@ -42,7 +42,7 @@ class PolicySpec(StrictModel):
 
 
 class LocalSpec(StrictModel):
-    """Workers the local actuator starts for the pool (services.engine_worker processes)."""
+    """Workers the local actuator starts for the pool (llmbus_services.engine_worker processes)."""
 
     engine: Literal["sim", "vllm"] = "sim"
     worker_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", description="'' → '<pool>-as'")

@@ -26,10 +26,10 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from services.autoscaler.core.base import Bounds, Decision, register
-from services.autoscaler.core.forecast import DailyPattern, RateForecaster, _alpha
-from services.autoscaler.core.signals import PoolSignals
-from services.autoscaler.core.sizing import replicas_for
+from llmbus_services.autoscaler.core.base import Bounds, Decision, register
+from llmbus_services.autoscaler.core.forecast import DailyPattern, RateForecaster, _alpha
+from llmbus_services.autoscaler.core.signals import PoolSignals
+from llmbus_services.autoscaler.core.sizing import replicas_for
 
 
 @register("predictive")

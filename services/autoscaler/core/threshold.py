@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.autoscaler.core.base import Bounds, Decision, register
-from services.autoscaler.core.signals import PoolSignals
+from llmbus_services.autoscaler.core.base import Bounds, Decision, register
+from llmbus_services.autoscaler.core.signals import PoolSignals
 
 
 @register("threshold")

@@ -12,8 +12,8 @@ from redis.typing import EncodableT, FieldT
 from llmbus.contract.messages import CostRecord, InferenceResult, now_ms
 from llmbus.contract.request_key import request_key
 from llmbus.state.text import text_of
-from services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
-from services.cost_accounting.core.gpu_ledger import Cursor
+from llmbus_services.cost_accounting.core.aggregates import TTL_S, batch_increments, increments
+from llmbus_services.cost_accounting.core.gpu_ledger import Cursor
 
 # A cost record is applied once: its marker and its increments in one atomic step.
 _APPLY = """

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmbus.contract.messages import BookedTo, CostKind, CostRecord, FinishReason, InferenceResult, ResultStatus
-from services.cost_accounting.core.money import usd
-from services.cost_accounting.core.prices import PriceBook
+from llmbus_services.cost_accounting.core.money import usd
+from llmbus_services.cost_accounting.core.prices import PriceBook
 
 NO_EXPERIMENT = "(none)"
 PLATFORM_TENANT = "_platform"  # tenant of idle / wasted cold-start records: never a customer

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmbus.contract.messages import BookedTo, CostKind, CostRecord, WorkerState, WorkerStatus
-from services.cost_accounting.core.costing import PLATFORM_TENANT, ServedRequest, base_record
-from services.cost_accounting.core.money import split, usd
-from services.cost_accounting.core.prices import MS_PER_HOUR, PriceBook, SelfHostedRate
+from llmbus_services.cost_accounting.core.costing import PLATFORM_TENANT, ServedRequest, base_record
+from llmbus_services.cost_accounting.core.money import split, usd
+from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, PriceBook, SelfHostedRate
 
 Cursor = dict[str, Any]
 

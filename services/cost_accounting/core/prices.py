@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llmbus.contract.config_file import StrictModel, load_yaml
-from services.cost_accounting.core.money import div_micro, ratio
+from llmbus_services.cost_accounting.core.money import div_micro, ratio
 
 DEFAULT_PRICEBOOK_PATH = Path(__file__).resolve().parent.parent / "policies" / "default.yaml"
 MS_PER_HOUR = 3_600_000

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from decimal import Decimal
 
-from services.cost_accounting.core.money import usd
-from services.cost_accounting.core.prices import PriceBook
+from llmbus_services.cost_accounting.core.money import usd
+from llmbus_services.cost_accounting.core.prices import PriceBook
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from llmbus.bus.replies import publish_result_with_final
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus
 from llmbus.state.fencing import RequestFence, claim_kept
-from services.engine_worker.adapters.streaming import ReplyStream
+from llmbus_services.engine_worker.adapters.streaming import ReplyStream
 
 log = logging.getLogger(__name__)
 

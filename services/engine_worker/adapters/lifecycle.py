@@ -14,13 +14,13 @@ from llmbus.bus import Bus, ConsumerLoop
 from llmbus.contract import topics as t
 from llmbus.contract.messages import NodeProfile, WorkerState, now_ms
 from llmbus.process.periodic import run_every
-from services.engine_worker.adapters import metrics
-from services.engine_worker.adapters.node.publish import profile_and_publish
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.breaker import UpstreamHealth
-from services.engine_worker.core.node_plan import NodePlan, gpu_healthy
-from services.engine_worker.core.status import RateTracker, build_status
-from services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.adapters import metrics
+from llmbus_services.engine_worker.adapters.node.publish import profile_and_publish
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.breaker import UpstreamHealth
+from llmbus_services.engine_worker.core.node_plan import NodePlan, gpu_healthy
+from llmbus_services.engine_worker.core.status import RateTracker, build_status
+from llmbus_services.engine_worker.handlers import WorkerHandlers
 
 log = logging.getLogger(__name__)
 

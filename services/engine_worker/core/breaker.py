@@ -20,7 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.engine_worker.core.engine import EngineError
+from llmbus_services.engine_worker.core.engine import EngineError
 
 
 class BreakerConfig(BaseModel):

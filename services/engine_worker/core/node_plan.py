@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmbus.contract.messages import ModelSpec, NodeProfile
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.formats import choose_format, supported_formats
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.formats import choose_format, supported_formats
 
 QUANTIZED = {"fp8", "awq", "gptq"}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmbus.contract.messages import WorkerState, WorkerStatus
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import Engine, EngineStats, honoured_features
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.engine import Engine, EngineStats, honoured_features
 
 
 @dataclass

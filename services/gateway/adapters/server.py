@@ -14,7 +14,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from services.gateway.config import GatewaySettings
+from llmbus_services.gateway.config import GatewaySettings
 
 
 def header_deadline_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.gateway.core.openai_types import ChatCompletionBody, CompletionBody
+from llmbus_services.gateway.core.openai_types import ChatCompletionBody, CompletionBody
 
 # field -> (header, parses the header's text)
 HINT_HEADERS: dict[str, tuple[str, type]] = {

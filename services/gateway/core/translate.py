@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from llmbus.contract.messages import ChatMessage, FinishReason, InferenceRequest, ToolCall, ToolCallDelta, Usage
-from services.gateway.core.openai_types import ChatCompletionBody, ChatMessageIn, CompletionBody
+from llmbus_services.gateway.core.openai_types import ChatCompletionBody, ChatMessageIn, CompletionBody
 
 Kind = Literal["chat", "completion"]
 

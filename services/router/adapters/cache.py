@@ -19,7 +19,7 @@ from llmbus.contract.messages import FinishReason, InferenceResult, ResultStatus
 from llmbus.observability.metric_children import children_of
 from llmbus.state.redis_batch import RedisBatcher
 from llmbus.state.text import text_of
-from services.router.core.ports import CachedAnswer
+from llmbus_services.router.core.ports import CachedAnswer
 
 log = logging.getLogger(__name__)
 CACHE_ERRORS = Counter("llmbus_router_cache_errors_total", "Cache calls that failed (Redis error); treated as misses")

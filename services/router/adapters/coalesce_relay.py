@@ -18,10 +18,10 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceResult, RoutedRequest
 from llmbus.contract.request_key import RequestKey
 from llmbus.process.periodic import run_every
-from services.router.adapters.coalescing import RedisCoalescer
-from services.router.core.coalesce import outcome_for, own_generation
-from services.router.core.config import CoalescePolicy
-from services.router.core.pipeline import RouteOutcome
+from llmbus_services.router.adapters.coalescing import RedisCoalescer
+from llmbus_services.router.core.coalesce import outcome_for, own_generation
+from llmbus_services.router.core.config import CoalescePolicy
+from llmbus_services.router.core.pipeline import RouteOutcome
 
 log = logging.getLogger(__name__)
 COALESCED = Counter(

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from services.router.core.semantic import Embedder, normalised
+from llmbus_services.router.core.semantic import Embedder, normalised
 
 
 class WordLlamaEmbedder:

@@ -8,8 +8,8 @@ import time
 from prometheus_client import Gauge
 
 from llmbus.contract.messages import InferenceResult, ResultStatus
-from services.router.core.latency import TierLatencyWatch, TierVerdict
-from services.router.core.pipeline import RouterCore
+from llmbus_services.router.core.latency import TierLatencyWatch, TierVerdict
+from llmbus_services.router.core.pipeline import RouterCore
 
 log = logging.getLogger(__name__)
 TIER_TTFT_MS = Gauge("llmbus_router_tier_ttft_ms", "TTFT quantile per tier over the watch window", ["tier"])

@@ -22,8 +22,8 @@ from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from llmbus.state.redis_batch import RedisBatcher
-from services.router.core.config import TenantPolicy
-from services.router.core.ports import RateDecision
+from llmbus_services.router.core.config import TenantPolicy
+from llmbus_services.router.core.ports import RateDecision
 
 _TAKE_LUA = """
 local t = redis.call('TIME')

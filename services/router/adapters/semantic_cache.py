@@ -19,10 +19,10 @@ from prometheus_client import Counter
 
 from llmbus.contract.messages import InferenceRequest, InferenceResult, ResultStatus
 from llmbus.state.text import text_of
-from services.router.adapters.cache import RedisResponseCache
-from services.router.core.config import SemanticCachePolicy
-from services.router.core.ports import SemanticProbe
-from services.router.core.semantic import Embedder, Vector, nearest, semantic_text
+from llmbus_services.router.adapters.cache import RedisResponseCache
+from llmbus_services.router.core.config import SemanticCachePolicy
+from llmbus_services.router.core.ports import SemanticProbe
+from llmbus_services.router.core.semantic import Embedder, Vector, nearest, semantic_text
 
 log = logging.getLogger(__name__)
 SEMANTIC_LOOKUPS = Counter("llmbus_router_semantic_cache_lookups_total", "Semantic cache lookups", ["outcome"])

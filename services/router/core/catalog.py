@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from llmbus.contract.messages import ModelSpec
 from llmbus.tokens import estimate_tokens, try_load
-from services.router.core.config import ModelEntry, RouterPolicy
+from llmbus_services.router.core.config import ModelEntry, RouterPolicy
 
 
 class ModelCatalog:

@@ -29,9 +29,9 @@ from llmbus.contract.messages import (
     Timings,
     now_ms,
 )
-from services.router.core.config import CoalescePolicy
-from services.router.core.pipeline import PRODUCED_BY, RouteOutcome, answered_from
-from services.router.core.ports import CachedAnswer
+from llmbus_services.router.core.config import CoalescePolicy
+from llmbus_services.router.core.pipeline import PRODUCED_BY, RouteOutcome, answered_from
+from llmbus_services.router.core.ports import CachedAnswer
 
 COALESCED = "coalesced"  # route_reason prefix of a follower's answer
 FALLBACK = "coalesce_fallback"  # route_reason prefix of a follower sent to its own generation

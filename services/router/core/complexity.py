@@ -42,7 +42,7 @@ def register_scorer(name: str) -> Callable[[Callable[..., ComplexityScorer]], Ca
 
 def build_scorer(name: str, params: dict[str, Any] | None = None) -> ComplexityScorer:
     # Importing here registers the shipped scorers without an import cycle.
-    from services.router.core import heuristic, learned  # noqa: F401
+    from llmbus_services.router.core import heuristic, learned  # noqa: F401
 
     if name not in _REGISTRY:
         raise KeyError(f"unknown complexity scorer {name!r}; known: {sorted(_REGISTRY)}")
@@ -61,7 +61,7 @@ def build_scorer_with_fallback(name: str, params: dict[str, Any] | None, fallbac
 
 
 def scorer_names() -> list[str]:
-    from services.router.core import heuristic, learned  # noqa: F401
+    from llmbus_services.router.core import heuristic, learned  # noqa: F401
 
     return sorted(_REGISTRY)
 

@@ -31,7 +31,7 @@ from collections import Counter
 
 from llmbus.contract.messages import InferenceRequest
 from llmbus.tokens import estimate_tokens
-from services.router.core.complexity import register_scorer
+from llmbus_services.router.core.complexity import register_scorer
 
 # Cues are matched on lower-cased words (one regex pass, then set lookups) and phrases
 # (substring counts): an alternation of ~30 words under IGNORECASE cost ~40 µs per

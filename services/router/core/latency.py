@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.router.core.config import LatencyPolicy
+from llmbus_services.router.core.config import LatencyPolicy
 
 TARGET_KEY = "llmbus.latency_target_ms"
 TIER_KEY = "llmbus.tier"

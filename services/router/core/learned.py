@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from llmbus.contract.messages import InferenceRequest
-from services.router.core.complexity import register_scorer
-from services.router.core.heuristic import _WORD, features_of
+from llmbus_services.router.core.complexity import register_scorer
+from llmbus_services.router.core.heuristic import _WORD, features_of
 
 MODEL_FORMAT = 1
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent.parent / "policies" / "scorer_model.json"

@@ -37,13 +37,13 @@ from llmbus.contract.messages import (
 from llmbus.domain.fallback import next_model
 from llmbus.security.tenancy import user_ref
 from llmbus.tokens import estimate_tokens
-from services.router.core.cache_key import cache_key, cacheable
-from services.router.core.catalog import ModelCatalog
-from services.router.core.complexity import ComplexityScorer
-from services.router.core.config import OverBudget, OverCap, RouterPolicy, UnknownModel
-from services.router.core.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
-from services.router.core.latency import TARGET_KEY, TIER_KEY, TierLatencyWatch, avoid_missing_tier
-from services.router.core.ports import (
+from llmbus_services.router.core.cache_key import cache_key, cacheable
+from llmbus_services.router.core.catalog import ModelCatalog
+from llmbus_services.router.core.complexity import ComplexityScorer
+from llmbus_services.router.core.config import OverBudget, OverCap, RouterPolicy, UnknownModel
+from llmbus_services.router.core.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
+from llmbus_services.router.core.latency import TARGET_KEY, TIER_KEY, TierLatencyWatch, avoid_missing_tier
+from llmbus_services.router.core.ports import (
     BudgetView,
     CachedAnswer,
     Coalescer,
@@ -51,10 +51,10 @@ from services.router.core.ports import (
     ResponseCache,
     SemanticCache,
 )
-from services.router.core.rules import RouteDecision, RouteFeatures, decide_route
-from services.router.core.semantic import SEMANTIC_HIT
-from services.router.core.semantic import eligible as semantic_eligible
-from services.router.core.trimming import trim_to_window
+from llmbus_services.router.core.rules import RouteDecision, RouteFeatures, decide_route
+from llmbus_services.router.core.semantic import SEMANTIC_HIT
+from llmbus_services.router.core.semantic import eligible as semantic_eligible
+from llmbus_services.router.core.trimming import trim_to_window
 
 PRODUCED_BY = "router"
 

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llmbus.contract.messages import BudgetState, FinishReason, InferenceRequest, RoutedRequest, Usage
-from services.router.core.config import TenantPolicy
+from llmbus_services.router.core.config import TenantPolicy
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.router.core.config import RouterPolicy, Rule, RuleWhen
+from llmbus_services.router.core.config import RouterPolicy, Rule, RuleWhen
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from llmbus.contract.messages import InferenceRequest
-from services.router.core.cache_key import cacheable
-from services.router.core.config import RouterPolicy
+from llmbus_services.router.core.cache_key import cacheable
+from llmbus_services.router.core.config import RouterPolicy
 
 Vector = npt.NDArray[np.float32]
 SEMANTIC_HIT = "semantic_hit"  # route_reason prefix of an answer from the semantic cache

@@ -21,8 +21,8 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import PoolStats, WorkerState, now_ms
 from llmbus.observability.metric_children import children_of
 from llmbus.process.periodic import run_every
-from services.scheduler.core.scheduler import SchedulerCore
-from services.scheduler.core.types import Placement, WorkerView
+from llmbus_services.scheduler.core.scheduler import SchedulerCore
+from llmbus_services.scheduler.core.types import Placement, WorkerView
 
 log = logging.getLogger(__name__)
 

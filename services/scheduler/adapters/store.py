@@ -25,7 +25,7 @@ import redis.asyncio as redis
 from llmbus.contract.messages import RoutedRequest
 from llmbus.contract.request_key import RequestKey
 from llmbus.state.redis_batch import RedisBatcher
-from services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 # KEYS: the placement. ARGV: this instance. 1: deleted; 0: absent or another instance's.
 _RELEASE_OWN = """

@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from llmbus.contract.config_file import StrictModel
-from services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS
-from services.scheduler.core.plugins.base import PluginFactory
+from llmbus_services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS
+from llmbus_services.scheduler.core.plugins.base import PluginFactory
 
 # Without it a worker is picked whatever models it serves: every pipeline keeps it.
 REQUIRED_FILTER = "serves-model"

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from llmbus.contract.messages import NodeProfile, WorkerState, WorkerStatus
 from llmbus.contract.request_key import RequestKey
-from services.scheduler.core.types import Placement, SchedRequest, WorkerView, blocks_for
+from llmbus_services.scheduler.core.types import Placement, SchedRequest, WorkerView, blocks_for
 
 
 class FleetView:

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from llmbus.contract.config_file import load_yaml, shipped_or_path
-from services.scheduler.core.config import PipelineConfig, build_plugin
-from services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
-from services.scheduler.core.types import SchedRequest, WorkerView
+from llmbus_services.scheduler.core.config import PipelineConfig, build_plugin
+from llmbus_services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
+from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "policies"
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from llmbus.contract.request_key import RequestKey
-from services.scheduler.core.types import SchedRequest
+from llmbus_services.scheduler.core.types import SchedRequest
 
 _NO_DEADLINE = 2**62
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
-from services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 
 @dataclass

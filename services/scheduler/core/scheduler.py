@@ -21,14 +21,14 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.contract.request_key import RequestKey
-from services.scheduler.core.fleet import FleetView
-from services.scheduler.core.pipeline import Pipeline
-from services.scheduler.core.plugins import CycleState
-from services.scheduler.core.plugins.filters_health import never_fits
-from services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
-from services.scheduler.core.queue import FlowQueues
-from services.scheduler.core.recovery import GiveUp, RecoveryPolicy, Retry
-from services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.core.fleet import FleetView
+from llmbus_services.scheduler.core.pipeline import Pipeline
+from llmbus_services.scheduler.core.plugins import CycleState
+from llmbus_services.scheduler.core.plugins.filters_health import never_fits
+from llmbus_services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
+from llmbus_services.scheduler.core.queue import FlowQueues
+from llmbus_services.scheduler.core.recovery import GiveUp, RecoveryPolicy, Retry
+from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 
 @dataclass

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 import redis.asyncio as redis
 
 from llmbus.state.text import text_of
-from services.shadow_comparator.core.aggregates import Increments
-from services.shadow_comparator.core.ports import RequestLink
+from llmbus_services.shadow_comparator.core.aggregates import Increments
+from llmbus_services.shadow_comparator.core.ports import RequestLink
 
 # KEYS: pair, pending, gone, done ; ARGV: field, value, ttl_s, deadline_ms, primary id
 _OFFER = """

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from llmbus.contract.messages import Comparison, FinishReason, InferenceResult, ResultStatus
-from services.shadow_comparator.core.sequential import Moments
-from services.shadow_comparator.core.sketch import LatencyHistogram, bin_of
+from llmbus_services.shadow_comparator.core.sequential import Moments
+from llmbus_services.shadow_comparator.core.sketch import LatencyHistogram, bin_of
 
 Increments = dict[str, float]
 

@@ -28,7 +28,7 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.request_key import request_key
 from llmbus.domain.lifecycle import CANDIDATE, CONTROL
-from services.shadow_comparator.core.aggregates import (
+from llmbus_services.shadow_comparator.core.aggregates import (
     PAIRS,
     PairStats,
     VariantStats,
@@ -37,11 +37,11 @@ from services.shadow_comparator.core.aggregates import (
     pair_increments,
     variant_increments,
 )
-from services.shadow_comparator.core.compare import compare
-from services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
-from services.shadow_comparator.core.join import feedback_belongs, pair_ref
-from services.shadow_comparator.core.ports import PairStore
-from services.shadow_comparator.core.samples import not_a_sample, variant_model
+from llmbus_services.shadow_comparator.core.compare import compare
+from llmbus_services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
+from llmbus_services.shadow_comparator.core.join import feedback_belongs, pair_ref
+from llmbus_services.shadow_comparator.core.ports import PairStore
+from llmbus_services.shadow_comparator.core.samples import not_a_sample, variant_model
 
 log = logging.getLogger(__name__)
 

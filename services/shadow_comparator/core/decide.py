@@ -30,8 +30,8 @@ from llmbus.contract.messages import (
     VariantEvidence,
 )
 from llmbus.domain.lifecycle import ENDED, render, share_pct
-from services.shadow_comparator.core.aggregates import PairStats, VariantStats
-from services.shadow_comparator.core.sequential import (
+from llmbus_services.shadow_comparator.core.aggregates import PairStats, VariantStats
+from llmbus_services.shadow_comparator.core.sequential import (
     Moments,
     SequentialResult,
     msprt,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Protocol
 
-from services.shadow_comparator.core.aggregates import Increments
+from llmbus_services.shadow_comparator.core.aggregates import Increments
 
 
 class RequestLink(NamedTuple):

@@ -90,20 +90,20 @@ def _worker(name: str, worker_id: str, model: str, sim_speedup: float, **more: s
         "LLMBUS_WORKER_MODEL": model,
         "LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup),
     }
-    return ServiceProcess(name, "services.engine_worker", env | more)
+    return ServiceProcess(name, "llmbus_services.engine_worker", env | more)
 
 
 def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[ServiceProcess]:
     """The services, one sim worker per model of the default policy, and `workers` of the sim model."""
     procs = [
-        ServiceProcess("router", "services.router"),
-        ServiceProcess("scheduler", "services.scheduler"),
-        ServiceProcess("cost", "services.cost_accounting"),
-        ServiceProcess("comparator", "services.shadow_comparator"),
+        ServiceProcess("router", "llmbus_services.router"),
+        ServiceProcess("scheduler", "llmbus_services.scheduler"),
+        ServiceProcess("cost", "llmbus_services.cost_accounting"),
+        ServiceProcess("comparator", "llmbus_services.shadow_comparator"),
         # Results, costs, comparisons, feedback and prompts as Parquet (LLMBUS_ARCHIVE_DIR; `llmbus export rlhf`).
-        ServiceProcess("archive", "services.archive"),
+        ServiceProcess("archive", "llmbus_services.archive"),
         # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
-        ServiceProcess("gateway", "services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}),
+        ServiceProcess("gateway", "llmbus_services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}),
     ]
     for tier in TIER_FLEET:
         procs.append(
@@ -118,7 +118,9 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
         )
     procs += [_worker(f"worker-{i}", f"sim-{i}", SIM_MODEL, sim_speedup) for i in range(1, workers + 1)]
     # Scales the pool beyond the static workers on queue wait and back (services/autoscaler).
-    procs.append(ServiceProcess("autoscaler", "services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)}))
+    procs.append(
+        ServiceProcess("autoscaler", "llmbus_services.autoscaler", {"LLMBUS_WORKER_SIM_SPEEDUP": str(sim_speedup)})
+    )
     return [_with_metrics(proc, i) for i, proc in enumerate(procs)]
 
 

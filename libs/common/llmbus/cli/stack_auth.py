@@ -20,14 +20,14 @@ from llmbus.settings import BusSettings
 
 # The module a stack process runs → the principal it connects as (workers the autoscaler starts too).
 _PRINCIPALS = {
-    "services.router": t.ROUTER,
-    "services.scheduler": t.SCHEDULER,
-    "services.engine_worker": t.WORKER,
-    "services.cost_accounting": t.COST,
-    "services.shadow_comparator": t.COMPARATOR,
-    "services.gateway": t.GATEWAY,
-    "services.autoscaler": t.AUTOSCALER,
-    "services.archive": t.ARCHIVE,
+    "llmbus_services.router": t.ROUTER,
+    "llmbus_services.scheduler": t.SCHEDULER,
+    "llmbus_services.engine_worker": t.WORKER,
+    "llmbus_services.cost_accounting": t.COST,
+    "llmbus_services.shadow_comparator": t.COMPARATOR,
+    "llmbus_services.gateway": t.GATEWAY,
+    "llmbus_services.autoscaler": t.AUTOSCALER,
+    "llmbus_services.archive": t.ARCHIVE,
 }
 
 
@@ -62,7 +62,7 @@ def service_env(run_dir: Path, module: str) -> dict[str, str]:
     if not secured():
         return {}
     env = principal_env(run_dir, _PRINCIPALS.get(module, acls.OPERATOR))
-    if module == "services.autoscaler":  # the workers its local actuator starts connect as workers
+    if module == "llmbus_services.autoscaler":  # the workers its local actuator starts connect as workers
         env["LLMBUS_AUTOSCALER_WORKER_ENV"] = json.dumps(principal_env(run_dir, t.WORKER))
     return env
 

@@ -7,12 +7,29 @@ the caller's BusSettings in its environment.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from llmbus.settings import BusSettings
+
+# A checkout's own import path. The folder services/ installs as `llmbus_services` (setup.py maps it);
+# without that install, scripts/pythonpath/ holds a link of that name to services/.
+CHECKOUT_IMPORT_ROOTS = ("libs/common", ".", "scripts/pythonpath")
+
+
+def checkout_pythonpath(tree: Path) -> str:
+    """PYTHONPATH that runs `tree`'s own llmbus, llmbus_services, llmbus_tools, tests and bench, ahead of
+    whatever llmbus the interpreter has installed (another checkout's editable install, say).
+
+    A tree from before the rename has no link: its children would import the installed services
+    instead of its own, so it is refused rather than measured by mistake."""
+    tree = tree.resolve()
+    if not (tree / CHECKOUT_IMPORT_ROOTS[-1] / "llmbus_services").is_dir():
+        raise ValueError(f"{tree} has no {CHECKOUT_IMPORT_ROOTS[-1]}/llmbus_services (a tree from before the rename)")
+    return os.pathsep.join(str(tree / root) for root in CHECKOUT_IMPORT_ROOTS)
 
 
 def bus_env(settings: BusSettings) -> dict[str, str]:

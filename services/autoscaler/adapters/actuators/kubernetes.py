@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.autoscaler.core.config import KubernetesSpec
+from llmbus_services.autoscaler.core.config import KubernetesSpec
 
 
 def make_api(host: str | None = None) -> Any:

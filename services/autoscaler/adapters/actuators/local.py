@@ -15,11 +15,11 @@ import os
 import re
 
 from llmbus.process import detached
-from services.autoscaler.core.config import LocalSpec
+from llmbus_services.autoscaler.core.config import LocalSpec
 
 log = logging.getLogger(__name__)
 
-ENGINE_WORKER = "services.engine_worker"
+ENGINE_WORKER = "llmbus_services.engine_worker"
 
 
 def _reap_children() -> None:

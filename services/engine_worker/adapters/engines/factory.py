@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.engine import Engine
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.engine import Engine
 
 
 def build_engine(settings: WorkerSettings) -> Engine:
     if settings.engine == "sim":
-        from services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
+        from llmbus_services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
 
         return SimEngine(
             SimConfig(
@@ -24,7 +24,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
             )
         )
     if settings.engine == "vllm":
-        from services.engine_worker.adapters.engines.vllm_engine import VllmConfig, VllmEngine
+        from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmConfig, VllmEngine
 
         return VllmEngine(
             VllmConfig(
@@ -53,7 +53,7 @@ def build_engine(settings: WorkerSettings) -> Engine:
                 engine_core_start_method=settings.vllm_engine_core_start_method,
             )
         )
-    from services.engine_worker.adapters.engines.openai_http import OpenAIHttpEngine
-    from services.engine_worker.adapters.engines.openai_http_config import openai_config
+    from llmbus_services.engine_worker.adapters.engines.openai_http import OpenAIHttpEngine
+    from llmbus_services.engine_worker.adapters.engines.openai_http_config import openai_config
 
     return OpenAIHttpEngine(openai_config(settings))

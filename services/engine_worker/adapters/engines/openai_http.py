@@ -27,9 +27,9 @@ from pydantic import ValidationError
 
 from llmbus.contract.messages import ChatMessage, FinishReason, FunctionCallDelta, ToolCallDelta
 from llmbus.tokens import count_tokens
-from services.engine_worker.adapters.engines.openai_http_config import OpenAIHttpConfig
-from services.engine_worker.core.breaker import CircuitBreaker
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines.openai_http_config import OpenAIHttpConfig
+from llmbus_services.engine_worker.core.breaker import CircuitBreaker
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,

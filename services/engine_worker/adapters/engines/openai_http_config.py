@@ -14,8 +14,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llmbus.contract.config_file import StrictModel, load_yaml
-from services.engine_worker.config import WorkerSettings
-from services.engine_worker.core.breaker import BreakerConfig
+from llmbus_services.engine_worker.config import WorkerSettings
+from llmbus_services.engine_worker.core.breaker import BreakerConfig
 
 
 class OpenAIHttpConfig(StrictModel):

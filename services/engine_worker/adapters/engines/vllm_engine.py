@@ -25,11 +25,11 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from services.engine_worker.adapters.engines import vllm_inputs, vllm_tools
-from services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
-from services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
-from services.engine_worker.core import fim
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines import vllm_inputs, vllm_tools
+from llmbus_services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
+from llmbus_services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
+from llmbus_services.engine_worker.core import fim
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,

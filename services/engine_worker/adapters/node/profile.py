@@ -4,7 +4,7 @@ Every optional NVML reading (ECC, temperature, power) may be unsupported on a gi
 inside a VM / MIG slice: such a field is left None rather than failing the profile. ECC counts
 are read both volatile (since the driver loaded) and aggregate (lifetime), as DCGM does.
 
-`python -m services.engine_worker.adapters.node.profile` prints the profile and the format chosen for
+`python -m llmbus_services.engine_worker.adapters.node.profile` prints the profile and the format chosen for
 an example 8B model.
 """
 
@@ -147,7 +147,7 @@ def main() -> None:
     import json
 
     from llmbus.contract.messages.fleet import ModelFormat, ModelSpec
-    from services.engine_worker.core.formats import NoFormatFits, choose_format
+    from llmbus_services.engine_worker.core.formats import NoFormatFits, choose_format
 
     profile = profile_node()
     example = ModelSpec(

@@ -8,7 +8,7 @@ import logging
 from llmbus.bus import Bus
 from llmbus.contract import topics as t
 from llmbus.contract.messages import NodeProfile
-from services.engine_worker.adapters.node.profile import profile_node
+from llmbus_services.engine_worker.adapters.node.profile import profile_node
 
 log = logging.getLogger(__name__)
 

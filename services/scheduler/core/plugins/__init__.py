@@ -1,7 +1,13 @@
 """Built-in plugins; importing this package fills the registries."""
 
-from services.scheduler.core.plugins import filters_health, filters_model, pickers, scorers_affinity, scorers_load
-from services.scheduler.core.plugins.base import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
+from llmbus_services.scheduler.core.plugins import (
+    filters_health,
+    filters_model,
+    pickers,
+    scorers_affinity,
+    scorers_load,
+)
+from llmbus_services.scheduler.core.plugins.base import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
 
 __all__ = [
     "FILTERS",

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 from llmbus.contract.messages import ModelSpec
 from llmbus.contract.request_key import RequestKey
-from services.scheduler.core.fleet import FleetView
-from services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
-from services.scheduler.core.types import SchedRequest, WorkerView
+from llmbus_services.scheduler.core.fleet import FleetView
+from llmbus_services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
+from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmbus.contract.messages import WorkerState
-from services.scheduler.core.plugins.base import FILTERS, CycleState, register
-from services.scheduler.core.types import SchedRequest, WorkerView, blocks_for
+from llmbus_services.scheduler.core.plugins.base import FILTERS, CycleState, register
+from llmbus_services.scheduler.core.types import SchedRequest, WorkerView, blocks_for
 
 
 @register(FILTERS, "gpu-healthy")

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from llmbus.contract.engine_features import missing_features
 from llmbus.contract.messages import WorkerState
-from services.scheduler.core.plugins.base import FILTERS, CycleState, register
-from services.scheduler.core.types import SchedRequest, WorkerView
+from llmbus_services.scheduler.core.plugins.base import FILTERS, CycleState, register
+from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
 @register(FILTERS, "serves-model")

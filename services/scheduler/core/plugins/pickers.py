@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.scheduler.core.plugins.base import PICKERS, CycleState, register
-from services.scheduler.core.types import SchedRequest, WorkerView
+from llmbus_services.scheduler.core.plugins.base import PICKERS, CycleState, register
+from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
 @register(PICKERS, "max-score")

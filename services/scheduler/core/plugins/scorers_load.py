@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.scheduler.core.plugins.base import SCORERS, CycleState, register
-from services.scheduler.core.types import SchedRequest, WorkerView
+from llmbus_services.scheduler.core.plugins.base import SCORERS, CycleState, register
+from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
 @register(SCORERS, "queue-depth")

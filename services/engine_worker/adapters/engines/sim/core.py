@@ -20,9 +20,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from llmbus.tokens import prefix_block_hashes, pseudo_tokens
-from services.engine_worker.adapters.engines.sim.kv_cache import BlockPool, HostKvTier
-from services.engine_worker.adapters.engines.sim.profiles import SimProfile
-from services.engine_worker.adapters.engines.sim.text import content_key
+from llmbus_services.engine_worker.adapters.engines.sim.kv_cache import BlockPool, HostKvTier
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile
+from llmbus_services.engine_worker.adapters.engines.sim.text import content_key
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from llmbus.tokens import pseudo_tokens, try_load
-from services.engine_worker.adapters.engines.sim.core import RequestOutput, SimCore, SimRequest
-from services.engine_worker.adapters.engines.sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
-from services.engine_worker.adapters.engines.sim.text import AnswerText
-from services.engine_worker.core.engine import (
+from llmbus_services.engine_worker.adapters.engines.sim.core import RequestOutput, SimCore, SimRequest
+from llmbus_services.engine_worker.adapters.engines.sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
+from llmbus_services.engine_worker.adapters.engines.sim.text import AnswerText
+from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
     EngineError,
