@@ -50,6 +50,7 @@ from services.scheduler.core.scheduler import Action, FinalError, PlaceAction, S
 from services.scheduler.core.types import Placement, SchedRequest
 
 log = logging.getLogger(__name__)
+FINALS_AT_ONCE = 256  # final errors in flight at once (Redis round trips and Kafka acks)
 
 
 class SchedulerHandlers:
@@ -208,9 +209,14 @@ class SchedulerHandlers:
     #   Dispatch's ack or its rollback, as before, so a crash in between still redelivers it.
     async def _publish(self, actions: list[Action]) -> None:
         """Act on every action (call under the lock); one that fails does not stop the others (the first
-        error is raised after). A placement's Dispatch is left on its way (`_deliver`)."""
+        error is raised after). A placement's Dispatch is left on its way (`_deliver`); the final errors
+        go out together (`_final_errors`)."""
         failed: list[Exception] = []
+        finals: list[FinalError] = []
         for action in actions:
+            if isinstance(action, FinalError):
+                finals.append(action)
+                continue
             span = self._spans.get(action.request.key, trace.get_current_span())
             on_its_way = False
             try:
@@ -221,15 +227,41 @@ class SchedulerHandlers:
                         except Exception as exc:  # rolled back: the request gets its final error instead
                             log.exception("could not place %s", action.placement.key)
                             await self._fail(FinalError(action.request, _internal(exc)))
-                    elif isinstance(action, FinalError):
-                        await self._fail(action)
             except Exception as exc:  # noqa: BLE001 - collected, raised once the other actions are out
                 failed.append(exc)
             finally:
                 if not on_its_way:  # else resolved by `_deliver` once acknowledged or rolled back
                     self._resolve(action.request.key)
+        failed += await self._final_errors(finals)
         if failed:
             raise failed[0]
+
+    async def _final_errors(self, finals: list[FinalError]) -> list[Exception]:
+        """Publish final errors FINALS_AT_ONCE at a time, each request resolved once its error is out.
+
+        One at a time, each waited for its Redis round trips and its Kafka ack under the lock: a tick
+        that expired a full queue after a leader failover (the 3-broker `leader_sigkill` scenario)
+        held the lock ~250 ms per error, minutes in all, while heartbeats, outcomes and new requests
+        waited. Together their round trips overlap. No final error touches the core, and the order of
+        different requests' errors means nothing."""
+        failed: list[Exception] = []
+        for start in range(0, len(finals), FINALS_AT_ONCE):
+            batch = finals[start : start + FINALS_AT_ONCE]
+            outcomes = await asyncio.gather(*(self._final_error(action) for action in batch), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                    raise outcome  # cancelled: not an error of the request
+                if isinstance(outcome, Exception):
+                    failed.append(outcome)
+        return failed
+
+    async def _final_error(self, action: FinalError) -> None:
+        span = self._spans.get(action.request.key, trace.get_current_span())
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                await self._fail(action)
+        finally:
+            self._resolve(action.request.key)
 
     async def _deliver(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
         """The placement claimed (when `claim`), its Dispatch sent and acknowledged, outside the lock;
