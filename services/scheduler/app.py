@@ -24,6 +24,13 @@ from llmbus_services.scheduler.handlers import SchedulerHandlers
 
 log = logging.getLogger(__name__)
 OUTCOMES_IN_FLIGHT = 256
+# Fleet records (heartbeats above all) are taken as they arrive, each then waiting its turn for the
+# handlers' lock. One at a time, llm.workers was read only as fast as that lock came round: behind
+# hundreds of outcome and routed handlers after a leader failover (the 3-broker `leader_sigkill`
+# scenario at load 16-22), its lag grew to 128 heartbeats, a live worker went unheard past its
+# heartbeat timeout, and its 256 running requests were placed again. The lock is FIFO and a
+# heartbeat's handler awaits nothing before it, so one worker's statuses still apply in order.
+FLEET_IN_FLIGHT = 64
 
 
 def build_core(sched: SchedulerSettings) -> SchedulerCore:
@@ -95,7 +102,15 @@ async def main(settings: BusSettings, stop: asyncio.Event) -> None:
         client_id="llmbus-scheduler-outcomes",
     )
     loops = [
-        ConsumerLoop(fleet, handlers.on_fleet, bus.dead_letter, settings, service=t.SCHEDULER, commit_offsets=False),
+        ConsumerLoop(
+            fleet,
+            handlers.on_fleet,
+            bus.dead_letter,
+            settings,
+            service=t.SCHEDULER,
+            commit_offsets=False,
+            max_in_flight=FLEET_IN_FLIGHT,
+        ),
         ConsumerLoop(
             routed,
             handlers.on_routed,

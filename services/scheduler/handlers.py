@@ -50,6 +50,7 @@ from llmbus_services.scheduler.core.scheduler import Action, FinalError, PlaceAc
 from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 log = logging.getLogger(__name__)
+FINALS_AT_ONCE = 256  # final errors being published at once (Redis round trips and Kafka acks)
 
 
 class SchedulerHandlers:
@@ -67,6 +68,8 @@ class SchedulerHandlers:
         self._lock = asyncio.Lock()  # core calls and their publishes, one event at a time
         self._restored: set[RequestKey] = set()  # placements loaded from Redis whose Dispatch may never have gone out
         self._delivering: set[RequestKey] = set()  # requests whose Dispatch awaits its ack (`_deliver`)
+        self._answering: set[RequestKey] = set()  # requests whose final error is on its way (`_final_errors`)
+        self._finals_in_flight = asyncio.Semaphore(FINALS_AT_ONCE)
         self._later: set[asyncio.Task[None]] = set()  # final errors waiting for a lease; acks being confirmed
         self.fleet_replay_end: dict[int, int] = {}  # llm.workers partition → its end offset when we started
         self.pool_stats = PoolStatsRecorder(
@@ -129,7 +132,8 @@ class SchedulerHandlers:
         try:
             async with self._lock:
                 await self._publish(self.core.submit(request, now_ms()))
-            if not self.core.queues.holds(request.model, rid) and rid not in self._delivering:
+            on_its_way = rid in self._delivering or rid in self._answering  # resolved when it is through
+            if not self.core.queues.holds(request.model, rid) and not on_its_way:
                 self._resolve(rid)  # answered, or already placed before a restart (a Dispatch on its way resolves it)
             await answered  # cancelled by a hand-over: the record stays uncommitted for the new owner
         finally:
@@ -208,9 +212,14 @@ class SchedulerHandlers:
     #   Dispatch's ack or its rollback, as before, so a crash in between still redelivers it.
     async def _publish(self, actions: list[Action]) -> None:
         """Act on every action (call under the lock); one that fails does not stop the others (the first
-        error is raised after). A placement's Dispatch is left on its way (`_deliver`)."""
+        error is raised after). A placement's Dispatch is left on its way (`_deliver`), and so is a final
+        error (`_final_errors`)."""
         failed: list[Exception] = []
+        finals: list[FinalError] = []
         for action in actions:
+            if isinstance(action, FinalError):
+                finals.append(action)
+                continue
             span = self._spans.get(action.request.key, trace.get_current_span())
             on_its_way = False
             try:
@@ -221,15 +230,42 @@ class SchedulerHandlers:
                         except Exception as exc:  # rolled back: the request gets its final error instead
                             log.exception("could not place %s", action.placement.key)
                             await self._fail(FinalError(action.request, _internal(exc)))
-                    elif isinstance(action, FinalError):
-                        await self._fail(action)
             except Exception as exc:  # noqa: BLE001 - collected, raised once the other actions are out
                 failed.append(exc)
             finally:
                 if not on_its_way:  # else resolved by `_deliver` once acknowledged or rolled back
                     self._resolve(action.request.key)
+        self._final_errors(finals)
         if failed:
             raise failed[0]
+
+    def _final_errors(self, finals: list[FinalError]) -> None:
+        """Each final error published by a task of its own, outside the lock; its request is resolved
+        once the error is out (or with the exception that stopped it: its record's handler raises it).
+
+        Awaited under the lock, each error held it for its Redis round trips and its Kafka ack, ~250 ms
+        after a leader failover (the 3-broker `leader_sigkill` scenario): a tick that expired a full
+        queue held it for minutes, and once the queue was full every new request's `queue_full` took
+        its turn too, more lock time a second than a second has, while heartbeats, outcomes and
+        placements waited. No final error touches the core; FINALS_AT_ONCE bounds those in flight."""
+        for action in finals:
+            self._answering.add(action.request.key)
+            self._keep(asyncio.create_task(self._final_error(action)))
+
+    async def _final_error(self, action: FinalError) -> None:
+        key = action.request.key
+        span = self._spans.get(key, trace.get_current_span())
+        try:
+            async with self._finals_in_flight:
+                with trace.use_span(span, end_on_exit=False):
+                    await self._fail(action)
+        except Exception as exc:  # its record's handler raises it (DLQ, answer)
+            log.warning("final error of %s not published", key, exc_info=True)
+            self._answering.discard(key)
+            self._resolve(key, exc)
+        else:
+            self._answering.discard(key)
+            self._resolve(key)
 
     async def _deliver(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
         """The placement claimed (when `claim`), its Dispatch sent and acknowledged, outside the lock;

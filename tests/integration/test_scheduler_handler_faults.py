@@ -309,3 +309,36 @@ async def test_a_first_attempt_another_instance_claimed_is_forgotten_without_an_
     assert "s2" in str(await client.get(handlers.store.key(request_key("default", "r1"), 1))), (
         "the winner's claim is left alone"
     )
+
+
+async def test_final_errors_go_out_together_outside_the_lock(client: redis.Redis, namespace: str) -> None:
+    """A tick that expires a full queue answers every request at once, and the lock is free meanwhile:
+    one at a time under it, each error waited for its Redis round trips and its Kafka ack (~250 ms
+    each after a leader failover), and heartbeats, outcomes and new requests waited minutes."""
+    handlers = make_handlers(client, namespace)
+    ack_s = 0.2
+    slow = publisher(handlers)
+    record_sent = slow.publish
+
+    async def acked_late(topic: str, value: object, **kwargs: object) -> None:
+        await asyncio.sleep(ack_s)
+        await record_sent(topic, value, **kwargs)
+
+    slow.publish = acked_late  # type: ignore[method-assign]
+    expired = [
+        FinalError(
+            SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record(f"q{i}").value), now_ms(), 16, 0),
+            ErrorInfo.of(ErrorCode.DEADLINE_EXCEEDED, "expired in the queue"),
+        )
+        for i in range(20)
+    ]
+    clock = asyncio.get_running_loop().time
+    started = clock()
+    async with handlers._lock:
+        await handlers._publish(list(expired))
+    locked_s = clock() - started
+    await asyncio.wait_for(asyncio.gather(*handlers._later), 30)
+    took_s = clock() - started
+    assert sorted(r.request_id for r in slow.of(InferenceResult)) == sorted(f"q{i}" for i in range(20))
+    assert locked_s < ack_s, f"the lock was held {locked_s:.2f} s while the errors were sent"
+    assert took_s < 10 * ack_s, f"{took_s:.2f} s for 20 errors: sent one after another"

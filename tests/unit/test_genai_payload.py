@@ -127,3 +127,43 @@ def test_a_results_span_and_its_payload_use_the_same_names_and_values() -> None:
     attributes = message_attributes(result())
     payload_names = flatten(payload(result())["gen_ai"], "gen_ai")
     assert {name: attributes[name] for name in payload_names} == payload_names
+
+
+# The wire bytes written by the wrap-serializer version (captured from it), timestamps pinned: the
+# computed field must write exactly these.
+WIRE_BEFORE = {
+    "result": '{"schema_version":1,"request_id":"r1","tenant":"acme","status":"ok","model":"qwen-0.5b","text":"",'
+    '"finish_reason":"length","usage":{"prompt_tokens":120,"completion_tokens":16,"cached_prompt_tokens":96},'
+    '"timings":{},"cached":false,"shadow":false,"trimmed_tokens":0,"attempt":1,"produced_by":"",'
+    '"completed_at_ms":1,"preemptions":0,"session_id":"s-7","gen_ai":{"response":{"model":"qwen-0.5b",'
+    '"finish_reasons":["length"]},"usage":{"input_tokens":120,"output_tokens":16,"cache_read":{"input_tokens":96}},'
+    '"conversation":{"id":"s-7"}}}',
+    "cost": '{"schema_version":1,"request_id":"r1","tenant":"acme","model":"qwen-0.5b","cost_usd":0.000031,'
+    '"cached_saving_usd":0.0,"record_id":"acme:r1","kind":"self_hosted","booked_to":"tenant","cost_micro_usd":31,'
+    '"cold_start_micro_usd":0,"cold_start_phases_s":{},"saving_micro_usd":0,"output_cap_saving_micro_usd":0,'
+    '"shadow":false,"session_id":"s-7","prompt_tokens":120,"cached_prompt_tokens":96,"completion_tokens":16,'
+    '"trimmed_prompt_tokens":0,"gpu_busy_ms":0.0,"booked_at_ms":1,"gen_ai":{"response":{"model":"qwen-0.5b"},'
+    '"usage":{"input_tokens":120,"output_tokens":16,"cache_read":{"input_tokens":96}},"conversation":{"id":"s-7"}}}',
+    "error": '{"schema_version":1,"request_id":"r2","tenant":"t","status":"ok","text":"","usage":{"prompt_tokens":0,'
+    '"completion_tokens":0,"cached_prompt_tokens":0},"timings":{},"cached":false,"shadow":false,"trimmed_tokens":0,'
+    '"attempt":1,"produced_by":"","completed_at_ms":1,"preemptions":0,"gen_ai":{"usage":{"input_tokens":0,'
+    '"output_tokens":0,"cache_read":{"input_tokens":0}}}}',
+}
+
+
+def test_the_wire_bytes_are_the_ones_written_before() -> None:
+    pinned = {
+        "result": result().model_copy(update={"completed_at_ms": 1}),
+        "cost": cost().model_copy(update={"booked_at_ms": 1}),
+        "error": InferenceResult(request_id="r2", tenant="t", status=ResultStatus.OK, completed_at_ms=1),
+    }
+    assert {name: message.to_bytes().decode() for name, message in pinned.items()} == WIRE_BEFORE
+    # Without exclude_none a record with no attribute writes `"gen_ai": null`, as before (now the last key).
+    idle = json.loads(cost(CostKind.IDLE).model_dump_json())
+    assert list(idle)[-1] == "gen_ai" and idle["gen_ai"] is None
+
+
+def test_a_record_built_with_a_gen_ai_object_drops_it() -> None:
+    given = InferenceResult.model_validate({**payload(result()), "gen_ai": {"usage": {"input_tokens": 1}}})
+    assert given.gen_ai_read is None
+    assert payload(given)["gen_ai"]["usage"]["input_tokens"] == 120

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, SerializationInfo, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import Field, computed_field, field_validator
 
 from llmbus.contract import semconv as sc
 from llmbus.contract.messages.base import Message, Part
@@ -89,10 +89,19 @@ def gen_ai_object(
 
 
 class WithGenAi(Message):
-    """A message whose payload carries its `gen_ai` object, written from its fields on serialization."""
+    """A message whose payload carries its `gen_ai` object, written from its fields on serialization.
 
-    gen_ai: GenAiAttributes | None = Field(
+    Read, `gen_ai` lands in `gen_ai_read` (validated like any field, then dropped: the fields are the
+    truth); written, it is the computed field `gen_ai`, after every stored field. A computed field
+    leaves the rest of the record to pydantic-core's own serializer: a wrap `model_serializer` made
+    it build the whole record as a Python dict and encode that again (a small result's JSON 7.4 ->
+    15.9 µs).
+    """
+
+    gen_ai_read: GenAiAttributes | None = Field(
         default=None,
+        validation_alias=GEN_AI,
+        exclude=True,
         description="OpenTelemetry GenAI attributes, nested by their dotted names; derived from this record's "
         "fields when it is written, ignored when it is read.",
     )
@@ -101,16 +110,12 @@ class WithGenAi(Message):
         """The record's `gen_ai` object (gen_ai_object); None where no attribute applies."""
         raise NotImplementedError
 
-    @field_validator(GEN_AI, mode="after")
+    @field_validator("gen_ai_read", mode="after")
     @classmethod
     def _derived_not_read(cls, _value: GenAiAttributes | None) -> None:
-        # Validated (so a malformed one is refused like any field) and dropped: the fields are the truth.
         return None
 
-    @model_serializer(mode="wrap")
-    def _with_gen_ai(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        wanted = (info.include is None or GEN_AI in info.include) and not (info.exclude and GEN_AI in info.exclude)
-        if wanted and (attributes := self.gen_ai_attributes()):
-            data[GEN_AI] = attributes
-        return data
+    @computed_field(alias=GEN_AI)  # type: ignore[prop-decorator]
+    @property
+    def gen_ai(self) -> dict[str, Any] | None:
+        return self.gen_ai_attributes() or None
