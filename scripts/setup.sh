@@ -52,10 +52,13 @@ if [ "${LLMBUS_NO_VLLM:-0}" != "1" ]; then
 fi
 # The editable install (pip builds it in an isolated environment: the longest step of an idempotent run,
 # which `make test` pays before pytest starts) only when the venv does not already import this
-# checkout's packages, or pyproject.toml changed since it did.
-installed_at=$(cd / && env -u PYTHONPATH "$VENV/bin/python" -c \
-  'import llmbus, pathlib; print(pathlib.Path(llmbus.__file__).resolve().parents[3])' 2>/dev/null || true)
-editable_mark="$VENV/.llmbus-editable-$(stamp pyproject.toml)"
+# checkout's packages (llmbus from libs/common/, llmbus_services from services/), or pyproject.toml or
+# setup.py (which maps the folders onto the import names) changed since it did.
+installed_at=$(cd / && env -u PYTHONPATH "$VENV/bin/python" -c '
+import pathlib, llmbus, llmbus_services
+roots = {pathlib.Path(llmbus.__file__).resolve().parents[3], pathlib.Path(llmbus_services.__file__).resolve().parents[1]}
+print(roots.pop() if len(roots) == 1 else "")' 2>/dev/null || true)
+editable_mark="$VENV/.llmbus-editable-$(stamp pyproject.toml setup.py)"
 if [ "$installed_at" != "$(pwd -P)" ] || [ ! -f "$editable_mark" ]; then
   "$VENV/bin/pip" install -q --no-deps -e . >/dev/null 2>&1 || "$VENV/bin/pip" install --no-deps -e .
   touch "$editable_mark"
