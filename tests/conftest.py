@@ -101,7 +101,7 @@ def no_module_under_the_old_services_name() -> Iterator[None]:
     so code that builds the old name (a module name from a path) would load a second copy unnoticed.
     Checked at the end of each session (each xdist worker's too)."""
     yield
-    old = sorted(name for name in sys.modules if name == "services" or name.startswith("llmbus_services."))
+    old = sorted(name for name in sys.modules if name == "services" or name.startswith("services."))
     assert not old, f"imported under the old name `services` (now llmbus_services): {old[:10]}"
 
 
