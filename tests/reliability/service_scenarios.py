@@ -124,7 +124,7 @@ async def sigkill_comparator(size: Size, log_dir: Path) -> Outcome:
         try:
             await start_and_wait(stack, [*WORKERS, "w-cand"])
             await rejoined(settings, group, set())
-            comparing = await Comparing(settings, experiment_id).start()
+            comparing = await Comparing(settings, experiment_id, every_request=True).start()
             try:
                 hooks = {at(size, 0.4): faults.spawn(kill_twice(stack, faults, "comparator", group))}
                 return await run_scenario(
