@@ -3,6 +3,7 @@
 # cache outside git, storage formatted once, broker on 127.0.0.1:9092.
 # Usage: deploy/kafka/kafka.sh start|stop|status|fetch|reset   (all idempotent)
 # KAFKA_BROKER_JVM_FLAGS: the broker's JVM flags (default -Xms256m -Xmx768m -XX:+UseG1GC).
+# KAFKA_STOP_GRACE_S: how long `stop` waits for a controlled shutdown before SIGKILL (default 30).
 # A second, private broker (the reliability tests stop and restart one) takes its own port,
 # data dir and name: KAFKA_PORT=19092 KAFKA_DATA_DIR=/tmp/x KAFKA_NAME=kafka-19092 kafka.sh start
 #
@@ -34,6 +35,9 @@ PORT=${KAFKA_PORT:-9092}
 CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((PORT + 1))}
 PROPERTIES=$RUN_DIR/$NAME.server.properties
 READY_TIMEOUT_S=${KAFKA_READY_TIMEOUT_S:-90}
+# How long `stop` waits for a controlled shutdown before SIGKILL. A throwaway test broker (its data
+# removed afterwards) may take 0: on two busy cores its controlled shutdown took up to a minute.
+STOP_GRACE_S=${KAFKA_STOP_GRACE_S:-30}
 AUTH=${KAFKA_AUTH:-none}  # none | scram
 CREDENTIALS=${KAFKA_CREDENTIALS:-$RUN_DIR/$NAME.credentials}
 SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway archive operator analytics"
@@ -224,8 +228,9 @@ stop() {
   if ! pid=$(running_pid); then log "not running"; rm -f "$PID_FILE"; return; fi
   log "stopping pid $pid"
   kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -0 "$pid" 2>/dev/null && { log "still alive after 30s; killing"; kill -KILL "$pid"; }
+  local waits=$((STOP_GRACE_S * 2)) _
+  for ((_ = 0; _ < waits; _++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  kill -0 "$pid" 2>/dev/null && { log "still alive after ${STOP_GRACE_S}s; killing"; kill -KILL "$pid"; }
   rm -f "$PID_FILE"
 }
 
