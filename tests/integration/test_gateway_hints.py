@@ -28,6 +28,7 @@ from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus_tools.harness.openai_server import FakeOpenAIServer
+from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 from tests.support import eventually, gateway_sentinel, results_then_sentinel
 
@@ -37,14 +38,6 @@ SMALL, MID, DEFAULT, STRONG = "qwen2.5-coder-1.5b-instruct", "llama-3.3-70b-inst
 ASK: Any = [{"role": "user", "content": "fix this typo: teh"}]
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,18 +32,13 @@ from llmbus_services.gateway.adapters.server import server_config
 from llmbus_services.gateway.app import _Server
 from llmbus_services.gateway.config import GatewaySettings
 from llmbus_services.gateway.handlers import Gateway, create_app
+from llmbus_tools.harness.ports import free_port
 from tests.support import eventually
 
 pytestmark = pytest.mark.kafka
 
 INSTANCE = "gw-limits"
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

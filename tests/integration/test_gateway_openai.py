@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from llmbus.contract.messages import Control, ControlAction, Dispatch, ErrorCode
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
 from tests.support import eventually, gateway_sentinel, results_then_sentinel
 
@@ -34,12 +34,6 @@ pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 MODEL = "sim-llama-8b"
 ORPHAN = "sim-orphan"  # declared on llm.models, served by nobody
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def policy_file(path: Path) -> Path:

@@ -30,8 +30,8 @@ from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus_tools.harness.openai_server import FakeOpenAIServer, SeenRequest
+from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings, wait_workers_ready
-from tests.integration.test_gateway_openai import free_port
 from tests.support import wait_http_ok
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,12 +23,6 @@ from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus_tools.harness.reliability.stack import MODEL, TENANTS, make_request
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def api_keys(settings: BusSettings) -> dict[str, str]:

@@ -22,6 +22,7 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import ModelSpec
 from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.reliability.effects import Billing, Comparing, Scaling, group_members, live_pids
 from llmbus_tools.harness.reliability.stack import (
     MODEL,
@@ -34,7 +35,7 @@ from llmbus_tools.harness.reliability.stack import (
     start_and_wait,
 )
 from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings
-from tests.reliability.gateway import HttpLoad, api_keys, free_port, wait_ready
+from tests.reliability.gateway import HttpLoad, api_keys, wait_ready
 from tests.reliability.scenarios import NO_ERRORS, WORKERS, Faults, Size, at, run_scenario, running_stack
 
 CANDIDATE = "sim-cand"  # the shadow experiment's candidate model (sigkill_comparator)

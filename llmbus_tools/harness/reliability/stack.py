@@ -28,6 +28,7 @@ from llmbus.client import TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.reliability.effects import COMPARATOR_ENV, COST_ENV, Effect
 from llmbus_tools.harness.reliability.service_rows import service_rows
 from llmbus_tools.harness.service_procs import REPO, ServiceProc, drop_namespace, wait_workers_ready
@@ -44,20 +45,12 @@ ROUTER_ENV = {"LLMBUS_ROUTER_STATE_CATCH_UP_S": "2"}
 SHORT_LIVED_BROKER_JVM_FLAGS = "-Xms256m -Xmx768m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:CICompilerCount=1"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class PrivateKafka:
     """A broker of our own (deploy/kafka/kafka.sh on another port and data dir) that a test may stop."""
 
     run_dir: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
 
     @property
     def bootstrap(self) -> str:
@@ -66,7 +59,7 @@ class PrivateKafka:
     def _script(self, action: str) -> None:
         env = os.environ | {
             "KAFKA_PORT": str(self.port),
-            "KAFKA_CONTROLLER_PORT": str(_free_port()),
+            "KAFKA_CONTROLLER_PORT": str(free_port()),
             "KAFKA_DATA_DIR": str(self.run_dir / "kafka-data"),
             "KAFKA_RUN_DIR": str(self.run_dir),
             "KAFKA_NAME": f"kafka-{self.port}",
@@ -87,7 +80,7 @@ class PrivateRedis:
     """A Redis of our own (deploy/redis/redis.sh on another port, append-only file on) that a test may stop."""
 
     run_dir: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
 
     @property
     def url(self) -> str:
