@@ -228,8 +228,8 @@ stop() {
   if ! pid=$(running_pid); then log "not running"; rm -f "$PID_FILE"; return; fi
   log "stopping pid $pid"
   kill -TERM "$pid" 2>/dev/null || true
-  local waits=$((STOP_GRACE_S * 2)) _
-  for ((_ = 0; _ < waits; _++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  local waits=$((STOP_GRACE_S * 2)) i  # not `_`: bash sets $_ to each command's last argument
+  for ((i = 0; i < waits; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   kill -0 "$pid" 2>/dev/null && { log "still alive after ${STOP_GRACE_S}s; killing"; kill -KILL "$pid"; }
   rm -f "$PID_FILE"
 }

@@ -116,6 +116,24 @@ def test_a_model_nobody_serves_ends_unavailable_after_the_wait_and_a_late_reques
     assert ended["r2"].code == ErrorCode.DEADLINE_EXCEEDED
 
 
+def test_a_wait_limit_reached_before_the_fleet_is_known_waits_for_it() -> None:
+    """A scheduler that started less than a heartbeat timeout ago cannot tell "nobody serves the
+    model" from "not heard yet": a request at its wait limit then keeps waiting, and ends
+    model_unavailable once the fleet is known; its own deadline still ends it on time."""
+    c = core(max_wait_ms=300, heartbeat_timeout_ms=1000)
+    c.tick(NOW_MS)  # the scheduler starts watching
+    c.on_heartbeat(hb("w1", models=["other"]), NOW_MS)
+    c.submit(req(request_id="r1", arrived_at_ms=NOW_MS), NOW_MS)
+    c.submit(req(request_id="r2", arrived_at_ms=NOW_MS, deadline_ms=NOW_MS + 400), NOW_MS)
+    assert c.tick(NOW_MS + 300) == []  # r1 at its wait limit, the fleet not known yet
+    [late] = c.tick(NOW_MS + 400)
+    assert isinstance(late, FinalError) and late.request.request_id == "r2"
+    assert late.error.code == ErrorCode.DEADLINE_EXCEEDED
+    assert c.tick(NOW_MS + 999) == []
+    [unavailable] = [a for a in c.tick(NOW_MS + 1000) if isinstance(a, FinalError)]
+    assert unavailable.request.request_id == "r1" and unavailable.error.code == ErrorCode.MODEL_UNAVAILABLE
+
+
 def test_bounded_queue_answers_queue_full() -> None:
     c = core(max_queued_per_model=2)
     c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS)
@@ -126,10 +144,11 @@ def test_bounded_queue_answers_queue_full() -> None:
 
 
 def test_no_worker_at_all_waits_then_times_out_and_too_long_fails_at_once() -> None:
-    c = core(max_wait_ms=1000)
+    c = core(max_wait_ms=1000, heartbeat_timeout_ms=500)
+    c.tick(NOW_MS)  # the scheduler starts watching
     assert c.submit(req(request_id="r1"), NOW_MS) == []
     [t] = c.tick(NOW_MS + 1000)
-    assert t.error.code == ErrorCode.DEADLINE_EXCEEDED
+    assert t.error.code == ErrorCode.MODEL_UNAVAILABLE
     c.on_heartbeat(hb("w1", max_model_len=100), NOW_MS + 1000)
     [e] = c.submit(req(90, 20, request_id="r2"), NOW_MS + 1000)
     assert e.error.code == ErrorCode.PROMPT_TOO_LONG

@@ -72,7 +72,8 @@ def test_one_tenant_cannot_fill_the_queue_others_still_get_in() -> None:
 
 
 def test_empty_model_queues_are_dropped() -> None:
-    c = core(max_wait_ms=1_000)
+    c = core(max_wait_ms=1_000, heartbeat_timeout_ms=500)
+    c.tick(NOW_MS)  # the scheduler starts watching
     for i in range(200):
         c.submit(req(request_id=f"r{i}", model=f"model-{i}"), NOW_MS)  # every name seen once
     assert len(c.queues.by_model) == 200

@@ -130,9 +130,16 @@ class ModelQueue:
                     break
         return placed
 
-    def expire(self, now_ms: int) -> list[SchedRequest]:
-        """Remove and return requests whose deadline (or wait limit) has passed."""
-        late = [r for r in self._ids.values() if now_ms >= self.expires_at_ms(r)]
+    def expire(self, now_ms: int, wait_limit: bool = True) -> list[SchedRequest]:
+        """Remove and return requests whose deadline (or wait limit) has passed.
+
+        `wait_limit=False` ends only requests past their own deadline: the others keep waiting.
+        """
+
+        def late_at(r: SchedRequest) -> int | None:
+            return self.expires_at_ms(r) if wait_limit else r.deadline_ms
+
+        late = [r for r in self._ids.values() if (at := late_at(r)) is not None and now_ms >= at]
         for r in late:
             self.remove(r.key)
         return late

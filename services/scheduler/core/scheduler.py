@@ -191,7 +191,9 @@ class SchedulerCore:
                     queue.remove(request.key)
                     unavailable = ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {model!r}")
                     actions.append(self._final(request, unavailable))
-            for request in queue.expire(now_ms):
+            # Until the fleet is known, a request's wait limit cannot tell "nobody serves it" from
+            # "not heard yet": only its own deadline ends it then.
+            for request in queue.expire(now_ms, wait_limit=self._fleet_known(now_ms)):
                 actions.append(self._final(request, self._expired_error(request, now_ms)))
         actions += self._release(now_ms)
         self.queues.prune()
@@ -274,6 +276,11 @@ class SchedulerCore:
             ErrorCode.DEADLINE_EXCEEDED, f"no worker took it before its deadline (attempt {request.attempt})"
         )
 
+    def _fleet_known(self, now_ms: int) -> bool:
+        """A heartbeat timeout after the first tick every live worker has been heard from."""
+        since = self.watching_since_ms
+        return since is not None and now_ms - since >= self.recovery.heartbeat_timeout_ms
+
     def _nobody_serves(self, model: str, now_ms: int) -> bool:
         """True once the fleet is known (a heartbeat timeout after start) and no live worker lists the model.
 
@@ -282,7 +289,7 @@ class SchedulerCore:
         A DEGRADED worker (its upstream failing) serves nothing until its probe succeeds, so it counts
         as absent: with every hosted worker of a model degraded, the fallback model answers.
         """
-        if self.watching_since_ms is None or now_ms - self.watching_since_ms < self.recovery.heartbeat_timeout_ms:
+        if not self._fleet_known(now_ms):
             return False
         timeout_ms = self.recovery.heartbeat_timeout_ms
         return not any(
