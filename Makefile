@@ -39,10 +39,11 @@ demo: ## stream one answer through the running stack
 down: ## stop the services (they drain), then Kafka and Redis
 	@if [ -x $(VENV)/bin/llmbus ]; then $(VENV)/bin/llmbus down; else deploy/kafka/kafka.sh stop; deploy/redis/redis.sh stop; fi
 
-# make test runs the tests on TEST_WORKERS pytest-xdist processes: most of the suite waits on the broker
-# and on service processes, not on the cores, so several run at once even on 2 cores. Tests that share
-# one resource (the vLLM engine, the secured broker, a module's stack) stay on one worker, and the slow
-# ones start first (tests/xdist_groups.py). TEST_WORKERS=0 runs them in one process.
+# make test runs the tests on TEST_WORKERS pytest-xdist processes. Tests that share one resource (the
+# vLLM engine, the secured broker, a module's stack) stay on one worker, and the slow ones start first
+# (tests/xdist_groups.py). TEST_WORKERS=0 runs them in one process. With 4 workers the two cores are
+# busy for the whole run, so the wall time follows the CPU the tests burn: PYTEST_ARGS="-p tests.cpu_usage"
+# records it per test (`python -m tests.cpu_usage` sums it per module).
 TEST_WORKERS ?= 4
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
 	@LLMBUS_TEST_SWEEP=1 $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long and not analytics" \
