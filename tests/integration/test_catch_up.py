@@ -33,8 +33,8 @@ async def topic(kafka_up: None) -> AsyncIterator[tuple[BusSettings, str]]:
 async def transactional_write(settings: BusSettings, topic: str, value: bytes) -> None:
     """One committed record on partition 0: its commit marker takes the offset after it."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, transactional_id=f"{topic}-tx")
-    await asyncio.wait_for(producer.start(), 30)
     try:
+        await asyncio.wait_for(producer.start(), 30)
         async with producer.transaction():
             await asyncio.wait_for(producer.send_and_wait(topic, value, partition=0), 30)
     finally:
@@ -58,8 +58,8 @@ async def test_reads_every_record_below_the_ends_and_stops_there(topic: tuple[Bu
     await produce(settings, name, before)
     await transactional_write(settings, name, b"in-a-transaction")
     consumer = group_less(settings, name)
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         # The coordinator writes the commit marker after the commit returns: until then the
         # read_committed end (the last stable offset) stays below the transaction's record.
         deadline = asyncio.get_running_loop().time() + 30
@@ -82,8 +82,8 @@ async def test_a_partition_short_of_its_end_fails_at_the_deadline(topic: tuple[B
     settings, name = topic
     await produce(settings, name, [(0, b"only")])
     consumer = group_less(settings, name)
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         ends = await assigned_ends(consumer, 30)
         beyond = {tp: end + 1 for tp, end in ends.items()}  # an offset that will not be written
         started = asyncio.get_running_loop().time()
@@ -98,8 +98,8 @@ async def test_a_partition_short_of_its_end_fails_at_the_deadline(topic: tuple[B
 
 async def test_waiting_for_partitions_that_never_come_is_bounded(kafka_up: None) -> None:
     consumer = group_less(fresh_settings())  # subscribed to nothing: no partition will ever come
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         started = asyncio.get_running_loop().time()
         with pytest.raises(TimeoutError):
             await wait_assigned(consumer, 1)

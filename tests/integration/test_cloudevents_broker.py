@@ -25,8 +25,8 @@ async def read_one(settings: BusSettings, topic: str, timeout_s: float = 30) -> 
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=settings.kafka_bootstrap, group_id=None, auto_offset_reset="earliest"
     )
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         record = await asyncio.wait_for(consumer.getone(), timeout_s)
     finally:
         await asyncio.wait_for(consumer.stop(), 30)

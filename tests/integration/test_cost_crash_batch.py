@@ -41,8 +41,8 @@ async def offsets(settings: BusSettings, topic: str, group: str | None) -> dict[
             committed = await asyncio.wait_for(admin.list_consumer_group_offsets(group), 30)
         return {tp.partition: meta.offset for tp, meta in committed.items() if tp.topic == topic}
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         parts = [
             TopicPartition(topic, p) for p in range(t.BY_NAME[topic.removeprefix(settings.topic_prefix)].partitions)
         ]
@@ -57,9 +57,9 @@ async def cost_log(settings: BusSettings, topic: str) -> list[CostRecord]:
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
     )
-    await asyncio.wait_for(consumer.start(), 30)
     out: list[CostRecord] = []
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         parts = {TopicPartition(topic, p): end for p, end in ends.items() if end > 0}
         consumer.assign(list(parts))
         async for record in read_to_end(consumer, parts, 60, call_timeout_s=30):

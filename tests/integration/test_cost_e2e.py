@@ -57,9 +57,9 @@ async def read_log(settings: BusSettings, topic: str, model: type[Message], time
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
-    await asyncio.wait_for(consumer.start(), 30)
     out = []
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         ends = await assigned_ends(consumer, 30)
         async for record in read_to_end(consumer, ends, timeout_s, call_timeout_s=30):
             out.append(decode(record, model))  # type: ignore[arg-type]
@@ -70,8 +70,8 @@ async def read_log(settings: BusSettings, topic: str, model: type[Message], time
 
 async def end_offsets(settings: BusSettings, topic: str, partitions: int) -> dict[int, int]:
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         ends = await asyncio.wait_for(consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)]), 30)
     finally:
         await asyncio.wait_for(consumer.stop(), 30)

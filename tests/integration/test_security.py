@@ -115,8 +115,8 @@ async def produce_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic:
 async def produce_as_with(settings: BusSettings, topic: str, value: object, key: str) -> None:
     prefix = settings.topic_prefix
     producer = make_producer(settings, client_id=f"test-{settings.kafka_sasl_username}")
-    await asyncio.wait_for(producer.start(), 30)
     try:
+        await asyncio.wait_for(producer.start(), 30)
         payload = value.to_bytes() if hasattr(value, "to_bytes") else bytes(value)  # type: ignore[call-overload]
         await asyncio.wait_for(
             producer.send_and_wait(t.Topics(prefix).name(topic), payload, key=key.encode(), partition=0), 20
@@ -135,9 +135,9 @@ async def read_as(secured_kafka: SecuredKafka, user: str, prefix: str, topic: st
         bootstrap_servers=secured_kafka.bootstrap,
         **kafka_auth(secured_kafka.settings(user, prefix)),
     )
-    await asyncio.wait_for(consumer.start(), 30)
     values: list[bytes] = []
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         consumer.assign([TopicPartition(name, 0)])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -390,8 +390,8 @@ async def commit_in_group(secured_kafka: SecuredKafka, user: str, prefix: str, t
         bootstrap_servers=secured_kafka.bootstrap,
         **kafka_auth(secured_kafka.settings(user, prefix)),
     )
-    await asyncio.wait_for(consumer.start(), 30)
     try:
+        await asyncio.wait_for(consumer.start(), 30)
         record = await asyncio.wait_for(consumer.getone(), 30)
         await asyncio.wait_for(consumer.commit(), 10)
         assert record.value is not None
@@ -432,9 +432,9 @@ async def test_a_reader_principal_reads_what_it_needs_and_nothing_else(
     producer = AIOKafkaProducer(  # a plain producer (no idempotence): each topic answers for itself
         bootstrap_servers=secured_kafka.bootstrap, **kafka_auth(secured_kafka.settings(user, prefix))
     )
-    await asyncio.wait_for(producer.start(), 30)
     refused_writes = []
     try:
+        await asyncio.wait_for(producer.start(), 30)
         for topic in sorted(topics):
             send = producer.send_and_wait(t.Topics(prefix).name(topic), b"{}", key=b"k", partition=0)
             try:

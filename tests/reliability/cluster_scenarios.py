@@ -61,8 +61,8 @@ async def leader_load(settings: BusSettings) -> tuple[Counter[int], dict[str, ob
     tokens = topics.name(t.TOKENS)
     token_leaders = sorted(leader for tp, leader in leaders.items() if tp.topic == tokens)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
     try:
+        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         ends = await asyncio.wait_for(consumer.end_offsets(list(leaders)), settings.admin_timeout_s)
     finally:
         await asyncio.wait_for(consumer.stop(), settings.admin_timeout_s)
