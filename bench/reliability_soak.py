@@ -432,7 +432,9 @@ def plot(result: dict, path: Path) -> None:
     axes[2].legend(fontsize=8)
     for key in ("sent", "complete", "lost"):
         axes[3].plot(xs, [s.get("http", {}).get(key, 0) for s in samples], label=f"HTTP {key}")
-    axes[3].plot(xs, [s.get("billed", 0) for s in samples], label="results billed (llm.costs, since the load)")
+    axes[3].plot(
+        xs, [s.get("billed", 0) for s in samples], label="cost records read on llm.costs (distinct request ids)"
+    )
     axes[3].set_ylabel("requests (cumulative)")
     axes[3].set_xlabel("minutes")
     axes[3].legend(fontsize=8)
