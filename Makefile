@@ -98,7 +98,7 @@ reliability-cluster: infra ## the leader-SIGKILL scenario on a private 3-broker 
 	  $(PY) -m pytest -q -p no:cacheprovider -s -m kafka_cluster tests/reliability $(PYTEST_ARGS)
 
 SOAK_MINUTES ?= 30
-soak: infra ## steady load at half the measured maximum for SOAK_MINUTES (30); RSS, Redis keys, lag → bench/reports/soak.*
+soak: infra ## steady load (a quarter over the gateway) at half the measured maximum for SOAK_MINUTES (30): RSS, Redis keys, lag, HTTP answers, billing once → bench/reports/soak.*
 	@$(PY) -m bench.reliability_soak --minutes $(SOAK_MINUTES)
 
 plan: setup ## the capacity planner's case study (report + PNG in bench/reports/)
