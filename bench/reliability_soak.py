@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import random
 import shlex
@@ -57,14 +56,13 @@ from llmbus.audit.bills import check_bills
 from llmbus.bus.admin import open_admin
 from llmbus.client import LlmbusClient
 from llmbus.contract import topics as t
-from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.reliability.effects import Billing, costs_in, group_members, results_in
+from llmbus_tools.harness.reliability.gateway import api_keys, wait_ready
 from llmbus_tools.harness.reliability.stack import (
     MODEL,
-    TENANTS,
     Answers,
     Load,
     Stack,
@@ -139,27 +137,6 @@ async def sample(
         "http": {"sent": http.sent, "complete": http.complete, "lost": sum(http.lost.values())},
         "billed": len(billing.billed),
     }
-
-
-async def api_keys(settings: BusSettings) -> dict[str, str]:
-    """One gateway API key per load tenant (the gateway takes the tenant from the key)."""
-    redis = redis_client(settings.redis_url)
-    try:
-        store = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix))
-        return {tenant: (await store.create(tenant))[0] for tenant in TENANTS}
-    finally:
-        await redis.aclose()
-
-
-async def wait_ready(base_url: str, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if (await http.get(f"{base_url}/ready", timeout=2)).status_code == 200:
-                    return
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"gateway at {base_url} not ready within {timeout_s}s")
 
 
 async def wait_group(settings: BusSettings, group: str, timeout_s: float = 120) -> None:

@@ -24,6 +24,7 @@ from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.ports import free_port
 from llmbus_tools.harness.reliability.effects import Billing, Comparing, Scaling, group_members, live_pids
+from llmbus_tools.harness.reliability.gateway import api_keys, wait_ready
 from llmbus_tools.harness.reliability.stack import (
     MODEL,
     Answers,
@@ -35,7 +36,7 @@ from llmbus_tools.harness.reliability.stack import (
     start_and_wait,
 )
 from llmbus_tools.harness.service_procs import ServiceProc, fresh_settings
-from tests.reliability.gateway import HttpLoad, api_keys, wait_ready
+from tests.reliability.gateway import HttpLoad
 from tests.reliability.scenarios import NO_ERRORS, WORKERS, Faults, Size, at, run_scenario, running_stack
 
 CANDIDATE = "sim-cand"  # the shadow experiment's candidate model (sigkill_comparator)
