@@ -15,6 +15,7 @@ import pytest
 
 from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.forkserver import ENABLE_ENV as FORKSERVER_ENV
 from llmbus_tools.harness.service_procs import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
 from tests import xdist_groups
 from tests.leaks import describe, leftovers
@@ -53,7 +54,12 @@ def pytest_configure(config: pytest.Config) -> None:
     Off by default: a sweep would also drop the topics of another test run going on at the same time.
     Done here, once, before any test starts: under pytest-xdist this runs in the controller before the
     workers exist (a worker sweeping would drop the namespaces its siblings are using).
+
+    Service processes come from a fork server (llmbus_tools.harness.forkserver) unless
+    LLMBUS_FORKSERVER=0: each would otherwise spend a CPU-second on its imports, and the suite is
+    bound by CPU.
     """
+    os.environ.setdefault(FORKSERVER_ENV, "1")
     is_xdist_worker = hasattr(config, "workerinput")
     if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker and _answers("127.0.0.1", 9092):
         asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))

@@ -2,8 +2,9 @@
 
 On two cores the suite is bound by CPU, not by waiting: the wall time can only fall as far as the CPU
 it burns allows (busy CPU-seconds / 2 cores). This plugin writes, per test, the CPU-seconds of the
-xdist worker (user + system) and of the child processes it reaped during the test (services started
-with ServiceProc, CLI runs, private brokers), and the processes it launched:
+xdist worker (user + system) and of the child processes that exited during the test (CLI runs and
+private brokers it reaped; services started with ServiceProc, whose CPU the fork server reports), and
+the processes it launched:
 
     make test PYTEST_ARGS="-p tests.cpu_usage"     # rows in $LLMBUS_TEST_CPU_DIR (default /tmp/llmbus-test-cpu)
     python -m tests.cpu_usage [DIR] [--top 30]     # per module: CPU-s, wall, service processes started
@@ -28,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from llmbus_tools.harness import forkserver
+
 DIR_ENV = "LLMBUS_TEST_CPU_DIR"
 DEFAULT_DIR = "/tmp/llmbus-test-cpu"
 
@@ -44,7 +47,16 @@ def _recording_init(self: subprocess.Popen[Any], args: Any, *more: Any, **kw: An
 
 def _cpu_s() -> tuple[float, float]:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+    server = forkserver.current()
+    if server is not None:  # its children are reaped by the fork server, which reports their CPU
+        server.collect(0)
+    forked = server.reaped_cpu_s if server is not None else 0.0
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime + forked
+
+
+def _forked() -> list[str]:
+    server = forkserver.current()
+    return server.spawned if server is not None else []
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -56,7 +68,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
-    launched_before, (own0, children0), started = len(_launched), _cpu_s(), time.monotonic()
+    launched_before, forked_before = len(_launched), len(_forked())
+    (own0, children0), started = _cpu_s(), time.monotonic()
     yield
     own1, children1 = _cpu_s()
     row = {
@@ -64,7 +77,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         "wall_s": round(time.monotonic() - started, 3),
         "cpu_s": round(own1 - own0, 3),
         "children_cpu_s": round(children1 - children0, 3),
-        "launched": _launched[launched_before:],
+        "launched": _launched[launched_before:] + _forked()[forked_before:],
     }
     out = item.config.stash[_OUT]
     out.write(json.dumps(row) + "\n")

@@ -17,6 +17,7 @@ from llmbus.bus.admin import delete_topics_matching
 from llmbus.client import ready_workers
 from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
+from llmbus_tools.harness.forkserver import ForkedProcess, server_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,13 +46,17 @@ class ServiceProc:
     log_dir: Path = Path("/tmp")
     name: str = ""
     cwd: Path = REPO  # another checkout (a benchmark's baseline) runs its own code
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedProcess | None = None
 
     def start(self) -> ServiceProc:
         self.name = self.name or self.module.rsplit(".", 1)[-1]
         self.log_path = self.log_dir / f"{self.settings.topic_prefix}{self.name}.log"
         env = os.environ | bus_env(self.settings) | self.env
-        self.proc = spawn_module(self.module, env=env, log_path=self.log_path, cwd=self.cwd)
+        server = server_for(env, self.cwd, python_args=())
+        if server is not None:  # the tests' fork server: the same process, without paying its imports again
+            self.proc = server.spawn(self.module, env=env, log_path=self.log_path)
+        else:
+            self.proc = spawn_module(self.module, env=env, log_path=self.log_path, cwd=self.cwd)
         return self
 
     def kill(self) -> None:
@@ -70,12 +75,11 @@ class ServiceProc:
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise
-        return self.proc.returncode
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
 
     def log_tail(self, lines: int = 40) -> str:
         try:
