@@ -36,6 +36,13 @@ async def drop_namespace(settings: BusSettings) -> None:
     await delete_topics_matching(settings, re.compile(re.escape(settings.topic_prefix)))
 
 
+def _session_of(pid: int) -> int | None:
+    try:
+        return os.getsid(pid)
+    except ProcessLookupError:
+        return None
+
+
 @dataclass
 class ServiceProc:
     """One service as its own process, with its log kept for the test's report."""
@@ -60,10 +67,17 @@ class ServiceProc:
         return self
 
     def kill(self) -> None:
-        """SIGKILL: no drain, no commit — what a crash looks like. Its children (vLLM's engine
-        processes) go too: a crashed host takes them with it, and orphans would keep busy-polling."""
+        """SIGKILL: no drain, no commit — what a crash looks like. Its children in its own session
+        (vLLM's engine processes) go too: a crashed host takes them with it, and orphans would keep
+        busy-polling. Processes it started in a session of their own (the autoscaler's detached
+        workers) outlive it, as they would a crash of that process alone."""
         if self.proc and self.proc.poll() is None:
-            children = psutil.Process(self.proc.pid).children(recursive=True)
+            session = os.getsid(self.proc.pid)
+            children = [
+                child
+                for child in psutil.Process(self.proc.pid).children(recursive=True)
+                if _session_of(child.pid) == session
+            ]
             self.proc.kill()
             self.proc.wait(timeout=10)
             for child in children:

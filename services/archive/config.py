@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from llmbus.archive.layout import DEFAULT_ROOT
+from llmbus.archive.layout import default_root
 
 
 class ArchiveSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLMBUS_ARCHIVE_", extra="ignore")
 
-    dir: Path = DEFAULT_ROOT  # the archive's root directory (a volume in the shipped stacks)
+    dir: Path = Field(default_factory=default_root)  # the archive's root directory (a volume in the shipped stacks)
     prompts: bool = True  # archive llm.requests too (the prompts `llmbus export rlhf` joins); False: never a prompt
     batch_max_records: int = 5000  # records per batch, so per Parquet file at most
     fetch_max_wait_ms: int = 2000  # the broker holds a fetch this long to fill it: fewer, larger files

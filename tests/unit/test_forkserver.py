@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -92,3 +93,34 @@ def test_the_servers_interpreter_is_this_one(server: ForkServer, tmp_path: Path)
     log = tmp_path / "exe.log"
     assert server.spawn("fs_exe", env=_env(), log_path=log).wait(30) == 0
     assert log.read_text().strip() == sys.executable
+
+
+def _environment_reads_at_import(path: Path) -> list[int]:
+    """Lines of `path` that read os.environ / os.getenv outside every function body: run at import."""
+    found: list[int] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        is_os = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os"
+        if is_os and node.attr in ("environ", "getenv"):  # type: ignore[attr-defined]
+            found.append(node.lineno)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+def test_no_service_or_library_module_reads_the_environment_at_import() -> None:
+    """The fork server imports the services' modules once, with its own environment: a value read at
+    import would be the server's in every child, not the child's (LLMBUS_CACHE was, and an autoscaler's
+    workers wrote their pid files to the wrong directory). Read settings when they are used."""
+    repo = Path(__file__).resolve().parents[2]
+    offenders = {
+        str(path.relative_to(repo)): lines
+        for root in ("libs/common/llmbus", "services")
+        for path in sorted((repo / root).rglob("*.py"))
+        if (lines := _environment_reads_at_import(path))
+    }
+    assert offenders == {}

@@ -27,6 +27,7 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
+from llmbus.state.fencing import FirstClaim
 from llmbus_services.engine_worker.adapters.engines.openai_http import _status_error
 from llmbus_services.engine_worker.config import WorkerSettings
 from llmbus_services.engine_worker.core.engine import EngineDead, EngineError, EngineOutput, EngineRequest, EngineStats
@@ -67,6 +68,7 @@ class MemoryFence:
     def __init__(self) -> None:
         self.final: dict[str, str] = {}
         self.fence: dict[str, int] = {}
+        self.claimed: dict[str, int] = {}  # when a claim was first taken, until the result is marked done
 
     async def superseded(self, request_id: str, attempt: int) -> bool:
         if self.fence.get(request_id, 0) > attempt:
@@ -79,8 +81,18 @@ class MemoryFence:
         self.final[request_id] = f"pending:{attempt}"
         return True
 
+    async def claim_first(self, request_id: str, attempt: int, now_ms: int) -> FirstClaim:
+        pending_before = request_id in self.final
+        if not await self.claim_final(request_id, attempt):
+            return FirstClaim(claimed=False)
+        if (earlier := self.claimed.get(request_id)) is not None:
+            return FirstClaim(claimed=True, after_earlier=True, earlier_claim_ms=earlier)
+        self.claimed[request_id] = now_ms
+        return FirstClaim(claimed=True, after_earlier=pending_before)
+
     async def final_published(self, request_id: str, attempt: int) -> None:
         self.final[request_id] = f"done:{attempt}"
+        self.claimed.pop(request_id, None)
 
 
 class ScriptedEngine:

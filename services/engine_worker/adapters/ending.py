@@ -28,7 +28,7 @@ import logging
 import time
 
 from llmbus.bus import Bus, PublishTimeout
-from llmbus.bus.replies import publish_result_with_final
+from llmbus.bus.replies import publish_result_with_final, result_out_since
 from llmbus.contract import topics as t
 from llmbus.contract.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus
 from llmbus.state.fencing import RequestFence, claim_kept
@@ -63,8 +63,16 @@ class AttemptEnd:
         """
         # The claim is taken while the last content chunks are still in flight: it gates only the
         # final records (a superseded attempt's chunks are dropped by readers on their attempt).
-        if not await self.fence.claim_final(dispatch.request_key, dispatch.attempt):
+        claim = await self.fence.claim_first(dispatch.request_key, dispatch.attempt, int(time.time() * 1000))
+        if not claim.claimed:
             log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
+            await self.outcome(dispatch, OutcomeStatus.DUPLICATE)
+            return
+        if claim.after_earlier and (out := await self._result_already_out(dispatch, claim.earlier_claim_ms)):
+            # The earlier claimant died (or stalled past its lease) after its result was written and
+            # before it marked it done: that result is the answer, this one is not sent.
+            log.warning("%s: attempt %d's result is already out; this one publishes none", dispatch.dedupe_key, out)
+            await self.fence.final_published(dispatch.request_key, out)
             await self.outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
         retry_for_s = self.bus.settings.publish_retry_s
@@ -85,6 +93,15 @@ class AttemptEnd:
             await self._outcome_beside_marker(dispatch, status, result)
         except Exception as exc:
             raise ResultOut(dispatch.dedupe_key) from exc
+
+    async def _result_already_out(self, dispatch: Dispatch, earlier_claim_ms: int | None) -> int | None:
+        """The attempt whose result is out since the earlier claim (its time unknown: since this
+        attempt's dispatch), None if none. Raises when llm.results cannot be read: the request then
+        goes round again rather than risk a second result."""
+        since_ms = earlier_claim_ms if earlier_claim_ms is not None else dispatch.dispatched_at_ms
+        return await result_out_since(
+            self.bus.settings, self.bus.topics, dispatch.request_key, dispatch.request_id, since_ms
+        )
 
     async def outcome(
         self,

@@ -17,9 +17,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
-DEFAULT_ROOT = (
-    Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus")) / "archive"
-)  # LLMBUS_ARCHIVE_DIR (the stacks: a volume)
+
+def default_root() -> Path:
+    """`$LLMBUS_CACHE/archive`, read when asked (LLMBUS_ARCHIVE_DIR overrides it; the stacks: a volume)."""
+    return Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus")) / "archive"
+
+
 MANIFESTS = "_manifests"
 DATA_SUFFIX = ".parquet"
 TMP_SUFFIX = ".tmp"

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from prometheus_client import Counter
 
 from llmbus.bus.producer import Publisher, worth_resending
+from llmbus.bus.tables import read_since
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
     DEFAULT_REPLY_TOPIC,
@@ -23,6 +24,8 @@ from llmbus.contract.messages import (
     ResultStatus,
     TokenChunk,
 )
+from llmbus.contract.request_key import RequestKey
+from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
 REPLY_FAILURES = Counter(
@@ -31,6 +34,8 @@ REPLY_FAILURES = Counter(
 # How long a final answer is retried (a broker restart included) before its publisher gives up.
 # Its request's final marker is taken: giving up early could only mean no answer at all.
 RESULT_RETRY_S = 300.0
+# Claim times come from the claimants' clocks: a result is looked for from a minute before one.
+CLOCK_SKEW_MS = 60_000
 
 
 async def publish_result(
@@ -177,3 +182,21 @@ async def publish_error(
     )
     await publish_result(publisher, topics, result, reply_topic)
     return result
+
+
+async def result_out_since(
+    settings: BusSettings, topics: t.Topics, key: RequestKey, request_id: str, since_ms: int
+) -> int | None:
+    """The attempt whose result for `key` is on llm.results since `since_ms` (less the clocks' skew),
+    None if there is none. For a claimant that took over from one that never marked its result done
+    (llmbus.state.fencing's `claimed`): that result may be out. Reads only the request's partition,
+    to its end as of now; raises when it cannot (answering blind could be a second result)."""
+    results = await read_since(
+        settings,
+        topics.name(t.RESULTS),
+        InferenceResult,
+        since_ms - CLOCK_SKEW_MS,
+        timeout_s=settings.admin_timeout_s,
+        key=request_id,
+    )
+    return next((r.attempt for r in results if r.request_key == key), None)

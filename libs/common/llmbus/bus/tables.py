@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from llmbus.bus.admin import open_admin
 from llmbus.bus.catch_up import assigned_ends, first_records, read_to_end
 from llmbus.bus.codec import BadMessage, decode
+from llmbus.bus.partitioner import partition_for
 from llmbus.bus.security import kafka_auth
 from llmbus.contract.messages import Message
 from llmbus.settings import BusSettings
@@ -70,14 +71,20 @@ async def _read(settings: BusSettings, topic: str, model: type[M], timeout_s: fl
     return records
 
 
-async def read_since(settings: BusSettings, topic: str, model: type[M], since_ms: int, timeout_s: float) -> list[M]:
+async def read_since(
+    settings: BusSettings, topic: str, model: type[M], since_ms: int, timeout_s: float, key: str | None = None
+) -> list[M]:
     """Every message of `topic` whose record was written at or after `since_ms`, up to the end offsets
-    as of now (undecodable records skipped). Raises NotReadToEnd (a TimeoutError) if not read to the end in time."""
+    as of now (undecodable records skipped); with `key`, only the partition that key's records go to.
+    Raises NotReadToEnd (a TimeoutError) if not read to the end in time."""
     consumer = reader(settings)
     out: list[M] = []
     try:
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         tps = await partitions_of(settings, [topic])
+        if key is not None:
+            numbers = [tp.partition for tp in tps]
+            tps = [TopicPartition(topic, partition_for(key.encode(), numbers, numbers))]
         consumer.assign(tps)
         ends = await asyncio.wait_for(consumer.end_offsets(tps), settings.admin_timeout_s)
         starts = await asyncio.wait_for(consumer.offsets_for_times(dict.fromkeys(tps, since_ms)), timeout_s)

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from llmbus.archive.compact import CompactionBusy, compact
-from llmbus.archive.layout import DEFAULT_ROOT
+from llmbus.archive.layout import default_root
 
 console = Console()
 archive_app = typer.Typer(help="Maintain the archive (LLMBUS_ARCHIVE_DIR)", no_args_is_help=True)
@@ -19,7 +19,7 @@ archive_app = typer.Typer(help="Maintain the archive (LLMBUS_ARCHIVE_DIR)", no_a
 @archive_app.command("compact")
 def compact_archive(
     archive: Path = typer.Option(
-        Path(os.environ.get("LLMBUS_ARCHIVE_DIR", str(DEFAULT_ROOT))), help="the archive's directory"
+        Path(os.environ.get("LLMBUS_ARCHIVE_DIR", str(default_root()))), help="the archive's directory"
     ),
     before: str | None = typer.Option(None, help="compact days before this one, YYYY-MM-DD (default: today, UTC)"),
     min_files: int = typer.Option(2, min=2, help="leave a directory with fewer files as it is"),

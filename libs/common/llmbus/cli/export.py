@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from llmbus.archive import read, rlhf
-from llmbus.archive.layout import DEFAULT_ROOT, day_of
+from llmbus.archive.layout import day_of, default_root
 
 console = Console()
 export_app = typer.Typer(help="Export from the archive (LLMBUS_ARCHIVE_DIR) for offline use", no_args_is_help=True)
@@ -53,7 +53,7 @@ def export_rlhf(
     since: str = typer.Option("7d", help="answers completed since: 7d, 12h, a date or an ISO time"),
     tenant: str | None = typer.Option(None, help="one tenant (default: every tenant)"),
     archive: Path = typer.Option(
-        Path(os.environ.get("LLMBUS_ARCHIVE_DIR", str(DEFAULT_ROOT))), help="the archive's directory"
+        Path(os.environ.get("LLMBUS_ARCHIVE_DIR", str(default_root()))), help="the archive's directory"
     ),
     unlabelled: bool = typer.Option(False, "--unlabelled", help="also answers nobody gave feedback on"),
 ) -> None:

@@ -63,7 +63,7 @@ def up(
     ready = asyncio.run(_wait_ready(settings, workers + len(stack.TIER_FLEET), timeout_s=120))
     console.print(f"{ready} worker(s) ready: every model of the default policy is served")
     if demo:
-        stack.stack_auth.speak_as_tenant(detached.RUN_DIR)
+        stack.stack_auth.speak_as_tenant(detached.run_dir())
         chat(
             "Explain in one sentence why Kafka suits LLM request routing.",
             model=AUTO_MODEL,

@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 
 from llmbus.cli import stack_auth
 from llmbus.process import detached
-from llmbus.process.detached import REPO, RUN_DIR, ServiceProcess
+from llmbus.process.detached import REPO, ServiceProcess, run_dir
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 
@@ -38,7 +38,7 @@ async def persist_redis(settings: BusSettings) -> None:
     finally:
         await client.aclose()
     if stack_auth.secured():
-        stack_auth.secure_broker(RUN_DIR)
+        stack_auth.secure_broker(run_dir())
 
 
 def infra_down() -> None:
@@ -48,7 +48,7 @@ def infra_down() -> None:
 
 def start(proc: ServiceProcess) -> int:
     """Start a stack process as its own principal on a secured stack (llmbus.cli.stack_auth)."""
-    return detached.start(proc, stack_auth.service_env(RUN_DIR, proc.module))
+    return detached.start(proc, stack_auth.service_env(run_dir(), proc.module))
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,6 @@ def _static_sim_workers() -> int:
 
 
 def running_services() -> list[ServiceProcess]:
-    if not RUN_DIR.exists():
+    if not run_dir().exists():
         return []
-    return [ServiceProcess(p.stem, "") for p in sorted(RUN_DIR.glob("*.pid")) if p.stem not in ("kafka", "redis")]
+    return [ServiceProcess(p.stem, "") for p in sorted(run_dir().glob("*.pid")) if p.stem not in ("kafka", "redis")]

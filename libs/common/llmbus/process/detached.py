@@ -18,8 +18,12 @@ from pathlib import Path
 from llmbus.process.launch import spawn_module
 
 REPO = Path(__file__).resolve().parents[4]
-CACHE = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus"))
-RUN_DIR = CACHE / "run"
+
+
+def run_dir() -> Path:
+    """Where the pid and log files are: `$LLMBUS_CACHE/run` (default ~/.cache/llmbus/run), read at each
+    call, so a process started with another LLMBUS_CACHE (the autoscaler's test stack) uses its own."""
+    return Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus")) / "run"
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,11 @@ class ServiceProcess:
 
     @property
     def pid_file(self) -> Path:
-        return RUN_DIR / f"{self.name}.pid"
+        return run_dir() / f"{self.name}.pid"
 
     @property
     def log_file(self) -> Path:
-        return RUN_DIR / f"{self.name}.log"
+        return run_dir() / f"{self.name}.log"
 
 
 def pid_of(proc: ServiceProcess) -> int | None:
@@ -50,7 +54,7 @@ def start(proc: ServiceProcess, extra_env: Mapping[str, str] | None = None) -> i
     """Start `proc` unless it runs (its pid either way); `extra_env` over this process's and proc's own."""
     if (pid := pid_of(proc)) is not None:
         return pid
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    run_dir().mkdir(parents=True, exist_ok=True)
     env = os.environ | proc.env | dict(extra_env or {})
     child = spawn_module(proc.module, env=env, log_path=proc.log_file, cwd=REPO, own_session=True)
     proc.pid_file.write_text(str(child.pid))

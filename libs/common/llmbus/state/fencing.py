@@ -19,6 +19,10 @@ and every worker together once `llm.dispatch` is drained. The old markers expire
   `done:<attempt>` after. A redelivered Dispatch of the same attempt may take over its own
   pending claim (the worker died between claim and publish). The scheduler's final errors
   (deadline, max attempts) take it as `done:scheduler` and raise the fence past every attempt.
+- `claimed:<request id>` — when a worker first claimed the result (ms), kept until `done` is set.
+  A claim that finds it took over from a claimant that never marked `done`: one that died, or whose
+  lease lapsed, between its claim and its mark, so its result may be out. `claim_first` says so,
+  and the worker reads `llm.results` from that time before it publishes (engine_worker's ending).
 
 The one window left: an attempt whose pending claim is older than the lease may be superseded
 while its (very late) publish is still under way.
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
@@ -48,6 +53,30 @@ local mine = 'pending:' .. ARGV[1]
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= mine then return 0 end
 redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
+return 1
+"""
+
+# KEYS: final, fence, claimed. ARGV: attempt, lease_ms, now_ms, ttl_s. 0: not yours; -1: claimed, and
+# nobody claimed before; 1: claimed over a pending claim of this attempt with no time kept; t > 1:
+# claimed, and an earlier claim taken at t ms never marked done (its result may be out).
+_CLAIM_FIRST = """
+local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+if fence > tonumber(ARGV[1]) then return 0 end
+local mine = 'pending:' .. ARGV[1]
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= mine then return 0 end
+redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
+local earlier = redis.call('GET', KEYS[3])
+if earlier then return tonumber(earlier) end
+redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[4])
+if cur then return 1 end
+return -1
+"""
+
+# KEYS: final, claimed. ARGV: done value, ttl_s. The result is out: its marker, and no claim time left.
+_DONE = """
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('DEL', KEYS[2])
 return 1
 """
 
@@ -82,6 +111,17 @@ return 1
 _EVERY_ATTEMPT = 2**31
 
 
+@dataclass(frozen=True)
+class FirstClaim:
+    """`claim_first`'s answer. `after_earlier`: an earlier claimant never marked the result done, so it
+    may be out; `earlier_claim_ms` is when that claim was taken (None: not known, only that it was
+    this attempt's, so no earlier than this attempt's dispatch)."""
+
+    claimed: bool
+    after_earlier: bool = False
+    earlier_claim_ms: int | None = None
+
+
 class Superseded(IntEnum):
     RESULT_OUT = 0  # an earlier attempt (or the scheduler) published the result: nothing to place
     FENCED = 1  # earlier attempts are fenced off: send the new one
@@ -100,6 +140,8 @@ class RequestFence:
         # a scheduler) share Redis round trips instead of making one each.
         self._batch = RedisBatcher(client)
         self._claim = self._batch.script(_CLAIM)
+        self._claim_first = self._batch.script(_CLAIM_FIRST)
+        self._done = self._batch.script(_DONE)
         self._supersede = self._batch.script(_SUPERSEDE)
         self._claim_for_error = self._batch.script(_CLAIM_FOR_ERROR)
         self._restart = self._batch.script(_RESTART)
@@ -110,6 +152,9 @@ class RequestFence:
         # the "r:" keeps that text non-empty (an empty tag would hash each whole key apart).
         base = f"llmbus:{self._namespace}:{{r:{key}}}"
         return [f"{base}:final", f"{base}:fence"]
+
+    def _claimed_key(self, key: RequestKey) -> str:
+        return f"llmbus:{self._namespace}:{{r:{key}}}:claimed"
 
     async def superseded(self, key: RequestKey, attempt: int) -> bool:
         """True when this attempt may no longer run: a later one was placed, or another owns the result."""
@@ -123,9 +168,18 @@ class RequestFence:
         """Take the right to publish the final result (call just before publishing it)."""
         return bool(await self._claim(self._keys(key), [attempt, self.claim_lease_ms]))
 
+    async def claim_first(self, key: RequestKey, attempt: int, now_ms: int) -> FirstClaim:
+        """A worker's first claim of the result: refused, fresh, or over an earlier claim never marked done."""
+        keys = [*self._keys(key), self._claimed_key(key)]
+        answer = int(await self._claim_first(keys, [attempt, self.claim_lease_ms, now_ms, self.final_ttl_s]))
+        if answer == 0:
+            return FirstClaim(claimed=False)
+        if answer == -1:
+            return FirstClaim(claimed=True)
+        return FirstClaim(claimed=True, earlier_claim_ms=answer if answer > 1 else None, after_earlier=True)
+
     async def final_published(self, key: RequestKey, attempt: int) -> None:
-        final = self._keys(key)[0]
-        await self._batch.call(lambda pipe: pipe.set(final, f"done:{attempt}", ex=self.final_ttl_s))
+        await self._done([self._keys(key)[0], self._claimed_key(key)], [f"done:{attempt}", self.final_ttl_s])
 
     async def supersede(self, key: RequestKey, attempt: int) -> Superseded:
         """Before sending `attempt` (> 1): fence off the earlier ones, unless one owns the result."""

@@ -69,11 +69,11 @@ class LocalActuator:
     def running(self, pool: str) -> list[int]:
         """Indices of this pool's live workers that are not being stopped."""
         _reap_children()
-        if not detached.RUN_DIR.exists():
+        if not detached.run_dir().exists():
             return []
         prefix = self._prefix(pool)
         found = []
-        for pid_file in detached.RUN_DIR.glob(f"{prefix}*.pid"):
+        for pid_file in detached.run_dir().glob(f"{prefix}*.pid"):
             suffix = pid_file.stem.removeprefix(prefix)
             if not suffix.isdigit() or pid_file.stem in self._stopping:
                 continue
