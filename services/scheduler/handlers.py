@@ -24,7 +24,7 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
 from llmbus.bus import BadMessage, Bus, decode
-from llmbus.bus.replies import publish_error, reply_topic_of
+from llmbus.bus.replies import publish_error, reply_topic_of, result_out_since
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
     Control,
@@ -391,7 +391,7 @@ class SchedulerHandlers:
                 tenant=request.tenant,
             )
             return
-        if not await self._claim_for_error(request.key):
+        if not await self._claim_for_error(request.key, request.request_id):
             if await self._result_pending(request.key):
                 # An attempt claimed the result and has not marked it out: it is publishing (its claim
                 # renewed meanwhile) or died doing so. Ask again once its lease can have run out, or
@@ -440,8 +440,15 @@ class SchedulerHandlers:
         self._later.add(task)
         task.add_done_callback(self._later.discard)
 
-    async def _claim_for_error(self, key: RequestKey) -> bool:
+    async def _claim_for_error(self, key: RequestKey, request_id: str) -> bool:
         try:
+            if (since_ms := await self.fence.lapsed_claim_ms(key)) is not None:
+                # An attempt claimed the result and its lease lapsed before it marked it done: if its
+                # result is out, that is the answer (marked now), not this error.
+                bus = self.bus
+                if (attempt := await result_out_since(bus.settings, bus.topics, key, request_id, since_ms)) is not None:
+                    await self.fence.final_published(key, attempt)
+                    return False
             return await self.fence.claim_for_error(key)
         except Exception:  # better a (rare) second answer than none: no worker can claim either
             log.warning("final marker of %s unreachable; publishing its error anyway", key, exc_info=True)

@@ -8,8 +8,9 @@ second result; a later attempt placed once the claim's lease lapsed would have d
 Here the dead incarnation's steps are done by hand on the real broker and Redis (claim, result
 written, no `done`), then `AttemptEnd.publish_final` runs as the next incarnation would. Pass
 criterion, fixed before the run: exactly one result of the request on llm.results, the first one;
-the final marker `done:<its attempt>`; a `duplicate` outcome for the second run. Control: when the
-first incarnation died before its result was written, the second one's result is the one result.
+the final marker `done:<its attempt>`; a `duplicate` outcome for the second run; a scheduler giving
+up after the lease lapsed publishes no error over it. Control: when the first incarnation died before
+its result was written, the second one's result (or the scheduler's error) is the one answer.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from llmbus.settings import BusSettings
 from llmbus.state.fencing import RequestFence, Superseded
 from llmbus.state.text import text_of
 from llmbus_services.engine_worker.adapters.ending import AttemptEnd
+from llmbus_services.scheduler.config import SchedulerSettings
+from llmbus_services.scheduler.handlers import SchedulerHandlers
 from tests.support import redis_keys
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -133,3 +136,20 @@ async def test_control_a_worker_that_died_before_writing_is_answered_by_the_next
     # Marked done, the claim's time is gone: the final marker is the request's only key.
     keys = await redis_keys(client, f"llmbus:{bus.settings.topic_prefix}:*{dispatch.request_id}*")
     assert [text_of(k).rsplit(":", 1)[-1] for k in keys] == ["final"]
+
+
+async def test_the_schedulers_final_error_after_a_lapsed_claim_defers_to_a_result_out(
+    bus: Bus, fence: RequestFence
+) -> None:
+    """The scheduler gives up (deadline, max attempts) once the dead attempt's lease has lapsed: its
+    error would be a second answer where the result is out, and the only one where it is not."""
+    handlers = SchedulerHandlers(bus, SchedulerSettings(), None, None, fence)  # type: ignore[arg-type]
+    written = dispatch_of(f"gaveup-{uuid.uuid4().hex[:8]}", attempt=1)
+    await died_after_writing(bus, fence, written)
+    unwritten = dispatch_of(f"gaveup-{uuid.uuid4().hex[:8]}", attempt=1)
+    assert (await fence.claim_first(unwritten.request_key, 1, int(time.time() * 1000))).claimed
+    await asyncio.sleep(LEASE_S + 0.3)
+    assert not await handlers._claim_for_error(written.request_key, written.request_id)
+    assert await fence.holder(written.request_key) == "done:1"
+    assert await handlers._claim_for_error(unwritten.request_key, unwritten.request_id)
+    assert await fence.holder(unwritten.request_key) == "done:scheduler"

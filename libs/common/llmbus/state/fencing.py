@@ -93,11 +93,12 @@ if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV
 return 1
 """
 
-# KEYS: final, fence. ARGV: ttl_s, beyond-every-attempt. 1: the scheduler's error is the final result.
+# KEYS: final, fence, claimed. ARGV: ttl_s, beyond-every-attempt. 1: the scheduler's error is the final result.
 _CLAIM_FOR_ERROR = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SET', KEYS[1], 'done:scheduler', 'EX', ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[1])
+redis.call('DEL', KEYS[3])
 return 1
 """
 
@@ -187,7 +188,16 @@ class RequestFence:
 
     async def claim_for_error(self, key: RequestKey) -> bool:
         """The scheduler's final error: True if it is the result (no attempt claimed one first)."""
-        return bool(await self._claim_for_error(self._keys(key), [self.final_ttl_s, _EVERY_ATTEMPT]))
+        keys = [*self._keys(key), self._claimed_key(key)]
+        return bool(await self._claim_for_error(keys, [self.final_ttl_s, _EVERY_ATTEMPT]))
+
+    async def lapsed_claim_ms(self, key: RequestKey) -> int | None:
+        """When a claim nobody holds any more was taken (no final marker, but its time kept): its
+        claimant died or stalled between claiming and marking done, so its result may be out. None
+        when there is none (no claim yet, a claim held now, or the result marked)."""
+        keys = [self._keys(key)[0], self._claimed_key(key)]
+        final, claimed = await self._batch.call(lambda pipe: pipe.mget(keys))
+        return int(claimed) if final is None and claimed is not None else None
 
     async def restart(self, key: RequestKey) -> bool:
         """A fallback to another model starts its attempts at 1 again; False: the result is taken."""
