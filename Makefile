@@ -43,7 +43,9 @@ down: ## stop the services (they drain), then Kafka and Redis
 # vLLM engine, the secured broker, a module's stack) stay on one worker, and the slow ones start first
 # (tests/xdist_groups.py). TEST_WORKERS=0 runs them in one process. With 4 workers the two cores are
 # busy for the whole run, so the wall time follows the CPU the tests burn: PYTEST_ARGS="-p tests.cpu_usage"
-# records it per test (`python -m tests.cpu_usage` sums it per module). Bytecode is written even where
+# records it per test (`python -m tests.cpu_usage` sums it per module). The services the tests start come
+# from one fork server per worker, which has imported them once (llmbus_tools/harness/forkserver.py;
+# LLMBUS_FORKSERVER=0 starts each with its own interpreter). Bytecode is written even where
 # PYTHONDONTWRITEBYTECODE is set: without its cache each worker rewrites every test module's asserts
 # again at each run's collection (12 instead of 5 CPU-s per worker once the cache is there).
 TEST_WORKERS ?= 4
