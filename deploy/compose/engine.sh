@@ -15,7 +15,12 @@ log() { echo "[engine] $*" >&2; }
 
 answering() { timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
-started_pid() { [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null && cat "$PID_FILE"; }
+# The pid file's dockerd, if it is still one (a pid file left by a dead one may name a reused pid).
+started_pid() {
+  local pid
+  pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
+  [ -n "$pid" ] && case "$(cat "/proc/$pid/comm" 2>/dev/null)" in dockerd | setsid) echo "$pid" ;; *) return 1 ;; esac
+}
 
 install() {
   command -v dockerd >/dev/null && return

@@ -190,8 +190,12 @@ PROPS
   log "SCRAM user $user ready"
 }
 
+# The pid file's broker, if it is still one: a pid file left by a broker that died with its machine (or a
+# session) may name a dead or reused pid.
 running_pid() {
-  [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null && cat "$PID_FILE"
+  local pid
+  pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
+  [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q "kafka.Kafka $PROPERTIES" && echo "$pid"
 }
 
 wait_ready() {
@@ -212,6 +216,7 @@ start() {
   fetch
   format_storage
   : >"$LOG_FILE"
+  rm -f "$PID_FILE"  # a stale one would read as this broker, dead, before it has written its own
   log "starting broker (logs: $LOG_FILE)"
   # The broker writes its own pid (the JVM's, through exec) so stop/status see the real process.
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PID_FILE" \
@@ -219,7 +224,7 @@ start() {
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
     -cp "$LIBS/*" kafka.Kafka "$PROPERTIES" \
     >>"$RUN_DIR/$NAME.stdout" 2>&1 </dev/null &
-  for _ in $(seq 1 20); do [ -s "$PID_FILE" ] && break; sleep 0.1; done
+  for _ in $(seq 1 100); do [ -s "$PID_FILE" ] && break; sleep 0.1; done
   wait_ready
 }
 
