@@ -16,7 +16,8 @@ from llmbus.bus.runtime import run_until_stopped
 from llmbus.bus.tables import read_table
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
-from llmbus.contract.messages import ModelSpec, WorkerState, now_ms
+from llmbus.contract.messages import ModelSpec, WorkerState
+from llmbus.process import started
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers, redis_client
 from llmbus_services.engine_worker.adapters.engines.factory import build_engine
@@ -30,10 +31,6 @@ from llmbus_services.engine_worker.core.status import cold_start_phases
 from llmbus_services.engine_worker.handlers import RunSite, WorkerHandlers
 
 log = logging.getLogger(__name__)
-PROCESS_STARTED = time.monotonic()  # cold start is measured from here to ready
-# The same instant on the wall clock: heartbeats say started_at_ms + cold_start_s = ready, so both must
-# count from here (from the Lifecycle's creation, seconds later under load, ready would lie in the future).
-PROCESS_STARTED_MS = now_ms()
 
 
 async def main(
@@ -45,6 +42,11 @@ async def main(
     """Serve until `stop`. `engine`: one already built (and maybe started) by the caller, used instead of
     the one the settings describe and left running at the end (its owner stops it): an embedding process
     or a test that shares one vLLM engine between several workers' lifetimes."""
+    # Cold start counts from the process's start to ready; heartbeats say started_at_ms + cold_start_s =
+    # ready, so both count from that instant. Dispatches sent before it went to an earlier process of this
+    # worker id, which may have begun them (WorkerHandlers hands them back). A worker embedded in a
+    # running process (`engine` given) starts at this call.
+    start = started.now() if engine is not None else started.of_this_process()
     ws = worker_settings or WorkerSettings()
     bus = await Bus.start(settings, t.WORKER, client_suffix=f"-{ws.worker_id}")
     topics = bus.topics
@@ -59,6 +61,7 @@ async def main(
     owns_engine = engine is None
     engine = engine or build_engine(plan.settings)
     handlers = WorkerHandlers(bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
+    handlers.started_at_ms = start.wall_ms
     handlers.site = RunSite(
         node_id=profile.node_id,
         gpu=profile.gpus[0].name if profile.gpus else None,
@@ -66,7 +69,7 @@ async def main(
         model_format=plan.model_format,
     )
     life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
-    life.started_at_ms = PROCESS_STARTED_MS
+    life.started_at_ms = start.wall_ms
     life.profile = profile
     register_node_metrics(REGISTRY, lambda: life.profile)  # DCGM-named gauges on this process's /metrics
     background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
@@ -77,9 +80,9 @@ async def main(
     warmup_starts = time.monotonic()
     await engine.warmup()
     ready = time.monotonic()
-    life.cold_start_s = round(ready - PROCESS_STARTED, 3)
+    life.cold_start_s = round(ready - start.monotonic, 3)
     life.cold_start_phases_s = cold_start_phases(
-        engine_starts - PROCESS_STARTED,
+        engine_starts - start.monotonic,
         warmup_starts - engine_starts,
         ready - warmup_starts,
         getattr(engine, "cold_start_phases_s", {}),  # only vllm splits its start

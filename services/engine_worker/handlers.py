@@ -86,6 +86,10 @@ class WorkerHandlers:
         self.engine_failed = asyncio.Event()  # the app restarts the engine when set
         self.site = RunSite(node_id=settings.node_id, model_version=settings.model_version)
         self.end = AttemptEnd(bus, fence, settings.worker_id)  # the final answer and the outcome
+        # When this worker's process started (the app sets it from the kernel's record). A dispatch sent
+        # before it went to an earlier process under this id, which may have streamed part of it before
+        # it died: running it again as the same attempt would mix two texts under one attempt number.
+        self.started_at_ms = now_ms()
 
     async def on_dispatch(self, record: ConsumerRecord) -> None:
         dispatch = decode(record, Dispatch)
@@ -137,6 +141,11 @@ class WorkerHandlers:
             return
         if self.engine_failed.is_set():
             await self._retryable(dispatch, ErrorInfo.of(ErrorCode.ENGINE_FAILED, "engine restarting"))
+            return
+        if dispatch.dispatched_at_ms < self.started_at_ms:
+            # Its next attempt starts afresh: readers void this attempt's chunks (or say it diverged).
+            restarted = ErrorInfo.of(ErrorCode.HANDED_BACK, "dispatched to an earlier process of this worker")
+            await self._retryable(dispatch, restarted)
             return
         await self._run(dispatch, as_dict(record.headers))
 

@@ -186,3 +186,43 @@ async def test_killed_services_resume_from_committed_offsets_without_loss_or_dup
     assert not missing, f"{len(missing)} requests never got a final result"
     assert not duplicated, f"duplicated final results: {duplicated}"
     assert all(rs[0].status == ResultStatus.OK for rs in found.values())
+
+
+async def test_a_worker_killed_mid_stream_and_back_at_once_answers_as_a_new_attempt(
+    bus_settings: BusSettings, services: list[ServiceProc]
+) -> None:
+    """SIGKILL the only worker while it streams, restart it under its id before the scheduler would call it
+    dead: the new process takes the uncommitted Dispatch again. Run again as the same attempt, its chunks
+    would reuse the seq numbers the dead process sent, with another text wherever sampling differs, and a
+    reader would splice the two. Pass criterion, fixed before the run: the one result comes from a later
+    attempt than the chunks streamed before the kill, and equals that attempt's chunks, numbered 0.. ."""
+    topics = t.Topics(bus_settings.topic_prefix)
+    procs = start_stack(bus_settings, services, speedup="1")
+    await wait_workers_ready(bus_settings, {"w1"})
+    tokens = await TopicTail(bus_settings, topics.name(t.TOKENS)).start()
+    results = await TopicTail(bus_settings, topics.name(t.RESULTS)).start()
+    request_id = uuid.uuid4().hex
+    body = {"request_id": request_id, "model": "sim-llama-8b", "max_tokens": 600, "prompt": "a long answer"}
+    producer = await raw_producer(bus_settings)
+    try:
+        await asyncio.wait_for(
+            producer.send_and_wait(topics.name(t.REQUESTS), json.dumps(body).encode(), key=request_id.encode()), 30
+        )
+    finally:
+        await producer.stop()
+    key = request_id.encode()
+    before = [decode(r, TokenChunk) for r in await read_until(tokens, lambda rs: any(r.key == key for r in rs), 60)]
+    before = [c for c in before if c.request_id == request_id]
+    assert before and not before[-1].final, "the kill must land mid-stream"
+    procs["w1"].kill()
+    procs["w1"].start()
+    records = await read_until(tokens, lambda rs: any(r.key == key and decode(r, TokenChunk).final for r in rs), 120)
+    found = await collect_results(bus_settings, {request_id}, timeout_s=5, tail=results)
+    await tokens.stop()
+    await results.stop()
+    [result] = found[request_id]
+    assert result.status == ResultStatus.OK
+    assert result.attempt > before[0].attempt
+    last = [c for c in (decode(r, TokenChunk) for r in records if r.key == key) if c.attempt == result.attempt]
+    assert [c.seq for c in last] == list(range(len(last)))
+    assert result.text == "".join(c.delta for c in last)

@@ -3,7 +3,9 @@ classification is tested against real servers in tests/integration).
 
 - only a dead engine restarts the engine (one request's OOM does not); a 4xx is the request's final error;
   a 429/503 hands it back with Retry-After and cools the worker down;
-- an attempt superseded while it runs is aborted, and one whose final claim is refused publishes nothing.
+- an attempt superseded while it runs is aborted, and one whose final claim is refused publishes nothing;
+- a dispatch sent before this worker's process started (to an earlier process under its id, which may
+  have streamed part of it) is handed back, not run again as the same attempt.
 """
 
 from __future__ import annotations
@@ -236,6 +238,24 @@ async def test_an_admission_refusal_sends_the_workers_prompt_count_back() -> Non
     await handlers.on_dispatch(record())
     [outcome] = publisher.of(DispatchOutcome)
     assert outcome.status == OutcomeStatus.RETRYABLE and outcome.prompt_tokens == 1  # "hello": one word here
+
+
+async def test_a_dispatch_sent_to_an_earlier_process_of_this_worker_is_handed_back() -> None:
+    """Run again under the same attempt, its chunks would continue the dead process's seq numbers with
+    another text; as attempt + 1 a reader voids the earlier chunks (or says the retry diverged)."""
+    engine = ScriptedEngine()
+    handlers, publisher = worker(engine)
+    before = record(request_id="r-before")
+    handlers.started_at_ms = Dispatch.model_validate_json(before.value).dispatched_at_ms + 1  # restarted after it was sent
+    await handlers.on_dispatch(before)
+    assert engine.calls == 0 and not publisher.of(TokenChunk) and not publisher.of(InferenceResult)
+    [outcome] = publisher.of(DispatchOutcome)
+    assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
+    assert outcome.error.code == ErrorCode.HANDED_BACK
+    after = record(request_id="r-after")  # sent once this process runs: served
+    handlers.started_at_ms = Dispatch.model_validate_json(after.value).dispatched_at_ms
+    await handlers.on_dispatch(after)
+    assert engine.calls == 1 and publisher.of(DispatchOutcome)[-1].status == OutcomeStatus.COMPLETED
 
 
 async def test_a_dead_engine_is_restarted() -> None:
