@@ -47,7 +47,8 @@ down: ## stop the services (they drain), then Kafka and Redis
 # from one fork server per worker, which has imported them once (llmbus_tools/harness/forkserver.py;
 # LLMBUS_FORKSERVER=0 starts each with its own interpreter). Bytecode is written even where
 # PYTHONDONTWRITEBYTECODE is set: without its cache each worker rewrites every test module's asserts
-# again at each run's collection (12 instead of 5 CPU-s per worker once the cache is there).
+# again at each run's collection (12 instead of 5 CPU-s per worker once the cache is there); on a fresh
+# clone the controller writes that cache once before its workers collect (tests/assert_cache.py).
 TEST_WORKERS ?= 4
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
 	@LLMBUS_TEST_SWEEP=1 env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long and not analytics" \

@@ -17,7 +17,7 @@ from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.forkserver import ENABLE_ENV as FORKSERVER_ENV
 from llmbus_tools.harness.service_procs import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
-from tests import xdist_groups
+from tests import assert_cache, xdist_groups
 from tests.leaks import describe, leftovers
 
 # One real vLLM CPU engine (tiny random-weight Llama) shared by the whole session.
@@ -57,12 +57,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
     Service processes come from a fork server (llmbus_tools.harness.forkserver) unless
     LLMBUS_FORKSERVER=0: each would otherwise spend a CPU-second on its imports, and the suite is
-    bound by CPU.
+    bound by CPU. For the same reason the controller caches the rewritten test modules before its
+    workers collect them (tests/assert_cache.py).
     """
     os.environ.setdefault(FORKSERVER_ENV, "1")
     is_xdist_worker = hasattr(config, "workerinput")
     if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker and _answers("127.0.0.1", 9092):
         asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))
+    if not is_xdist_worker and getattr(config.option, "numprocesses", None):
+        assert_cache.prewarm(config)
     xdist_groups.name_groups_dir(config)
 
 

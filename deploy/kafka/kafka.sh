@@ -50,6 +50,9 @@ read -r -a BROKER_JVM_FLAGS <<<"${KAFKA_BROKER_JVM_FLAGS:--Xms256m -Xmx768m -XX:
 # collector (storage format measured 4.6 -> 2.6 CPU-s on 2 cores).
 TOOL_JVM_FLAGS=(-Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC)
 TLS_DIR=$RUN_DIR/$NAME.tls
+# Class data sharing (KAFKA_CDS=0 turns it off): see cds_archive.
+CDS=${KAFKA_CDS:-1}
+CDS_WRITTEN=$RUN_DIR/$NAME.jsa  # the archive this broker writes at a clean exit when none was there
 
 log() { echo "[kafka] $*" >&2; }
 
@@ -65,10 +68,40 @@ fetch() {
   touch "$LIBS/.complete"
 }
 
+# Class data sharing (a JDK 13+ dynamic archive): the classes one JVM of a kind (broker, tool) loaded,
+# archived when it exits cleanly, are mapped by every later start of that kind instead of being loaded and
+# verified again. Measured on 2 cores (KAFKA_CDS=0 and 1 taking turns): a test broker 2.9 -> 1.6 CPU-s to
+# ready, its storage format 1.5 -> 0.85. One archive per kind and JVM build (another JVM would refuse it).
+cds_archive() {
+  local java_bin
+  java_bin=$(readlink -f "$(command -v java)")
+  mkdir -p "$HOME_DIR/cds"
+  echo "$HOME_DIR/cds/$1-$({ echo "$java_bin"; stat -c '%s %Y' "$(dirname "$java_bin")/../lib/server/libjvm.so" 2>/dev/null || true; } | md5sum | cut -c1-12).jsa"
+}
+
+# The JVM flag that maps `archive`, or (none yet) writes one into `written` at exit.
+cds_flags() {
+  local archive=$1 written=$2
+  if [ "$CDS" != 1 ]; then echo "-Xshare:auto"; elif [ -s "$archive" ]; then echo "-XX:SharedArchiveFile=$archive"
+  else rm -f "$written"; echo "-XX:ArchiveClassesAtExit=$written"; fi
+}
+
+# What a JVM wrote at its clean exit, put in place whole (a start never maps a half-written one).
+cds_keep() {
+  local written=$1 archive=$2
+  if [ -s "$written" ] && [ ! -s "$archive" ]; then cp "$written" "$archive.$$" && mv -f "$archive.$$" "$archive"; fi
+  rm -f "$written"
+}
+
 java_run() {
-  java "${TOOL_JVM_FLAGS[@]}" -Djava.awt.headless=true \
+  local archive written=$RUN_DIR/$NAME.tool-$$.jsa
+  archive=$(cds_archive tool)
+  local rc=0
+  java "${TOOL_JVM_FLAGS[@]}" "$(cds_flags "$archive" "$written")" -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
-    -cp "$LIBS/*" "$@"
+    -cp "$LIBS/*" "$@" || rc=$?
+  cds_keep "$written" "$archive"
+  return $rc
 }
 
 password_of() { sed -n "s/^$1=//p" "$CREDENTIALS" | head -1; }
@@ -220,7 +253,7 @@ start() {
   log "starting broker (logs: $LOG_FILE)"
   # The broker writes its own pid (the JVM's, through exec) so stop/status see the real process.
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PID_FILE" \
-    java "${BROKER_JVM_FLAGS[@]}" -Djava.awt.headless=true \
+    java "${BROKER_JVM_FLAGS[@]}" "$(cds_flags "$(cds_archive broker)" "$CDS_WRITTEN")" -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dkafka.logs.file="$LOG_FILE" \
     -cp "$LIBS/*" kafka.Kafka "$PROPERTIES" \
     >>"$RUN_DIR/$NAME.stdout" 2>&1 </dev/null &
@@ -235,7 +268,13 @@ stop() {
   kill -TERM "$pid" 2>/dev/null || true
   local waits=$((STOP_GRACE_S * 2)) i  # not `_`: bash sets $_ to each command's last argument
   for ((i = 0; i < waits; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  kill -0 "$pid" 2>/dev/null && { log "still alive after ${STOP_GRACE_S}s; killing"; kill -KILL "$pid"; }
+  if kill -0 "$pid" 2>/dev/null; then
+    log "still alive after ${STOP_GRACE_S}s; killing"
+    kill -KILL "$pid"
+    rm -f "$CDS_WRITTEN"  # cut short: what it wrote is not whole
+  else
+    cds_keep "$CDS_WRITTEN" "$(cds_archive broker)"
+  fi
   rm -f "$PID_FILE"
 }
 
