@@ -45,33 +45,33 @@ from llmbus.state.text import text_of
 
 log = logging.getLogger(__name__)
 
-# KEYS: final, fence. ARGV: attempt, lease_ms. 1: claimed (publish now), 0: not yours.
-_CLAIM = """
+# Both claims start here. KEYS: final, fence. ARGV: attempt, lease_ms. Not yours (a later attempt's
+# fence, or another's marker): 0. Otherwise the pending claim is (re)taken; `cur` is what it replaced.
+_TAKE_PENDING = """
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if fence > tonumber(ARGV[1]) then return 0 end
 local mine = 'pending:' .. ARGV[1]
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= mine then return 0 end
 redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
-return 1
 """
+
+# KEYS: final, fence. ARGV: attempt, lease_ms. 1: claimed (publish now), 0: not yours.
+_CLAIM = _TAKE_PENDING + "return 1\n"
 
 # KEYS: final, fence, claimed. ARGV: attempt, lease_ms, now_ms, ttl_s. 0: not yours; -1: claimed, and
 # nobody claimed before; 1: claimed over a pending claim of this attempt with no time kept; t > 1:
 # claimed, and an earlier claim taken at t ms never marked done (its result may be out).
-_CLAIM_FIRST = """
-local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-if fence > tonumber(ARGV[1]) then return 0 end
-local mine = 'pending:' .. ARGV[1]
-local cur = redis.call('GET', KEYS[1])
-if cur and cur ~= mine then return 0 end
-redis.call('SET', KEYS[1], mine, 'PX', ARGV[2])
+_CLAIM_FIRST = (
+    _TAKE_PENDING
+    + """
 local earlier = redis.call('GET', KEYS[3])
 if earlier then return tonumber(earlier) end
 redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[4])
 if cur then return 1 end
 return -1
 """
+)
 
 # KEYS: final, claimed. ARGV: done value, ttl_s. The result is out: its marker, and no claim time left.
 _DONE = """
