@@ -4,6 +4,7 @@
 # Usage: deploy/kafka/kafka.sh start|stop|status|fetch|reset   (all idempotent)
 # KAFKA_BROKER_JVM_FLAGS: the broker's JVM flags (default -Xms256m -Xmx768m -XX:+UseG1GC).
 # KAFKA_STOP_GRACE_S: how long `stop` waits for a controlled shutdown before SIGKILL (default 30).
+# KAFKA_CDS=0: no class-data-sharing archive (by default the first clean exit writes one, later starts map it).
 # A second, private broker (the reliability tests stop and restart one) takes its own port,
 # data dir and name: KAFKA_PORT=19092 KAFKA_DATA_DIR=/tmp/x KAFKA_NAME=kafka-19092 kafka.sh start
 #
@@ -52,6 +53,7 @@ TOOL_JVM_FLAGS=(-Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC)
 TLS_DIR=$RUN_DIR/$NAME.tls
 # Class data sharing (KAFKA_CDS=0 turns it off): see cds_archive.
 CDS=${KAFKA_CDS:-1}
+CDS_DIR=$CACHE/kafka-cds-$KAFKA_VERSION  # not inside $HOME_DIR: that is the Kafka image's build context
 CDS_WRITTEN=$RUN_DIR/$NAME.jsa  # the archive this broker writes at a clean exit when none was there
 
 log() { echo "[kafka] $*" >&2; }
@@ -75,8 +77,8 @@ fetch() {
 cds_archive() {
   local java_bin
   java_bin=$(readlink -f "$(command -v java)")
-  mkdir -p "$HOME_DIR/cds"
-  echo "$HOME_DIR/cds/$1-$({ echo "$java_bin"; stat -c '%s %Y' "$(dirname "$java_bin")/../lib/server/libjvm.so" 2>/dev/null || true; } | md5sum | cut -c1-12).jsa"
+  mkdir -p "$CDS_DIR"
+  echo "$CDS_DIR/$1-$({ echo "$java_bin"; stat -c '%s %Y' "$(dirname "$java_bin")/../lib/server/libjvm.so" 2>/dev/null || true; } | md5sum | cut -c1-12).jsa"
 }
 
 # The JVM flag that maps `archive`, or (none yet) writes one into `written` at exit.
