@@ -246,7 +246,8 @@ async def test_a_dispatch_sent_to_an_earlier_process_of_this_worker_is_handed_ba
     engine = ScriptedEngine()
     handlers, publisher = worker(engine)
     before = record(request_id="r-before")
-    handlers.started_at_ms = Dispatch.model_validate_json(before.value).dispatched_at_ms + 1  # restarted after it was sent
+    sent_ms = Dispatch.model_validate_json(before.value).dispatched_at_ms
+    handlers.started_at_ms = sent_ms + 1  # this process started after it was sent
     await handlers.on_dispatch(before)
     assert engine.calls == 0 and not publisher.of(TokenChunk) and not publisher.of(InferenceResult)
     [outcome] = publisher.of(DispatchOutcome)
