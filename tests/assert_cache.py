@@ -32,17 +32,20 @@ def prewarm(config: pytest.Config, modules: list[Path] | None = None) -> int:
         return 0
     try:
         from _pytest.assertion import rewrite
-    except ImportError:
+
+        read_pyc, rewrite_test, write_pyc = rewrite._read_pyc, rewrite._rewrite_test, rewrite._write_pyc
+        cache_dir_of, pyc_tail, makedirs = rewrite.get_cache_dir, rewrite.PYC_TAIL, rewrite.try_makedirs
+        state = config.stash.get(rewrite.assertstate_key, None)
+    except (ImportError, AttributeError):  # another pytest's internals: its workers rewrite as before
         return 0
-    state = config.stash.get(rewrite.assertstate_key, None)
     if state is None:
         return 0
     written = 0
     for module in _rewritten_modules() if modules is None else modules:
-        cache_dir = rewrite.get_cache_dir(module)
-        pyc = cache_dir / (module.name[:-3] + rewrite.PYC_TAIL)
-        if rewrite._read_pyc(module, pyc) is not None or not rewrite.try_makedirs(cache_dir):
+        cache_dir = cache_dir_of(module)
+        pyc = cache_dir / (module.name[:-3] + pyc_tail)
+        if read_pyc(module, pyc) is not None or not makedirs(cache_dir):
             continue
-        source_hash, code = rewrite._rewrite_test(module, config)
-        written += rewrite._write_pyc(state, code, source_hash, pyc)
+        source_hash, code = rewrite_test(module, config)
+        written += write_pyc(state, code, source_hash, pyc)
     return written
