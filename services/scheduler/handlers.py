@@ -391,7 +391,7 @@ class SchedulerHandlers:
                 tenant=request.tenant,
             )
             return
-        if not await self._claim_for_error(request.key, request.request_id):
+        if not await self._claim_for_error(request.key):
             if await self._result_pending(request.key):
                 # An attempt claimed the result and has not marked it out: it is publishing (its claim
                 # renewed meanwhile) or died doing so. Ask again once its lease can have run out, or
@@ -440,13 +440,13 @@ class SchedulerHandlers:
         self._later.add(task)
         task.add_done_callback(self._later.discard)
 
-    async def _claim_for_error(self, key: RequestKey, request_id: str) -> bool:
+    async def _claim_for_error(self, key: RequestKey) -> bool:
         try:
             if (since_ms := await self.fence.lapsed_claim_ms(key)) is not None:
                 # An attempt claimed the result and its lease lapsed before it marked it done: if its
                 # result is out, that is the answer (marked now), not this error.
                 bus = self.bus
-                if (attempt := await result_out_since(bus.settings, bus.topics, key, request_id, since_ms)) is not None:
+                if (attempt := await result_out_since(bus.settings, bus.topics, key, since_ms)) is not None:
                     await self.fence.final_published(key, attempt)
                     return False
             return await self.fence.claim_for_error(key)

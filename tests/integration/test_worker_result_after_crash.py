@@ -149,7 +149,7 @@ async def test_the_schedulers_final_error_after_a_lapsed_claim_defers_to_a_resul
     unwritten = dispatch_of(f"gaveup-{uuid.uuid4().hex[:8]}", attempt=1)
     assert (await fence.claim_first(unwritten.request_key, 1, int(time.time() * 1000))).claimed
     await asyncio.sleep(LEASE_S + 0.3)
-    assert not await handlers._claim_for_error(written.request_key, written.request_id)
+    assert not await handlers._claim_for_error(written.request_key)
     assert await fence.holder(written.request_key) == "done:1"
-    assert await handlers._claim_for_error(unwritten.request_key, unwritten.request_id)
+    assert await handlers._claim_for_error(unwritten.request_key)
     assert await fence.holder(unwritten.request_key) == "done:scheduler"

@@ -30,7 +30,7 @@ import time
 from llmbus.bus import Bus, PublishTimeout
 from llmbus.bus.replies import publish_result_with_final, result_out_since
 from llmbus.contract import topics as t
-from llmbus.contract.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus
+from llmbus.contract.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus, now_ms
 from llmbus.state.fencing import RequestFence, claim_kept
 from llmbus_services.engine_worker.adapters.streaming import ReplyStream
 
@@ -63,7 +63,7 @@ class AttemptEnd:
         """
         # The claim is taken while the last content chunks are still in flight: it gates only the
         # final records (a superseded attempt's chunks are dropped by readers on their attempt).
-        claim = await self.fence.claim_first(dispatch.request_key, dispatch.attempt, int(time.time() * 1000))
+        claim = await self.fence.claim_first(dispatch.request_key, dispatch.attempt, now_ms())
         if not claim.claimed:
             log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
             await self.outcome(dispatch, OutcomeStatus.DUPLICATE)
@@ -99,9 +99,7 @@ class AttemptEnd:
         attempt's dispatch), None if none. Raises when llm.results cannot be read: the request then
         goes round again rather than risk a second result."""
         since_ms = earlier_claim_ms if earlier_claim_ms is not None else dispatch.dispatched_at_ms
-        return await result_out_since(
-            self.bus.settings, self.bus.topics, dispatch.request_key, dispatch.request_id, since_ms
-        )
+        return await result_out_since(self.bus.settings, self.bus.topics, dispatch.request_key, since_ms)
 
     async def outcome(
         self,

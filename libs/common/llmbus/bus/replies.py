@@ -24,7 +24,7 @@ from llmbus.contract.messages import (
     ResultStatus,
     TokenChunk,
 )
-from llmbus.contract.request_key import RequestKey
+from llmbus.contract.request_key import RequestKey, request_id_of
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -184,9 +184,7 @@ async def publish_error(
     return result
 
 
-async def result_out_since(
-    settings: BusSettings, topics: t.Topics, key: RequestKey, request_id: str, since_ms: int
-) -> int | None:
+async def result_out_since(settings: BusSettings, topics: t.Topics, key: RequestKey, since_ms: int) -> int | None:
     """The attempt whose result for `key` is on llm.results since `since_ms` (less the clocks' skew),
     None if there is none. For a claimant that took over from one that never marked its result done
     (llmbus.state.fencing's `claimed`): that result may be out. Reads only the request's partition,
@@ -197,6 +195,6 @@ async def result_out_since(
         InferenceResult,
         since_ms - CLOCK_SKEW_MS,
         timeout_s=settings.admin_timeout_s,
-        key=request_id,
+        key=request_id_of(key),
     )
     return next((r.attempt for r in results if r.request_key == key), None)

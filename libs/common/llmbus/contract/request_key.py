@@ -18,3 +18,8 @@ def request_key(tenant: str, request_id: str) -> RequestKey:
     """`<tenant>:<request id>`. A tenant name has no ':' (its pattern is `[A-Za-z0-9_.-]+`), so the
     first ':' ends it and no two (tenant, request id) pairs share a key."""
     return RequestKey(f"{tenant}:{request_id}")
+
+
+def request_id_of(key: RequestKey) -> str:
+    """The request id inside `key`, as the tenant sent it (what records are keyed by on the bus)."""
+    return key.split(":", 1)[1]
