@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -84,55 +85,68 @@ def traced(stack: Stack, request_id: str) -> None:
         say("    " + "\n    ".join(line for line in lines.splitlines() if line.strip())[:800])
 
 
-def burst_scales_up_and_down(stack: Stack, api_key: str, prometheus: dict[str, str], requests: int = 40) -> None:
+def burst_scales_up_and_down(stack: Stack, api_key: str, prometheus: dict[str, str], clients: int = 40) -> None:
     """The autoscaler (burst policy) adds a sim-llama-8b worker while a burst queues, then removes it;
-    right after the burst, the KEDA queries are evaluated on each Prometheus (name → port suffix)."""
+    right after the burst, the KEDA queries are evaluated on each Prometheus (name → port suffix).
+
+    The burst is sustained: each of `clients` callers sends one request after another until the added
+    worker reports ready. A fixed number of requests drains in about the policy's `up_after_s` on the
+    sim worker (40 requests of 48 tokens at 2 sequences: 3 to 6 s), so whether it scaled would depend
+    on timing."""
     import asyncio
 
     from openai import AsyncOpenAI
 
     added = stack.port("9121")  # the first worker the autoscaler starts serves /metrics here
 
-    async def burst() -> int:
+    def scaled_up() -> bool:
+        return any(
+            line.startswith("llmbus_worker_ready{") and line.endswith(" 1.0")
+            for line in metric_text(added).splitlines()
+        )
+
+    async def burst_until_scaled(deadline_s: float) -> tuple[int, int]:
+        """(requests sent, requests answered with text) once the added worker is ready."""
         client = AsyncOpenAI(base_url=f"http://127.0.0.1:{stack.port('8000')}/v1", api_key=api_key, timeout=300)
+        done = asyncio.Event()
+        sent = answered = 0
 
-        async def one(n: int) -> int:
-            answer = await client.chat.completions.create(
-                model="sim-llama-8b",
-                messages=[{"role": "user", "content": f"Burst request {n}: count the partitions of a topic."}],
-                max_tokens=48,
-            )
-            return len(answer.choices[0].message.content or "")
+        async def caller(n: int) -> None:
+            nonlocal sent, answered
+            while not done.is_set():
+                sent += 1
+                answer = await client.chat.completions.create(
+                    model="sim-llama-8b",
+                    messages=[{"role": "user", "content": f"Burst request {n}.{sent}: count the partitions."}],
+                    max_tokens=48,
+                )
+                answered += bool(answer.choices[0].message.content)
 
-        lengths = await asyncio.gather(*(one(n) for n in range(requests)))
-        await client.close()
-        return sum(1 for length in lengths if length)
-
-    with step(f"autoscaler: a burst of {requests} requests queues on one sim worker → a worker added"):
-        answered = 0
-
-        def scaled_up() -> bool:
-            return any(
-                line.startswith("llmbus_worker_ready{") and line.endswith(" 1.0")
-                for line in metric_text(added).splitlines()
-            )
-
-        async def burst_and_watch() -> None:
-            nonlocal answered
-            task = asyncio.create_task(burst())
-            deadline = time.monotonic() + 180
-            while not scaled_up():
+        callers = asyncio.gather(*(caller(n) for n in range(clients)))
+        deadline = time.monotonic() + deadline_s
+        try:
+            while not await asyncio.to_thread(scaled_up):
                 if time.monotonic() > deadline:
-                    raise StepFailed(f"no worker added on 127.0.0.1:{added} within 180 s")
-                if task.done() and task.exception():
-                    raise StepFailed(f"burst failed: {task.exception()!r}")
+                    raise StepFailed(f"no worker added on 127.0.0.1:{added} within {deadline_s:.0f} s ({sent} sent)")
+                if callers.done() and callers.exception():
+                    raise StepFailed(f"burst failed: {callers.exception()!r}")
                 await asyncio.sleep(1.0)
-            answered = await task
+            done.set()
+            await callers
+        finally:
+            done.set()
+            if not callers.done():
+                callers.cancel()
+                with contextlib.suppress(BaseException):
+                    await callers
+            await client.close()
+        return sent, answered
 
-        asyncio.run(burst_and_watch())
-        if answered != requests:
-            raise StepFailed(f"{answered} of {requests} burst requests answered")
-        say(f"    worker sim-llama-8b-as1 ready (/metrics on {added}); {answered} of {requests} answered")
+    with step(f"autoscaler: {clients} callers queue on one sim worker until a worker is added"):
+        sent, answered = asyncio.run(burst_until_scaled(180))
+        if answered != sent:
+            raise StepFailed(f"{answered} of {sent} burst requests answered")
+        say(f"    worker sim-llama-8b-as1 ready (/metrics on {added}); {answered} of {sent} answered")
     for which, port_suffix in prometheus.items():
         keda_queries_evaluate(stack, port_suffix, which)
     with step("autoscaler: no traffic → the added worker drained and gone"):
