@@ -41,15 +41,20 @@ down: ## stop the services (they drain), then Kafka and Redis
 
 # make test runs the tests on TEST_WORKERS pytest-xdist processes. Tests that share one resource (the
 # vLLM engine, the secured broker, a module's stack) stay on one worker, and the slow ones start first
-# (tests/xdist_groups.py). TEST_WORKERS=0 runs them in one process. With 4 workers the two cores are
-# busy for the whole run, so the wall time follows the CPU the tests burn: PYTEST_ARGS="-p tests.cpu_usage"
-# records it per test (`python -m tests.cpu_usage` sums it per module). The services the tests start come
+# (tests/xdist_groups.py). TEST_WORKERS=0 runs them in one process. Many tests wait (consumer session
+# timeouts, restarts): with 4 workers the two cores were busy 68 % of a 358 s run, with 6 the same tests
+# took 281 s (8: 273 s). PYTEST_ARGS="-p tests.cpu_usage" records the CPU per test (`python -m
+# tests.cpu_usage` sums it per module). The services the tests start come
 # from one fork server per worker, which has imported them once (llmbus_tools/harness/forkserver.py;
 # LLMBUS_FORKSERVER=0 starts each with its own interpreter). Bytecode is written even where
 # PYTHONDONTWRITEBYTECODE is set: without its cache each worker rewrites every test module's asserts
 # again at each run's collection (12 instead of 5 CPU-s per worker once the cache is there); on a fresh
 # clone the controller writes that cache once before its workers collect (tests/assert_cache.py).
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
+# The broker make test starts (when none runs yet) compiles with C1 alone: in a run of the suite C2's
+# compiles took 45 of the broker's 150 CPU-s; C1 alone halved its CPU on a part of the suite run side
+# by side (23 against 44 CPU-s, the same wall time). make up and make bench keep the default flags.
+test: export KAFKA_BROKER_JVM_FLAGS ?= -Xms256m -Xmx768m -XX:+UseG1GC -XX:TieredStopAtLevel=1
 test: infra schemas-check ## everything CI runs: schema drift check, unit, integration (real Kafka+Redis), vLLM CPU
 	@LLMBUS_TEST_SWEEP=1 env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -m "not reliability and not long and not analytics" \
 	  -n $(TEST_WORKERS) --dist loadgroup --durations=30 $(PYTEST_ARGS)

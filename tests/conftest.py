@@ -16,7 +16,13 @@ import pytest
 from llmbus.bus.admin import delete_topics_matching, ensure_catalog
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.forkserver import ENABLE_ENV as FORKSERVER_ENV
-from llmbus_tools.harness.service_procs import TEST_NAMESPACE, ServiceProc, drop_namespace, fresh_settings
+from llmbus_tools.harness.service_procs import (
+    TEST_NAMESPACE,
+    ServiceProc,
+    drop_namespace,
+    drop_test_keys,
+    fresh_settings,
+)
 from tests import assert_cache, xdist_groups
 from tests.leaks import describe, leftovers
 
@@ -49,9 +55,12 @@ def redis_up() -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """`make test` (LLMBUS_TEST_SWEEP=1) first drops test topics that earlier killed runs left behind.
+    """`make test` (LLMBUS_TEST_SWEEP=1) first drops the test topics that earlier killed runs left behind,
+    and the Redis keys of earlier runs' namespaces (kept for days by their TTLs, and across restarts
+    by the local Redis's AOF, they made every SCAN of a later run walk them: Redis spent 38 CPU-s in
+    a run on a keyspace of 276k leftover keys).
 
-    Off by default: a sweep would also drop the topics of another test run going on at the same time.
+    Off by default: a sweep would also drop the topics and keys of another test run going on at the same time.
     Done here, once, before any test starts: under pytest-xdist this runs in the controller before the
     workers exist (a worker sweeping would drop the namespaces its siblings are using).
 
@@ -62,8 +71,11 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     os.environ.setdefault(FORKSERVER_ENV, "1")
     is_xdist_worker = hasattr(config, "workerinput")
-    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker and _answers("127.0.0.1", 9092):
-        asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))
+    if os.environ.get("LLMBUS_TEST_SWEEP") == "1" and not is_xdist_worker:
+        if _answers("127.0.0.1", 9092):
+            asyncio.run(delete_topics_matching(BusSettings(), TEST_NAMESPACE))
+        if _answers("127.0.0.1", 6379):
+            asyncio.run(drop_test_keys(BusSettings().redis_url))
     if not is_xdist_worker and getattr(config.option, "numprocesses", None):
         assert_cache.prewarm(config)
     xdist_groups.name_groups_dir(config)

@@ -17,6 +17,7 @@ from llmbus.bus.admin import delete_topics_matching
 from llmbus.client import ready_workers
 from llmbus.process.launch import bus_env, spawn_module
 from llmbus.settings import BusSettings
+from llmbus.state.store import redis_client
 from llmbus_tools.harness.forkserver import ForkedProcess, server_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +35,33 @@ def fresh_settings(**overrides: object) -> BusSettings:
 async def drop_namespace(settings: BusSettings) -> None:
     """Delete a test namespace's topics: thousands of leftover partitions slow the broker for everyone."""
     await delete_topics_matching(settings, re.compile(re.escape(settings.topic_prefix)))
+
+
+# Their Redis keys: `<namespace>…` (cost-accounting's) or `llmbus:<namespace>…` (the other services'),
+# and `llmbus:test-<hex>:…` (the Redis-only tests' namespaces).
+TEST_KEY = re.compile(rb"^(llmbus:)?(t[0-9a-f]{10}\.|test-[0-9a-f]{10}:)")
+
+
+async def drop_test_keys(redis_url: str, batch: int = 1000) -> int:
+    """Delete the keys of every test and bench namespace in a Redis; how many it deleted.
+
+    Their markers keep TTLs of days, and a dev Redis persists them (AOF): each later run's SCANs
+    (the services' own and the tests' teardowns) would walk every key of every earlier run."""
+    client = redis_client(redis_url)
+    doomed: list[bytes] = []
+    dropped = 0
+    try:
+        async for key in client.scan_iter(count=10_000):
+            if TEST_KEY.match(key):
+                doomed.append(key)
+            if len(doomed) >= batch:
+                dropped += await client.unlink(*doomed)
+                doomed.clear()
+        if doomed:
+            dropped += await client.unlink(*doomed)
+    finally:
+        await client.aclose()
+    return dropped
 
 
 def _session_of(pid: int) -> int | None:
