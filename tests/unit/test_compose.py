@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shlex
 import shutil
@@ -16,7 +15,7 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from llmbus.settings import BusSettings
+from llmbus.settings import BusSettings, cache_root
 from llmbus_services.archive.config import ArchiveSettings
 from llmbus_services.autoscaler.config import AutoscalerSettings
 from llmbus_services.engine_worker.config import WorkerSettings
@@ -68,7 +67,7 @@ def compose_binaries() -> dict[str, list[str]]:
     """Debian's docker-compose 1.29 and compose v2 (the engine's plugin, or the binary
     deploy/compose/compose-v2.sh builds), those of them installed here."""
     found = {"compose-1.29": ["docker-compose"]} if shutil.which("docker-compose", path=SYSTEM_PATH) else {}
-    built = Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache/llmbus")) / "bin" / "docker-compose"
+    built = cache_root() / "bin" / "docker-compose"
     plugin = ["docker", "compose"]
     if built.exists():
         found["compose-v2"] = [str(built)]

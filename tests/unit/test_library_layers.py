@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "observability": {"settings"},
     "security": {"contract", "settings", "state"},  # API keys are kept in Redis
     "domain": {"contract"},
-    "archive": {"contract"},
+    "archive": {"contract", "settings"},  # its default root is under the cache root
     "state": {"contract", "settings", "observability"},
     "bus": {"contract", "security", "observability", "settings", "process"},
     "audit": {"contract", "bus", "settings"},

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 KIB = 1024
+
+
+def cache_root() -> Path:
+    """This machine's llmbus files (the venv, Kafka, run files, the archive, test models):
+    `$LLMBUS_CACHE`, default ~/.cache/llmbus. Read at each call, so a process started with another
+    LLMBUS_CACHE (a test's stack) uses its own."""
+    return Path(os.environ.get("LLMBUS_CACHE") or Path.home() / ".cache" / "llmbus")
 
 
 class BusSettings(BaseSettings):

@@ -12,15 +12,16 @@ skipped. Readers take only `*.parquet` (a file still being written ends in `.tmp
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 
+from llmbus.settings import cache_root
+
 
 def default_root() -> Path:
     """`$LLMBUS_CACHE/archive`, read when asked (LLMBUS_ARCHIVE_DIR overrides it; the stacks: a volume)."""
-    return Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus")) / "archive"
+    return cache_root() / "archive"
 
 
 MANIFESTS = "_manifests"

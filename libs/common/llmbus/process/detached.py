@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmbus.process.launch import spawn_module
+from llmbus.settings import cache_root
 
 REPO = Path(__file__).resolve().parents[4]
 
 
 def run_dir() -> Path:
-    """Where the pid and log files are: `$LLMBUS_CACHE/run` (default ~/.cache/llmbus/run), read at each
-    call, so a process started with another LLMBUS_CACHE (the autoscaler's test stack) uses its own."""
-    return Path(os.environ.get("LLMBUS_CACHE", Path.home() / ".cache" / "llmbus")) / "run"
+    """Where the pid and log files are: `$LLMBUS_CACHE/run` (default ~/.cache/llmbus/run)."""
+    return cache_root() / "run"
 
 
 @dataclass(frozen=True)
