@@ -65,9 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
     workers exist (a worker sweeping would drop the namespaces its siblings are using).
 
     Service processes come from a fork server (llmbus_tools.harness.forkserver) unless
-    LLMBUS_FORKSERVER=0: each would otherwise spend a CPU-second on its imports, and the suite is
-    bound by CPU. For the same reason the controller caches the rewritten test modules before its
-    workers collect them (tests/assert_cache.py).
+    LLMBUS_FORKSERVER=0: each would otherwise spend a CPU-second on its imports. To save CPU the same
+    way, the controller caches the rewritten test modules before its workers collect them
+    (tests/assert_cache.py).
     """
     os.environ.setdefault(FORKSERVER_ENV, "1")
     is_xdist_worker = hasattr(config, "workerinput")

@@ -39,7 +39,7 @@ async def drop_namespace(settings: BusSettings) -> None:
 
 # Their Redis keys: `<namespace>…` (cost-accounting's) or `llmbus:<namespace>…` (the other services'),
 # and `llmbus:test-<hex>:…` (the Redis-only tests' namespaces).
-TEST_KEY = re.compile(rb"^(llmbus:)?(t[0-9a-f]{10}\.|test-[0-9a-f]{10}:)")
+TEST_KEY = re.compile(rf"^(llmbus:)?({TEST_NAMESPACE.pattern.removeprefix('^')}|test-[0-9a-f]{{10}}:)".encode())
 
 
 async def drop_test_keys(redis_url: str, batch: int = 1000) -> int:
