@@ -174,7 +174,7 @@ def sends_through_aiokafka(context: otel_context.Context, message: TokenChunk) -
             publishers.append(Publisher(producer, SERVICE, send_timeout_s=5.0))
         return publishers[0]
 
-    return in_loop(lambda: publisher().send(TOPIC, message, key=keys[next(sent) % len(keys)]), context)
+    return in_loop(lambda: publisher().publish(TOPIC, message, key=keys[next(sent) % len(keys)], wait=False), context)
 
 
 def cases(mode: str) -> dict[str, Callable[[int], None]]:
@@ -228,8 +228,12 @@ def cases(mode: str) -> dict[str, Callable[[int], None]]:
         "headers.trace_context": in_context(lambda: hdr.trace_context(headers), otel_context.Context()),
         "codec.decode (TokenChunk)": in_context(lambda: decode(encoded, TokenChunk), otel_context.Context()),
         "ConsumerLoop._handle": in_loop(handle_one, otel_context.Context()),
-        "Publisher.send (TokenChunk)": in_loop(lambda: publisher.send(TOPIC, message, key="k"), context),
-        "Publisher.send (TokenChunk) through aiokafka's producer": sends_through_aiokafka(context, message),
+        "Publisher.publish(wait=False) (TokenChunk)": in_loop(
+            lambda: publisher.publish(TOPIC, message, key="k", wait=False), context
+        ),
+        "Publisher.publish(wait=False) (TokenChunk) through aiokafka's producer": sends_through_aiokafka(
+            context, message
+        ),
         "asyncio.timeout, for scale (one per send and publish)": in_loop(bounded_nothing, context),
         "Publisher.publish (InferenceResult)": in_loop(
             lambda: publisher.publish("llm.results", final, key="k"), context

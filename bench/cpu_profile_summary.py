@@ -18,31 +18,48 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-# First match wins: (label, substring of the code's file path or of a builtin's name).
+# Third-party code is labelled by its package under site-packages (these names, else the package's
+# own); the rest by the first marker that is part of its path, or of a builtin's name (a builtin has
+# no file). A service's code is found under services/<name>/ or, run from a checkout's import path,
+# llmbus_services/<name>/. Checked in that order: a venv may live under a directory called llmbus.
+SITE_PACKAGES = {
+    "aiokafka": "aiokafka",
+    "redis": "redis-py",
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic",
+    "opentelemetry": "opentelemetry",
+    "prometheus_client": "prometheus_client",
+    "uvloop": "uvloop",
+}
 PACKAGES: tuple[tuple[str, str], ...] = (
-    ("aiokafka", "/aiokafka/"),
-    ("redis-py", "/redis/"),
     ("pydantic", "pydantic"),
-    ("opentelemetry", "/opentelemetry/"),
-    ("prometheus_client", "/prometheus_client/"),
-    ("asyncio (stdlib)", "/asyncio/"),
     ("uvloop", "uvloop"),
+    ("asyncio (stdlib)", "/asyncio/"),
     ("llmbus.bus (consume/publish)", "/llmbus/bus/"),
+    ("llmbus.state (Redis markers, batching)", "/llmbus/state/"),
+    ("llmbus.contract (messages, chunks)", "/llmbus/contract/"),
     ("llmbus (other shared code)", "/llmbus/"),
     ("sim engine", "/engines/sim/"),
-    ("engine-worker", "/services/engine_worker/"),
-    ("scheduler", "/services/scheduler/"),
-    ("router", "/services/router/"),
+    ("engine-worker", "services/engine_worker/"),
+    ("scheduler", "services/scheduler/"),
+    ("router", "services/router/"),
+    ("gateway", "services/gateway/"),
     ("json (stdlib)", "/json/"),
-    ("other stdlib", "/lib/python3"),
 )
+BUILTINS = "builtins (len, isinstance, str and bytes methods, ...)"
 
 
 def package_of(filename: str) -> str:
+    """The label of a function's code (its file, or a builtin's name)."""
+    if "/site-packages/" in filename:
+        top = filename.split("/site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+        return SITE_PACKAGES.get(top, top)
     for label, marker in PACKAGES:
         if marker in filename:
             return label
-    return "builtins (len, isinstance, str and bytes methods, ...)"
+    if "/lib/python3" in filename:
+        return "other stdlib"
+    return "other code" if filename.startswith("/") else BUILTINS
 
 
 def shares(path: Path) -> tuple[float, Counter[str]]:

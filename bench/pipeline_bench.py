@@ -55,9 +55,9 @@ TENANT = "bench"
 WORKER_ID = "w1"  # the one worker of each stack
 
 
-def bench_policy(directory: Path) -> Path:
-    """The default routing policy with a tenant that has no rate limits (the load would trip them)."""
-    policy = yaml.safe_load((REPO / "services/router/policies/default.yaml").read_text())
+def bench_policy(directory: Path, tree: Path = REPO) -> Path:
+    """`tree`'s default routing policy with a tenant that has no rate limits (the load would trip them)."""
+    policy = yaml.safe_load((tree / "services/router/policies/default.yaml").read_text())
     policy["tenants"][TENANT] = policy["tenants"]["default"] | {
         "requests_per_s": 1_000_000,
         "burst_requests": 1_000_000,

@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import psutil
@@ -142,32 +142,56 @@ class PipelineClient:
         return Sample(pending.sent_s, ms(pending.first_token_s), ms(pending.final_s), pending.error, request.request_id)
 
 
-class CpuWindow:
-    """CPU seconds (user + system) of named processes between `start()` and `stop()`."""
+def _busy_s() -> float:
+    """CPU-seconds the whole machine spent busy (all cores, every process) since boot."""
+    times = psutil.cpu_times()
+    return float(sum(times)) - times.idle - getattr(times, "iowait", 0.0)
 
-    def __init__(self, pids: dict[str, int]) -> None:
+
+class CpuWindow:
+    """CPU seconds (user + system) of named processes between `start()` and `stop()`, and of the
+    whole machine. The processes named in `with_children` count their children's CPU too (a server's
+    workers)."""
+
+    def __init__(self, pids: dict[str, int], with_children: Collection[str] = ()) -> None:
         self.procs = {name: psutil.Process(pid) for name, pid in pids.items()}
+        self.with_children = set(with_children)
         self._start: dict[str, float] = {}
+        self._machine_start = 0.0
         self.started_s = 0.0
         self.load_before = (0.0, 0.0, 0.0)
 
-    @staticmethod
-    def _cpu(proc: psutil.Process) -> float:
+    def _cpu(self, name: str, proc: psutil.Process) -> float:
         try:
-            times = proc.cpu_times()
+            family = [proc, *(proc.children(recursive=True) if name in self.with_children else [])]
         except psutil.NoSuchProcess:
             return float("nan")
-        return times.user + times.system
+        total = 0.0
+        for member in family:
+            try:
+                times = member.cpu_times()
+            except psutil.NoSuchProcess:
+                if member is proc:
+                    return float("nan")
+                continue  # a child gone meanwhile
+            total += times.user + times.system
+        return total
 
     def start(self) -> None:
         self.load_before = os.getloadavg()
         self.started_s = time.perf_counter()
-        self._start = {name: self._cpu(p) for name, p in self.procs.items()}
+        self._machine_start = _busy_s()
+        self._start = {name: self._cpu(name, p) for name, p in self.procs.items()}
 
     def stop(self) -> dict[str, object]:
         elapsed_s = time.perf_counter() - self.started_s
-        cpu_s = {name: self._cpu(p) - self._start[name] for name, p in self.procs.items()}
-        return {"elapsed_s": elapsed_s, "cpu_s": cpu_s, "loadavg": [self.load_before, os.getloadavg()]}
+        cpu_s = {name: self._cpu(name, p) - self._start[name] for name, p in self.procs.items()}
+        return {
+            "elapsed_s": elapsed_s,
+            "cpu_s": cpu_s,
+            "machine_busy_s": _busy_s() - self._machine_start,
+            "loadavg": [self.load_before, os.getloadavg()],
+        }
 
 
 def broker_pid(bootstrap: str) -> int | None:

@@ -35,8 +35,8 @@ QUEUED_AT_RATE_PER_S = 100.0
 HOPS = ("queued", "router", "scheduler", "worker")
 
 
-def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict[str, float | None]:
-    """Nearest-rank percentiles (the value at rank ceil(q/100·n)), rounded to 0.1; None without values."""
+def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99), digits: int = 1) -> dict[str, float | None]:
+    """Nearest-rank percentiles (the value at rank ceil(q/100·n)), rounded to `digits`; None without values."""
     ordered = sorted(values)
     out: dict[str, float | None] = {}
     for q in qs:
@@ -44,7 +44,7 @@ def percentiles(values: list[float], qs: tuple[int, ...] = (50, 90, 99)) -> dict
             out[f"p{q}"] = None
             continue
         rank = max(1, -(-q * len(ordered) // 100))
-        out[f"p{q}"] = round(float(ordered[rank - 1]), 1)
+        out[f"p{q}"] = round(float(ordered[rank - 1]), digits)
     return out
 
 

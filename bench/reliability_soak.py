@@ -59,18 +59,12 @@ from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
 from llmbus_tools.harness.ports import free_port
+from llmbus_tools.harness.reliability.deployment import TENANTS, Deployment
 from llmbus_tools.harness.reliability.effects import Billing, costs_in, group_members, results_in
 from llmbus_tools.harness.reliability.gateway import api_keys, wait_ready
-from llmbus_tools.harness.reliability.stack import (
-    MODEL,
-    Answers,
-    Load,
-    Stack,
-    make_request,
-    prepare,
-    start_and_wait,
-)
-from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace, fresh_settings
+from llmbus_tools.harness.reliability.load import MODEL, Answers, Load, make_request
+from llmbus_tools.harness.reliability.stack import Stack
+from llmbus_tools.harness.service_procs import drop_namespace, fresh_settings
 
 REPORTS = Path(__file__).resolve().parent / "reports"
 WORKERS = ["w1", "w2"]
@@ -167,7 +161,7 @@ class ChatLoad:
         self.lost[why] = self.lost.get(why, 0) + 1
 
     async def _one(self, http: httpx.AsyncClient, i: int, rng: random.Random) -> None:
-        request = make_request(i, rng)
+        request = make_request(i, rng, TENANTS)
         body = {
             "model": MODEL,
             "messages": [{"role": "user", "content": request.prompt}],
@@ -233,7 +227,7 @@ async def probe_max_rate(settings: BusSettings, seconds: float, in_flight: int =
         async def one_stream() -> None:
             nonlocal done
             while time.monotonic() < deadline:
-                request = make_request(next(counter) * 10 + 1, rng)  # never the cached kind
+                request = make_request(next(counter) * 10 + 1, rng, TENANTS)  # never the cached kind
                 async for chunk in client.stream(request, timeout_s=60):
                     if chunk.final:
                         done += 1
@@ -287,30 +281,28 @@ async def run(
     minutes: float, load_share: float, rate_per_s: float | None, probe_s: float, sample_s: float, http_share: float
 ) -> dict:
     settings = fresh_settings()
-    await prepare(settings)
+    deployment = Deployment.plain(settings)  # the shared broker, without authentication
+    await deployment.prepare()
     topics = t.Topics(settings.topic_prefix)
     log_dir = Path("/tmp") / f"{settings.topic_prefix}soak"
     log_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
-    stack = Stack(settings, log_dir)
+    stack = Stack(deployment, log_dir)
     stack.router()
     stack.scheduler()
     for worker_id in WORKERS:
         stack.worker(worker_id)
     stack.cost()
-    keys = await api_keys(settings)
-    gateway_env = {"LLMBUS_GATEWAY_PORT": str(port), "LLMBUS_GATEWAY_INSTANCE_ID": f"{settings.topic_prefix}gw"}
-    stack.procs["gateway"] = ServiceProc(
-        "llmbus_services.gateway", settings, env=gateway_env, log_dir=log_dir, name="gateway"
-    ).start()
+    keys = await api_keys(settings, TENANTS)
+    stack.gateway(port, f"{settings.topic_prefix}gw")
     supervisor = asyncio.create_task(stack.supervise())
     ends_reader = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=None)
     await ends_reader.start()
     samples: list[dict] = []
     billing = None
     try:
-        await start_and_wait(stack, WORKERS)
+        await stack.workers_ready(WORKERS)
         await wait_group(settings, topics.group(t.COST, "results"))
         await wait_ready(base_url)
         measured = None
@@ -324,10 +316,10 @@ async def run(
             f"soak: {minutes} min at {rate_per_s:.1f} req/s ({kafka_rate:.1f} on Kafka, {http_rate:.1f} over HTTP)",
             file=sys.stderr,
         )
-        answers = await Answers(settings).start()
+        answers = await Answers(deployment).start()
         billing = await Billing(settings).start()
         started = time.monotonic()
-        load = Load(settings, int(kafka_rate * minutes * 60), kafka_rate, seed=11)
+        load = Load(deployment, int(kafka_rate * minutes * 60), kafka_rate, seed=11)
         http = ChatLoad(base_url, keys, int(http_rate * minutes * 60), http_rate)
         sending = asyncio.gather(load.run(), http.run())
         while not sending.done():

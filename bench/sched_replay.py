@@ -171,6 +171,7 @@ def replay(trace: list[TraceRequest], pipeline_name: str, profile: SimProfile, c
             kv_cache_usage_perc=min(1.0, e.pool.usage()),
             num_requests_running=len(e.running),
             num_requests_waiting=len(e.waiting) + len(e.loading),
+            started_at_ms=0,  # one process per worker all the replay long (a later start would be a restart)
             sent_at_ms=int(now_ms),
         )
 

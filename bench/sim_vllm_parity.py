@@ -105,6 +105,7 @@ def build_vllm_scheduler(w: Workload):
         max_model_len=w.max_model_len,
         enable_chunked_prefill=True,
         is_encoder_decoder=False,
+        async_scheduling=False,  # what the CPU build forces; a GPU host's default would turn it on
     )
     model_config = ModelConfig(model=str(build_tiny_llama()), dtype="float32", seed=0, max_model_len=w.max_model_len)
     cache_config = CacheConfig(block_size=BLOCK_SIZE, cache_dtype="auto", enable_prefix_caching=True)

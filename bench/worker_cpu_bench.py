@@ -111,7 +111,7 @@ async def measure(mode: str, requests: int, concurrency: int, max_tokens: int, w
     from llmbus_services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
     from llmbus_services.engine_worker.config import WorkerSettings
     from llmbus_services.engine_worker.core.engine import EngineRequest
-    from llmbus_services.engine_worker.handlers import WorkerHandlers
+    from llmbus_services.engine_worker.flows import WorkerHandlers
 
     setup_tracing("engine-worker", BusSettings())
     engine = SimEngine(SimConfig(speedup=0))

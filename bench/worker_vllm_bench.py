@@ -75,7 +75,7 @@ from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngin
 from llmbus_services.engine_worker.core.engine import EngineRequest
 from llmbus_tools.harness.service_procs import REPO, fresh_settings, wait_workers_ready
 from llmbus_tools.harness.tiny_llama import build_tiny_llama
-from llmbus_tools.harness.vllm_config import TINY_MAX_MODEL_LEN, tiny_vllm_config
+from llmbus_tools.harness.vllm_config import TEST_GPU_MEMORY_UTILIZATION, TINY_MAX_MODEL_LEN, tiny_vllm_config
 
 
 def log(msg: str) -> None:
@@ -319,6 +319,8 @@ class WorkerUnderTest:
                 "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": str(MAX_NUM_SEQS),
                 "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
                 "LLMBUS_WORKER_VLLM_CPU_KVCACHE_SPACE_GIB": "1",
+                # the direct side's share of a GPU (tiny_vllm_config); the CPU build ignores it
+                "LLMBUS_WORKER_VLLM_GPU_MEMORY_UTILIZATION": str(TEST_GPU_MEMORY_UTILIZATION),
                 "LLMBUS_WORKER_DRAIN_GRACE_S": "1",
             }
             | self.env

@@ -94,7 +94,7 @@ CASES = {
 # Where the worker process spends its CPU, by component: (label, file suffix, function). cProfile
 # times a coroutine only while it runs, so cumtime is CPU on the event loop, not time spent awaiting.
 PROFILE_PARTS = (
-    ("dispatch handler, all of it", "engine_worker/handlers.py", "on_dispatch"),
+    ("dispatch handler, all of it", "engine_worker/flows/dispatch.py", "on_dispatch"),
     ("consumer loop per record (span, metrics, handler)", "llmbus/bus/consumer.py", "_handle"),
     ("vLLM output handler (detokenize, per-request queues)", "v1/engine/async_llm.py", "output_handler"),
     ("vLLM add_request (engine input to the core)", "v1/engine/async_llm.py", "add_request"),

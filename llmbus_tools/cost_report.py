@@ -13,7 +13,7 @@ from llmbus_services.cost_accounting.core.money import usd
 from llmbus_services.cost_accounting.core.prices import PriceBook
 from llmbus_services.cost_accounting.core.savings import savings
 
-VIEWS = ("tenant", "model", "experiment", "pool", "kind", "total")
+VIEWS = ("tenant", "model", "experiment", "pool", "kind", "version", "upgrade", "total")
 
 
 def _row(m: dict[str, int]) -> dict[str, Any]:

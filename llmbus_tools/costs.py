@@ -38,13 +38,15 @@ app = typer.Typer(help="cost reports, the capacity planner, price books", no_arg
 
 @app.command("report")
 def costs(
-    view: str = typer.Option("tenant", help="tenant | model | experiment | pool | kind"),
+    view: str = typer.Option(
+        "tenant", help="tenant | model | experiment | pool | kind | version (model@version) | upgrade (release/version)"
+    ),
     json_out: str | None = typer.Option(
         None, "--json", help="write the whole report as JSON to this file ('-': stdout)"
     ),
     pricebook: str | None = typer.Option(None, help="price book YAML (default: the service's)"),
 ) -> None:
-    """Costs per tenant / model / experiment, today and this month, with savings (from Redis aggregates)."""
+    """Costs per tenant / model / experiment / version / release, today and this month, with savings (Redis)."""
     settings = BusSettings()
 
     async def _read() -> dict[str, Any]:

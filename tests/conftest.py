@@ -1,4 +1,4 @@
-"""Shared fixtures: the real local Kafka and Redis (started by `make test`), namespaces, services."""
+"""Shared fixtures: the real local Kafka, Redis and object store (started by `make test`), namespaces, services."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ pytest_plugins = [
     "tests.fixtures.vllm_engine",
     "tests.fixtures.secured_kafka",
     "tests.fixtures.redis_cluster",
-]  # private: SASL/ACL broker, Redis Cluster
+    "tests.fixtures.objectstore",
+    "tests.fixtures.buses",  # `on_bus`: one test body in memory and on the real broker
+]  # private: SASL/ACL broker, Redis Cluster; the shared local object store
 
 
 def _answers(host: str, port: int) -> bool:

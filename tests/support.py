@@ -7,17 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import redis.asyncio as redis
 
 from llmbus.client import TopicTail, collect_results
-from llmbus.contract.messages import InferenceResult
+from llmbus.contract.messages import InferenceRequest, InferenceResult
 from llmbus.settings import BusSettings
-from llmbus_tools.harness.service_procs import ServiceProc
+from llmbus_tools.harness.service_procs import ServiceProc, drop_namespace
+
+
+def user_request(model: str, rng: random.Random) -> InferenceRequest:
+    """One request of many users' steady traffic (the experiment and release tests): a user drawn from
+    100,000 (their A/B bucket), a fresh question, a short answer."""
+    return InferenceRequest(
+        request_id=uuid.uuid4().hex,
+        user_id=f"u{rng.randrange(100_000)}",
+        model=model,
+        prompt=f"question {uuid.uuid4().hex[:8]}: why stream tokens over kafka?",
+        max_tokens=12,
+        temperature=1.0,
+    )
 
 
 def start_sim_stack(
@@ -50,6 +65,12 @@ SCAN_COUNT = 1000
 async def redis_keys(client: redis.Redis, pattern: str) -> list[bytes]:
     """The keys matching `pattern` (SCAN, never KEYS: the Redis may be shared with other work)."""
     return [key async for key in client.scan_iter(match=pattern, count=SCAN_COUNT)]
+
+
+async def drop_keys(client: redis.Redis, pattern: str) -> None:
+    """Every key matching `pattern`, one DEL each (on a Redis Cluster the keys are of many slots)."""
+    for key in await redis_keys(client, pattern):
+        await client.delete(key)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 10, interval_s: float = 0.01) -> None:
@@ -116,3 +137,19 @@ async def wait_http_ok(url: str, timeout_s: float = 90) -> None:
         return False
 
     await eventually(ok, timeout_s=timeout_s, interval_s=0.3)
+
+
+@contextlib.asynccontextmanager
+async def module_stack(procs: list[ServiceProc], settings: BusSettings) -> AsyncIterator[None]:
+    """A test module's service processes: their logs printed when the stack fails (coming up or in use),
+    every one killed and the namespace dropped at the end."""
+    try:
+        yield
+    except BaseException:
+        for proc in procs:
+            print(f"\n--- log of {proc.name} ---\n{proc.log_tail()}")
+        raise
+    finally:
+        for proc in procs:
+            proc.kill()
+        await drop_namespace(settings)

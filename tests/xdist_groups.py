@@ -8,6 +8,7 @@ one expensive session or module resource run on one worker, so it is built once:
 - every test that uses the `vllm_chatml_engine` fixture (the second session engine), in a group of
   its own: its build runs on another worker beside the first engine's chain, and once per run (a
   test of it outside every group was handed to whichever worker was free, and built it again there),
+- every test that uses the `vllm_llama31_engine` fixture (the third, Llama 3.1's), likewise,
 - every test that uses the `secured_kafka` fixture (one private secured broker per run),
 - every test that uses the `redis_cluster` fixture (one private 3-master Redis Cluster per run),
 - all tests of a module that has a module-scoped fixture (a stack of services, a private Redis),
@@ -41,11 +42,12 @@ GROUPS_DIR_ENV = "LLMBUS_XDIST_GROUPS_DIR"
 SHARED_BY_FIXTURE = {
     "vllm_engine": "vllm",
     "vllm_chatml_engine": "vllm-chatml",
+    "vllm_llama31_engine": "vllm-llama31",
     "secured_kafka": "secured-kafka",
     "redis_cluster": "redis-cluster",
 }
 # Groups that build a vLLM engine: the longest chains (a cold start of a minute or more on 2 cores each).
-VLLM_GROUPS = frozenset({"vllm", "vllm-chatml"})
+VLLM_GROUPS = frozenset({"vllm", "vllm-chatml", "vllm-llama31"})
 
 
 def group_of(item: pytest.Item) -> str | None:

@@ -87,7 +87,8 @@ def traced(stack: Stack, request_id: str) -> None:
 
 def burst_scales_up_and_down(stack: Stack, api_key: str, prometheus: dict[str, str], clients: int = 40) -> None:
     """The autoscaler (burst policy) adds a sim-llama-8b worker while a burst queues, then removes it;
-    right after the burst, the KEDA queries are evaluated on each Prometheus (name → port suffix).
+    right after the burst, the KEDA queries (p99 TTFT over 2 s, p99 queue wait over 0.5 s) are evaluated
+    on each Prometheus (name → port suffix).
 
     The burst is sustained: each of `clients` callers sends one request after another until the added
     worker reports ready. A fixed number of requests drains in about the policy's `up_after_s` on the
@@ -185,7 +186,8 @@ def redis_restart_keeps_keys(stack: Stack, api_key: str) -> None:
         lost = [key for key in before if not client.exists(key)]
         if lost:
             raise StepFailed(f"{len(lost)} of {len(before)} keys lost, e.g. {lost[:5]}")
-        kinds = {kind: sum(kind in key.decode() for key in before) for kind in (":apikey:", "}:final", "cost:seen:")}
+        # Cost-accounting's markers live under one hash tag: `{<prefix>cost}:seen:…` (llmbus.state.keys).
+        kinds = {kind: sum(kind in key.decode() for key in before) for kind in (":apikey:", "}:final", "cost}:seen:")}
         if not all(kinds.values()):
             raise StepFailed(f"expected API keys, final markers and cost markers before the restart: {kinds}")
         say(f"    {len(before)} keys kept (API keys, final markers, cost markers: {list(kinds.values())})")
@@ -208,6 +210,7 @@ def llmbus_targets() -> int:
 
 
 LLMBUS_TARGETS = llmbus_targets()
+TTFT_METRIC = "llmbus_scheduler_time_to_first_token_seconds"  # the scheduler's TTFT histogram, KEDA's latency trigger
 
 
 def prometheus_scrapes(stack: Stack, port_suffix: str = "9090", which: str = "Prometheus") -> None:
@@ -241,13 +244,18 @@ def prometheus_scrapes(stack: Stack, port_suffix: str = "9090", which: str = "Pr
 
 def keda_queries_evaluate(stack: Stack, port_suffix: str, which: str) -> None:
     """Each KEDA ScaledObject's PromQL (deploy/k8s/keda/) on a Prometheus of the stack, right after a burst
-    queued: it must evaluate to a number above its threshold (KEDA would scale out)."""
+    queued: every trigger must evaluate to a number above its threshold (KEDA would scale out), and the
+    latency trigger (p99 TTFT, the scheduler's llmbus_scheduler_time_to_first_token_seconds) must be one
+    of them."""
     import urllib.parse
 
-    with step(f"KEDA ScaledObjects' PromQL on {which} after the burst: above threshold"):
+    with step(f"KEDA ScaledObjects' PromQL (p99 TTFT, p99 queue wait) on {which} after the burst: above threshold"):
         for path in sorted((HERE.parent / "k8s" / "keda").glob("*.yaml")):
             for doc in yaml.safe_load_all(path.read_text()):
-                for trigger in (doc or {}).get("spec", {}).get("triggers", []):
+                triggers = (doc or {}).get("spec", {}).get("triggers", [])
+                if doc and not any(TTFT_METRIC in t["metadata"]["query"] for t in triggers):
+                    raise StepFailed(f"{path.name}: no trigger on {TTFT_METRIC}")
+                for trigger in triggers:
                     query, threshold = trigger["metadata"]["query"], float(trigger["metadata"]["threshold"])
                     url = f"http://127.0.0.1:{stack.port(port_suffix)}/api/v1/query?query={urllib.parse.quote(query)}"
                     values: list[float] = []
@@ -258,7 +266,8 @@ def keda_queries_evaluate(stack: Stack, port_suffix: str, which: str) -> None:
                         return any(v > threshold for v in values)
 
                     wait_for(f"{path.name}: {query} > {threshold}", evaluated, 30)
-                    say(f"    {path.name}: {values[0]:.2f} > {threshold} ({doc['metadata']['name']})")
+                    name = f"{doc['metadata']['name']} {trigger.get('name', '')}"
+                    say(f"    {path.name}: {values[0]:.2f} > {threshold} ({name})")
 
 
 def table_cells(html: str, table_id: str) -> list[list[str]]:

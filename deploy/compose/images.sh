@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the compose stack's images on this machine, from Debian packages, PyPI and Maven Central alone:
-# llmbus:dev, llmbus/kafka:4.1.1, llmbus/redis:7, llmbus/prometheus:2 and llmbus/otelcol:0.116.0 (the
+# llmbus:dev, llmbus/kafka:4.1.1, llmbus/redis:7, llmbus/s3proxy:4.1.0, llmbus/prometheus:2 and llmbus/otelcol:0.116.0 (the
 # collector from its Go modules: deploy/otel/build.sh) (deploy/compose/local-images.yml).
 # The base (BASE_IMAGE, default debian:bookworm-slim) is made with debootstrap when the engine lacks it.
 # An extra CA bundle for pip (TLS-intercepting proxies): EXTRA_CA_BUNDLE=/path/ca.pem (default: the
@@ -33,6 +33,9 @@ build llmbus:dev "$HERE/Dockerfile" "$REPO" "${secret[@]}"
 KAFKA_VERSION=$KAFKA_VERSION "$REPO/deploy/kafka/kafka.sh" fetch
 build "llmbus/kafka:$KAFKA_VERSION" "$HERE/images/kafka.Dockerfile" "$CACHE/kafka-$KAFKA_VERSION"
 build llmbus/redis:7 "$HERE/images/redis.Dockerfile" "$HERE/images"
+S3PROXY_VERSION=${S3PROXY_VERSION:-4.1.0}
+S3PROXY_VERSION=$S3PROXY_VERSION "$REPO/deploy/objectstore/objectstore.sh" fetch
+build "llmbus/s3proxy:$S3PROXY_VERSION" "$HERE/images/objectstore.Dockerfile" "$CACHE/s3proxy-$S3PROXY_VERSION"
 build llmbus/prometheus:2 "$HERE/images/prometheus.Dockerfile" "$HERE/images"
 OTELCOL_DIR=$CACHE/otelcol
 if [ ! -x "$OTELCOL_DIR/otelcol-llmbus" ]; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,8 @@ PORT_SUFFIXES = [
     "9092",
     "9093",
     "6379",
+    "9000",
+    "9001",
     "8000",
     "9090",
     "9091",
@@ -32,7 +35,7 @@ PORT_SUFFIXES = [
     "4317",
     "4318",
     "8888",
-] + [f"91{n}" for n in (11, 12, 13, 14, 15, 21, 22, 23, 24)]
+] + [f"91{n}" for n in (11, 12, 13, 14, 15, 21, 22, 23, 24, 31, 32)]
 WORKER_METRICS = {
     "sim-strong-1": "9111",
     "sim-default-1": "9112",
@@ -51,19 +54,37 @@ def free_prefix() -> str:
     raise StepFailed("no port prefix (2-5) with all the stack's ports free on 127.0.0.1")
 
 
+def _docker_has_compose() -> bool:
+    return subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0
+
+
+def install_compose_plugin(built: Path) -> bool:
+    """Make the compose v2 built here the Docker CLI's `docker compose` (a user plugin: a link in
+    $DOCKER_CONFIG/cli-plugins, default ~/.docker/cli-plugins), so that the commands the README and this
+    script print (`docker compose …`) work as printed. True when `docker compose` answers afterwards."""
+    plugins = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "cli-plugins"
+    plugins.mkdir(parents=True, exist_ok=True)
+    link = plugins / "docker-compose"
+    if not link.exists():
+        link.unlink(missing_ok=True)  # a dangling link from an earlier cache
+        link.symlink_to(built)
+    return _docker_has_compose()
+
+
 def compose_binary() -> list[str]:
-    """LLMBUS_COMPOSE if set; else compose v2 (plugin, or built from its Go module into the cache), else
-    Debian's docker-compose 1.29 (installed when nothing else is there and we are root)."""
+    """LLMBUS_COMPOSE if set; else compose v2 (`docker compose`: the engine's plugin, or built from its Go module
+    into the cache and linked in as the Docker CLI's plugin), else Debian's docker-compose 1.29 (installed when
+    nothing else is there and we are root)."""
     if chosen := os.environ.get("LLMBUS_COMPOSE"):
         return chosen.split()
-    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode == 0:
+    if _docker_has_compose():
         return ["docker", "compose"]
     built = CACHE / "bin" / "docker-compose"
     if not built.exists() and shutil.which("go"):
         with step("compose v2 from its Go module (once)"):
             run([str(HERE / "compose-v2.sh")], timeout_s=900, show=True)
     if built.exists():
-        return [str(built)]
+        return ["docker", "compose"] if install_compose_plugin(built) else [str(built)]
     if not shutil.which("docker-compose") and os.geteuid() == 0:
         with step("Debian's docker-compose (no Go toolchain for compose v2)"):
             run(
@@ -82,6 +103,14 @@ class Stack:
         self.secrets_dir = secrets_dir
         self.env = os.environ | {"LLMBUS_PORT_PREFIX": prefix, "LLMBUS_SECRETS_DIR": str(secrets_dir)}
         self.compose = [*compose_binary(), "-p", project, *FILES]
+
+    def command_line(self, *args: str) -> str:
+        """`args` as a shell command a user can paste: this stack's compose command, with the environment it needs
+        where it differs from the compose file's defaults (port prefix 2, secrets in deploy/compose/secrets)."""
+        env = [f"LLMBUS_PORT_PREFIX={self.prefix}"] if self.prefix != "2" else []
+        if self.secrets_dir.resolve() != (HERE / "secrets").resolve():
+            env.append(f"LLMBUS_SECRETS_DIR={shlex.quote(str(self.secrets_dir))}")
+        return " ".join([*env, *map(shlex.quote, [*self.compose, *args])])
 
     def __call__(self, *args: str, timeout_s: float = 600, check: bool = True, show: bool = False) -> str:
         return run([*self.compose, *args], env=self.env, timeout_s=timeout_s, check=check, show=show)

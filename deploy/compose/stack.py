@@ -4,11 +4,13 @@
     python deploy/compose/stack.py smoke   the same under its own project and free ports, then through the
                                            gateway with the official `openai` SDK a streamed and a plain
                                            chat, `llmbus trace`, `llmbus status`, `llmbus costs` (the
-                                           requests billed), Redis SIGKILLed losing no key, Prometheus
-                                           scraping every target, its alert rules and consoles (on the
-                                           stack's Prometheus 2 and on Prometheus 3 beside it), a
-                                           scale-up by the autoscaler under a burst and back down; then
-                                           `down -v`
+                                           requests billed), Redis SIGKILLed losing no key, a model
+                                           version released (two versions pushed into its object store, a
+                                           worker each, shadow to 100 %, `llmbus trace` and `llmbus models
+                                           history` showing the release), Prometheus scraping every
+                                           target, its alert rules and consoles (on the stack's
+                                           Prometheus 2 and on Prometheus 3 beside it), a scale-up by the
+                                           autoscaler under a burst and back down; then `down -v`
     python deploy/compose/stack.py down    `down -v` of the `up` stack, and the engine if this script started it
 
 Every step prints its duration; a failed step prints the state and logs of the services that failed.
@@ -37,8 +39,10 @@ from checks import (
     spans_reach_the_collector,
     traced,
 )
-from project import FILES, HERE, PORT_SUFFIXES, WORKER_METRICS, Stack, free_prefix, prepare
+from model_release import release_a_model_version
+from project import HERE, PORT_SUFFIXES, WORKER_METRICS, Stack, free_prefix, prepare
 from steps import StepFailed, port_free, report, run, say, step
+from user_commands import STATUS_COMMAND, printed_next_command, readme_compose_example
 
 # The stack's Prometheus (Debian's 2.x in the local images) and Prometheus 3 beside it (the official
 # image's major), by their port suffixes: the scrapes, rules, KEDA queries and consoles are checked on both.
@@ -56,8 +60,11 @@ def checks(stack: Stack) -> None:
         if missing := [w for w in WORKER_METRICS if w not in status]:
             raise StepFailed(f"workers missing from llmbus status: {missing}\n{status}")
     billed(stack, "acme", 2)
+    readme_compose_example(stack)
+    printed_next_command(stack)
     redis_restart_keeps_keys(stack, api_key)
     session_turn_and_feedback(stack, api_key)
+    release_a_model_version(stack, api_key)
     for which, port_suffix in PROMETHEUS.items():
         prometheus_scrapes(stack, port_suffix, which)
         consoles_render(stack, port_suffix, which)
@@ -118,7 +125,7 @@ def main() -> None:
         say(
             f"\nthe stack is up: gateway http://127.0.0.1:{stack.port('8000')}/v1, Prometheus "
             f"http://127.0.0.1:{stack.port('9090')}, Kafka 127.0.0.1:{stack.port('9092')} (SASL/SCRAM).\n"
-            f"  docker compose -p llmbus {' '.join(FILES)} run --rm cli llmbus status\n"
+            f"  {stack.command_line(*STATUS_COMMAND)}\n"
             "  make compose-down   (removes the stack and its volumes)"
         )
     except StepFailed as failure:

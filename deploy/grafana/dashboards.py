@@ -108,6 +108,27 @@ QUALITY: list[Panel] = [
         ],
     ),
     ("Preemptions", "short", [("sum by (model) (increase(llmbus_request_preemptions_total[5m]))", "{{model}}")]),
+    (
+        "Releases: results by version and stage",
+        "reqps",
+        [
+            (
+                "sum by (model, version, upgrade_id, stage) (rate(llmbus_version_results_total[5m]))",
+                "{{model}}@{{version}} {{upgrade_id}} {{stage}}",
+            )
+        ],
+    ),
+    (
+        "Releases: error rate by version",
+        "percentunit",
+        [
+            (
+                'sum by (model, version) (rate(llmbus_version_results_total{status="error"}[15m]))'
+                " / sum by (model, version) (rate(llmbus_version_results_total[15m]))",
+                "{{model}}@{{version}}",
+            )
+        ],
+    ),
 ]
 
 USER_EXPERIENCE: list[Panel] = [
@@ -125,6 +146,14 @@ USER_EXPERIENCE: list[Panel] = [
         [
             (_q(0.5, "llmbus_request_e2e_request_latency_seconds", "model"), "p50 {{model}}"),
             (_q(0.95, "llmbus_request_e2e_request_latency_seconds", "model"), "p95 {{model}}"),
+        ],
+    ),
+    (
+        "Total time by model version",
+        "s",
+        [
+            (_q(0.5, "llmbus_version_e2e_request_latency_seconds", "model, version"), "p50 {{model}}@{{version}}"),
+            (_q(0.95, "llmbus_version_e2e_request_latency_seconds", "model, version"), "p95 {{model}}@{{version}}"),
         ],
     ),
     (
@@ -150,6 +179,16 @@ USER_EXPERIENCE: list[Panel] = [
         "Queue wait per pool",
         "s",
         [(_q(0.5, "llmbus_scheduler_queue_wait_seconds", "model_name"), "p50 {{model_name}}")],
+    ),
+    (
+        "TTFT per pool (the autoscaler's latency trigger)",
+        "s",
+        [(_q(0.99, "llmbus_scheduler_time_to_first_token_seconds", "model_name"), "p99 {{model_name}}")],
+    ),
+    (
+        "Prefill backlog per pool (prompt tokens waiting in the engines)",
+        "short",
+        [("llmbus_scheduler_prefill_backlog_tokens", "{{model_name}}")],
     ),
     (
         "Gateway: time to first byte of the answer",

@@ -41,7 +41,7 @@ READY_TIMEOUT_S=${KAFKA_READY_TIMEOUT_S:-90}
 STOP_GRACE_S=${KAFKA_STOP_GRACE_S:-30}
 AUTH=${KAFKA_AUTH:-none}  # none | scram
 CREDENTIALS=${KAFKA_CREDENTIALS:-$RUN_DIR/$NAME.credentials}
-SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway archive operator analytics"
+SERVICE_USERS="router scheduler engine-worker shadow-comparator autoscaler cost-accounting gateway archive node-agent operator analytics"
 TENANTS=${KAFKA_TENANTS:-acme globex}
 TLS=${KAFKA_TLS:-0}
 TLS_PORT=${KAFKA_TLS_PORT:-$((PORT + 2))}
@@ -57,17 +57,15 @@ CDS_DIR=$CACHE/kafka-cds-$KAFKA_VERSION  # not inside $HOME_DIR: that is the Kaf
 CDS_WRITTEN=$RUN_DIR/$NAME.jsa  # the archive this broker writes at a clean exit when none was there
 
 log() { echo "[kafka] $*" >&2; }
+# shellcheck source=../lib/server.sh
+. "$HERE/../lib/server.sh"
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; }
 
 fetch() {
   if [ -f "$LIBS/.complete" ]; then return; fi
   log "fetching org.apache.kafka:kafka_2.13:$KAFKA_VERSION and its dependencies from Maven Central"
-  command -v mvn >/dev/null || { log "mvn not found: apt-get install -y maven"; exit 1; }
-  mkdir -p "$LIBS"
-  mvn -q -B -f "$HERE/pom.xml" -Dkafka.version="$KAFKA_VERSION" \
-    dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$LIBS"
-  touch "$LIBS/.complete"
+  maven_fetch "$HERE/pom.xml" "$LIBS" -Dkafka.version="$KAFKA_VERSION"
 }
 
 # Class data sharing (a JDK 13+ dynamic archive): the classes one JVM of a kind (broker, tool) loaded,
@@ -227,11 +225,7 @@ PROPS
 
 # The pid file's broker, if it is still one: a pid file left by a broker that died with its machine (or a
 # session) may name a dead or reused pid.
-running_pid() {
-  local pid
-  pid=$(cat "$PID_FILE" 2>/dev/null) || return 1
-  [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q "kafka.Kafka $PROPERTIES" && echo "$pid"
-}
+running_pid() { pid_running "$PID_FILE" "kafka.Kafka $PROPERTIES"; }
 
 wait_ready() {
   local deadline=$((SECONDS + READY_TIMEOUT_S))
@@ -267,15 +261,10 @@ stop() {
   local pid
   if ! pid=$(running_pid); then log "not running"; rm -f "$PID_FILE"; return; fi
   log "stopping pid $pid"
-  kill -TERM "$pid" 2>/dev/null || true
-  local waits=$((STOP_GRACE_S * 2)) i  # not `_`: bash sets $_ to each command's last argument
-  for ((i = 0; i < waits; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  if kill -0 "$pid" 2>/dev/null; then
-    log "still alive after ${STOP_GRACE_S}s; killing"
-    kill -KILL "$pid"
-    rm -f "$CDS_WRITTEN"  # cut short: what it wrote is not whole
-  else
+  if stop_pid "$pid" "$STOP_GRACE_S"; then
     cds_keep "$CDS_WRITTEN" "$(cds_archive broker)"
+  else
+    rm -f "$CDS_WRITTEN"  # cut short: what it wrote is not whole
   fi
   rm -f "$PID_FILE"
 }

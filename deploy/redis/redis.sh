@@ -7,6 +7,8 @@
 # Redis, so every write goes to the append-only file (fsync every second, at most ~1 s of writes lost
 # on a crash; none on a stop). REDIS_APPENDONLY=no for a throwaway instance.
 # Redis AUTH: REDIS_PASSWORD=... redis.sh start (requirepass; clients set LLMBUS_REDIS_PASSWORD).
+# Redis ACL users: REDIS_ACLFILE=<file> (from `llmbus acl redis-users`: one user per service, and
+# `default` with REDIS_PASSWORD, which this script's own redis-cli calls use) loads it with `aclfile`.
 set -euo pipefail
 
 CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
@@ -15,6 +17,7 @@ PORT=${REDIS_PORT:-6379}
 NAME=${REDIS_NAME:-redis}  # pid, log and data of this instance: $RUN_DIR/$NAME.*, $RUN_DIR/$NAME-data
 APPENDONLY=${REDIS_APPENDONLY:-yes}
 PASSWORD=${REDIS_PASSWORD:-}
+ACLFILE=${REDIS_ACLFILE:-}
 # redis-cli reads the password from REDISCLI_AUTH: it stays out of the process list.
 if [ -n "$PASSWORD" ]; then export REDISCLI_AUTH=$PASSWORD; fi
 PID_FILE=$RUN_DIR/$NAME.pid
@@ -36,7 +39,9 @@ start() {
   mkdir -p "$RUN_DIR/$NAME-data"
   local options=(--bind 127.0.0.1 --port "$PORT" --daemonize yes --pidfile "$PID_FILE"
     --dir "$RUN_DIR/$NAME-data" --logfile "$RUN_DIR/$NAME.log" --save "" --appendonly "$APPENDONLY" --appendfsync everysec)
-  if [ -n "$PASSWORD" ]; then  # config on stdin, not argv: the password stays out of `ps`
+  if [ -n "$ACLFILE" ]; then  # the users and their password hashes are in the file, not on argv
+    redis-server "${options[@]}" --aclfile "$(realpath "$ACLFILE")"
+  elif [ -n "$PASSWORD" ]; then  # config on stdin, not argv: the password stays out of `ps`
     printf 'requirepass "%s"\n' "$PASSWORD" | redis-server - "${options[@]}"
   else
     redis-server "${options[@]}"

@@ -37,9 +37,10 @@ async def drop_namespace(settings: BusSettings) -> None:
     await delete_topics_matching(settings, re.compile(re.escape(settings.topic_prefix)))
 
 
-# Their Redis keys: `<namespace>…` (cost-accounting's) or `llmbus:<namespace>…` (the other services'),
-# and `llmbus:test-<hex>:…` (the Redis-only tests' namespaces).
-TEST_KEY = re.compile(rf"^(llmbus:)?({TEST_NAMESPACE.pattern.removeprefix('^')}|test-[0-9a-f]{{10}}:)".encode())
+# Their Redis keys: `{<namespace>cost}:…` (cost-accounting's), `llmbus:<namespace>…` or
+# `llmbus:{<namespace>…` (the other services', hash-tagged or not), `<namespace>cost:…` (from before the
+# tags), and `llmbus:test-<hex>:…` (the Redis-only tests' namespaces).
+TEST_KEY = re.compile(rf"^(llmbus:)?\{{?({TEST_NAMESPACE.pattern.removeprefix('^')}|test-[0-9a-f]{{10}}:)".encode())
 
 
 async def drop_test_keys(redis_url: str, batch: int = 1000) -> int:

@@ -8,6 +8,9 @@ from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmConfi
 from llmbus_tools.harness.tiny_llama import build_tiny_llama
 
 TINY_MAX_MODEL_LEN = 512
+# On a GPU each test engine (a session's two, a worker process) takes this share of the device's memory, so they
+# fit on one GPU side by side; the CPU build ignores it. LLMBUS_TEST_GPU_MEMORY_UTILIZATION changes it.
+TEST_GPU_MEMORY_UTILIZATION = float(os.environ.get("LLMBUS_TEST_GPU_MEMORY_UTILIZATION", "0.2"))
 
 
 def tiny_vllm_config(**overrides: object) -> VllmConfig:
@@ -23,10 +26,8 @@ def tiny_vllm_config(**overrides: object) -> VllmConfig:
         "warmup_iterations": 2,  # the plan's shape (iterations x dummy tokens), small on 2 cores
         "warmup_prompt_tokens": 256,
         "engine_core_start_method": "fork",  # see FAST_VLLM_ENV
+        "gpu_memory_utilization": TEST_GPU_MEMORY_UTILIZATION,
     }
-    if share := os.environ.get("LLMBUS_TEST_GPU_MEMORY_UTILIZATION"):
-        # On a GPU (make gpu-check) the session's engines share one device: each takes only this share.
-        values["gpu_memory_utilization"] = float(share)
     values.update(overrides)
     return VllmConfig(**values)  # type: ignore[arg-type]
 
@@ -45,4 +46,17 @@ FAST_VLLM_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
     "TOKENIZERS_PARALLELISM": "false",
+}
+
+# An engine-worker process of the tiny model (its files fetched from a store, or its path given besides) as the
+# tests run one: the model's window, a small batch, one short warm-up, the engine core forked, FAST_VLLM_ENV.
+TINY_WORKER_ENV = {
+    "LLMBUS_WORKER_VLLM_DTYPE": "float32",
+    "LLMBUS_WORKER_VLLM_MAX_MODEL_LEN": str(TINY_MAX_MODEL_LEN),
+    "LLMBUS_WORKER_VLLM_MAX_NUM_SEQS": "4",
+    "LLMBUS_WORKER_VLLM_IGNORE_EOS": "true",
+    "LLMBUS_WORKER_VLLM_WARMUP_ITERATIONS": "1",
+    "LLMBUS_WORKER_VLLM_WARMUP_PROMPT_TOKENS": "64",
+    "LLMBUS_WORKER_VLLM_ENGINE_CORE_START_METHOD": "fork",
+    **FAST_VLLM_ENV,
 }

@@ -5,34 +5,29 @@
   llm.comparisons  group llmbus.archive.comparisons
   llm.feedback     group llmbus.archive.feedback  (auth on: by pattern, and every llm.feedback.<tenant>)
   llm.requests     group llmbus.archive.requests  (auth on: by pattern; LLMBUS_ARCHIVE_PROMPTS=false: not read)
-A batch's offsets are committed after its files and manifest are in place (llmbus_services.archive.adapters.store);
+A batch's offsets are committed after its files and manifest are in place in every target (the directory:
+llmbus_services.archive.adapters.store; a bucket: .bucket_store);
 a batch that raises goes to llm.dlq record by record, a transient failure is retried in place.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from llmbus.archive.rows import KINDS_BY_NAME
 from llmbus.bus.service import ServiceRuntime
 from llmbus.contract import contracts
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
-from llmbus_services.archive.adapters.store import ArchiveStore
+from llmbus_services.archive.adapters.targets import open_targets
 from llmbus_services.archive.config import ArchiveSettings
-from llmbus_services.archive.handlers import ArchiveHandlers
+from llmbus_services.archive.flows import ArchiveHandlers
 
-log = logging.getLogger(__name__)
 PATTERNS = {"feedback": tenancy.feedback_topic_pattern, "requests": tenancy.request_topic_pattern}
 
 
 def build(runtime: ServiceRuntime, cfg: ArchiveSettings) -> ArchiveHandlers:
-    cfg.dir.mkdir(parents=True, exist_ok=True)
-    store = ArchiveStore(cfg.dir, id_cache_dirs=cfg.id_cache_dirs, compression=cfg.compression)
-    completed, removed = store.recover(cfg.orphan_age_s)
-    log.info("archive at %s: %d files completed, %d unfinished ones removed", cfg.dir, completed, removed)
-    handlers = ArchiveHandlers(store, runtime.topics, runtime.dead_letter)
+    handlers = ArchiveHandlers(open_targets(cfg), runtime.topics, runtime.dead_letter)
     fetch: dict[str, object] = {"fetch_max_wait_ms": cfg.fetch_max_wait_ms, "fetch_min_bytes": cfg.fetch_min_bytes}
     for name, kind in KINDS_BY_NAME.items():
         if name == "requests" and not cfg.prompts:
@@ -49,10 +44,4 @@ def build(runtime: ServiceRuntime, cfg: ArchiveSettings) -> ArchiveHandlers:
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
-    runtime = await ServiceRuntime.connect(settings, contracts.ARCHIVE)
-    build(runtime, ArchiveSettings())
-    try:
-        await runtime.start()
-        await runtime.wait(stop)
-    finally:
-        await runtime.stop()
+    await ServiceRuntime.serve(settings, contracts.ARCHIVE, lambda runtime: build(runtime, ArchiveSettings()), stop)

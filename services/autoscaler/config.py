@@ -14,6 +14,10 @@ class AutoscalerSettings(BaseSettings):
     pools: str = "default"  # services/autoscaler/policies/<name>.yaml, or a path to a YAML file
     actuator: Literal["local", "kubernetes", "none"] = "local"
     kubernetes_host: str | None = None  # None: in-cluster config, else ~/.kube/config
+    # Every Kubernetes API call gives up after these (then retried with backoff): a hung API server
+    # never holds the evaluation lock, and so every pool's scaling, for longer than their sum.
+    kubernetes_connect_timeout_s: float = Field(default=5.0, gt=0)
+    kubernetes_read_timeout_s: float = Field(default=10.0, gt=0)
     # More environment for the workers the local actuator starts (JSON object): on a secured dev stack
     # `llmbus up` puts the worker principal's credentials here, so workers never connect as the autoscaler.
     worker_env: dict[str, str] = Field(default_factory=dict)

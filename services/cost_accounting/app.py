@@ -18,8 +18,8 @@ from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
 from llmbus.bus.codec import BadMessage
-from llmbus.bus.service import ServiceRuntime
-from llmbus.bus.tables import read_since, read_table, resume_time_ms
+from llmbus.bus.service import Phase, ServiceRuntime
+from llmbus.bus.tables import resume_time_ms
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord, ErrorCode, PriceBookUpdate, ScaleDecision, WorkerStatus, now_ms
@@ -32,7 +32,7 @@ from llmbus_services.cost_accounting.config import CostSettings
 from llmbus_services.cost_accounting.core.budgets import load_budgets
 from llmbus_services.cost_accounting.core.gpu_ledger import GpuLedger
 from llmbus_services.cost_accounting.core.prices import load_pricebook
-from llmbus_services.cost_accounting.handlers import CostHandlers
+from llmbus_services.cost_accounting.flows import CostHandlers
 
 log = logging.getLogger(__name__)
 
@@ -100,17 +100,20 @@ class CostService:
         runtime.subscribe("pricebook", on_pricebook)
         # The autoscaler's decisions: scale events per pool, beside the cold starts they cost.
         runtime.subscribe("scaling", on_scaling)
-        # Self-hosted results stay uncommitted until billed (handlers.py: Redis data loss loses none).
+        # Self-hosted results stay uncommitted until billed (flows/billing.py: Redis data loss loses none).
         runtime.subscribe(
             "results", handlers.on_results, batch_max_records=self.cost.batch_max_records, holds=handlers.holds
         )
         runtime.every(self.cost.close_every_s, "ledger", self.tick)
+        # Restoring may publish (the outbox's records, a budget alert): once the ledger knows every
+        # worker's life (the followed heartbeats and price book) and before the first result is billed.
+        runtime.on_start(self.handlers.restore, Phase.FOLLOWED)
+        runtime.on_start(self._tune_gc, Phase.SERVING)
+        runtime.on_stop(self.redis.aclose)
 
     async def billed_since(self, since_ms: int) -> list[CostRecord]:
         """The declared start-up read `billed`: llm.costs from `since_ms` to its end as of now."""
-        return await read_since(
-            self.settings, self.topics.name(t.COSTS), CostRecord, since_ms, self.cost.rebuild_timeout_s
-        )
+        return await self.runtime.read_since("billed", since_ms, self.cost.rebuild_timeout_s)
 
     async def resume_at(self) -> int | None:
         """When the oldest record of llm.results this service's group reads again was written."""
@@ -122,23 +125,13 @@ class CostService:
         await self.runtime.dead_letter(record, exc)
 
     async def start(self) -> None:
-        # The heartbeat table first, then the held results: the ledger knows every worker's life
-        # before the first result arrives.
-        table = await read_table(self.settings, self.topics.name(t.WORKERS), WorkerStatus)
-        for status in sorted(table.values(), key=lambda s: s.sent_at_ms):
-            self.handlers.on_worker(status)
-        for update in (await read_table(self.settings, self.topics.name(t.PRICEBOOK), PriceBookUpdate)).values():
-            try:
-                self.handlers.on_pricebook(update)
-            except ValidationError:
-                log.exception("the price book on %s is invalid; keeping the file's", t.PRICEBOOK)
+        """Connected (unless a runtime was given), then every start phase (llmbus.bus.service)."""
         if self._runtime is None:
             self._runtime = await ServiceRuntime.connect(self.settings, contracts.COST)
             self._subscribe(self._runtime)
-        # Restoring may publish (the outbox's records, a budget alert): the publisher is connected
-        # first, the subscriptions start only once the ledger is back.
-        await self.handlers.restore()
         await self.runtime.start()
+
+    async def _tune_gc(self) -> None:
         tune_gc(self.cost.gc_freeze, self.cost.gc_gen0_threshold)
 
     async def tick(self) -> None:
@@ -147,15 +140,12 @@ class CostService:
 
     async def stop(self) -> None:
         if self._runtime is not None:
-            await self._runtime.stop()
-        await self.redis.aclose()
+            await self._runtime.stop()  # its clean-ups close Redis
+        else:
+            await self.redis.aclose()
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
-    service = CostService(settings, CostSettings())
-    await service.start()
-    log.info("cost-accounting running (results -> llm.costs + aggregates, budgets)")
-    try:
-        await service.runtime.wait(stop)
-    finally:
-        await service.stop()
+    await ServiceRuntime.serve(
+        settings, contracts.COST, lambda runtime: CostService(settings, CostSettings(), runtime), stop
+    )

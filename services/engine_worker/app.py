@@ -1,36 +1,126 @@
-"""Engine-worker wiring: profile the node, choose the format, start and warm the engine, serve."""
+"""Engine-worker wiring: profile the node, choose the format, start and warm the engine, serve, drain."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
 import time
 
 from prometheus_client import REGISTRY
 
-from llmbus.bus import Bus, ConsumerLoop, make_consumer, stop_consumer
-from llmbus.bus.admin import ensure_topics
-from llmbus.bus.catch_up import wait_assigned
-from llmbus.bus.runtime import run_until_stopped
-from llmbus.bus.tables import read_table
+from llmbus.bus.service import Phase, ServiceRuntime, cancelled_at_stop
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
-from llmbus.contract.messages import ModelSpec, WorkerState
+from llmbus.contract.messages import WorkerState
+from llmbus.node.gauges import register_node_metrics
 from llmbus.process import started
 from llmbus.settings import BusSettings
 from llmbus.state.store import dispatch_markers, redis_client
+from llmbus_services.engine_worker.adapters.cold_start_span import record_cold_start
 from llmbus_services.engine_worker.adapters.engines.factory import build_engine
 from llmbus_services.engine_worker.adapters.lifecycle import Lifecycle
-from llmbus_services.engine_worker.adapters.node.metrics import register_node_metrics
-from llmbus_services.engine_worker.adapters.node.publish import profile_and_publish
+from llmbus_services.engine_worker.adapters.model_fetch import PreparedModel, prepare_model
+from llmbus_services.engine_worker.adapters.node.publish import NodeProfiles
 from llmbus_services.engine_worker.config import WorkerSettings
 from llmbus_services.engine_worker.core.engine import Engine
 from llmbus_services.engine_worker.core.node_plan import plan_for
+from llmbus_services.engine_worker.core.registry_version import registry_spec
 from llmbus_services.engine_worker.core.status import cold_start_phases
-from llmbus_services.engine_worker.handlers import RunSite, WorkerHandlers
+from llmbus_services.engine_worker.flows import RunSite, WorkerHandlers
 
 log = logging.getLogger(__name__)
+
+
+async def build(
+    runtime: ServiceRuntime, ws: WorkerSettings, start: started.Start, engine: Engine | None = None
+) -> WorkerHandlers:
+    """The node profiled and its plan made (the engine's format and settings), then the worker's flows
+    bound to its declared subscriptions (llmbus.contract.contracts.WORKER) and its start phases."""
+    settings, topics = runtime.settings, runtime.topics
+    dispatch_topic = topics.dispatch(ws.worker_id)
+    await runtime.ensure_topics([(dispatch_topic, t.DISPATCH_SPEC)])
+    profiles = NodeProfiles(runtime.bus, lambda: runtime.read_table("nodes"), ws.node_id, ws.node_agent_max_age_s)
+    profile = await profiles.refresh()  # its node agent's, else its own probe
+    specs = await runtime.read_table("models")
+    spec, version = registry_spec(specs, ws.model, ws.model_version)  # VersionRefused: the worker does not start
+    # NoFormatFits: a clear error, the worker does not start. The engine's GPUs are the ones vLLM will see.
+    plan = plan_for(
+        ws.model_copy(update={"model_version": version}), profile, spec, os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+    # The model version's artifact, fetched and verified into the node's cache (when the settings name one):
+    # a bad one ends the start here (a FAILED heartbeat, exit 3), before any engine exists.
+    prepared = await prepare_model(runtime.bus, plan.settings, settings, profile, plan, start.wall_ms)
+    plan = prepared.plan
+    log.info("node %s (%s): %s", profile.node_id, profile.kind, plan.reason)
+
+    redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
+    runtime.on_stop(redis.aclose)
+    if engine is None:  # an engine given is its owner's to stop
+        engine = build_engine(plan.settings)
+        runtime.on_stop(engine.stop)
+    handlers = WorkerHandlers(runtime.bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
+    handlers.started_at_ms = start.wall_ms
+    handlers.site = RunSite(
+        worker_id=ws.worker_id,
+        produced_by=runtime.bus.service,
+        node_id=profile.node_id,
+        gpu=profile.gpus[0].name if profile.gpus else None,
+        model_version=plan.settings.model_version,
+        model_format=plan.model_format,
+    )
+    life = Lifecycle(runtime.bus, plan.settings, handlers, dispatch_topic, plan, profiles)
+    life.started_at_ms = start.wall_ms
+    life.profile = profile
+    register_node_metrics(REGISTRY, lambda: life.profile)  # DCGM-named gauges on this process's /metrics
+
+    runtime.every(ws.heartbeat_interval_s, "heartbeat", life.beat, at_once=True, phase=Phase.STARTING)
+    runtime.every(ws.node_profile_interval_s, "node profile", life.reprofile, phase=Phase.STARTING)
+    runtime.on_start(lambda: warm_up(life, engine, start, prepared))
+    runtime.subscribe(
+        "dispatch",
+        handlers.on_dispatch,
+        names={"worker_id": ws.worker_id},
+        retries=False,  # a dispatch that fails is handed back (or answered) by its handler at once
+        max_in_flight=ws.max_in_flight,
+        drain_grace_s=ws.drain_grace_s,
+        grace_over=handlers.abort_all,  # what still runs then is aborted and handed back
+    )
+    # From the log's end, in the group before ready: a cancel sent before it was ready is not its.
+    runtime.subscribe("control", handlers.on_control, names={"worker_id": ws.worker_id}, retries=False)
+    runtime.task("engine restarts", cancelled_at_stop(life.restart_engine_on_failure))
+    runtime.task("upstream watch", cancelled_at_stop(life.watch_upstream_forever))
+    runtime.on_start(lambda: life.set_state(WorkerState.READY), Phase.SERVING)
+    runtime.on_drain(life.drain)  # SIGTERM or a failed loop: DRAINING before the loops stop taking work
+    runtime.on_stop(life.stop_handover)
+
+    async def stopped() -> None:
+        if not runtime.failed:  # a worker that failed says nothing: it is restarted
+            await life.set_state(WorkerState.STOPPED)
+
+    runtime.on_stop(stopped)
+    return handlers
+
+
+async def warm_up(life: Lifecycle, engine: Engine, start: started.Start, prepared: PreparedModel) -> None:
+    """The engine started and warmed up; the cold start measured from the process's start, by phase."""
+    await life.set_state(WorkerState.WARMING)
+    engine_starts = time.monotonic()
+    await engine.start()
+    warmup_starts = time.monotonic()
+    await engine.warmup()
+    ready = time.monotonic()
+    life.cold_start_s = round(ready - start.monotonic, 3)
+    life.cold_start_phases_s = cold_start_phases(
+        engine_starts - start.monotonic,
+        warmup_starts - engine_starts,
+        ready - warmup_starts,
+        getattr(engine, "cold_start_phases_s", {}),  # only vllm splits its start
+    )
+    life.cold_start_phases_s = prepared.phases(life.cold_start_phases_s)  # fetch and verify, carved out of startup
+    log.info("ready after %.2fs cold start: %s", life.cold_start_s, life.cold_start_phases_s)
+    phases, worker = life.cold_start_phases_s, life.settings.worker_id
+    record_cold_start(start.wall_ms, life.cold_start_s, phases, worker, engine.name, engine.model, life.handlers.site)
 
 
 async def main(
@@ -48,102 +138,7 @@ async def main(
     # running process (`engine` given) starts at this call.
     start = started.now() if engine is not None else started.of_this_process()
     ws = worker_settings or WorkerSettings()
-    bus = await Bus.start(settings, t.WORKER, client_suffix=f"-{ws.worker_id}")
-    topics = bus.topics
-    dispatch_topic = topics.dispatch(ws.worker_id)
-    await ensure_topics(settings, [(dispatch_topic, t.DISPATCH_SPEC)])
-    profile = await profile_and_publish(bus, ws.node_id)
-    specs = await read_table(settings, topics.name(t.MODELS), ModelSpec, timeout_s=5)
-    plan = plan_for(ws, profile, specs.get(ws.model))  # NoFormatFits: a clear error, the worker does not start
-    log.info("node %s (%s): %s", profile.node_id, profile.kind, plan.reason)
-
-    redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
-    owns_engine = engine is None
-    engine = engine or build_engine(plan.settings)
-    handlers = WorkerHandlers(bus, plan.settings, engine, dispatch_markers(redis, settings.topic_prefix))
-    handlers.started_at_ms = start.wall_ms
-    handlers.site = RunSite(
-        node_id=profile.node_id,
-        gpu=profile.gpus[0].name if profile.gpus else None,
-        model_version=plan.settings.model_version,
-        model_format=plan.model_format,
+    suffix = f"-{ws.worker_id}"
+    await ServiceRuntime.serve(
+        settings, contracts.WORKER, lambda rt: build(rt, ws, start, engine), stop, client_suffix=suffix
     )
-    life = Lifecycle(bus, plan.settings, handlers, dispatch_topic, plan)
-    life.started_at_ms = start.wall_ms
-    life.profile = profile
-    register_node_metrics(REGISTRY, lambda: life.profile)  # DCGM-named gauges on this process's /metrics
-    background = [asyncio.create_task(life.heartbeat_forever()), asyncio.create_task(life.reprofile_forever())]
-
-    await life.set_state(WorkerState.WARMING)
-    engine_starts = time.monotonic()
-    await engine.start()
-    warmup_starts = time.monotonic()
-    await engine.warmup()
-    ready = time.monotonic()
-    life.cold_start_s = round(ready - start.monotonic, 3)
-    life.cold_start_phases_s = cold_start_phases(
-        engine_starts - start.monotonic,
-        warmup_starts - engine_starts,
-        ready - warmup_starts,
-        getattr(engine, "cold_start_phases_s", {}),  # only vllm splits its start
-    )
-    log.info("ready after %.2fs cold start: %s", life.cold_start_s, life.cold_start_phases_s)
-
-    declared = contracts.WORKER
-    dispatches = make_consumer(
-        settings, group_id=declared.group_id("dispatch", topics, worker_id=ws.worker_id), client_id=ws.worker_id
-    )
-    controls = make_consumer(
-        settings,
-        topics.name(t.CONTROL),
-        group_id=declared.group_id("control", topics, worker_id=ws.worker_id),
-        client_id=f"{ws.worker_id}-control",
-        from_beginning=declared.subscription("control").from_earliest,
-    )
-    dispatch_loop = ConsumerLoop(
-        dispatches,
-        handlers.on_dispatch,
-        bus.dead_letter,
-        settings,
-        service=t.WORKER,
-        max_in_flight=ws.max_in_flight,
-        drain_grace_s=ws.drain_grace_s + 10,
-    )
-    control_loop = ConsumerLoop(
-        controls, handlers.on_control, bus.dead_letter, settings, service=t.WORKER, max_in_flight=16
-    )
-    dispatches.subscribe([dispatch_topic], listener=dispatch_loop.rebalance_listener())
-    for consumer in (dispatches, controls):
-        await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
-    # Control starts at the log end: be in the group before saying ready, or an early cancel is skipped.
-    await wait_assigned(controls, settings.admin_timeout_s)
-    loops_stop = asyncio.Event()
-
-    async def drain_on_stop() -> None:
-        # SIGTERM, or a loop that failed (run_until_stopped sets `stop`): drain, then the dispatch loop ends.
-        await stop.wait()
-        await life.drain(dispatch_loop, loops_stop)
-
-    tasks = [
-        asyncio.create_task(dispatch_loop.run(loops_stop)),
-        asyncio.create_task(control_loop.run(stop)),
-        asyncio.create_task(drain_on_stop()),
-    ]
-    background.append(asyncio.create_task(life.restart_engine_on_failure()))
-    background.append(asyncio.create_task(life.watch_upstream_forever()))
-    await life.set_state(WorkerState.READY)
-    try:
-        # A stalled or failed loop raises out of here: the worker exits non-zero and is restarted.
-        await run_until_stopped(tasks, stop)
-        await life.set_state(WorkerState.STOPPED)
-    finally:
-        for task in background:
-            task.cancel()
-        for consumer in (dispatches, controls):
-            await stop_consumer(consumer, settings.stop_timeout_s)
-        if owns_engine:
-            with contextlib.suppress(Exception):
-                await engine.stop()
-        with contextlib.suppress(Exception):
-            await redis.aclose()
-        await bus.stop()

@@ -9,17 +9,17 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from llmbus.bus import Bus
-from llmbus.bus.admin import ensure_topics
+from llmbus.bus.service import ServiceRuntime
+from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.catalog import ModelCatalog
 from llmbus_services.gateway.adapters.relay import Relay
 from llmbus_services.gateway.adapters.server import server_config
 from llmbus_services.gateway.config import GatewaySettings
-from llmbus_services.gateway.handlers import Gateway, create_app
+from llmbus_services.gateway.flows import Gateway, create_app
 
 log = logging.getLogger(__name__)
 
@@ -35,35 +35,48 @@ class _Server(uvicorn.Server):
         pass
 
 
-async def main(settings: BusSettings, stop: asyncio.Event) -> None:
-    gw_settings = GatewaySettings()
-    bus = await Bus.start(settings, t.GATEWAY, client_suffix=f"-{gw_settings.instance_id}")
-    await ensure_topics(settings, [(bus.topics.replies(gw_settings.instance_id), t.REPLIES_SPEC)])
-    relay = await Relay.start(bus, gw_settings.instance_id)
-    catalog = ModelCatalog(gw_settings.worker_stale_s)
-    follower = CatalogFollower(settings, catalog, bus.dead_letter)
-    redis = (
-        redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
-        if gw_settings.require_api_key
-        else None
-    )
-    keys = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix)) if redis is not None else None
-    if keys is None:
-        log.warning("API keys are off: every request belongs to tenant %r", gw_settings.anonymous_tenant)
-    app = create_app(Gateway(gw_settings, relay, keys, catalog, follower))
-    server = _Server(server_config(app, gw_settings, settings.stop_timeout_s))
-    try:
-        await follower.start()
+def follow_catalog(runtime: ServiceRuntime, gw: GatewaySettings) -> ModelCatalog:
+    """What GET /v1/models lists: llm.models and llm.workers followed (caught up before the HTTP server)."""
+    catalog = ModelCatalog(gw.worker_stale_s)
+    runtime.subscribe("models", catalog.on_model)
+    runtime.subscribe("workers", catalog.on_worker)
+    return catalog
+
+
+async def build(runtime: ServiceRuntime, gw: GatewaySettings) -> Gateway:
+    """This instance's reply relay, the model catalog followed from llm.models and llm.workers, API keys,
+    and the HTTP server, served once the catalog is caught up (llmbus.contract.contracts.GATEWAY)."""
+    settings, bus = runtime.settings, runtime.bus
+    await runtime.ensure_topics([(runtime.topics.replies(gw.instance_id), t.REPLIES_SPEC)])
+    relay = await Relay.start(bus, runtime.tail("replies", instance=gw.instance_id), gw.instance_id)
+    runtime.on_stop(relay.stop)
+    catalog = follow_catalog(runtime, gw)
+    keys = None
+    if gw.require_api_key:
+        redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
+        runtime.on_stop(redis.aclose)
+        keys = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix))
+    else:
+        log.warning("API keys are off: every request belongs to tenant %r", gw.anonymous_tenant)
+    gateway = Gateway(gw, relay, keys, catalog, runtime.caught_up)
+    server = _Server(server_config(create_app(gateway), gw, settings.stop_timeout_s))
+
+    async def serve_http(stop: asyncio.Event) -> None:
         serving = asyncio.create_task(server.serve())
         stopping = asyncio.create_task(stop.wait())
-        log.info("gateway %s on http://%s:%d", gw_settings.instance_id, gw_settings.host, gw_settings.port)
+        log.info("gateway %s on http://%s:%d", gw.instance_id, gw.host, gw.port)
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
         server.should_exit = True  # finish the open streams (bounded), then return
         stopping.cancel()
         await serving
-    finally:
-        await follower.stop()
-        await relay.stop()
-        if redis is not None:
-            await redis.aclose()
-        await bus.stop()
+        if not stop.is_set():
+            raise RuntimeError("the HTTP server stopped")
+
+    runtime.task("http", serve_http)
+    return gateway
+
+
+async def main(settings: BusSettings, stop: asyncio.Event) -> None:
+    gw = GatewaySettings()
+    suffix = f"-{gw.instance_id}"
+    await ServiceRuntime.serve(settings, contracts.GATEWAY, lambda rt: build(rt, gw), stop, client_suffix=suffix)

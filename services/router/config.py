@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -20,11 +20,13 @@ class RouterSettings(BaseSettings):
     allowed_reply_topic_prefix: str = "llm."  # dev mode: reply topics must live in the llm.* namespace
     # Auth on: how soon a new tenant's request topic (llm.requests.<tenant>) is picked up by pattern.
     request_topic_discovery_ms: int = 5000
-    # How long to read llm.models / llm.experiments / llm.budgets before routing the first request,
-    # so experiments and budgets already in the log apply from the first request on.
-    state_catch_up_s: float = 15.0
     # Fill the exact cache from llm.results (a router replica group reads them once).
     cache_fill: bool = True
+    # llm.results is off the request path (cache fill, coalesced followers, the latency watch): the broker
+    # holds each fetch of it until this much time has passed (or a megabyte is ready), so one fetch
+    # carries many results instead of one each. A coalesced follower is answered this much later at most.
+    # 0: fetched as every other subscription is (each result as it comes).
+    results_fetch_wait_ms: int = Field(default=100, ge=0, le=1000)
     # Redis for the limits and the cache; None: the bus's redis_url. The final markers (who
     # answers a request) are always in the bus's redis_url, shared with scheduler and workers.
     state_redis_url: str | None = None

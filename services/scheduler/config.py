@@ -33,3 +33,8 @@ class SchedulerSettings(BaseSettings):
     pool_stats_interval_s: float = 5.0  # how often per-pool statistics go to llm.pool-stats
     # A pool (a model name, which clients choose) idle this long is no longer reported or kept.
     pool_stats_forget_after_s: float = 900.0
+    # TTFT and time per output token in the pool statistics are over this sliding window of finished requests.
+    pool_stats_latency_window_s: float = Field(default=60.0, gt=0)
+    # Pools of models this scheduler does not know (not in the fleet or the registry) reported per
+    # interval: the busiest ones; the rest are still queued and placed, only not reported.
+    pool_stats_max_unknown_pools: int = Field(default=32, ge=0)

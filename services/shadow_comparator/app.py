@@ -1,4 +1,4 @@
-"""shadow-comparator wiring: four declared subscriptions (llmbus.contract.contracts.COMPARATOR) and two timers.
+"""shadow-comparator wiring: five declared subscriptions (llmbus.contract.contracts.COMPARATOR) and two timers.
 
 Subscriptions (at least once: a record's offset is committed after its handler returned; a
 transient failure is retried, a bad record goes to llm.dlq with the reason — llmbus.bus.service):
@@ -7,6 +7,7 @@ transient failure is retried, a bad record goes to llm.dlq with the reason — l
   llm.feedback     group llmbus.shadow-comparator.feedback feedback per A/B request (auth on: by
                    pattern, llm.feedback and every llm.feedback.<tenant>; the tenant is the topic's)
   llm.experiments  no group, from the start                 the experiments' current state
+  llm.models       no group, from the start                 the registry a release's steps are written to
 Timers: the sweeper (expired pairs) and the decision loop (verdicts, ramps, rollbacks), the latter
 in one instance at a time (a Redis lease), so several comparators never ramp the same step twice.
 """
@@ -24,33 +25,34 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import Comparison
 from llmbus.security import tenancy
 from llmbus.settings import BusSettings
+from llmbus.state.experiment_versions import ExperimentVersions
 from llmbus.state.store import redis_client
 from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
 from llmbus_services.shadow_comparator.config import ComparatorSettings
 from llmbus_services.shadow_comparator.core.comparator import Comparator, ExperimentView
-from llmbus_services.shadow_comparator.handlers import ComparatorHandlers
+from llmbus_services.shadow_comparator.flows import ComparatorHandlers
 
 log = logging.getLogger(__name__)
 
 
 def build(runtime: ServiceRuntime, cfg: ComparatorSettings) -> ComparatorHandlers:
     settings, topics = runtime.settings, runtime.topics
-    store = ComparatorStore(
-        redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster),
-        f"{settings.topic_prefix}comparator",
-        cfg.pair_ttl_s,
-        cfg.done_ttl_s,
-    )
+    client = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
+    store = ComparatorStore(client, f"{settings.topic_prefix}comparator", cfg.pair_ttl_s, cfg.done_ttl_s)
 
     async def publish_comparison(comparison: Comparison) -> None:
         await runtime.publisher.publish(
             topics.name(t.COMPARISONS), comparison, key=comparison.experiment_id, request_id=comparison.request_id
         )
 
+    runtime.on_stop(store.close)
     comparator = Comparator(store, ExperimentView(), publish_comparison, max_text_chars=cfg.max_text_chars)
-    handlers = ComparatorHandlers(comparator, runtime.publisher, topics)
+    handlers = ComparatorHandlers(
+        comparator, runtime.publisher, topics, ExperimentVersions(client, settings.topic_prefix)
+    )
 
     runtime.subscribe("experiments", handlers.on_experiment)
+    runtime.subscribe("models", handlers.on_model)
     runtime.subscribe("results", handlers.on_result)
     runtime.subscribe("costs", handlers.on_cost)
     if settings.auth_enabled:  # tenants write their own topics: the tenant of a record is its topic's
@@ -89,17 +91,12 @@ async def decide_once(handlers: ComparatorHandlers) -> None:
             "; ".join(decision.reasons),
             extra={"fields": {"decision": decision.model_dump(mode="json")}},
         )
-        await handlers.publish_decision(decision, verdict.updated)
-        if verdict.updated is not None:  # applied here at once: the next tick must not decide on the old step
-            handlers.comparator.experiments.apply(verdict.updated)
+        in_force = await handlers.publish_decision(decision, verdict.updated)
+        if in_force is not None:  # applied here at once: the next tick must not decide on the old step
+            handlers.comparator.experiments.apply(in_force)
 
 
 async def main(settings: BusSettings, stop: asyncio.Event) -> None:
-    runtime = await ServiceRuntime.connect(settings, contracts.COMPARATOR)
-    handlers = build(runtime, ComparatorSettings())
-    try:
-        await runtime.start()
-        await runtime.wait(stop)
-    finally:
-        await runtime.stop()
-        await handlers.comparator.store.close()
+    await ServiceRuntime.serve(
+        settings, contracts.COMPARATOR, lambda runtime: build(runtime, ComparatorSettings()), stop
+    )

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +35,6 @@ from llmbus.contract.messages import (
     ExperimentDecision,
     ExperimentState,
     Guardrails,
-    InferenceRequest,
     InferenceResult,
     ModelSpec,
     RampPlan,
@@ -47,7 +45,7 @@ from llmbus.contract.messages.experiments import DEFAULT_RAMP_PCT
 from llmbus.domain.lifecycle import create
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
-from tests.support import eventually
+from tests.support import eventually, user_request
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
 
@@ -116,14 +114,7 @@ class Load:
 
     async def _user_loop(self, client: LlmbusClient) -> None:
         while not self.stop.is_set():
-            request = InferenceRequest(
-                request_id=uuid.uuid4().hex,
-                user_id=f"u{self.rng.randrange(100_000)}",
-                model="sim-ctrl",
-                prompt=f"question {uuid.uuid4().hex[:8]}: why stream tokens over kafka?",
-                max_tokens=12,
-                temperature=1.0,
-            )
+            request = user_request("sim-ctrl", self.rng)
             sent_at_ms = now_ms()
             chunks: list[TokenChunk] = []
             try:

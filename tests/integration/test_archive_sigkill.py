@@ -62,7 +62,7 @@ async def publish(settings, records: dict[str, list[tuple[Message, str]]]) -> No
         for base, items in records.items():
             for start in range(0, len(items), 1000):
                 chunk = [(message, None, key) for message, key in items[start : start + 1000]]
-                await bus.publisher.delivered(await bus.publisher.send_batch(settings.topic_prefix + base, chunk))
+                await bus.publisher.publish_many(settings.topic_prefix + base, chunk)
     finally:
         await bus.stop()
 

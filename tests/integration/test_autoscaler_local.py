@@ -1,7 +1,8 @@
 """The autoscaler on the real broker with the local actuator (timings compressed through its YAML).
 
-Scheduler and autoscaler run as processes; the autoscaler starts and drains real sim
-engine-workers. One test walks a pool through a whole tide:
+Scheduler and autoscaler (and the router, for the burst) run as processes; the autoscaler starts and
+drains real sim engine-workers. A prefill-heavy burst scales the pool on the latency trigger while queue
+wait stays low (the second test). The first walks a pool through a whole tide:
 1. at zero, a request arrives: one worker is started and the request is served after its cold start;
 2. a step of load a single worker cannot carry: the queue wait rises, the pool grows, and the
    queue wait falls back under 300 ms while the load goes on;
@@ -35,9 +36,10 @@ from llmbus.contract.messages import (
     ScaleDecision,
     WorkerState,
     WorkerStatus,
+    now_ms,
 )
 from llmbus.settings import BusSettings
-from llmbus_tools.harness.service_procs import ServiceProc
+from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
 from tests.support import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
@@ -271,3 +273,107 @@ async def _async(value: bool) -> bool:
 
 async def _has_result(seen: Collector, sent: list[str]) -> bool:
     return all(r in seen.results for r in sent)
+
+
+PREFILL_TOKENS = 2000  # a code-completion shape: long prompts, a few tokens out (the sim counts 4 characters a token)
+
+
+def latency_pools_file(path: Path) -> Path:
+    """The threshold policy with its latency trigger in seconds: p99 TTFT over 2 s for 5 s → +1. Its
+    workers are slow at prefill (the A100 profile at a quarter of real time: ~2.5 prompts of 2,000 tokens
+    a second) and have 256 batch slots, so a burst waits inside the engine, not in the scheduler's queue."""
+    spec = {
+        "pools": {
+            POOL: {
+                "min_replicas": 1,
+                "max_replicas": 3,
+                "policy": {
+                    "type": "threshold",
+                    "params": {
+                        "target_queue_wait_ms": TARGET_MS,
+                        "up_after_s": 5,
+                        "ttft_target_ms": 2000,
+                        "latency_up_after_s": 5,
+                        "min_ttft_samples": 3,
+                        "idle_after_s": 600,
+                        "cooldown_s": 60,
+                    },
+                },
+                "local": {
+                    "engine": "sim",
+                    "stop_grace_s": 30,
+                    "env": {
+                        "LLMBUS_WORKER_SIM_PROFILE": "llama-3.1-8b-a100",
+                        "LLMBUS_WORKER_SIM_SPEEDUP": "0.25",
+                        "LLMBUS_WORKER_HEARTBEAT_INTERVAL_S": "0.5",
+                    },
+                },
+            }
+        }
+    }
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+async def test_prefill_heavy_burst_scales_up_on_the_latency_trigger_while_queue_wait_stays_low(
+    bus_settings: BusSettings, services: list[ServiceProc], tmp_path: Path
+) -> None:
+    """Router, scheduler and the autoscaler (its local actuator starts the pool's sim workers): a burst of
+    2,000-token prompts is placed at once (queue wait under 300 ms in every window) and waits inside the
+    one worker's engine behind the other prompts' prefill; p99 TTFT goes over 2 s, the latency trigger
+    adds a worker, the new worker serves, and every request gets one ok result."""
+    seen = await Collector(bus_settings).start()
+    sent: list[str] = []
+    env = {"LLMBUS_SCHEDULER_POOL_STATS_INTERVAL_S": "1", "LLMBUS_SCHEDULER_POOL_STATS_LATENCY_WINDOW_S": "10"}
+    services.append(ServiceProc("llmbus_services.router", bus_settings).start())
+    services.append(ServiceProc("llmbus_services.scheduler", bus_settings, env=env).start())
+    autoscaler_env = {
+        "LLMBUS_CACHE": str(tmp_path / "cache"),  # the local actuator's run dir: pid and log files
+        "LLMBUS_AUTOSCALER_POOLS": str(latency_pools_file(tmp_path / "pools.yaml")),
+        "LLMBUS_AUTOSCALER_ACTUATOR": "local",
+    }
+    services.append(ServiceProc("llmbus_services.autoscaler", bus_settings, env=autoscaler_env).start())
+    bus = await Bus.start(bus_settings, "test")
+    try:
+        await wait_workers_ready(bus_settings, {f"{POOL}-as1"}, timeout_s=240)  # the pool's minimum, at start
+        burst_started_ms = now_ms()
+
+        def scaled_on_latency() -> list[ScaleDecision]:
+            return [d for d in seen.decisions if d.action == "up" and "p99 TTFT" in d.reason]
+
+        for n in range(400):  # 3 prompts a second (one worker prefills ~2.5) until the added worker serves
+            prompt = f"request {n}: " + "def tide(x): return x * 2\n" * (PREFILL_TOKENS * 4 // 26)
+            request = InferenceRequest(prompt=prompt, max_tokens=8, model=POOL)
+            await bus.publisher.publish(
+                bus.topics.name(t.REQUESTS), request, key=request.request_id, request_id=request.request_id
+            )
+            sent.append(request.request_id)
+            await asyncio.sleep(1 / 3)
+            served_by_new = any(r[0].worker_id == f"{POOL}-as2" for r in seen.results.values())
+            if scaled_on_latency() and served_by_new:
+                break
+        await eventually(lambda: _has_result(seen, sent), timeout_s=240, interval_s=0.5)
+    finally:
+        await bus.stop()
+        await seen.stop()
+        for pid in live_pids(tmp_path):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in reversed(services):
+            with contextlib.suppress(Exception):
+                proc.terminate(timeout_s=40)
+    (up, *_) = scaled_on_latency() or [None]
+    assert up is not None, [(d.action, d.reason) for d in seen.decisions]
+    assert (up.current_replicas, up.desired_replicas, up.policy) == (1, 2, "threshold")
+    assert up.signals["ttft_ms_p99"] > 2000 and up.signals["queue_wait_ms"] < TARGET_MS, up.signals
+    assert not any("queue wait" in d.reason for d in seen.decisions if d.action == "up")
+    # Queue wait stayed low until the latency trigger fired: every window of the burst up to the decision.
+    # (After it, the added worker's cold start may let a queue form: that is what the scale-up answers.)
+    burst = [s for _, s in seen.stats if s.pool == POOL and s.sent_at_ms >= burst_started_ms and s.placed]
+    before_up = [s for s in burst if s.sent_at_ms <= up.decided_at_ms]
+    waits = [(s.sent_at_ms - up.decided_at_ms, s.queue_wait_ms_p50) for s in burst]
+    assert before_up and all((s.queue_wait_ms_p50 or 0) < TARGET_MS for s in before_up), waits
+    assert any(s.prefill_backlog_tokens > PREFILL_TOKENS for s in burst)  # the engines' own count, in the stats
+    assert any(r[0].worker_id == f"{POOL}-as2" for r in seen.results.values())  # the added worker served
+    assert set(seen.results) >= set(sent)
+    assert all(len(seen.results[r]) == 1 and seen.results[r][0].status == ResultStatus.OK for r in sent)

@@ -28,7 +28,7 @@ async def test_streams_started_together_share_one_tail_and_it_is_stopped(
             super().__init__(*args, **kwargs)  # type: ignore[arg-type]
             made.append(self)
 
-    monkeypatch.setattr("llmbus.client.AIOKafkaConsumer", Recorded)
+    monkeypatch.setattr("llmbus.bus.tail.AIOKafkaConsumer", Recorded)
     topic = t.Topics(bus_settings.topic_prefix).name(t.TOKENS)
     async with LlmbusClient(bus_settings) as client:
         routers = await asyncio.gather(*[client._reply_router(topic) for _ in range(8)])

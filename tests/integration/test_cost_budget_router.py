@@ -59,7 +59,7 @@ async def test_tenant_over_budget_is_degraded_or_rejected_within_seconds(
             "llmbus_services.router",
             bus_settings,
             log_dir=tmp_path,
-            env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path), "LLMBUS_ROUTER_STATE_CATCH_UP_S": "2"},
+            env={"LLMBUS_ROUTER_POLICY_PATH": str(policy_path), "LLMBUS_CATCH_UP_S": "2"},
         ).start()
     )
     topics = t.Topics(bus_settings.topic_prefix)

@@ -21,6 +21,7 @@ from llmbus.bus.catch_up import read_to_end
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord, InferenceResult, ResultStatus, Usage, now_ms
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus.state.store import redis_client
 from llmbus.state.text import text_of
 from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
@@ -96,7 +97,7 @@ async def test_crash_mid_batch_bills_each_result_once(
     redis = redis_client(bus_settings.redis_url)
     try:
         for r in backlog:
-            await bus.publisher.send(topics.name(t.RESULTS), r, key=r.request_id)
+            await bus.publisher.publish(topics.name(t.RESULTS), r, key=r.request_id, wait=False)
         await asyncio.wait_for(bus.producer.flush(), 60)
 
         # tenant-0 has a budget: billing the outbox at start-up announces its state on llm.budgets
@@ -126,13 +127,16 @@ async def test_crash_mid_batch_bills_each_result_once(
 
         group = topics.group(t.COST, "results")
         results_topic, costs_topic = topics.name(t.RESULTS), topics.name(t.COSTS)
-        outbox = f"{bus_settings.topic_prefix}cost:outbox"
+        outbox = f"{cost_key_root(bus_settings.topic_prefix)}outbox"
         # the scenario really happened: staged records wait in the outbox, or applied ones are in the
         # aggregates that Kafka was never told are done
         if crash_at in ("staged", "published"):
             assert await redis.hlen(outbox) > 0
         else:
-            applied = [k async for k in redis.scan_iter(match=f"{bus_settings.topic_prefix}cost:applied:*", count=1000)]
+            applied = [
+                k
+                async for k in redis.scan_iter(match=f"{cost_key_root(bus_settings.topic_prefix)}applied:*", count=1000)
+            ]
             committed = sum((await offsets(bus_settings, results_topic, group)).values())
             assert len(applied) > committed
 

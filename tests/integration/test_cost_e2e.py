@@ -37,6 +37,7 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus.state.store import redis_client
 from llmbus_services.cost_accounting.core.aggregates import agg_key, read_totals
 from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, load_pricebook
@@ -191,7 +192,7 @@ async def test_mixed_traffic_totals_and_replay_bills_nothing_twice(
         # committed) all of llm.results.
         # Each is a fact to wait for, not a time: under load any of them can take seconds.
         async def life_closed() -> bool:
-            cursor = await redis.hget(f"{bus_settings.topic_prefix}cost:cursor", "w1")
+            cursor = await redis.hget(f"{cost_key_root(bus_settings.topic_prefix)}cursor", "w1")
             return cursor is not None and bool(json.loads(cursor)["waste_booked"])
 
         async def all_costed() -> bool:

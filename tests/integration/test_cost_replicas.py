@@ -32,6 +32,7 @@ from llmbus.contract.messages import (
     WorkerStatus,
 )
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus.state.store import redis_client
 from llmbus_tools.harness.service_procs import ServiceProc
 from tests.integration.test_cost_e2e import caught_up, hosted_result, instance_cost_micro, read_log
@@ -132,7 +133,7 @@ async def test_two_replicas_bill_each_result_once_and_each_worker_life_exactly(
 
         # Every result taken (billed, or held for its worker's intervals) before any heartbeat: none is late.
         async def all_taken() -> bool:
-            keys = [f"{bus_settings.topic_prefix}cost:seen:{r.request_key}" for r in results]
+            keys = [f"{cost_key_root(bus_settings.topic_prefix)}seen:{r.request_key}" for r in results]
             return int(await redis.exists(*keys)) == len(keys)
 
         await eventually(all_taken, timeout_s=90, interval_s=0.5)
@@ -144,7 +145,7 @@ async def test_two_replicas_bill_each_result_once_and_each_worker_life_exactly(
             lives[worker] = beats[-1]
 
         async def lives_closed() -> bool:
-            cursors = await redis.hmget(f"{bus_settings.topic_prefix}cost:cursor", list(lives))
+            cursors = await redis.hmget(f"{cost_key_root(bus_settings.topic_prefix)}cursor", list(lives))
             return all(c is not None and json.loads(c)["waste_booked"] for c in cursors)
 
         result_ids = {r.request_id for r in results}

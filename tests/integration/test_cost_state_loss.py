@@ -20,6 +20,7 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import CostRecord
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus_services.cost_accounting.app import CostService
 from llmbus_services.cost_accounting.config import CostSettings
 from tests.integration.test_cost_handlers import NOW, hosted, send_result
@@ -41,7 +42,7 @@ async def test_a_result_billed_before_the_loss_and_read_again_after_it_is_billed
         await send_result(first, first_bus, hosted("r1"))
         assert [c.request_id for c in billed_first] == ["r1"]
 
-        await first.redis.delete(*await redis_keys(first.redis, f"{settings.topic_prefix}*"))  # the loss
+        await first.redis.delete(*await redis_keys(first.redis, f"{cost_key_root(settings.topic_prefix)}*"))  # the loss
 
         async def on_llm_costs(since_ms: int) -> list[CostRecord]:
             assert since_ms <= NOW  # from before the oldest result read again
@@ -59,6 +60,6 @@ async def test_a_result_billed_before_the_loss_and_read_again_after_it_is_billed
         assert records == Counter({"acme:r1": 1, "acme:r2": 1}), records
     finally:
         for svc in (first, second):
-            if keys := await redis_keys(svc.redis, f"{settings.topic_prefix}*"):
+            if keys := await redis_keys(svc.redis, f"{cost_key_root(settings.topic_prefix)}*"):
                 await svc.redis.delete(*keys)
             await svc.redis.aclose()

@@ -22,7 +22,7 @@ from llmbus.contract.messages import (
 )
 from llmbus.settings import BusSettings
 
-pytestmark = [pytest.mark.kafka]
+pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 
 
 def run(settings: BusSettings, *args: str) -> str:

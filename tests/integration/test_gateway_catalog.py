@@ -1,47 +1,35 @@
-"""The gateway's model catalog on the real broker: a heartbeat that does not decode goes to llm.dlq with
-its reason; the catalog goes on with the next one."""
+"""The gateway's model catalog (app.follow_catalog) in memory and on the real broker: llm.models and llm.workers
+followed and caught up before the gateway serves; a heartbeat that does not decode goes to llm.dlq with its
+reason, and the catalog goes on with the next one."""
 
 from __future__ import annotations
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
-from llmbus.bus import Bus
-from llmbus.bus.tables import read_log
+from llmbus.contract import contracts
 from llmbus.contract import topics as t
-from llmbus.contract.messages import DeadLetter, WorkerState, WorkerStatus
-from llmbus.settings import BusSettings
-from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
-from tests.support import eventually
+from llmbus.contract.messages import DeadLetter, ModelSpec, WorkerState, WorkerStatus
+from llmbus_services.gateway.app import follow_catalog
+from llmbus_services.gateway.config import GatewaySettings
+from tests.fixtures.buses import EitherBus
 
-pytestmark = pytest.mark.kafka
+pytestmark = pytest.mark.redis
 
 
-async def test_a_bad_heartbeat_is_dead_lettered_and_the_next_one_read(bus_settings: BusSettings) -> None:
-    topics = t.Topics(bus_settings.topic_prefix)
+async def test_the_catalog_is_caught_up_before_serving_and_a_bad_heartbeat_is_dead_lettered(
+    on_bus: EitherBus,
+) -> None:
+    topics = on_bus.topics
     workers = topics.name(t.WORKERS)
-    producer = AIOKafkaProducer(bootstrap_servers=bus_settings.kafka_bootstrap, acks="all")
-    await producer.start()
-    try:
-        await producer.send_and_wait(workers, b'{"worker_id": "w1", "state": "nonsense"}', key=b"w1")
-        good = WorkerStatus(worker_id="w2", node_id="n", state=WorkerState.READY, engine="sim", models=["m"])
-        await producer.send_and_wait(workers, good.to_bytes(), key=b"w2")
-    finally:
-        await producer.stop()
-    bus = await Bus.start(bus_settings, t.GATEWAY)
-    catalog = ModelCatalog(worker_stale_s=3600)
-    follower = CatalogFollower(bus_settings, catalog, bus.dead_letter)
-    await follower.start()
-    try:
-        await eventually(lambda: _true(follower.caught_up.is_set()), timeout_s=30)
-        assert set(catalog.workers) == {"w2"}
-        [(_, letter)] = await read_log(bus_settings, topics.name(t.DLQ), DeadLetter)
-        assert letter.source_topic == workers and letter.service == t.GATEWAY
-        assert letter.error_code == "invalid_request" and "state" in letter.error
-    finally:
-        await follower.stop()
-        await bus.stop()
-
-
-async def _true(value: bool) -> bool:
-    return value
+    runtime = await on_bus.runtime(contracts.GATEWAY)
+    catalog = follow_catalog(runtime, GatewaySettings(worker_stale_s=3600))
+    await on_bus.send(workers, b'{"worker_id": "w1", "state": "nonsense"}', key="w1")
+    good = WorkerStatus(worker_id="w2", node_id="n", state=WorkerState.READY, engine="sim", models=["m"])
+    await on_bus.send(workers, good, key="w2")
+    await on_bus.send(topics.name(t.MODELS), ModelSpec(name="declared", tier="small"), key="declared")
+    await on_bus.start(runtime)  # returns once the followed state is caught up
+    assert runtime.caught_up.is_set() and set(catalog.workers) == {"w2"} and set(catalog.specs) == {"declared"}
+    assert [entry["id"] for entry in catalog.listing()] == ["declared", "m"]
+    [letter] = await on_bus.published(topics.name(t.DLQ), DeadLetter, until=lambda found: len(found) >= 1)
+    assert letter.source_topic == workers and letter.service == t.GATEWAY
+    assert letter.error_code == "invalid_request" and "state" in letter.error

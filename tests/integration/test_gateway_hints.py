@@ -197,7 +197,9 @@ async def test_max_tokens_omitted_is_the_models_output_cap(stack: Stack) -> None
     finally:
         await routed.stop()
     assert caps == [1024]  # the small model's max_output_tokens in the default policy, not 256
-    assert completion.usage.completion_tokens == 1024 == result.usage.completion_tokens  # type: ignore[attr-defined]
+    # The answer ends on its own (the sim's natural length), within that cap: what a model does without max_tokens
+    assert 0 < completion.usage.completion_tokens == result.usage.completion_tokens <= 1024  # type: ignore[attr-defined]
+    assert completion.choices[0].finish_reason == ("stop" if completion.usage.completion_tokens < 1024 else "length")
 
 
 async def test_response_format_and_tools_reach_the_hosted_upstream(stack: Stack) -> None:

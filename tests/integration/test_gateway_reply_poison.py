@@ -30,7 +30,7 @@ async def test_a_bad_chunk_is_dead_lettered_ends_its_request_and_the_others_stil
     reply_topic = bus.topics.replies(INSTANCE)
     await ensure_topics(bus_settings, [(reply_topic, t.REPLIES_SPEC)])
     dlq = await TopicTail(bus_settings, bus.topics.name(t.DLQ)).start()
-    relay = await Relay.start(bus, INSTANCE)
+    relay = await Relay.start(bus, TopicTail(bus_settings, reply_topic), INSTANCE)
     try:
         poisoned = await relay.open(InferenceRequest(request_id="r-poisoned", prompt="hi", max_tokens=4))
         healthy = await relay.open(InferenceRequest(request_id="r-healthy", prompt="hi", max_tokens=4))
@@ -62,19 +62,36 @@ async def test_a_bad_chunk_is_dead_lettered_ends_its_request_and_the_others_stil
         await bus.stop()
 
 
-async def test_a_gateway_whose_reply_tail_died_is_not_ready_and_ends_its_waiting_requests(
+async def test_a_gateway_whose_reply_tail_died_is_not_ready_ends_its_waiting_requests_and_restarts_the_tail(
     bus_settings: BusSettings,
 ) -> None:
+    """A tail that fails for a reason other than a bad record (here its consumer stopped under it) ends the
+    requests waiting on it and makes the gateway unready, then runs again after a backoff: ready again,
+    and a request sent after that gets its answer."""
     bus = await Bus.start(bus_settings, t.GATEWAY, client_suffix=f"-{INSTANCE}")
-    await ensure_topics(bus_settings, [(bus.topics.replies(INSTANCE), t.REPLIES_SPEC)])
-    relay = await Relay.start(bus, INSTANCE)
+    reply_topic = bus.topics.replies(INSTANCE)
+    await ensure_topics(bus_settings, [(reply_topic, t.REPLIES_SPEC)])
+    relay = await Relay.start(bus, TopicTail(bus_settings, reply_topic), INSTANCE)
     try:
         waiting = await relay.open(InferenceRequest(request_id="r-waiting", prompt="hi", max_tokens=4))
-        await relay.replies.tail.consumer.stop()  # the tail's reads now fail: its task ends with an error
+        await relay.replies.tail.consumer.stop()  # the tail's reads now fail
         ending = await waiting.next_chunk(20)
         assert ending.final and ending.error is not None and "lost its reply stream" in ending.error.message
         assert not relay.healthy()
         waiting.close()
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        while not relay.healthy() and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        assert relay.healthy(), "the reply tail was never started again: the gateway stays unready for good"
+        assert relay.replies.restarts == 1
+        later = await relay.open(InferenceRequest(request_id="r-later", prompt="hi", max_tokens=4))
+        good = TokenChunk(request_id="r-later", tenant="t", seq=0, delta="back", final=True, attempt=1)
+        await asyncio.wait_for(bus.producer.send_and_wait(reply_topic, good.to_bytes(), key=b"r-later"), 20)
+        chunk = await later.next_chunk(20)
+        assert chunk.final and chunk.delta == "back"
+        later.close()
     finally:
         await relay.stop()
         await bus.stop()

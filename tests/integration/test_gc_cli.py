@@ -19,6 +19,7 @@ from llmbus.contract import contracts
 from llmbus.contract import topics as t
 from llmbus.contract.messages import WorkerState, WorkerStatus
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus.state.store import redis_client
 from tests.support import eventually
 
@@ -85,10 +86,10 @@ async def test_gc_removes_only_what_gone_instances_left(bus_settings: BusSetting
     finally:
         await producer.stop()
     redis = redis_client(s.redis_url)
-    ns = s.topic_prefix
-    await redis.set(f"{ns}cost:owner:w-live", "r1")
-    await redis.set(f"{ns}cost:owner:w-gone", "r1")
-    await redis.hset(f"{ns}cost:cursor", mapping={"w-live": "{}", "w-gone": "{}"})
+    root = cost_key_root(s.topic_prefix)  # cost-accounting's keys
+    await redis.set(f"{root}owner:w-live", "r1")
+    await redis.set(f"{root}owner:w-gone", "r1")
+    await redis.hset(f"{root}cursor", mapping={"w-live": "{}", "w-gone": "{}"})
     try:
         listed = await _gc(s, "--older-than", "1h", "--dry-run")
         assert "w-gone" in listed and "gw-gone" in listed, listed
@@ -97,7 +98,7 @@ async def test_gc_removes_only_what_gone_instances_left(bus_settings: BusSetting
         assert set(dispatch.values()) | set(replies.values()) <= present  # dry run: nothing removed
         assert {g for names in groups.values() for g in names} <= await _groups(s)
         assert set(await read_table(s, topics.name(t.WORKERS), WorkerStatus)) == {"w-live", "w-gone"}
-        assert await redis.exists(f"{ns}cost:owner:w-gone") == 1
+        assert await redis.exists(f"{root}owner:w-gone") == 1
 
         await _gc(s, "--older-than", "1h")
 
@@ -112,13 +113,13 @@ async def test_gc_removes_only_what_gone_instances_left(bus_settings: BusSetting
         assert not set(groups["w-gone"]) & now_groups
         assert set(groups["w-live"]) <= now_groups
         assert set(await read_table(s, topics.name(t.WORKERS), WorkerStatus)) == {"w-live"}  # tombstoned
-        assert await redis.exists(f"{ns}cost:owner:w-gone") == 0
-        assert await redis.exists(f"{ns}cost:owner:w-live") == 1
-        assert set(await redis.hkeys(f"{ns}cost:cursor")) == {b"w-live"}
+        assert await redis.exists(f"{root}owner:w-gone") == 0
+        assert await redis.exists(f"{root}owner:w-live") == 1
+        assert set(await redis.hkeys(f"{root}cursor")) == {b"w-live"}
 
         assert "nothing gone" in await _gc(s, "--older-than", "1h")  # a second run finds nothing
     finally:
-        await redis.delete(f"{ns}cost:owner:w-live", f"{ns}cost:owner:w-gone", f"{ns}cost:cursor")
+        await redis.delete(f"{root}owner:w-live", f"{root}owner:w-gone", f"{root}cursor")
         await redis.aclose()
         await delete_groups(s, [g for names in groups.values() for g in names])
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from llmbus.cli.main import app
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.state.store import redis_client
-from llmbus_tools.harness.reliability.stack import PrivateRedis
+from llmbus_tools.harness.reliability.infra import PrivateRedis
 
 pytestmark = [pytest.mark.redis]
 

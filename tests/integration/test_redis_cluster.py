@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as redis
@@ -20,7 +19,6 @@ from llmbus.contract.messages import InferenceRequest, now_ms
 from llmbus.contract.request_key import request_key
 from llmbus.state.fencing import RequestFence, Superseded
 from llmbus.state.redis_batch import RedisBatcher
-from llmbus.state.store import redis_client
 from llmbus_services.router.adapters.cache import RedisResponseCache
 from llmbus_services.router.adapters.limits import RedisRateLimiter
 from llmbus_services.router.core.cache_key import cache_key
@@ -29,19 +27,9 @@ from llmbus_services.scheduler.adapters.store import PlacementStore
 from tests.integration.test_comparator_join import Harness, pair_stats, res, shadow_view
 from tests.integration.test_placement_store_redis import placement
 from tests.integration.test_router_redis_cache import ok_result
-from tests.support import redis_keys
+from tests.support import drop_keys
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-async def cluster(redis_cluster: str) -> AsyncIterator[redis.Redis]:
-    client = redis_client(redis_cluster, cluster=True)
-    assert isinstance(client, redis.RedisCluster)
-    await client.initialize()
-    assert len(client.get_primaries()) == 3
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture
@@ -50,9 +38,7 @@ def namespace() -> str:
 
 
 async def _clean(client: redis.Redis, namespace: str) -> None:
-    # A cluster client's SCAN visits every primary; DEL one key at a time (keys of many slots).
-    for key in await redis_keys(client, f"llmbus:{namespace}:*"):
-        await client.delete(key)
+    await drop_keys(client, f"llmbus:{namespace}:*")  # a cluster client's SCAN visits every primary
 
 
 async def test_the_fence_scripts_run_on_a_cluster(cluster: redis.Redis, namespace: str) -> None:

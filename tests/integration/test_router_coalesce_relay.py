@@ -109,7 +109,7 @@ async def test_a_failed_leader_sends_followers_to_their_own_generation(store: Re
 
 
 async def test_the_sweeper_routes_followers_whose_leader_never_answers(store: RedisCoalescer) -> None:
-    short = RedisCoalescer(store._client, store._prefix.split(":")[1], lead_ttl_s=0.2, max_wait_s=0.2)
+    short = RedisCoalescer(store._client, store.namespace, lead_ttl_s=0.2, max_wait_s=0.2)
     await park(short, 2)
     relay, publisher = relay_on(short, Fence())
     assert await relay.sweep_once() == 0

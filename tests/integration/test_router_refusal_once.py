@@ -14,7 +14,7 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResult, ResultStatus
 from llmbus.state.fencing import RequestFence
-from llmbus_services.router.handlers import RouterHandlers
+from llmbus_services.router.flows import RouterHandlers
 from tests.unit.test_router_answers_once import router
 from tests.unit.test_worker_request_errors import RecordingPublisher
 

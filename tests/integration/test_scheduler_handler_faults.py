@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import pytest
 import redis.asyncio as redis
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.structs import ConsumerRecord
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from llmbus.contract.messages import (
     Dispatch,
@@ -35,7 +37,8 @@ from llmbus_services.scheduler.app import build_core
 from llmbus_services.scheduler.config import SchedulerSettings
 from llmbus_services.scheduler.core.scheduler import FinalError
 from llmbus_services.scheduler.core.types import SchedRequest
-from llmbus_services.scheduler.handlers import SchedulerHandlers
+from llmbus_services.scheduler.flows import SchedulerHandlers
+from llmbus_services.scheduler.flows.placement import RETRY_PLACE_MS
 from tests.support import redis_keys, until
 
 pytestmark = pytest.mark.redis
@@ -49,11 +52,12 @@ class FlakyPublisher:
     sent: list[tuple[str, object]] = field(default_factory=list)
     fail_on: str = ""
     fail_next: int = 0
+    error: Exception = field(default_factory=lambda: TimeoutError("publish timed out"))
 
     async def publish(self, topic: str, value: object, **_: object) -> None:
         if self.fail_next and self.fail_on in topic:
             self.fail_next -= 1
-            raise TimeoutError(f"publish to {topic} timed out")
+            raise self.error
         self.sent.append((topic, value))
 
     def of(self, kind: type) -> list:  # type: ignore[type-arg]
@@ -127,22 +131,62 @@ async def deferred_errors_settled(handlers: SchedulerHandlers, timeout_s: float 
         await asyncio.wait_for(asyncio.gather(*handlers._later), max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
-@pytest.mark.parametrize("failing", ["redis-claim", "kafka-dispatch"])
-async def test_a_failed_claim_or_dispatch_is_rolled_back_and_answered(
-    client: redis.Redis, namespace: str, failing: str
-) -> None:
-    handlers = make_handlers(client, namespace)
-    await add_worker(handlers)
+def fail_once(handlers: SchedulerHandlers, failing: str, error: Exception) -> None:
+    """The next placement claim (Redis) or Dispatch (Kafka) raises `error`, once."""
     if failing == "redis-claim":
         real_claim = handlers.store.claim
 
         async def claim_fails_once(placement):  # type: ignore[no-untyped-def]
             handlers.store.claim = real_claim  # type: ignore[method-assign]
-            raise ConnectionError("redis: connection reset")
+            raise error
 
         handlers.store.claim = claim_fails_once  # type: ignore[method-assign]
     else:
-        publisher(handlers).fail_on, publisher(handlers).fail_next = "llm.dispatch", 1
+        publisher(handlers).fail_on, publisher(handlers).fail_next, publisher(handlers).error = "llm.dispatch", 1, error
+
+
+TRANSIENT = {
+    "redis-claim": [
+        ConnectionError("redis: connection reset"),
+        OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        ReadOnlyError("You can't write against a read only replica."),
+    ],
+    "kafka-dispatch": [TimeoutError("publish timed out"), KafkaConnectionError()],
+}
+
+
+@pytest.mark.parametrize(
+    ("failing", "error"), [(f, e) for f, errors in TRANSIENT.items() for e in errors], ids=lambda v: type(v).__name__
+)
+async def test_a_transient_failure_of_a_claim_or_dispatch_is_rolled_back_and_placed_again_not_answered(
+    client: redis.Redis, namespace: str, failing: str, error: Exception
+) -> None:
+    handlers = make_handlers(client, namespace)
+    await add_worker(handlers)
+    fail_once(handlers, failing, error)
+    handling = asyncio.create_task(handlers.on_routed(routed_record("r1")))
+    key = request_key("default", "r1")
+    await until(lambda: key in handlers.core.delayed)  # rolled back, to be placed again
+    assert not handling.done()  # its record stays open (uncommitted) meanwhile
+    assert publisher(handlers).of(InferenceResult) == []  # nobody told the client it failed
+    assert handlers.core.fleet.workers["w1"].inflight_count == 0  # no phantom placement
+    await handlers._publish(handlers.core.tick(now_ms() + RETRY_PLACE_MS))
+    await asyncio.wait_for(handling, 5)
+    assert [d.request_id for d in publisher(handlers).of(Dispatch)] == ["r1"]
+    assert publisher(handlers).of(InferenceResult) == []
+    assert await client.get(handlers.store.key(key, 1)) is not None
+
+
+@pytest.mark.parametrize(
+    ("failing", "error"),
+    [("redis-claim", ResponseError("WRONGTYPE Operation against a key")), ("kafka-dispatch", ValueError("a bug"))],
+)
+async def test_a_permanent_failure_of_a_claim_or_dispatch_is_rolled_back_and_answered(
+    client: redis.Redis, namespace: str, failing: str, error: Exception
+) -> None:
+    handlers = make_handlers(client, namespace)
+    await add_worker(handlers)
+    fail_once(handlers, failing, error)
     await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
     # The client is answered: final chunk on its reply topic and one error result.
     [result] = publisher(handlers).of(InferenceResult)

@@ -53,7 +53,9 @@ class ScriptedFleet:
         topic = self.topics.dispatch(worker_id)
         await ensure_topics(self.settings, [(topic, t.DISPATCH_SPEC)])
         self.tails[worker_id] = await TopicTail(self.settings, topic).start()
-        self.alive[worker_id] = {"models": models or [MODEL], **self.status_fields, **fields}
+        # One process per worker id: a later start in a heartbeat is the id restarted (its requests placed again).
+        started = {"started_at_ms": now_ms()}
+        self.alive[worker_id] = {"models": models or [MODEL], **started, **self.status_fields, **fields}
         await self._beat(worker_id)
 
     async def _beat(self, worker_id: str) -> None:

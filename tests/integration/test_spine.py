@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaProducer
 from llmbus.bus import decode
 from llmbus.client import TopicTail, collect_results
 from llmbus.contract import topics as t
+from llmbus.contract.chunks import ChunkAssembler
 from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceResult, ResultStatus, TokenChunk
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.service_procs import ServiceProc, wait_workers_ready
@@ -195,7 +196,9 @@ async def test_a_worker_killed_mid_stream_and_back_at_once_answers_as_a_new_atte
     dead: the new process takes the uncommitted Dispatch again. Run again as the same attempt, its chunks
     would reuse the seq numbers the dead process sent, with another text wherever sampling differs, and a
     reader would splice the two. Pass criterion, fixed before the run: the one result comes from a later
-    attempt than the chunks streamed before the kill, and equals that attempt's chunks, numbered 0.. ."""
+    attempt than the chunks streamed before the kill; that attempt's chunks are numbered without a gap from
+    where they continue the earlier attempt (`continues.seq`, docs/delivery.md) or from 0, and a reader
+    following the chunk contract shows exactly the result's text, never restarted."""
     topics = t.Topics(bus_settings.topic_prefix)
     procs = start_stack(bus_settings, services, speedup="1")
     await wait_workers_ready(bus_settings, {"w1"})
@@ -211,8 +214,8 @@ async def test_a_worker_killed_mid_stream_and_back_at_once_answers_as_a_new_atte
     finally:
         await producer.stop()
     key = request_id.encode()
-    before = [decode(r, TokenChunk) for r in await read_until(tokens, lambda rs: any(r.key == key for r in rs), 60)]
-    before = [c for c in before if c.request_id == request_id]
+    before_records = await read_until(tokens, lambda rs: any(r.key == key for r in rs), 60)
+    before = [c for c in (decode(r, TokenChunk) for r in before_records) if c.request_id == request_id]
     assert before and not before[-1].final, "the kill must land mid-stream"
     procs["w1"].kill()
     procs["w1"].start()
@@ -223,6 +226,11 @@ async def test_a_worker_killed_mid_stream_and_back_at_once_answers_as_a_new_atte
     [result] = found[request_id]
     assert result.status == ResultStatus.OK
     assert result.attempt > before[0].attempt
-    last = [c for c in (decode(r, TokenChunk) for r in records if r.key == key) if c.attempt == result.attempt]
-    assert [c.seq for c in last] == list(range(len(last)))
-    assert result.text == "".join(c.delta for c in last)
+    chunks = [c for c in (decode(r, TokenChunk) for r in [*before_records, *records] if r.key == key)]
+    last = [c for c in chunks if c.attempt == result.attempt]
+    first_seq = last[0].continues.seq if last[0].continues is not None else 0
+    assert [c.seq for c in last] == list(range(first_seq, first_seq + len(last)))
+    client = ChunkAssembler()
+    for chunk in chunks:
+        client.add(chunk)
+    assert (client.text, client.restarts) == (result.text, 0)

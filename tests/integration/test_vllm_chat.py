@@ -16,16 +16,9 @@ from llmbus.contract.messages import ChatMessage, ErrorCode, InferenceRequest
 from llmbus.contract.tool_calls import assemble_tool_calls
 from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
 from llmbus_services.engine_worker.core.engine import EngineError, EngineOutput, EngineRequest, RequestRejected
-from tests.fixtures.vllm_prompts import LOOKUP_TOOL, PromptSpy, hf_tokenizer, template_ids
+from tests.fixtures.vllm_prompts import CHAT, LOOKUP_TOOL, PromptSpy, hf_tokenizer, template_ids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="session")]
-
-CHAT = [
-    ChatMessage(role="system", content="You answer in one word about the kafka cluster."),
-    ChatMessage(role="user", content="which broker holds the topic partition?"),
-    ChatMessage(role="assistant", content="the broker with the partition offset."),
-    ChatMessage(role="user", content="and the consumer?"),
-]
 
 
 async def _run(engine: VllmEngine, request: EngineRequest) -> list[EngineOutput]:

@@ -1,4 +1,5 @@
-"""The real vLLM engine (CPU build, tiny random-weight Llama): streaming, abort, admission, failure."""
+"""The real vLLM engine (the CPU build here, the GPU build in make gpu-check; tiny random-weight Llama): streaming,
+abort, admission, failure."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import signal
 
 import pytest
 
-from llmbus.contract.messages import ErrorCode
+from llmbus.contract.messages import ErrorCode, InferenceRequest, RoutedRequest
+from llmbus_services.engine_worker.adapters.engines import vllm_phases
 from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine, classify_error
 from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
@@ -75,12 +77,14 @@ async def test_concurrent_requests_are_batched_and_the_excess_waits(vllm_engine:
     n = vllm_engine.max_num_seqs + 4  # 4 more than vLLM runs at once
     reqs = [EngineRequest(f"conc-{i}", f"{PROMPT} {i}", max_tokens=24, temperature=0.8, seed=i) for i in range(n)]
     seen: list[tuple[int, int]] = []
+    backlogs: list[int] = []
 
     async def run(req: EngineRequest) -> list[EngineOutput]:
         outs = []
         async for out in vllm_engine.generate(req):
             stats = vllm_engine.stats()
             seen.append((stats.num_requests_running, stats.num_requests_waiting))
+            backlogs.append(stats.prefill_backlog_tokens)
             outs.append(out)
         return outs
 
@@ -88,7 +92,9 @@ async def test_concurrent_requests_are_batched_and_the_excess_waits(vllm_engine:
     assert [r[-1].completion_tokens for r in results] == [24] * n
     assert max(running for running, _ in seen) == vllm_engine.max_num_seqs  # batched, up to the limit
     assert max(waiting for _, waiting in seen) >= 1  # the rest queued inside vLLM
-    assert vllm_engine.stats().num_requests_running == 0
+    # while the first batch decodes, the 4 waiting prompts are the engine's prefill backlog (the heartbeat's)
+    assert max(backlogs) >= 4 * vllm_engine.count_tokens(PROMPT)
+    assert vllm_engine.stats().num_requests_running == 0 and vllm_engine.stats().prefill_backlog_tokens == 0
 
 
 async def test_abort_mid_stream_ends_with_abort(vllm_engine: VllmEngine) -> None:
@@ -117,8 +123,8 @@ async def test_over_capacity_is_refused_before_vllm_sees_it(vllm_engine: VllmEng
         await _collect(vllm_engine, EngineRequest("too-long", PROMPT, max_tokens=TINY_MAX_MODEL_LEN))
     vllm_engine.check_admission(prompt_tokens, TINY_MAX_MODEL_LEN - prompt_tokens)  # exactly full: fine
 
-    # KV: pretend vLLM reported an almost full cache (1 - 0.9999 of 4096 blocks = 0 free).
-    monkeypatch.setattr(vllm_engine._sink, "kv_cache_usage", 0.9999)
+    # KV: pretend vLLM reported a full cache (0 blocks free, however many the platform allocated).
+    monkeypatch.setattr(vllm_engine._sink, "kv_cache_usage", 1.0)
     with pytest.raises(AdmissionError, match="KV blocks"):
         vllm_engine.check_admission(prompt_tokens, 16)
 
@@ -133,6 +139,48 @@ async def test_prefix_cache_hits_on_a_repeated_long_prompt(vllm_engine: VllmEngi
     assert first[-1].cached_prompt_tokens == 0
     assert second[-1].cached_prompt_tokens >= 2 * after.kv_block_size
     assert after.prefix_cache_hits_total - before.prefix_cache_hits_total == second[-1].cached_prompt_tokens
+
+
+async def test_a_tenant_gets_no_cached_tokens_on_another_tenants_prefix(vllm_engine: VllmEngine) -> None:
+    """vLLM's per-request cache_salt, one per tenant (RoutedRequest.cache_salt): tenant B's guess of
+    tenant A's prompt shows cached_tokens 0, while A's own repeat hits and a cache group shares."""
+
+    def salt(tenant: str, group: str | None = None) -> str:
+        request = InferenceRequest(request_id="s", tenant=tenant, prompt="s")
+        return RoutedRequest(request=request, model="tiny", cache_group=group).cache_salt
+
+    secret = " ".join(f"{PROMPT} acme-internal-{i}" for i in range(12))  # > 2 blocks of 128 tokens
+    block = vllm_engine.stats().kv_block_size
+
+    async def cached(request_id: str, cache_salt: str) -> int:
+        request = EngineRequest(request_id, secret, max_tokens=2, temperature=0.0, cache_salt=cache_salt)
+        return (await _collect(vllm_engine, request))[-1].cached_prompt_tokens
+
+    assert await cached("salt-acme-1", salt("acme")) == 0
+    assert await cached("salt-acme-2", salt("acme")) >= 2 * block
+    assert await cached("salt-globex-1", salt("globex")) == 0, "globex sees that acme sent this prompt"
+    assert await cached("salt-unsalted", "") == 0  # nor does a request without a salt
+    assert await cached("salt-group-a", salt("acme", "corp")) == 0
+    assert await cached("salt-group-b", salt("acme-eu", "corp")) >= 2 * block  # one cache group: shared
+
+
+async def test_the_engine_cores_start_is_split_as_vllms_workers_timed_it(vllm_engine: VllmEngine) -> None:
+    llm = vllm_engine._llm
+    # vLLM resolved the worker class to the timed subclass of the platform's (CPUWorker here, Worker on a GPU)
+    worker_cls = llm.vllm_config.parallel_config.worker_cls
+    assert worker_cls in {f"{vllm_phases.__name__}.TimedCpuWorker", f"{vllm_phases.__name__}.TimedGpuWorker"}
+    phases = vllm_engine.cold_start_phases_s
+    assert list(phases) == ["import", "config", "engine_process", "weights", "kv_pool", "kernels", "warmup"]
+    assert phases["weights"] > 0 and phases["kv_pool"] > 0 and phases["engine_process"] > 0
+    assert sum(v for k, v in phases.items() if k != "warmup") == pytest.approx(vllm_engine.cold_start_s, abs=0.05)
+    # Asked again, each rank answers what it measured while the engine started (one rank here)
+    [rank] = await llm.collective_rpc(vllm_phases.RPC_METHOD)
+    assert {k: round(v, 3) for k, v in rank.items()} == {k: phases[k] for k in ("weights", "kv_pool", "kernels")}
+    # What the heartbeat reports is what vLLM resolved, not the settings (which may be unset)
+    assert (vllm_engine.max_model_len, vllm_engine.max_num_seqs) == (
+        llm.model_config.max_model_len,
+        llm.vllm_config.scheduler_config.max_num_seqs,
+    )
 
 
 async def test_engine_core_death_becomes_engine_dead_and_restart_recovers(vllm_engine: VllmEngine) -> None:

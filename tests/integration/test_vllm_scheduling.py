@@ -61,5 +61,6 @@ async def test_the_warmup_plan_runs_its_iterations_of_dummy_tokens(vllm_chatml_e
     iterations, tokens = engine.config.warmup_iterations, engine.config.warmup_prompt_tokens
     assert after.prompt_tokens_total - before.prompt_tokens_total == iterations * tokens
     phases = engine.cold_start_phases_s
-    assert set(phases) == {"import", "config", "engine_core", "warmup"}
-    assert all(v > 0 for k, v in phases.items() if k != "import")  # vLLM was imported before: ~0 s
+    assert list(phases) == ["import", "config", "engine_process", "weights", "kv_pool", "kernels", "warmup"]
+    # vLLM was imported before (~0 s); the CPU build warms its kernels up inside the memory profile (~0 s).
+    assert all(v > 0 for k, v in phases.items() if k not in ("import", "kernels"))

@@ -29,6 +29,8 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import (
     Dispatch,
     DispatchOutcome,
+    ErrorCode,
+    ErrorInfo,
     InferenceRequest,
     InferenceResult,
     OutcomeStatus,
@@ -39,8 +41,10 @@ from llmbus.settings import BusSettings
 from llmbus.state.fencing import RequestFence, Superseded
 from llmbus.state.text import text_of
 from llmbus_services.engine_worker.adapters.ending import AttemptEnd
+from llmbus_services.router.config import RouterSettings
+from llmbus_services.router.flows.requests import ROUTER_ATTEMPT, RequestFlow
 from llmbus_services.scheduler.config import SchedulerSettings
-from llmbus_services.scheduler.handlers import SchedulerHandlers
+from llmbus_services.scheduler.flows import SchedulerHandlers
 from tests.support import redis_keys
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -153,3 +157,29 @@ async def test_the_schedulers_final_error_after_a_lapsed_claim_defers_to_a_resul
     assert await fence.holder(written.request_key) == "done:1"
     assert await handlers._claim_for_error(unwritten.request_key)
     assert await fence.holder(unwritten.request_key) == "done:scheduler"
+
+
+async def test_a_worker_after_a_routers_lapsed_claim_finds_the_routers_answer_out(
+    bus: Bus, fence: RequestFence
+) -> None:
+    """The router refused (or answered from its cache) a copy of the request and died before marking its
+    answer done; the worker's attempt comes after the router's claim lapsed: the router's answer stands."""
+    dispatch = dispatch_of(f"router-{uuid.uuid4().hex[:8]}", attempt=1)
+    flow = RequestFlow(bus, RouterSettings(), core=None, budgets=None, fence=fence)  # type: ignore[arg-type]
+    assert await flow._claim_answer(dispatch.request_key)  # as it does before each answer of its own
+    refusal = InferenceResult(
+        request_id=dispatch.request_id,
+        tenant="acme",
+        status=ResultStatus.ERROR,
+        error=ErrorInfo.of(ErrorCode.RATE_LIMITED, "over its requests limit"),
+        attempt=ROUTER_ATTEMPT,
+        produced_by="router",
+    )
+    await bus.publisher.publish(bus.topics.name(t.RESULTS), refusal, key=dispatch.request_id)
+    await asyncio.sleep(LEASE_S + 0.3)  # ...and died: its pending claim lapses
+    await AttemptEnd(bus, fence, "w1").publish_final(
+        dispatch, result_of(dispatch, "second"), bus.topics.name(t.TOKENS), -1, OutcomeStatus.COMPLETED
+    )
+    results, outcomes = await answers(bus.settings, dispatch.request_id)
+    assert [(r.produced_by, r.attempt) for r in results] == [("router", ROUTER_ATTEMPT)]
+    assert [o.status for o in outcomes] == [OutcomeStatus.DUPLICATE]

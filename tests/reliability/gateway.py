@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from llmbus_tools.harness.reliability.stack import MODEL, make_request
+from llmbus_tools.harness.reliability.load import MODEL, make_request
 
 
 @dataclass
@@ -30,6 +30,7 @@ class HttpLoad:
     keys: dict[str, str]
     requests: int
     rate_per_s: float
+    tenants: list[str]
     seed: int = 7
     accepted: list[str] = field(default_factory=list)  # x-request-id of every 200
     restarted: bool = False  # set once the restarted gateway is ready
@@ -42,7 +43,7 @@ class HttpLoad:
     silent: list[str] = field(default_factory=list)  # accepted streams that ended without [DONE] or error
 
     async def _one(self, http: httpx.AsyncClient, i: int, rng: random.Random) -> None:
-        request = make_request(i, rng)
+        request = make_request(i, rng, self.tenants)
         body = {
             "model": MODEL,
             "prompt": request.prompt,

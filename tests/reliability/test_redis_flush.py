@@ -36,19 +36,15 @@ from llmbus.audit.bills import check_bills
 from llmbus.contract import topics as t
 from llmbus.contract.messages import BookedTo, CostKind, CostRecord
 from llmbus.contract.request_key import request_key
-from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
+from llmbus_tools.harness.reliability.deployment import Deployment
 from llmbus_tools.harness.reliability.effects import costs_in, results_in
-from llmbus_tools.harness.reliability.stack import (
-    Outcome,
-    PrivateRedis,
-    dispose,
-)
-from llmbus_tools.harness.service_procs import fresh_settings
-from tests.reliability.scenarios import SHORT, Faults, at, run_scenario
-from tests.reliability.service_scenarios import billed_stack
+from llmbus_tools.harness.reliability.infra import PrivateRedis
+from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
+from llmbus_tools.harness.secured import SecuredBroker
+from tests.reliability.common import SHORT, Faults, at, deployed, run_scenario
 
-pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(400)]
 
 SIZE = SHORT
 DOUBLED_BOUND = int(SIZE.rate_per_s * 5)  # what can be in flight at the flush: ~5 s of load
@@ -82,13 +78,14 @@ def deduped_billing_problems(costs: list[CostRecord], result_ids: set[str]) -> t
 
 
 async def flush_run(
-    tmp_path: Path, kill_cost: bool, answer_timeout_s: float
+    broker: SecuredBroker, tmp_path: Path, kill_cost: bool, answer_timeout_s: float
 ) -> tuple[Outcome, list[str], list[Seen], t.Topics]:
-    """The stack on a private Redis, the load, two FLUSHALLs (the second followed by a cost
+    """The stack as deployed on a private Redis, the load, two FLUSHALLs (the second followed by a cost
     SIGKILL when `kill_cost`); returns the outcome, the services' own exits and the records."""
     redis = PrivateRedis(tmp_path / "redis")
     await asyncio.to_thread(redis.start)
-    settings: BusSettings = fresh_settings(redis_url=redis.url)
+    deployment = Deployment.on(broker, redis_url=redis.url)
+    prefix = deployment.prefix
     faults = Faults()
 
     async def flush() -> None:
@@ -96,34 +93,33 @@ async def flush_run(
         try:
             kinds = Counter[str]()
             async for key in client.scan_iter(count=1000):
-                kinds[":".join(key.decode().removeprefix(settings.topic_prefix).split(":")[:2])] += 1
+                kinds[":".join(key.decode().removeprefix(prefix).split(":")[:2])] += 1
             await asyncio.wait_for(client.flushall(), 10)
         finally:
             await client.aclose()
         faults.note(f"FLUSHALL on the bus's Redis: {sum(kinds.values())} keys gone, {dict(kinds.most_common(8))}")
 
-    async def flush_then_kill_cost() -> None:
-        """The flush, then cost-accounting SIGKILLed: it reads its uncommitted results again, and
-        their seen markers are gone (the case that bills a record id twice)."""
-        await flush()
-        stack.kill("cost")
-        faults.note("SIGKILL cost")
-        await asyncio.sleep(1)
-        stack.restart("cost")
-        faults.note("cost restarted")
-
     size = dataclasses.replace(SIZE, answer_timeout_s=answer_timeout_s)
     try:
-        async with billed_stack(settings, tmp_path) as (stack, billing):
+        async with deployed(deployment, tmp_path) as running:
+            stack = running.stack
+
+            async def flush_then_kill_cost() -> None:
+                """The flush, then cost-accounting SIGKILLed: it reads its uncommitted results again, and
+                their seen markers are gone (the case that bills a record id twice)."""
+                await flush()
+                stack.kill("cost")
+                faults.note("SIGKILL cost")
+                await asyncio.sleep(1)
+                stack.restart("cost")
+                faults.note("cost restarted")
+
             second = flush_then_kill_cost if kill_cost else flush
             hooks = {at(size, 0.3): faults.spawn(flush), at(size, 0.7): faults.spawn(second)}
-            bound = {"internal": DOUBLED_BOUND}
-            outcome = await run_scenario(
-                "redis_flushall", settings, stack, size, hooks, faults, bound, effects=[billing]
-            )
-            return outcome, stack.crashes, await read_namespace(settings), t.Topics(settings.topic_prefix)
+            budget = ErrorBudget().allow(("internal",), DOUBLED_BOUND, "the final markers were flushed")
+            outcome = await run_scenario("redis_flushall", running, size, hooks, faults, budget)
+            return outcome, stack.crashes, await read_namespace(deployment.operator), deployment.topics
     finally:
-        await dispose(settings)
         await asyncio.to_thread(redis.stop)
 
 
@@ -132,11 +128,13 @@ def judge(outcome: Outcome, crashes: list[str]) -> None:
     assert all(n <= 1 for n in exits.values()), f"crash loop: {crashes}"
     assert outcome.report.lost == 0, outcome.verdict()
     assert outcome.report.doubled <= DOUBLED_BOUND, outcome.verdict()
-    assert not outcome.errors_over_bound, outcome.verdict()
+    assert not outcome.errors_over_budget, outcome.verdict()
 
 
-async def test_flushall_mid_run_loses_nothing_and_bills_every_result(tmp_path: Path, kafka_up: None) -> None:
-    outcome, crashes, records, topics = await flush_run(tmp_path, False, SIZE.answer_timeout_s)
+async def test_flushall_mid_run_loses_nothing_and_bills_every_result(
+    tmp_path: Path, kafka_up: None, deployed_broker: SecuredBroker
+) -> None:
+    outcome, crashes, records, topics = await flush_run(deployed_broker, tmp_path, False, SIZE.answer_timeout_s)
     judge(outcome, crashes)
     results = results_in(topics, records)
     problems, per_tenant = deduped_billing_problems(costs_in(topics, records), results)
@@ -146,8 +144,10 @@ async def test_flushall_mid_run_loses_nothing_and_bills_every_result(tmp_path: P
 
 
 @pytest.mark.reliability
-async def test_flushall_then_cost_sigkill_bills_every_result_once(tmp_path: Path, kafka_up: None) -> None:
-    outcome, crashes, records, topics = await flush_run(tmp_path, True, 30)
+async def test_flushall_then_cost_sigkill_bills_every_result_once(
+    tmp_path: Path, kafka_up: None, deployed_broker: SecuredBroker
+) -> None:
+    outcome, crashes, records, topics = await flush_run(deployed_broker, tmp_path, True, 30)
     judge(outcome, crashes)
     results = results_in(topics, records)
     costs = costs_in(topics, records)

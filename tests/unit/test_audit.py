@@ -9,6 +9,7 @@ import json
 from llmbus.audit import Seen, audit
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
+    ContinuedFrom,
     DeadLetter,
     Dispatch,
     ErrorCode,
@@ -67,13 +68,13 @@ def test_clean_run_passes_with_counts() -> None:
     assert report.counts() == {
         "sent": 2,
         "answered": 2,
+        "errored": 0,
         "lost": 0,
         "doubled": 0,
         "bad_chunks": 0,
         "misplaced": 0,
         "unaccounted": 0,
     }
-    assert report.ok_results == 2
 
 
 def test_request_without_result_is_lost() -> None:
@@ -87,7 +88,7 @@ def test_two_results_are_doubled_even_when_identical() -> None:
     assert report.doubled == 1 and report.answered == 0 and not report.passed
 
 
-def test_error_result_counts_as_answered_with_its_code() -> None:
+def test_an_error_result_is_the_requests_one_result_counted_apart_from_answers() -> None:
     error = InferenceResult(
         request_id="r1",
         tenant="a",
@@ -98,7 +99,18 @@ def test_error_result_counts_as_answered_with_its_code() -> None:
     log = [*chunks("r1", []), rec(t.RESULTS, error, "r1")]
     report = audit(TOPICS, log, ["r1"])
     assert report.passed, report.summary()
-    assert report.error_results == {"queue_full": 1}
+    assert (report.answered, report.errored) == (0, 1)
+    assert report.error_results == {"queue_full": 1} and report.errors_by_id == {"r1": "queue_full"}
+
+
+def test_every_tenants_result_of_an_id_is_judged_not_only_the_first() -> None:
+    """Two tenants' requests of one id: two requests. The second one's chunks are checked too."""
+    first = answered("r1", [" a"])
+    other = InferenceResult(request_id="r1", tenant="b", status=ResultStatus.OK, text=" z", attempt=1)
+    gap = rec(t.TOKENS, TokenChunk(request_id="r1", tenant="b", seq=1, delta=" z", final=True, attempt=1), "r1")
+    report = audit(TOPICS, [*first, gap, rec(t.RESULTS, other, "r1")], ["r1"])
+    assert report.answered == 2 and report.bad_chunks == 1, report.summary()
+    assert "tenant b" in report.problems["bad_chunks"][0]
 
 
 def test_seq_gap_and_missing_final_are_bad_chunks() -> None:
@@ -200,3 +212,39 @@ def test_a_tombstone_on_llm_requests_is_client_input_accounted_by_its_dead_lette
     report = audit(TOPICS, [tombstone, rec(t.DLQ, letter)], [], account_requests=True)
     assert report.passed, report.summary()
     assert audit(TOPICS, [tombstone], [], account_requests=True).unaccounted == 1
+
+
+def continued(request_id: str, first: list[str], rest: list[str], cut: int | None = None) -> list[Seen]:
+    """Attempt 1 streams `first` and dies; attempt 2 continues it from `cut` (default: all of it)."""
+    cut = len(first) if cut is None else cut
+    marker = ContinuedFrom(attempt=1, seq=cut)
+    out = chunks(request_id, first)[:-1]
+    for i, part in enumerate([*rest, ""]):
+        chunk = TokenChunk(
+            request_id=request_id,
+            tenant="a",
+            seq=cut + i,
+            delta=part,
+            attempt=2,
+            continues=marker,
+            final=i == len(rest),
+        )
+        out.append(rec(t.TOKENS, chunk, request_id))
+    return out
+
+
+def test_a_continued_answer_is_one_clean_stream_across_its_attempts() -> None:
+    log = [*continued("r1", [" a", " b"], [" c"]), result("r1", " a b c", attempt=2)]
+    # a zombie's chunk past the cut is no part of the answer
+    zombie = [*continued("r2", [" a", " b", " z"], [" c"], cut=2), result("r2", " a b c", attempt=2)]
+    report = audit(TOPICS, log + zombie, ["r1", "r2"])
+    assert report.passed and report.bad_chunks == 0, report.summary()
+
+
+def test_a_continuation_that_repeats_or_loses_text_is_bad_chunks() -> None:
+    repeated = [*continued("r1", [" a", " b"], [" b", " c"]), result("r1", " a b c", attempt=2)]
+    lost = [*continued("r2", [" a", " b"], [" c"], cut=3), result("r2", " a b c", attempt=2)]  # seq 2 never sent
+    report = audit(TOPICS, repeated + lost, ["r1", "r2"])
+    assert report.bad_chunks == 2, report.summary()
+    assert any("differs" in p for p in report.problems["bad_chunks"])
+    assert any("missing [2]" in p for p in report.problems["bad_chunks"])

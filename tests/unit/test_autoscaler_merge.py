@@ -109,3 +109,25 @@ def test_a_redelivered_window_is_not_counted_again() -> None:
     assert merger.add(stats("b", 10_000, arrivals=1)) is None
     merged = merger.add(stats("a", 15_000, arrivals=2))
     assert merged is not None and merged.arrivals == 3
+
+
+def test_latency_tokens_and_backlog_merge_tail_as_the_worst_and_counts_as_sums() -> None:
+    """TTFT windows are each instance's own finished requests: the median weighted by samples, the tail the
+    worst; token counts add up; the backlog (every instance sees the fleet's heartbeats) is the largest."""
+    a = stats(
+        "a", 10_000, arrivals=10, arrival_prompt_tokens=20_000, completed=8, completion_tokens=240, ttft_samples=30,
+        ttft_ms_p50=400.0, ttft_ms_p99=1800.0, tpot_ms_p99=40.0, prefill_backlog_tokens=12_000,
+        kv_cache_usage_perc_max=0.3,
+    )  # fmt: skip
+    b = stats(
+        "b", 10_200, arrivals=5, arrival_prompt_tokens=9_000, completed=4, completion_tokens=120, ttft_samples=10,
+        ttft_ms_p50=3000.0, ttft_ms_p99=6000.0, tpot_ms_p99=30.0, prefill_backlog_tokens=15_000,
+        kv_cache_usage_perc_max=0.5,
+    )  # fmt: skip
+    merged = merge_pool_stats({"a": [a], "b": [b]}, {"a": a, "b": b})
+    assert (merged.arrival_prompt_tokens, merged.completion_tokens, merged.ttft_samples) == (29_000, 360, 40)
+    assert merged.ttft_ms_p50 == 400.0 and merged.ttft_ms_p99 == 6000.0 and merged.tpot_ms_p99 == 40.0
+    assert merged.prefill_backlog_tokens == 15_000 and merged.kv_cache_usage_perc_max == 0.5  # b is the freshest
+    # two windows of one instance: their tokens add up too
+    one = merge_pool_stats({"a": [a, stats("a", 15_000, arrivals=1, arrival_prompt_tokens=100)]}, {"a": a})
+    assert one.arrival_prompt_tokens == 20_100

@@ -21,7 +21,6 @@ from llmbus.bus.commits import commit_with_retry
 from llmbus.bus.consumer import ConsumerLoop
 from llmbus.bus.dlq import dead_letter
 from llmbus.bus.producer import make_producer
-from llmbus.bus.runtime import run_until_stopped
 from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceRequest
 from llmbus.settings import BusSettings
 
@@ -110,24 +109,6 @@ async def test_producer_size_limit_and_durability_come_from_settings() -> None:
     with pytest.raises(ValidationError):
         BusSettings(replication_factor=1, min_insync_replicas=2)
     assert BusSettings(replication_factor=3, min_insync_replicas=2).min_insync_replicas == 2
-
-
-async def test_a_failed_loop_stops_the_others_and_its_error_is_raised_after_they_finish() -> None:
-    stop = asyncio.Event()
-    finished: list[str] = []
-
-    async def stalls() -> None:
-        raise RuntimeError("stalled")
-
-    async def until_stopped() -> None:
-        await stop.wait()
-        await asyncio.sleep(0.05)  # a drain
-        finished.append("other")
-
-    tasks = [asyncio.create_task(stalls()), asyncio.create_task(until_stopped())]
-    with pytest.raises(RuntimeError, match="stalled"):
-        await asyncio.wait_for(run_until_stopped(tasks, stop), 5)
-    assert finished == ["other"]
 
 
 async def test_a_batch_waiting_for_a_leader_outlives_the_request_timeout() -> None:

@@ -18,7 +18,7 @@ from llmbus.bus.consumer import ConsumerLoop
 from llmbus.bus.message_metrics import observe_published
 from llmbus.bus.producer import Publisher
 from llmbus.contract.messages import InferenceResult, TokenChunk
-from llmbus.observability.metric_children import children_of
+from llmbus.observability.metric_children import MODEL_LABELS, children_of
 from llmbus.settings import BusSettings
 
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -109,7 +109,9 @@ async def test_a_sampled_record_gets_its_span_and_what_it_publishes_carries_the_
 
     async def publish_two(_: ConsumerRecord) -> None:
         await publisher.publish("test.out", TokenChunk(request_id="r1", tenant="t", seq=0, delta="a"), key="r1")
-        await publisher.send("test.out", TokenChunk(request_id="r1", tenant="t", seq=1, delta="b"), key="r1")
+        await publisher.publish(
+            "test.out", TokenChunk(request_id="r1", tenant="t", seq=1, delta="b"), key="r1", wait=False
+        )
 
     async def never(_: ConsumerRecord, exc: Exception) -> None:
         raise exc
@@ -139,6 +141,7 @@ def test_result_series_count_under_the_results_labels() -> None:
             "timings": {"ttft_ms": 5.0, "total_ms": 20.0},
         }
     )
+    MODEL_LABELS.learn(["m-children"])  # known to this process (else it counts as `other`)
     labels = {"service": "svc-r", "model": "m-children", "status": "ok", "code": "", "finished_reason": "stop"}
     for _ in range(2):
         observe_published("svc-r", result)

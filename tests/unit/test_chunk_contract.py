@@ -133,3 +133,22 @@ async def test_the_cli_shows_the_tool_calls_of_the_answer() -> None:
         ("call_1", "lookup", '{"partition": 3}')
     ]
     assert 'tool call call_1: lookup({"partition": 3})' in out.getvalue()
+
+
+def test_a_fallback_that_numbered_its_attempts_from_1_again_would_splice_two_answers() -> None:
+    """Why a fallback's attempts number past every earlier one. The first model's attempt 1 streamed
+    " w0 w1 w2" in two chunks and broke off; the next model answers " w0 w1 w2 w3 w4", batched otherwise.
+    Numbered attempt 1 again, its (attempt, seq) pairs look like copies of what the reader has: the reader
+    keeps the first model's seq 0 and 1 and the next one's seq 2 on: " w3" is missing, and nothing says so.
+    Numbered past them (attempt 2), the reader starts afresh: the whole answer."""
+    first_model = [chunk(0, " w0"), chunk(1, " w1 w2")]
+    next_model = [" w0 w1 w2", " w3", " w4"]
+    reused = ChunkAssembler()
+    for c in [*first_model, *(chunk(seq, text) for seq, text in enumerate(next_model)), chunk(3, final=True)]:
+        reused.add(c)
+    assert reused.text == " w0 w1 w2 w4"  # " w3" lost: the silent truncation
+    numbered = ChunkAssembler()
+    later = [chunk(seq, text, attempt=2) for seq, text in enumerate(next_model)]
+    for c in [*first_model, *later, chunk(3, final=True, attempt=2)]:
+        numbered.add(c)
+    assert numbered.text == " w0 w1 w2 w3 w4" and numbered.restarts == 1

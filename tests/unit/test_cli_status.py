@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from llmbus.cli.fleet_view import fleet_table
+from llmbus.cli.fleet_view import cold_start_table, fleet_table, state_reasons
 from llmbus.contract.messages import WorkerState, WorkerStatus
 
 
@@ -40,3 +40,39 @@ def test_status_table_fits_80_columns_without_cutting_values() -> None:
     model_col = lines[row].index("llama")
     model = lines[row][model_col:].split()[0] + lines[row + 1][model_col:].split()[0]
     assert model == "llama-3.3-70b-instruct"
+
+
+def test_a_failed_start_shows_its_reason_and_a_start_its_phases() -> None:
+    failed = WorkerStatus(
+        worker_id="w-bad",
+        node_id="n",
+        state=WorkerState.FAILED,
+        state_reason="artifact_digest_mismatch: model.safetensors: sha256 9f2c, the artifact lists 0b7a",
+        engine="vllm",
+        models=["tiny"],
+    )
+    ready = failed.model_copy(
+        update={
+            "worker_id": "w-good",
+            "state": WorkerState.READY,
+            "state_reason": None,
+            "cold_start_s": 29.1,
+            "cold_start_phases_s": {"startup": 0.6, "fetch": 4.2, "verify": 1.3, "engine_process": 14.0, "warmup": 0.2},
+        }
+    )
+    out = io.StringIO()
+    console = Console(file=out, width=80, color_system=None)
+    console.print(fleet_table([failed, ready]))
+    phases = cold_start_table([failed, ready])
+    assert phases is not None
+    console.print(phases)
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    words = text.split()
+    assert words[words.index("w-bad") + 1 :][:1] == ["failed"]  # the state in its cell
+    # the reason whole on a line of its own under the table (as `llmbus status` prints it), not folded in a cell
+    assert state_reasons([failed, ready]) == [
+        "w-bad  failed: artifact_digest_mismatch: model.safetensors: sha256 9f2c, the artifact lists 0b7a"
+    ]
+    assert "fetch 4.20  verify 1.30" in text
+    assert cold_start_table([failed]) is None  # no worker started: no table

@@ -15,11 +15,13 @@ import pytest
 import yaml
 from pydantic_settings import BaseSettings
 
-from llmbus.settings import BusSettings, cache_root
+from llmbus.artifacts import CacheSettings
+from llmbus.settings import BusSettings, ObjectStoreSettings, cache_root
 from llmbus_services.archive.config import ArchiveSettings
 from llmbus_services.autoscaler.config import AutoscalerSettings
 from llmbus_services.engine_worker.config import WorkerSettings
 from llmbus_services.gateway.config import GatewaySettings
+from llmbus_services.node_agent.config import NodeAgentSettings
 from llmbus_services.router.config import RouterSettings
 from llmbus_services.scheduler.config import SchedulerSettings
 
@@ -32,6 +34,9 @@ PREFIXES: dict[str, type[BaseSettings]] = {
     "LLMBUS_AUTOSCALER_": AutoscalerSettings,
     "LLMBUS_GATEWAY_": GatewaySettings,
     "LLMBUS_ARCHIVE_": ArchiveSettings,
+    "LLMBUS_NODE_AGENT_": NodeAgentSettings,
+    "LLMBUS_S3_": ObjectStoreSettings,
+    "LLMBUS_ARTIFACT_CACHE_": CacheSettings,
     "LLMBUS_": BusSettings,
 }
 
@@ -116,7 +121,7 @@ def test_the_local_images_switch_changes_the_images_and_nothing_else(compose: li
     # writes them in both images) and only the image differs.
     official, local = rendered(compose, secrets_dir=tmp_path), rendered(compose, *LOCAL, secrets_dir=tmp_path)
     swapped = set(yaml.safe_load((COMPOSE.parent / "local-images.yml").read_text())["services"])
-    assert swapped == {"kafka-format", "kafka", "redis", "prometheus", "otel-collector"}
+    assert swapped == {"kafka-format", "kafka", "redis", "objectstore", "prometheus", "otel-collector"}
     for name in swapped:
         assert official["services"][name]["image"] != local["services"][name]["image"], name
         official["services"][name].pop("image")
@@ -127,7 +132,7 @@ def test_the_local_images_switch_changes_the_images_and_nothing_else(compose: li
 
 def test_the_window_files_it_mounts_exist() -> None:
     spec = yaml.safe_load(COMPOSE.read_text())
-    for name in ("grafana", "prometheus", "otel-collector", "kafka", "redis"):
+    for name in ("grafana", "prometheus", "otel-collector", "kafka", "redis", "objectstore"):
         for mount in spec["services"][name].get("volumes", []):
             source = mount.split(":")[0]
             if source.startswith("."):

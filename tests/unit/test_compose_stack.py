@@ -12,14 +12,19 @@ from typing import Any
 
 import yaml
 
-from llmbus.security import acls
+from llmbus.security import acls, redis_acls
 from llmbus_services.router.core.config import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = REPO / "deploy" / "compose"
 SPEC = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = SPEC["services"]
-LONG_RUNNING = {n: s for n, s in SERVICES.items() if s.get("command", [None])[:2] == ["python", "-m"]}
+# The stack's services (`up` starts them); worker-version is run by hand, once per model version (profile tools).
+LONG_RUNNING = {
+    n: s
+    for n, s in SERVICES.items()
+    if s.get("command", [None])[:2] == ["python", "-m"] and "tools" not in s.get("profiles", [])
+}
 PREFIX = "2"  # the file's default LLMBUS_PORT_PREFIX
 
 
@@ -70,11 +75,18 @@ def test_kafka_is_formatted_with_a_scram_user_for_every_principal_and_serves_rea
     principals = set(acls.principals(["acme", "globex"]))
     assert set(SERVICES["kafka-format"]["secrets"]) == principals
     assert SERVICES["kafka"]["secrets"] == ["admin"]
-    assert set(SPEC["secrets"]) == principals | {"redis"}
+    assert set(SPEC["secrets"]) == principals | {"redis", "redis-users", "objectstore"}
 
 
 def test_each_container_reads_only_its_own_credentials() -> None:
-    extra = {"autoscaler": {"engine-worker"}}  # it starts engine-workers, which connect as engine-worker
+    extra = {
+        "autoscaler": {"engine-worker"},  # it starts engine-workers, which connect as engine-worker
+        # the object store's secret key where the store is used: the archive's bucket, pushing models, fetching them
+        "archive": {"objectstore"},
+        "cli": {"objectstore"},
+        "worker-vllm-1": {"objectstore"},
+        "worker-version": {"objectstore"},
+    }
     for name, service in SERVICES.items():
         for mount in service.get("volumes", []):
             whole_store = "SECRETS_DIR" in mount or (mount.split(":")[0] in SPEC["volumes"] and "secret" in mount)
@@ -82,8 +94,31 @@ def test_each_container_reads_only_its_own_credentials() -> None:
         if "LLMBUS_KAFKA_SASL_USERNAME" not in service.get("environment", {}):
             continue
         principal = service["environment"]["LLMBUS_KAFKA_SASL_USERNAME"]
-        assert set(service["secrets"]) == {principal, "redis"} | extra.get(name, set()), name
-    assert SERVICES["redis"]["secrets"] == ["redis"]
+        assert set(service["secrets"]) == {principal} | extra.get(name, set()), name
+    assert SERVICES["redis"]["secrets"] == ["redis", "redis-users"]
+    assert SERVICES["objectstore"]["secrets"] == ["objectstore"]  # its secret key; no Redis user
+
+
+def test_each_container_logs_in_to_redis_as_its_own_acl_user_and_the_archive_not_at_all() -> None:
+    """One Redis user per service (its principal's name and password; llmbus.security.redis_acls), from the
+    ACL file secrets-init generates; nobody but Redis itself holds the `default` user's password."""
+    with_redis = redis_acls.users_with_redis()
+    for name, service in SERVICES.items():
+        env = service.get("environment", {})
+        user = env.get("LLMBUS_REDIS_USERNAME")
+        if user is None:
+            assert "redis" not in service.get("secrets", []) or name == "redis", name
+            continue
+        assert user == env["LLMBUS_KAFKA_SASL_USERNAME"] and user in with_redis, name
+        assert "redis" not in service["secrets"], f"{name} holds Redis's full-rights password"
+    assert "LLMBUS_REDIS_USERNAME" not in SERVICES["archive"]["environment"]
+    assert "LLMBUS_REDIS_USERNAME" not in SERVICES["autoscaler"]["environment"]
+    init = " ".join(SERVICES["secrets-init"]["command"])
+    assert "llmbus acl redis-users /secrets -o /secrets/redis-users.acl" in init
+    run_script = (COMPOSE_DIR / "security" / "redis-run.sh").read_text()
+    assert "--aclfile /run/secrets/redis-users" in run_script and "requirepass" not in run_script
+    entry = (COMPOSE_DIR / "security" / "with-secrets.sh").read_text()
+    assert "/run/secrets/${LLMBUS_REDIS_USERNAME}" in entry and "/run/secrets/redis)" not in entry
 
 
 def test_redis_keeps_its_data_aof_everysec_on_a_volume() -> None:
@@ -137,7 +172,7 @@ def test_prometheus_scrapes_every_service_and_loads_alert_rules() -> None:
     assert any(m.startswith("../prometheus/alerts.yml:/etc/prometheus/alerts.yml") for m in mounts)
 
 
-def test_alert_rules_cover_queue_wait_errors_budget_lag_and_down_on_metrics_that_exist() -> None:
+def test_alert_rules_cover_queue_wait_ttft_errors_budget_lag_and_down_on_metrics_that_exist() -> None:
     rules = yaml.safe_load((REPO / "deploy/prometheus/alerts.yml").read_text())
     exprs = {rule["alert"]: rule["expr"] for group in rules["groups"] for rule in group["rules"]}
     defined = "\n".join(
@@ -145,6 +180,7 @@ def test_alert_rules_cover_queue_wait_errors_budget_lag_and_down_on_metrics_that
     )
     wanted = {
         "llmbus_scheduler_queue_wait_seconds": "queue wait",
+        "llmbus_scheduler_time_to_first_token_seconds": "TTFT",
         "llmbus_request_results_total": "error rate",
         "llmbus_cost_budget_alerts_total": "budget",
         "llmbus_consumer_lag_records": "consumer lag",
@@ -162,6 +198,19 @@ def test_a_sim_worker_serves_every_model_of_the_default_policy() -> None:
     assert set(policy.models) <= served
     worker_ids = [env_of(n)["LLMBUS_WORKER_WORKER_ID"] for n in LONG_RUNNING if n.startswith("worker-")]
     assert len(set(worker_ids)) == len(worker_ids)
+
+
+def test_each_tier_worker_has_its_models_window_and_the_dev_stacks_profile() -> None:
+    """What the router admits to a model, its compose worker takes (as in `make up`): the README's compose
+    example without max_tokens is not refused for a window the worker never said it had."""
+    from llmbus.cli.stack import TIER_FLEET
+
+    policy = load_policy(REPO / "services/router/policies/default.yaml")
+    by_model = {env_of(n)["LLMBUS_WORKER_MODEL"]: env_of(n) for n in LONG_RUNNING if n.startswith("worker-")}
+    for tier in TIER_FLEET:
+        env = by_model[tier.model]
+        assert int(env["LLMBUS_WORKER_SIM_MAX_MODEL_LEN"]) == policy.models[tier.model].max_model_len
+        assert env["LLMBUS_WORKER_SIM_PROFILE"] == tier.sim_profile
 
 
 def test_the_autoscaler_can_start_workers_in_its_image() -> None:

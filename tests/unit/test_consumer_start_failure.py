@@ -13,10 +13,15 @@ from aiokafka import AIOKafkaConsumer
 
 from llmbus.bus import consumer as bus_consumer
 from llmbus.bus import tables
-from llmbus.client import TopicTail
+from llmbus.bus.memory import MemoryLog, MemoryPublisher
+from llmbus.bus.runtime import Bus
+from llmbus.bus.service import ServiceRuntime
+from llmbus.bus.tail import TopicTail
+from llmbus.contract import contracts
+from llmbus.contract import topics as t
 from llmbus.contract.messages import ModelSpec
 from llmbus.settings import BusSettings
-from llmbus_services.gateway.adapters.catalog import CatalogFollower, ModelCatalog
+from llmbus_services.gateway.adapters.catalog import ModelCatalog
 
 
 def unused_port() -> int:
@@ -37,7 +42,7 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[AIOKafkaConsumer]:
 
     for module in (tables, bus_consumer):
         monkeypatch.setattr(module, "AIOKafkaConsumer", Recorded)
-    monkeypatch.setattr("llmbus.client.AIOKafkaConsumer", Recorded)
+    monkeypatch.setattr("llmbus.bus.tail.AIOKafkaConsumer", Recorded)
     return made
 
 
@@ -60,13 +65,27 @@ async def test_reading_a_table_with_no_broker_leaves_no_consumer_open(
     assert [c._closed for c in made] == [True]
 
 
-async def test_a_catalog_follower_that_cannot_start_is_stopped(
+async def test_a_runtime_whose_consumers_cannot_start_stops_everything_it_started(
     made: list[AIOKafkaConsumer], nobody: BusSettings
 ) -> None:
-    async def no_dead_letters(record: object, exc: Exception) -> None:  # never reached: it cannot start
-        raise AssertionError(exc)
+    """The gateway's catalog, followed by the runtime: no broker, so its start fails; every consumer
+    is closed, the clean-ups run (last first) and the producer side is closed too."""
+    publisher = MemoryPublisher(MemoryLog(), t.GATEWAY)
+    runtime = ServiceRuntime(Bus(nobody, t.GATEWAY, t.Topics("t."), publisher), contracts.GATEWAY)
+    catalog = ModelCatalog(30)
+    runtime.subscribe("models", catalog.on_model)
+    runtime.subscribe("workers", catalog.on_worker)
+    cleaned: list[str] = []
 
-    follower = CatalogFollower(nobody, ModelCatalog(30), no_dead_letters)
+    async def first() -> None:
+        cleaned.append("first")
+
+    async def second() -> None:
+        cleaned.append("second")
+
+    runtime.on_stop(first)
+    runtime.on_stop(second)
     with pytest.raises(Exception):  # noqa: B017
-        await follower.start()
-    assert [c._closed for c in made] == [True]
+        await runtime.start()
+    assert [c._closed for c in made] == [True]  # the followed topics share one consumer
+    assert cleaned == ["second", "first"] and runtime.failed and not runtime.ready.is_set()

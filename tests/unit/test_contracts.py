@@ -37,7 +37,7 @@ def wired(contract: contracts.Contract) -> ServiceRuntime:
 @pytest.mark.parametrize("contract", [contracts.AUTOSCALER, contracts.COST, contracts.COMPARATOR], ids=str)
 def test_every_declared_subscription_is_bound_once(contract: contracts.Contract) -> None:
     runtime = wired(contract)
-    bound = sorted(r.name for r in contract.reads if not r.at_start)  # start-up reads: read_table, not bound
+    bound = sorted(r.name for r in contract.bound())  # start-up reads (read_table) and on-demand reads are not bound
     assert sorted(b.reads.name for b in runtime.bindings) == bound
 
 

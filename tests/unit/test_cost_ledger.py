@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from decimal import Decimal
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -165,11 +166,26 @@ def test_cold_start_amortised_and_wasted() -> None:
 
 def test_the_cold_start_waste_record_carries_the_phases_of_the_start() -> None:
     ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000, cold_start_requests=4)
-    phases = {"startup": 2.0, "import": 8.0, "config": 1.0, "engine_core": 40.0, "warmup": 9.0}
+    phases = {"startup": 2.0, "fetch": 1.2, "verify": 0.3, "import": 8.0, "config": 1.0, "engine_process": 4.0}
+    phases |= {"weights": 20.0, "kv_pool": 6.0, "kernels": 10.0, "warmup": 9.0}  # as a vllm worker's heartbeat
     records = run_life(ledger, "w5", T0, 60_000, 90_000, [("a", T0 + 70_000, T0 + 61_000, 100, 100)], phases=phases)
     [waste] = [r for r in records if r.kind == CostKind.COLD_START_WASTE]
     assert waste.cold_start_phases_s == phases
     assert all(not r.cold_start_phases_s for r in records if r.kind != CostKind.COLD_START_WASTE)
+
+
+def test_a_failed_start_is_billed_once_as_cold_start_waste_and_ends_the_life() -> None:
+    """A worker that heartbeats `starting` (fetching its model) for 30 s, then `failed` (a bad artifact), and exits:
+    its 30 s are one cold_start_waste record, and nothing after (the life ended with the failure)."""
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000, cold_start_requests=4)
+    records = []
+    for t in range(T0, T0 + 30_001, 1000):
+        ledger.observe(heartbeat("wf", T0, t, None, WorkerState.FAILED if t == T0 + 30_000 else WorkerState.STARTING))
+        records += ledger.close(t)
+    records += ledger.close(T0 + 3 * MS_PER_HOUR)
+    assert [(r.kind, r.cost_micro_usd) for r in records] == [
+        (CostKind.COLD_START_WASTE, BOOK.pool_rate("sim").cost_micro(30_000))
+    ]
 
 
 def test_result_after_the_life_closed_is_not_billed_twice() -> None:
@@ -262,3 +278,28 @@ def test_batch_increments_are_the_sum_of_each_records() -> None:
         for key, field, by in increments(record, "ns."):
             expected[key][field] += by
     assert batch_increments(records, "ns.") == {k: dict(v) for k, v in expected.items()}
+
+
+def test_a_cpu_node_pool_is_billed_by_the_node_hour() -> None:
+    """An onnx worker on a CPU node (pool cpu-small): its hour costs the node's hourly price x overhead,
+    shared among the requests it served and idle time, like a GPU pool's GPU-hours."""
+    rate = BOOK.pool_rate("cpu-small")
+    assert (rate.gpu, rate.usd_per_instance_hour) == ("cpu-16vcpu-64gb", Decimal("0.68") * Decimal("1.10"))
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=5_000, cold_start_requests=1, keep_bills=True)
+    records = []
+    for t in range(T0, T0 + MS_PER_HOUR + 1, 30_000):
+        state = WorkerState.STOPPED if t == T0 + MS_PER_HOUR else WorkerState.READY
+        status = heartbeat("onnx-cpu-1", T0, t, 0.0, state).model_copy(
+            update={"engine": "onnx", "models": ["tiny-onnx"]}
+        )
+        ledger.observe(status)
+        if t == T0 + 600_000:
+            served = result("r1", "onnx-cpu-1", t - 2_000, t, 40, 8).model_copy(update={"model": "tiny-onnx"})
+            priced = price_result(served, BOOK)
+            assert isinstance(priced, ServedRequest) and priced.pool == "cpu-small"
+            records += ledger.add(priced)
+        records += ledger.close(t)
+    records += ledger.close(T0 + MS_PER_HOUR + 10 * ledger.grace_ms)
+    assert sum(r.cost_micro_usd for r in records) == rate.cost_micro(MS_PER_HOUR) == 748_000  # $0.748 an hour
+    (request,) = [r for r in records if r.kind == CostKind.SELF_HOSTED]
+    assert request.request_id == "r1" and request.gpu == "cpu-16vcpu-64gb" and 0 < request.cost_micro_usd < 748_000

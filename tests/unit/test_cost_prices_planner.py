@@ -82,6 +82,27 @@ def test_price_book_is_strict() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("pool", "error"),
+    [
+        ({"cpu_node": "c16", "gpu": "A100-80GB", "models": ["x"]}, "exactly one"),
+        ({"models": ["x"]}, "exactly one"),
+        ({"cpu_node": "c32", "models": ["x"]}, "cpu_node 'c32' has no price"),
+    ],
+)
+def test_a_pool_runs_on_gpus_or_on_a_priced_cpu_node(pool: dict[str, object], error: str) -> None:
+    book = {
+        "default_model": "m",
+        "hosted": {"m": {"input_per_1m": 1, "output_per_1m": 1}},
+        "gpus": {"A100-80GB": {"on_demand_per_hour": 1.5}},
+        "cpu_nodes": {"c16": {"on_demand_per_hour": 0.5}},
+    }
+    with pytest.raises(ValidationError, match=error):
+        PriceBook.model_validate(book | {"pools": {"p": pool}})
+    spot = PriceBook.model_validate(book | {"pools": {"p": {"cpu_node": "c16", "capacity": "spot", "models": ["x"]}}})
+    assert spot.pool_rate("p").usd_per_instance_hour == Decimal("0.5") * Decimal("0.3")  # spot_fraction, overhead 1
+
+
 def test_split_is_exact_and_fair() -> None:
     assert split(10, [1, 1, 1]) == [4, 3, 3]
     assert split(100, [3, 1]) == [75, 25]

@@ -45,3 +45,17 @@ def test_a_result_added_twice_is_priced_once() -> None:
     assert all(r.cost_micro_usd > 0 for r in requests)
     report = check_bills(records, ["r1", "r2"], {"w1": BOOK.pool_rate("sim").cost_micro(90_000)})
     assert report.ok, report
+
+
+def test_a_late_result_added_twice_is_priced_once() -> None:
+    """A late result (its interval closed before it came: a continued answer's leg on a worker that died) is
+    priced at once; a tick that reads it from Redis before the handler released it there must not price it
+    again under the same record id."""
+    ledger = GpuLedger(BOOK, interval_ms=60_000, grace_ms=1_000)
+    for sent_ms in (1_000, 60_500, 62_000):
+        ledger.observe(beat(T0 + sent_ms))
+    ledger.close(T0 + 62_000)  # the first interval is closed
+    late = served("r1", 5_000, 20_000)
+    [record] = ledger.add(late)
+    assert record.record_id == "acme:r1" and ledger.late_results == 1
+    assert ledger.add(late) == [] and ledger.late_results == 1

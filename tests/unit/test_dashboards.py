@@ -30,8 +30,9 @@ def exported_series() -> set[str]:
     import llmbus_services.engine_worker.adapters.metrics
     import llmbus_services.gateway.adapters.metrics
     import llmbus_services.router.adapters.cache
-    import llmbus_services.router.adapters.limits  # noqa: F401
-    from llmbus_services.engine_worker.adapters.node.metrics import register_node_metrics
+    import llmbus_services.router.adapters.limits
+    import llmbus_services.scheduler.adapters.pool_stats  # noqa: F401
+    from llmbus.node.gauges import register_node_metrics
 
     node = CollectorRegistry()
     gpu = GpuInfo(

@@ -49,3 +49,12 @@ def test_the_autoscalers_workers_do_not_inherit_its_metrics_port() -> None:
 
     worker = LocalActuator({stack.SIM_MODEL: LocalSpec()}).process(stack.SIM_MODEL, 3)
     assert worker.env["LLMBUS_METRICS_PORT"] == "0"
+
+
+def test_the_dev_stack_runs_a_node_agent_for_the_workers_node() -> None:
+    from llmbus_services.engine_worker.config import WorkerSettings
+    from llmbus_services.node_agent.config import NodeAgentSettings
+
+    (agent,) = [proc for proc in stack.default_services(workers=1) if proc.module == "llmbus_services.node_agent"]
+    assert agent.env["LLMBUS_METRICS_PORT"] == str(stack.METRICS_PORTS["node-agent"])
+    assert NodeAgentSettings().node_id == WorkerSettings().node_id  # both the host name: the workers read its profile

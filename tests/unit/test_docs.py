@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from pydantic_settings import BaseSettings
 
+from llmbus.artifacts import CacheSettings
 from llmbus.contract import contracts
 from llmbus.contract import topics as t
-from llmbus.settings import BusSettings
+from llmbus.settings import BusSettings, ObjectStoreSettings
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -100,7 +101,8 @@ def _service_settings(service: str) -> list[type[BaseSettings]]:
 
 
 def _settings_classes() -> list[type[BaseSettings]]:
-    return [BusSettings, *(cls for service in SERVICES for cls in _service_settings(service))]
+    library = [BusSettings, ObjectStoreSettings, CacheSettings]  # LLMBUS_, LLMBUS_S3_, LLMBUS_ARTIFACT_CACHE_
+    return [*library, *(cls for service in SERVICES for cls in _service_settings(service))]
 
 
 def _settings_env() -> tuple[set[str], set[str]]:

@@ -24,7 +24,7 @@ from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 from llmbus_services.router.core.config import load_policy
 from llmbus_services.shadow_comparator.core.join import feedback_belongs
-from llmbus_services.shadow_comparator.handlers import ComparatorHandlers
+from llmbus_services.shadow_comparator.flows import ComparatorHandlers
 from llmbus_tools.router_training.feedback import authenticated, join_samples
 
 
@@ -107,7 +107,7 @@ async def test_the_handler_takes_the_tenant_from_the_topic_and_dead_letters_a_fa
     bus = MemoryBus(BusSettings(topic_prefix="p."))
     runtime = bus.runtime(contracts.COMPARATOR)
     comparator = FakeComparator()
-    handlers = ComparatorHandlers(comparator, runtime.publisher, bus.topics)  # type: ignore[arg-type]
+    handlers = ComparatorHandlers(comparator, runtime.publisher, bus.topics, None)  # type: ignore[arg-type]
     runtime.subscribe("feedback", handlers.on_feedback, pattern=tenancy.feedback_topic_pattern("p."))
     await bus.send("p.llm.feedback.acme", Feedback(request_id="r1", tenant="acme", score=1), key="r1")
     await bus.send("p.llm.feedback.acme", Feedback(request_id="r2", score=1), key="r2")

@@ -89,3 +89,30 @@ def test_choice_fits_and_nothing_better_fits(sizes: list[tuple[str, int]], cc: s
     chosen = choose_format(fmts, cc, free).format
     assert chosen in runnable
     assert QUALITY_ORDER.index(chosen.name) == min(QUALITY_ORDER.index(f.name) for f in runnable)
+
+
+@given(
+    sizes=st.lists(st.tuples(st.sampled_from(QUALITY_ORDER), st.integers(0, 400 * GB)), min_size=1, max_size=6),
+    gpus=st.integers(1, 8),
+    kv=st.integers(0, 20 * GB),
+    free=st.integers(0, 100 * GB),
+)
+def test_a_group_holds_one_share_of_weights_and_kv_per_gpu(
+    sizes: list[tuple[str, int]], gpus: int, kv: int, free: int
+) -> None:
+    fmts = [ModelFormat(name=n, weight_bytes=b) for n, b in sizes]
+    fits = [f for f in fmts if -(-(f.weight_bytes + kv) // gpus) <= int(free * 0.85)]
+    if not fits:
+        with pytest.raises(NoFormatFits):
+            choose_format(fmts, "9.0", free, gpus=gpus, kv_cache_bytes=kv)
+        return
+    chosen = choose_format(fmts, "9.0", free, gpus=gpus, kv_cache_bytes=kv).format
+    assert chosen in fits
+    assert QUALITY_ORDER.index(chosen.name) == min(QUALITY_ORDER.index(f.name) for f in fits)
+
+
+def test_the_reason_says_the_share_per_gpu() -> None:
+    choice = choose_format(LLAMA_8B[:1], "9.0", 11 * GB, gpus=2, kv_cache_bytes=2 * GB)
+    assert choice.reason.startswith("bf16: 9.00 GB per GPU (16.00 GB of weights + 2.00 GB of KV cache over 2 GPUs)")
+    with pytest.raises(NoFormatFits, match=r"2 GPUs, .*the least free of the group"):
+        choose_format(LLAMA_8B[:1], "9.0", 11 * GB, gpus=2, kv_cache_bytes=4 * GB)

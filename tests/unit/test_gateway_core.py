@@ -12,6 +12,8 @@ from llmbus.contract.messages import (
     FinishReason,
     InferenceRequest,
     ModelSpec,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     WorkerState,
     WorkerStatus,
@@ -20,7 +22,7 @@ from llmbus_services.gateway.adapters.catalog import ModelCatalog
 from llmbus_services.gateway.core import errors
 from llmbus_services.gateway.core.hints import BadHint, routing_hints
 from llmbus_services.gateway.core.openai_types import ChatCompletionBody, CompletionBody, Unsupported
-from llmbus_services.gateway.core.translate import ResponseShape, to_request
+from llmbus_services.gateway.core.translate import ChoiceOut, ResponseShape, to_request
 
 
 def test_chat_body_becomes_a_request_of_the_keys_tenant() -> None:
@@ -40,9 +42,60 @@ def test_chat_body_becomes_a_request_of_the_keys_tenant() -> None:
     )
     req = to_request(body, request_id="r1", tenant="acme", reply_topic="llm.replies.gw-1", auto_model="auto")
     assert req.tenant == "acme" and req.reply_topic == "llm.replies.gw-1" and req.request_id == "r1"
-    assert [(m.role, m.content) for m in req.messages] == [("system", "be brief"), ("user", "hi there")]
+    # `developer` travels as sent: each engine passes it on or turns it into `system` (its README's table)
+    assert [(m.role, m.content) for m in req.messages] == [("developer", "be brief"), ("user", "hi there")]
     assert req.max_tokens == 12 and req.temperature == 0.0 and req.stop == ["END"] and req.user_id == "u1"
     assert req.model == "sim-llama-8b"
+    assert req.top_p is None and req.n is None and req.presence_penalty is None  # unset stays unset
+
+
+def test_every_parameter_the_body_sets_reaches_the_request_and_no_other() -> None:
+    body = ChatCompletionBody.model_validate(
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "what is this?"},
+                        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+                    ],
+                }
+            ],
+            "n": 2,
+            "logprobs": True,
+            "top_logprobs": 3,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "logit_bias": {"50256": -100},
+            "reasoning_effort": "low",
+            "top_k": 20,
+            "min_p": 0.1,
+            "repetition_penalty": 1.1,
+        }
+    )
+    body.check_supported()
+    req = to_request(body, request_id="r", tenant="t", reply_topic="llm.replies.x", auto_model="auto")
+    assert (req.n, req.logprobs, req.top_logprobs) == (2, True, 3)
+    assert (req.presence_penalty, req.frequency_penalty, req.logit_bias) == (0.5, -0.5, {"50256": -100.0})
+    assert (req.reasoning_effort, req.top_k, req.min_p, req.repetition_penalty) == ("low", 20, 0.1, 1.1)
+    assert req.temperature is None and req.top_p is None and req.seed is None
+    [message] = req.messages
+    assert message.content == "what is this?" and message.images == 1
+    assert req.engine_features() == {
+        "n", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "reasoning_effort", "top_k",
+        "min_p", "repetition_penalty", "image_url",
+    }  # fmt: skip
+    # neutral values ask for nothing an engine must honour
+    neutral = InferenceRequest(prompt="x", n=1, logprobs=False, presence_penalty=0.0, top_k=-1, min_p=0.0)
+    assert neutral.engine_features() == set()
+
+
+def test_completions_logprobs_is_the_count_of_alternatives() -> None:
+    body = CompletionBody.model_validate({"model": "m", "prompt": "x", "logprobs": 2, "best_of": 3, "n": 3})
+    body.check_supported()
+    req = to_request(body, request_id="r", tenant="t", reply_topic="llm.replies.x", auto_model="auto")
+    assert (req.logprobs, req.top_logprobs, req.n) == (True, 2, 3)
 
 
 def test_auto_model_lets_the_router_choose_and_completion_defaults() -> None:
@@ -55,9 +108,11 @@ def test_auto_model_lets_the_router_choose_and_completion_defaults() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"n": 2}, "n"),
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"logprobs": True}, "logprobs"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # OpenAI's rule: only with logprobs
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),  # only with tools
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}, "messages"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
@@ -82,7 +137,7 @@ def test_limits_of_the_bus_surface_as_validation_errors() -> None:
 
 def test_stream_shapes_follow_openai() -> None:
     shape = ResponseShape("chat", "abc", 1700000000, "sim")
-    first = shape.stream_chunk("Hel", first=True, finish=None, include_usage=True)
+    first = shape.stream_chunk(ChoiceOut(0, "Hel"), first=True, include_usage=True)
     assert first["id"] == "chatcmpl-abc" and first["object"] == "chat.completion.chunk" and first["usage"] is None
     assert first["choices"] == [
         {"index": 0, "delta": {"content": "Hel", "role": "assistant"}, "logprobs": None, "finish_reason": None}
@@ -94,15 +149,39 @@ def test_stream_shapes_follow_openai() -> None:
         "total_tokens": 8,
         "prompt_tokens_details": {"cached_tokens": 2},
     }
-    text = ResponseShape("completion", "abc", 1, "sim").full("hi", "length", None)
+    text = ResponseShape("completion", "abc", 1, "sim").full([ChoiceOut(0, "hi", finish="length")], None)
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "hi"  # type: ignore[index]
+    second = shape.stream_chunk(ChoiceOut(1, "lo", finish="stop"), first=True, include_usage=False)
+    assert second["choices"] == [
+        {"index": 1, "delta": {"content": "lo", "role": "assistant"}, "logprobs": None, "finish_reason": "stop"}
+    ]
+
+
+def test_logprobs_take_the_shape_of_each_api() -> None:
+    entry = TokenLogprob(token="Hi", logprob=-0.5, bytes=[72, 105], top_logprobs=[TopLogprob(token="Hi", logprob=-0.5)])
+    chat = ResponseShape("chat", "a", 1, "m", logprobs=True).full([ChoiceOut(0, "Hi", None, [entry], "stop")], None)
+    [choice] = chat["choices"]  # type: ignore[misc]
+    alternative = {"token": "Hi", "logprob": -0.5, "bytes": None}
+    assert choice["logprobs"] == {  # type: ignore[index]
+        "content": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": [alternative]}],
+        "refusal": None,
+    }
+    legacy = ResponseShape("completion", "a", 1, "m", logprobs=True).full(
+        [ChoiceOut(0, "Hi", None, [entry, entry])], None
+    )
+    assert legacy["choices"][0]["logprobs"] == {  # type: ignore[index]
+        "tokens": ["Hi", "Hi"],
+        "token_logprobs": [-0.5, -0.5],
+        "top_logprobs": [{"Hi": -0.5}, {"Hi": -0.5}],
+        "text_offset": [0, 2],
+    }
 
 
 def test_error_codes_map_to_openai_statuses_with_retry_after() -> None:
     limited = errors.from_error_info(ErrorInfo.of(ErrorCode.RATE_LIMITED, "slow down", retry_after_ms=2500))
     assert limited.status == 429 and limited.headers() == {"Retry-After": "3"} and limited.code == "rate_limit_exceeded"
     no_worker = errors.from_error_info(ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, "nobody"))
-    assert no_worker.status == 503 and no_worker.headers() == {"Retry-After": "1"}
+    assert no_worker.status == 503 and no_worker.headers() == {"Retry-After": "5"}  # the contract's default
     assert errors.from_error_info(ErrorInfo.of(ErrorCode.PROMPT_TOO_LONG, "long")).status == 400
     assert errors.from_error_info(ErrorInfo.of(ErrorCode.WORKER_LOST, "gone")).status == 503
     body = errors.model_not_found("nope").body()
@@ -129,6 +208,7 @@ def test_catalog_lists_declared_and_served_models() -> None:
         "a": status("a", "served", 100_000),
         "b": status("b", "gone", 10_000),
         "c": status("c", "stopped", 100_000, WorkerState.STOPPED),
+        "d": status("d", "failed-start", 100_000, WorkerState.FAILED),  # its start failed: it exited
     }
     listing = {m["id"]: m for m in catalog.listing(at_ms=101_000)}
     assert set(listing) == {"declared", "served"}
@@ -171,6 +251,14 @@ def test_routing_hints_from_extra_body_fields_and_headers() -> None:
     assert bad.value.header == "x-llmbus-token-budget"
     with pytest.raises(ValidationError):
         _request(_chat(), {"x-llmbus-priority": "12"})  # InferenceRequest's own range (0-9)
+
+
+def test_a_clients_migration_limit_reaches_the_request_from_the_body_or_its_header() -> None:
+    assert _request(_chat()).migration_limit is None  # the worker's default
+    assert _request(_chat(migration_limit=1)).migration_limit == 1  # never continued
+    assert _request(_chat(), {"x-llmbus-migration-limit": "6"}).migration_limit == 6
+    with pytest.raises(ValidationError):
+        _request(_chat(), {"x-llmbus-migration-limit": "17"})  # InferenceRequest's own range (1-16)
 
 
 def test_chat_without_max_tokens_leaves_the_cap_to_the_router() -> None:

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmbus.contract.messages import ErrorCode, ErrorInfo, FinishReason, InferenceRequest, TokenChunk
+from llmbus.contract.messages import ContinuedFrom, ErrorCode, ErrorInfo, FinishReason, InferenceRequest, TokenChunk
 from llmbus_services.gateway.adapters.relay import Exchange
 from llmbus_services.gateway.core.translate import ResponseShape
-from llmbus_services.gateway.handlers import _sse_events
+from llmbus_services.gateway.flows.completions import _sse_events
 
 
 def chunk(seq: int, delta: str = "", attempt: int = 1, final: bool = False, **fields: object) -> TokenChunk:
@@ -110,3 +110,21 @@ async def test_a_final_error_after_text_ends_the_stream_with_that_error() -> Non
     events, _ = await sse_events([chunk(0, "partial"), chunk(0, attempt=3, final=True, error=error)])
     assert text_of(events) == "partial"
     assert events[-1]["error"]["code"] == "max_attempts"  # type: ignore[index]
+
+
+async def test_a_continued_answer_with_sampling_reaches_the_http_client_as_one_stream() -> None:
+    """Attempt 2 continues attempt 1's answer (a sampled one: a restart could never match it): no error
+    event, every character once, the continuation's text right after what was sent."""
+    marker = ContinuedFrom(attempt=1, seq=2)
+    stream = [
+        chunk(0, "The "),
+        chunk(1, "quick "),
+        chunk(2, "brown", attempt=2, continues=marker),
+        chunk(2, "red", attempt=1),  # a zombie's, past the cut: stale once attempt 2 is shown
+        chunk(3, " fox", attempt=2, continues=marker),
+        chunk(4, attempt=2, final=True, finish_reason=FinishReason.STOP, continues=marker),
+    ]
+    events, relay = await sse_events(stream)
+    assert text_of(events) == "The quick brown fox"
+    assert [e["choices"][0]["delta"].get("content") for e in events] == ["The ", "quick ", "brown", " fox", ""]  # type: ignore[index]
+    assert all("error" not in e for e in events) and relay.cancelled == []

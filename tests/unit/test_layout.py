@@ -1,7 +1,8 @@
 """The service layout and the dependency arrows (docs/architecture.md, "Code layout"), read with ast.
 
-- every service has app.py (wiring), config.py, handlers.py, core/ (pure), and nothing at its top
-  level but those; I/O lives in adapters/, configuration files in policies/;
+- every service has app.py (wiring: declarations and a short main()), config.py, flows/ (what
+  each record or request sets going), core/ (pure), and nothing at its top level but those; I/O
+  lives in adapters/, configuration files in policies/; a flow file keeps to one job (under 400 lines);
 - libs/ imports no service and no offline tool; no service imports another service, the CLI or
   the offline tools;
 - core/ imports no transport, Redis, HTTP or metrics client, and none of its service's outer layers;
@@ -18,8 +19,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = sorted(p.parent.name for p in (REPO / "services").glob("*/__main__.py"))
 PACKAGE = "llmbus_services"  # the import name of the folder services/ (setup.py)
-TOP_MODULES = {"__init__.py", "__main__.py", "app.py", "config.py", "handlers.py"}
-FOLDERS = {"core", "adapters", "policies"}
+TOP_MODULES = {"__init__.py", "__main__.py", "app.py", "config.py"}
+FOLDERS = {"core", "adapters", "flows", "policies"}
+FLOW_MAX_LINES = 400
+MAIN_MAX_LINES = 25
 # What a core module may not import: transport, Redis, HTTP, metrics, Kubernetes, and the llmbus
 # modules that wrap them.
 NOT_IN_CORE = (
@@ -69,13 +72,13 @@ def test_there_are_services() -> None:
 @pytest.mark.parametrize("service", SERVICES)
 def test_service_has_the_layout(service: str) -> None:
     root = REPO / "services" / service
-    for required in ("app.py", "config.py", "handlers.py", "core/__init__.py", "README.md"):
+    for required in ("app.py", "config.py", "flows/__init__.py", "core/__init__.py", "README.md"):
         assert (root / required).is_file(), f"services/{service}/{required} missing"
     top = {p.name for p in root.iterdir() if p.is_file() and p.suffix == ".py"}
     assert top <= TOP_MODULES, f"services/{service}: {sorted(top - TOP_MODULES)} belong in core/ or adapters/"
     folders = {p.name for p in root.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert folders <= FOLDERS, f"services/{service}: folders {sorted(folders - FOLDERS)} (only {sorted(FOLDERS)})"
-    for folder in ("core", "adapters"):
+    for folder in ("core", "adapters", "flows"):
         for package in [root / folder, *(root / folder).rglob("*")]:
             if package.is_dir() and package.name != "__pycache__" and any(package.glob("*.py")):
                 assert (package / "__init__.py").is_file(), f"{package.relative_to(REPO)} is not a package"
@@ -117,7 +120,7 @@ def test_service_imports_no_other_service_no_cli_no_tool(service: str) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_core_is_pure(service: str) -> None:
-    outer = [f"{PACKAGE}.{service}.{layer}" for layer in ("adapters", "handlers", "app")]
+    outer = [f"{PACKAGE}.{service}.{layer}" for layer in ("adapters", "flows", "app")]
     wrong = {
         f"{path.relative_to(REPO)}: {name}"
         for path in sources(REPO / "services" / service / "core")
@@ -125,6 +128,21 @@ def test_core_is_pure(service: str) -> None:
         if any(within(name, banned) for banned in (*NOT_IN_CORE, *outer))
     }
     assert not wrong, sorted(wrong)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_flows_keep_to_one_job_and_main_is_short(service: str) -> None:
+    """app.py is declarations and a main() that runs them (llmbus.bus.service does the rest)."""
+    root = REPO / "services" / service
+    long = {
+        str(p.relative_to(REPO)): n
+        for p in sources(root / "flows")
+        if (n := len(p.read_text().splitlines())) > FLOW_MAX_LINES
+    }
+    assert not long, f"a flow file over {FLOW_MAX_LINES} lines does more than one job: {long}"
+    tree = ast.parse((root / "app.py").read_text())
+    [main] = [n for n in tree.body if isinstance(n, ast.AsyncFunctionDef) and n.name == "main"]
+    assert main.end_lineno is not None and main.end_lineno - main.lineno + 1 <= MAIN_MAX_LINES, service
 
 
 @pytest.mark.parametrize("folder", ["bench", "llmbus_tools"])

@@ -23,14 +23,16 @@ ALLOWED: dict[str, set[str]] = {
     "observability": {"settings"},
     "security": {"contract", "settings", "state"},  # API keys are kept in Redis
     "domain": {"contract"},
+    "node": {"contract", "domain"},  # the NVML probe and its gauges: the node agent's and a worker's fallback
     "archive": {"contract", "settings"},  # its default root is under the cache root
+    "artifacts": {"contract", "settings"},  # the object store, the node's cache, push and fetch
     "state": {"contract", "settings", "observability"},
-    "bus": {"contract", "security", "observability", "settings", "process"},
+    "bus": {"contract", "security", "observability", "settings", "process", "state"},  # state: errors classified
     "audit": {"contract", "bus", "settings"},
     "process": {"settings"},
     "client": {"contract", "bus", "security", "settings"},
     "cli": {"contract", "tokens", "observability", "security", "domain", "archive", "state", "bus", "audit"}
-    | {"process", "client", "settings"},
+    | {"process", "client", "settings", "artifacts"},
 }
 # Modules allowed one more role than their own role's: schemagen writes every published schema,
 # the RLHF export's (llmbus.archive.rlhf) among them.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from llmbus.contract.messages import (
     ChatMessage,
+    ContinuedFrom,
     Dispatch,
     DispatchOutcome,
     ErrorCode,
@@ -11,6 +12,8 @@ from llmbus.contract.messages import (
     GpuInfo,
     InferenceRequest,
     InferenceResult,
+    Leg,
+    LegEnd,
     NodeProfile,
     OutcomeStatus,
     ResultStatus,
@@ -101,3 +104,30 @@ def test_a_retried_request_shows_both_attempts_and_where_they_ran() -> None:
 def test_a_request_never_seen_says_so() -> None:
     text = "\n".join(render(Lineage("nope")))
     assert "request not found" in text and "result: none yet" in text
+
+
+def test_a_continued_answer_shows_each_leg() -> None:
+    marker = ContinuedFrom(attempt=1, seq=1)
+    legs = [
+        Leg(attempt=1, worker_id="w1", model="m", first_seq=0, text_chars=3, prompt_tokens=5, completion_tokens=1),
+        Leg(attempt=2, worker_id="w2", model="m", first_seq=1, text_chars=2, prompt_tokens=6, completion_tokens=1),
+    ]
+    legs[0].ended = LegEnd.WORKER_LOST
+    lineage = Lineage("r1")
+    for record in [
+        REQ,
+        ROUTED,
+        Dispatch(routed=ROUTED, worker_id="w1", attempt=1),
+        chunk(1, 0, "Hel"),
+        Dispatch(routed=ROUTED, worker_id="w2", attempt=2),
+        TokenChunk(request_id="r1", tenant="acme", seq=1, delta="lo", attempt=2, continues=marker),
+        InferenceResult(request_id="r1", tenant="acme", status=ResultStatus.OK, text="Hello", attempt=2, legs=legs),
+    ]:
+        lineage.add(record)
+    text = "\n".join(render(lineage))
+    assert "continues attempt 1's answer from seq 1" in text
+    assert (
+        "leg 1: attempt 1, worker w1, model m, from seq 0, 3 chars; prompt 5 (cached 0), completion 1 tokens;" in text
+    )
+    assert "ended worker_lost" in text
+    assert "leg 2: attempt 2, worker w2, model m, from seq 1, 2 chars; prompt 6 (cached 0), completion 1" in text

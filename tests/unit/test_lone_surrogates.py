@@ -11,7 +11,7 @@ from aiokafka.structs import ConsumerRecord
 from llmbus.bus.dlq import dead_letter
 from llmbus.contract.messages import DeadLetter, ErrorCode, InferenceResult
 from llmbus_services.router.config import RouterSettings
-from llmbus_services.router.handlers import RouterHandlers
+from llmbus_services.router.flows import RouterHandlers
 from tests.unit.test_router_answers_once import CacheHitCore, EveryTopicExists
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 

@@ -7,6 +7,7 @@ from prometheus_client import REGISTRY
 
 from llmbus.bus.message_metrics import observe_published
 from llmbus.contract.messages import Comparison, Feedback, FinishReason, InferenceResult, PairSide, ResultStatus
+from llmbus.observability.metric_children import MODEL_LABELS
 
 
 def _value(name: str, **labels: str) -> float:
@@ -26,6 +27,7 @@ def _turn(status: ResultStatus, finish: FinishReason | None, session: str | None
 
 
 def test_session_turns_count_by_outcome_only_with_a_session() -> None:
+    MODEL_LABELS.learn(["m-turns"])  # a model this process knows (else it counts as `other`)
     before = {
         o: _value("llmbus_session_turns_total", model="m-turns", outcome=o)
         for o in ("completed", "truncated", "failed")

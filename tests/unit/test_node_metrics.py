@@ -7,8 +7,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmbus.contract.messages.fleet import NodeProfile
-from llmbus_services.engine_worker.adapters.node.metrics import register_node_metrics
-from llmbus_services.engine_worker.adapters.node.profile import profile_node
+from llmbus.node.gauges import register_node_metrics
+from llmbus.node.probe import profile_node
 from tests.fixtures.fake_nvml import FakeGpu, make_fake_nvml
 
 

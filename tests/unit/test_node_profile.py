@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmbus_services.engine_worker.adapters.node.profile import profile_node
+from llmbus.node.probe import profile_node
 from llmbus_services.engine_worker.core.node_plan import gpu_healthy
 from tests.fixtures.fake_nvml import NVML_ERROR_LIBRARY_NOT_FOUND, FakeGpu, make_fake_nvml
 
@@ -71,9 +71,9 @@ def test_nvml_without_gpus_gives_a_cpu_profile_and_shuts_nvml_down(proc: Path, m
 
 
 def test_real_machine_profile_is_consistent() -> None:
-    # This machine has no GPU: the real pynvml fails to init and /proc is read for real.
+    # The real NVML and /proc, whatever this machine has: a GPU profile, or the CPU one where NVML finds none.
     p = profile_node()
-    assert p.kind in ("cpu", "gpu")
+    assert p.kind in ("cpu", "gpu") and (p.kind == "gpu") == bool(p.gpus)
     assert 0 < p.memory_free_bytes <= p.memory_total_bytes
     assert p.cpu_count >= 1
 

@@ -14,8 +14,8 @@ import pytest
 
 from llmbus.contract.messages import ErrorCode, WorkerState, WorkerStatus
 from llmbus_services.engine_worker.adapters.engines.openai_http import OpenAIHttpConfig, OpenAIHttpEngine
-from llmbus_services.engine_worker.core.breaker import BreakerConfig, BreakerState, CircuitBreaker, CircuitOpen
-from llmbus_services.engine_worker.core.engine import EngineError, EngineRequest, RequestRejected, UpstreamBusy
+from llmbus_services.engine_worker.core.breaker import BreakerConfig, BreakerState, CircuitBreaker
+from llmbus_services.engine_worker.core.engine import EngineRequest, RequestRejected, UpstreamBusy, UpstreamFailed
 from llmbus_services.scheduler.core.pipeline import Pipeline
 from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
 from llmbus_services.scheduler.core.types import SchedRequest
@@ -123,7 +123,7 @@ class Upstream:
 
 async def engine_on(upstream: Upstream, clock: Clock, **config: object) -> OpenAIHttpEngine:
     cfg = OpenAIHttpConfig(base_url="http://up.test/v1", model="m", **config)  # type: ignore[arg-type]
-    engine = OpenAIHttpEngine(cfg, httpx.MockTransport(upstream.handler), CircuitBreaker(cfg.breaker, clock))
+    engine = OpenAIHttpEngine(cfg, httpx.MockTransport(upstream.handler), clock)
     await engine.start()
     return engine
 
@@ -134,26 +134,30 @@ async def ask(engine: OpenAIHttpEngine, rid: str = "r") -> str:
 
 async def test_engine_opens_on_5xx_and_connection_errors_refuses_unsent_and_recovers_by_probe() -> None:
     upstream, clock = Upstream(), Clock()
-    engine = await engine_on(upstream, clock, breaker=BreakerConfig(failure_threshold=2, cooldown_s=5.0))
+    config = {"breaker": BreakerConfig(failure_threshold=2, cooldown_s=5.0), "retries": 0}
+    engine = await engine_on(upstream, clock, **config)
+    breaker = engine.pool.deployments[0].breaker
     upstream.status = 500
-    with pytest.raises(EngineError, match="HTTP 500"):
+    with pytest.raises(UpstreamFailed, match="HTTP 500"):
         await ask(engine)
     upstream.status = -1
-    with pytest.raises(EngineError, match="unreachable"):
+    with pytest.raises(UpstreamFailed, match="unreachable"):
         await ask(engine)
     assert engine.upstream_degraded
     sent = len(upstream.bodies)
-    with pytest.raises(CircuitOpen) as refused:
+    with pytest.raises(UpstreamFailed, match="circuit is open") as refused:
         await ask(engine)
     assert len(upstream.bodies) == sent  # refused without being sent
-    assert refused.value.retryable and refused.value.code == ErrorCode.ENGINE_FAILED
+    # Handed back: another worker of the model, else the route's next model.
+    assert refused.value.retryable and refused.value.code == ErrorCode.MODEL_UNAVAILABLE
+    assert refused.value.retry_after_s == 5.0  # until the probe
     assert not refused.value.restarts_engine
 
     await engine.probe_upstream_if_due()  # not due yet: nothing sent
     assert len(upstream.bodies) == sent
     clock.now_s += 5.0
     await engine.probe_upstream_if_due()  # due, upstream still refuses: open again, longer
-    assert engine.upstream_degraded and engine.breaker.seconds_to_probe() == 10.0
+    assert engine.upstream_degraded and breaker.seconds_to_probe() == 10.0
     upstream.status = 200
     clock.now_s += 10.0
     await engine.probe_upstream_if_due()
@@ -167,12 +171,13 @@ async def test_engine_opens_on_5xx_and_connection_errors_refuses_unsent_and_reco
 @pytest.mark.parametrize("status", [400, 429, 503])
 async def test_a_wrong_request_or_a_busy_upstream_does_not_count(status: int) -> None:
     upstream, clock = Upstream(), Clock()
-    engine = await engine_on(upstream, clock, breaker=BreakerConfig(failure_threshold=1))
+    # A cooldown past the longest Retry-After waited for: busy is handed back at once.
+    engine = await engine_on(upstream, clock, breaker=BreakerConfig(failure_threshold=1), busy_cooldown_s=3.0)
     upstream.status = status
     for i in range(3):
         with pytest.raises(RequestRejected if status == 400 else UpstreamBusy):
             await ask(engine, f"r{i}")
-    assert not engine.upstream_degraded and engine.breaker.consecutive_failures == 0
+    assert not engine.upstream_degraded and engine.pool.deployments[0].breaker.consecutive_failures == 0
     await engine.stop()
 
 
@@ -180,7 +185,7 @@ async def test_models_probe_asks_get_models() -> None:
     upstream, clock = Upstream(), Clock()
     engine = await engine_on(upstream, clock, breaker=BreakerConfig(failure_threshold=1, probe="models"))
     upstream.status = 502
-    with pytest.raises(EngineError):
+    with pytest.raises(UpstreamFailed):
         await ask(engine)
     upstream.status = 200
     clock.now_s += 30.0

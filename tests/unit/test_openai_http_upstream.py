@@ -102,7 +102,8 @@ upstreams:
     max_model_len: 128000
     max_num_seqs: 256
     connect_timeout_s: 2
-    read_timeout_s: 30
+    first_token_timeout_s: 20
+    stall_timeout_s: 30
     request_timeout_s: 300
     breaker: {failure_threshold: 3, cooldown_s: 15}
   - model: gpt-4.1-mini
@@ -114,7 +115,7 @@ upstreams:
     assert isinstance(engine, OpenAIHttpEngine)
     assert (engine.max_model_len, engine.max_num_seqs) == (128_000, 256)  # what the heartbeat reports
     c = engine.config
-    assert (c.connect_timeout_s, c.read_timeout_s, c.request_timeout_s) == (2, 30, 300)
+    assert (c.connect_timeout_s, c.first_token_timeout_s, c.stall_timeout_s, c.request_timeout_s) == (2, 20, 30, 300)
     assert (c.breaker.failure_threshold, c.breaker.cooldown_s) == (3, 15)
     with pytest.raises(ValueError, match="no upstream for model 'gpt-5'"):
         build_engine(WorkerSettings(engine="openai-http", model="gpt-5", openai_upstreams_file=str(path)))
@@ -125,7 +126,11 @@ upstreams:
     [
         ("max_model_len: 8", "max_model_len"),
         ("max_num_seqs: 0", "max_num_seqs"),
-        ("read_timeout_s: 0", "read_timeout_s"),
+        ("stall_timeout_s: 0", "stall_timeout_s"),
+        ("max_retry_after_s: -1", "max_retry_after_s"),
+        ("continuation: assistant", "continuation"),
+        ("deployments: [{base_url: http://y/v1, rpm: 0}]", "rpm"),
+        ("deployments: [{base_url: http://y/v1, keys: 2}]", "extra"),
         ("api: responses", "api"),
         ("max_model_length: 128000", "extra"),  # a misspelt key is refused, not ignored
         ("breaker: {threshold: 3}", "extra"),

@@ -29,7 +29,7 @@ from llmbus.contract.messages import ErrorCode, InferenceRequest, InferenceResul
 from llmbus_services.engine_worker.adapters.streaming import ReplyStream
 from llmbus_services.router.config import RouterSettings
 from llmbus_services.router.core.pipeline import RouteOutcome
-from llmbus_services.router.handlers import RouterHandlers
+from llmbus_services.router.flows import RouterHandlers
 from tests.unit.test_router_answers_once import EveryTopicExists, request_record
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
@@ -119,7 +119,7 @@ async def test_a_chunk_sent_without_waiting_still_replaces_a_refused_producer() 
     broken = FakeProducer(OutOfOrderSequenceNumber())
     fresh = FakeProducer()
     publisher = publisher_with(broken, fresh)
-    delivery = await publisher.send("llm.tokens", CHUNK, key="r1")
+    delivery = await publisher.publish("llm.tokens", CHUNK, key="r1", wait=False)
     with pytest.raises(OutOfOrderSequenceNumber):
         await publisher.delivered([delivery])
     await asyncio.sleep(0.01)

@@ -6,15 +6,16 @@ import json
 from pathlib import Path
 
 from llmbus.audit import AuditReport
-from llmbus_tools.harness.reliability.stack import Outcome
+from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
 from tests.reliability.report import write_report
 
 
 def test_report_has_a_row_per_scenario_and_the_command(tmp_path: Path) -> None:
-    clean = AuditReport(sent=10, answered=10, ok_results=10)
-    doubled = AuditReport(sent=10, answered=9, doubled=1, ok_results=9)
+    clean = AuditReport(sent=10, answered=9, errored=1, error_results={"internal": 1}, errors_by_id={"r3": "internal"})
+    doubled = AuditReport(sent=10, answered=9, doubled=1)
     doubled.note("doubled", "r7: 2 results")
-    outcomes = [Outcome("a_fault", clean, 12.3, ["t+1.0s fault"]), Outcome("b_fault", doubled, 4.0)]
+    allowed = ErrorBudget().allow(("internal",), 1, "the fault", ["r3"])
+    outcomes = [Outcome("a_fault", clean, 12.3, ["t+1.0s fault"], budget=allowed), Outcome("b_fault", doubled, 4.0)]
     write_report(outcomes, tmp_path / "reliability", "make reliability", "long")
     data = json.loads((tmp_path / "reliability.json").read_text())
     assert data["command"] == "make reliability" and [r["scenario"] for r in data["scenarios"]] == [
@@ -24,8 +25,11 @@ def test_report_has_a_row_per_scenario_and_the_command(tmp_path: Path) -> None:
     assert data["scenarios"][1]["doubled"] == 1 and data["scenarios"][1]["passed"] is False
     md = (tmp_path / "reliability.md").read_text()
     assert "`make reliability`" in md
-    assert "| a_fault | 10 | 10 | 0 | 0 | 0 | 0 | 0 | 10 / none | 12.3 | pass |" in md
-    assert "| b_fault | 10 | 9 | 0 | 1 |" in md and "**FAIL**" in md and "r7: 2 results" in md
+    assert "| a_fault | 10 | 9 | 1 | 0 | 0 | 0 | 0 | 0 | internal 1 | 12.3 | pass |" in md
+    assert "| b_fault | 10 | 9 | 0 | 0 | 1 |" in md and "**FAIL**" in md and "r7: 2 results" in md
+    assert "**a_fault**: internal <= 1 of 1 named requests: the fault" in md
+    assert "**b_fault**: none: every request must be answered" in md
+    assert (tmp_path / "reliability.png").stat().st_size > 0
 
 
 def test_report_has_a_row_per_scenario_and_service_judged_by_its_own_check(tmp_path: Path) -> None:
@@ -52,13 +56,15 @@ def test_report_has_a_row_per_scenario_and_service_judged_by_its_own_check(tmp_p
         "acks_waited": 1,
         "sends_retried": 0,
         "producers_renewed": 0,
+        "retried_in_place": 0,
+        "placed_again": 0,
     }
     assert by_service["cost"]["judged_by"] == "Billing" and by_service["cost"]["passed"] is False
     assert by_service["cost"]["exits"] == 1 and by_service["w1"]["memberships_lost"] == 0
 
-    outcome = Outcome("leader_sigkill", AuditReport(sent=1, answered=1, ok_results=1), 1.0, services=rows)
+    outcome = Outcome("leader_sigkill", AuditReport(sent=1, answered=1), 1.0, services=rows)
     write_report([outcome], tmp_path / "cluster", "make reliability-cluster", "long")
     md = (tmp_path / "cluster.md").read_text()
-    assert "| leader_sigkill | scheduler | delivery audit | pass | 0 | 1 | 1 | 1 | 0 | 0 |" in md
-    assert "| leader_sigkill | cost | Billing | **FAIL** | 1 | 0 | 0 | 0 | 0 | 0 |" in md
+    assert "| leader_sigkill | scheduler | delivery audit | pass | 0 | 1 | 1 | 1 | 0 | 0 | 0 | 0 |" in md
+    assert "| leader_sigkill | cost | Billing | **FAIL** | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |" in md
     assert json.loads((tmp_path / "cluster.json").read_text())["scenarios"][0]["services"] == rows

@@ -25,13 +25,13 @@ from llmbus.security.tenancy import user_ref
 from llmbus.settings import BusSettings
 from llmbus_services.cost_accounting.core.costing import price_result
 from llmbus_services.cost_accounting.core.prices import load_pricebook
-from llmbus_services.engine_worker.adapters.engines.openai_http import _status_error
+from llmbus_services.engine_worker.adapters.engines.openai_http import upstream_error
 from llmbus_services.router.config import RouterSettings
 from llmbus_services.router.core.coalesce import follower_answer, follower_error
 from llmbus_services.router.core.config import RouterPolicy, load_policy
 from llmbus_services.router.core.experiments import ExperimentBook
 from llmbus_services.router.core.ports import CachedAnswer
-from llmbus_services.router.handlers import RouterHandlers
+from llmbus_services.router.flows import RouterHandlers
 from tests.unit.test_router_authorise import FakeBus as AuthoriseBus
 from tests.unit.test_router_authorise import handlers_for
 from tests.unit.test_router_failures import EveryTopicExists, UnreachableRedisCore
@@ -73,6 +73,7 @@ async def test_a_routed_request_carries_its_tier_and_user() -> None:
         "category": "chat",
         "tier": "strong",
         "route_reason": "rule:complexity_high",
+        "release": None,
     }
 
 
@@ -157,7 +158,7 @@ async def test_the_workers_result_and_error_result_carry_the_facts() -> None:
     assert ok.status == ResultStatus.OK and facts_of(ok) == ("s-1", "h", "chat", "small")
     assert ok.route_reason == "rule:x"
 
-    handlers, publisher = worker(ScriptedEngine(_status_error(400, "bad request")))
+    handlers, publisher = worker(ScriptedEngine(upstream_error(400, "bad request")))
     await handlers.on_dispatch(dispatch_record(ROUTED))
     [failed] = publisher.of(InferenceResult)
     assert failed.status == ResultStatus.ERROR and facts_of(failed) == ("s-1", "h", "chat", "small")

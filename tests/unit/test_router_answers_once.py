@@ -20,7 +20,7 @@ from llmbus.contract.messages import (
 from llmbus.contract.topics import Topics
 from llmbus_services.router.config import RouterSettings
 from llmbus_services.router.core.pipeline import RouteOutcome
-from llmbus_services.router.handlers import RouterHandlers
+from llmbus_services.router.flows import RouterHandlers
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher
 
 

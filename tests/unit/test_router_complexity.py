@@ -7,7 +7,7 @@ import json
 import pytest
 
 from llmbus.contract.messages import ChatMessage, InferenceRequest
-from llmbus_services.router.core.complexity import ComplexityScorer, build_scorer, register_scorer, scorer_names
+from llmbus_services.router.core.complexity import SCORERS, ComplexityScorer, build_scorer, scorer_names
 from llmbus_tools.router_training.corpus import HAND_PATH
 
 DATA = HAND_PATH
@@ -48,7 +48,7 @@ def test_caller_weights_change_the_score() -> None:
 
 
 def test_registry_plugs_in_a_new_scorer() -> None:
-    @register_scorer("test-length")
+    @SCORERS.register("test-length")
     class LengthScorer:
         name = "test-length"
 
@@ -59,8 +59,10 @@ def test_registry_plugs_in_a_new_scorer() -> None:
     assert isinstance(scorer, ComplexityScorer)
     assert scorer.score(InferenceRequest(prompt="x" * 500)) == pytest.approx(0.5, abs=0.05)
     assert {"heuristic", "constant", "test-length"} <= set(scorer_names())
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match="unknown complexity scorer 'nope'"):
         build_scorer("nope")
+    with pytest.raises(ValueError, match="param 'weights'"):  # a file's mistake, caught before routing
+        build_scorer("heuristic", {"weights": {"bias": "high"}})
 
 
 def test_labelled_set_is_big_varied_and_separable() -> None:

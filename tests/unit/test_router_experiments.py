@@ -79,7 +79,7 @@ def test_shadow_share_is_respected_and_deterministic() -> None:
 
 def test_shadow_copy_goes_to_the_experiment_topic_under_a_new_id() -> None:
     request = InferenceRequest(request_id="rid-1", prompt="hi", tenant="acme", reply_topic="llm.tokens.acme")
-    routed = RoutedRequest(request=request, model="gpt-4.1-mini", fallback_chain=["x"])
+    routed = RoutedRequest(request=request, model="gpt-4.1-mini", fallback_chain=["x"], cache_group="acme-corp")
     exp = Experiment(
         experiment_id="sh1", kind="shadow", shadow_model="cand", shadow_share=1.0, shadow_reply_topic="llm.shadow"
     )
@@ -89,6 +89,7 @@ def test_shadow_copy_goes_to_the_experiment_topic_under_a_new_id() -> None:
     assert copy.request.reply_topic == "llm.shadow" != request.reply_topic
     assert copy.request.metadata["llmbus.shadow_of"] == "rid-1"
     assert copy.fallback_chain == []
+    assert copy.cache_salt == routed.cache_salt  # the tenant's prefix caches: its cache group's, as the primary's
     assert routed.request.reply_topic == "llm.tokens.acme"  # the original is untouched
 
 
@@ -110,3 +111,24 @@ def test_book_matches_models_and_honours_enabled_and_tombstones() -> None:
     assert book.ab_for("m9") == [] and book.shadows_for("m1") == []
     book.apply(None, "a")
     assert book.ab_for("m1") == []
+
+
+def test_both_readers_keep_the_highest_version_not_the_last_record_or_the_newest_clock() -> None:
+    """A stop (version 3) read before a promotion made on version 1 (version 2, a later clock stamp from
+    another host): the router and the comparator both keep the stop."""
+    from llmbus.contract.messages import ExperimentState
+    from llmbus.domain.lifecycle import create, to_step, with_state
+    from llmbus_services.shadow_comparator.core.comparator import ExperimentView
+
+    v1 = create("e", "m1", "m2").model_copy(update={"version": 1})
+    promoted = to_step(v1, 2).model_copy(update={"version": 2, "updated_at_ms": v1.updated_at_ms + 60_000})
+    stopped = with_state(v1, ExperimentState.STOPPED).model_copy(
+        update={"version": 3, "updated_at_ms": v1.updated_at_ms + 1}  # this host's clock is behind
+    )
+    book, view = ExperimentBook(), ExperimentView()
+    for record in (v1, stopped, promoted, promoted):  # the older change comes last, and twice
+        book.apply(record)
+        view.apply(record)
+    assert book._by_id["e"].state == ExperimentState.STOPPED and book._by_id["e"].version == 3
+    assert not book.ab_for("m1") and not book.shadows_for("m1")
+    assert view.by_id["e"].state == ExperimentState.STOPPED

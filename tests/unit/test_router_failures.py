@@ -10,7 +10,7 @@ from llmbus_services.router.config import RouterSettings
 from llmbus_services.router.core.complexity import build_scorer
 from llmbus_services.router.core.config import load_policy
 from llmbus_services.router.core.pipeline import RouteOutcome, RouterCore
-from llmbus_services.router.handlers import RouterHandlers
+from llmbus_services.router.flows import RouterHandlers
 from tests.unit.test_worker_request_errors import FakeBus, RecordingPublisher
 
 

@@ -27,5 +27,12 @@ def test_skips_unavailable_models() -> None:
 
 
 def test_request_level_errors_do_not_fall_back() -> None:
-    assert fall_back(routed(), "a", ErrorCode.PROMPT_TOO_LONG) is None
-    assert fall_back(routed(), "a", ErrorCode.RATE_LIMITED) is None
+    assert fall_back(routed(), "a", ErrorCode.INVALID_REQUEST) is None
+    assert fall_back(routed(), "a", ErrorCode.RATE_LIMITED) is None  # the tenant's own limit holds everywhere
+
+
+def test_a_prompt_over_the_window_falls_back_to_the_first_model_whose_window_fits() -> None:
+    windows = {"b": 8_192, "c": 32_768}
+    hop = fall_back(routed(), "a", ErrorCode.PROMPT_TOO_LONG, lambda m: windows.get(m, 0) >= 20_000)
+    assert hop is not None and hop.model == "c" and hop.route_reason == "fallback:a->c:prompt_too_long"
+    assert fall_back(routed(), "a", ErrorCode.PROMPT_TOO_LONG, lambda m: False) is None

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import pytest
 
 from llmbus.contract.messages import (
     BudgetState,
+    BudgetStatus,
     ErrorCode,
     Experiment,
     InferenceRequest,
@@ -16,7 +18,8 @@ from llmbus.contract.messages import (
     Usage,
     Variant,
 )
-from llmbus.tokens import estimate_tokens
+from llmbus.tokens import estimate_tokens, load_tokenizer
+from llmbus_services.router.core.budgets import BudgetBook
 from llmbus_services.router.core.cache_key import cache_key
 from llmbus_services.router.core.complexity import build_scorer
 from llmbus_services.router.core.config import RouterPolicy, TenantPolicy, load_policy
@@ -50,9 +53,13 @@ class FakeCache:
 @dataclass
 class FakeBudgets:
     states: dict[str, BudgetState] = field(default_factory=dict)
+    resets_ms: int | None = None
 
     def state_of(self, tenant: str) -> BudgetState:
         return self.states.get(tenant, BudgetState.OK)
+
+    def resets_in_ms(self, tenant: str, now_ms: int) -> int | None:
+        return self.resets_ms
 
 
 def core(policy: RouterPolicy | None = None, **kw: object) -> RouterCore:
@@ -97,7 +104,8 @@ async def test_max_tokens_not_given_is_the_models_cap_within_the_window() -> Non
     # What the prompt leaves of qwen's 8,192 window (counted as the router counts it); none left: refused
     long_prompt = "word " * 7400
     out = await core().route(InferenceRequest(prompt=long_prompt, category="quick_edit", max_tokens_auto=True))
-    assert out.routed and out.routed.request.max_tokens == 8192 - estimate_tokens(long_prompt)
+    qwen = load_tokenizer(load_policy().models["qwen2.5-coder-1.5b-instruct"].tokenizer or "")
+    assert out.routed and out.routed.request.max_tokens == 8192 - qwen.count(long_prompt)
     assert 500 < out.routed.request.max_tokens < 800
     out = await core().route(InferenceRequest(prompt="word " * 8500, category="quick_edit", max_tokens_auto=True))
     assert out.result and out.result.error and out.result.error.code == ErrorCode.PROMPT_TOO_LONG
@@ -148,12 +156,13 @@ async def test_over_budget_degrades_or_rejects_per_tenant() -> None:
     raw = load_policy().model_dump(mode="json")
     raw["tenants"]["strict"] = {"over_budget": "reject"}
     policy = RouterPolicy.model_validate(raw)
-    budgets = FakeBudgets({"acme": BudgetState.OVER, "strict": BudgetState.OVER, "warned": BudgetState.WARN})
+    budgets = FakeBudgets({"acme": BudgetState.OVER, "strict": BudgetState.OVER, "warned": BudgetState.WARN}, 7_200_000)
     c = core(policy, budgets=budgets)
     out = await c.route(InferenceRequest(prompt="x", complexity=0.99, tenant="acme"))
     assert out.routed and out.routed.model == "llama-3.3-70b-instruct" and out.routed.route_reason == "budget_degrade"
     out = await c.route(InferenceRequest(prompt="x", tenant="strict"))
     assert out.result and out.result.error and out.result.error.code == ErrorCode.OVER_BUDGET
+    assert out.result.error.retry_after_ms == 7_200_000  # until its budget period ends
     out = await c.route(InferenceRequest(prompt="x", complexity=0.99, tenant="warned"))
     assert out.routed and out.routed.model == "gpt-4.1"
 
@@ -252,3 +261,14 @@ async def test_unknown_model_rejected_when_configured(mode: str) -> None:
     raw["limits"]["unknown_model"] = mode
     out = await core(RouterPolicy.model_validate(raw)).route(InferenceRequest(prompt="x", model="brand-new"))
     assert out.result and out.result.error and out.result.error.code == ErrorCode.MODEL_UNAVAILABLE
+
+
+def test_a_budget_period_ends_at_utc_midnight_or_the_months_end() -> None:
+    book = BudgetBook()
+    book.apply(BudgetStatus(tenant="daily", period="day", state=BudgetState.OVER))
+    book.apply(BudgetStatus(tenant="monthly", period="month", state=BudgetState.OVER))
+    noon_dec_31 = int(datetime(2026, 12, 31, 12, tzinfo=UTC).timestamp() * 1000)
+    assert book.resets_in_ms("daily", noon_dec_31) == 12 * 3_600_000
+    assert book.resets_in_ms("monthly", noon_dec_31) == 12 * 3_600_000  # the year turns too
+    assert book.resets_in_ms("monthly", noon_dec_31 - 30 * 86_400_000) == 31 * 86_400_000 - 12 * 3_600_000
+    assert book.resets_in_ms("nobody", noon_dec_31) is None

@@ -30,6 +30,7 @@ def hb(worker_id: str, **kw) -> WorkerStatus:
         kv_blocks_total=1000,
         kv_blocks_free=1000,
         sent_at_ms=NOW_MS,
+        started_at_ms=NOW_MS - 60_000,  # one process throughout: a later start is the id restarted
     )
     fields.update(kw)
     return WorkerStatus(**fields)
@@ -173,3 +174,20 @@ def test_pipeline_reports_the_filter_that_emptied_the_candidates() -> None:
     state = state_of(hb("a", kv_blocks_free=1))
     result = Pipeline.load("default").pick(state, req(1000, 1000))
     assert result.worker is None and result.rejected_by == "fits-capacity"
+
+
+def test_an_unset_max_tokens_fits_a_worker_whose_window_leaves_the_prompt_room() -> None:
+    """The client set no max_tokens: the router's 16,384-token cap is over a worker's 8,192 window, and
+    the worker bounds the answer to what its window leaves, so it fits (vllm serve's rule); a set one does not."""
+    from llmbus_services.scheduler.core.plugins.filters_health import never_fits
+
+    state = state_of(hb("narrow", max_model_len=8192, kv_blocks_total=600, kv_blocks_free=600))
+    auto = req(prompt_tokens=11, max_tokens=16_384, max_tokens_auto=True)
+    assert auto.tokens_on(8192) == 8192 and auto.tokens_on(0) == auto.total_tokens
+    assert run(FitsCapacityFilter(), state, auto) == ["narrow"]
+    assert not never_fits(auto, list(state.fleet.workers.values()))
+    asked = req(prompt_tokens=11, max_tokens=16_384)
+    assert run(FitsCapacityFilter(), state, asked) == [] and never_fits(asked, list(state.fleet.workers.values()))
+    # a prompt that fills the window leaves no room even for one token
+    full = req(prompt_tokens=8192, max_tokens=16_384, max_tokens_auto=True)
+    assert never_fits(full, list(state.fleet.workers.values()))

@@ -213,3 +213,22 @@ def test_restored_placements_count_and_are_replaced_when_their_worker_never_retu
     assert c.tick(NOW_MS + 1000) == []
     [a] = c.tick(NOW_MS + 1001)
     assert (a.placement.worker_id, a.placement.attempt) == ("w2", 2)
+
+
+def test_a_restarted_worker_ids_earlier_requests_are_placed_again_at_once() -> None:
+    """w1 was SIGKILLed and its supervisor started it again: its new process's first heartbeat (a later start)
+    means what the earlier one ran is lost. Placed again now, each with the attempt it had on record (the next
+    worker continues what it streamed), not after the old process's group membership times out."""
+    c = core(heartbeat_timeout_ms=5000)
+    c.tick(NOW_MS)
+    c.on_heartbeat(hb("w1", started_at_ms=NOW_MS - 60_000), NOW_MS)
+    c.on_heartbeat(hb("w2", started_at_ms=NOW_MS - 60_000), NOW_MS)
+    [placed] = c.submit(req(request_id="r1", session_id="s"), NOW_MS)
+    lost_on = placed.placement.worker_id  # type: ignore[union-attr]
+    actions = c.on_heartbeat(hb(lost_on, started_at_ms=NOW_MS + 500, sent_at_ms=NOW_MS + 600), NOW_MS + 600)
+    [again] = [a for a in actions if isinstance(a, PlaceAction)]
+    assert again.placement.attempt == 2 and again.placement.worker_id != lost_on
+    [earlier] = again.request.earlier
+    assert (earlier.attempt, earlier.worker_id, earlier.ended) == (1, lost_on, ErrorCode.WORKER_LOST)
+    # a heartbeat of the same process, or one replayed at the scheduler's start, changes nothing
+    assert c.on_heartbeat(hb(lost_on, started_at_ms=NOW_MS + 500, sent_at_ms=NOW_MS + 700), NOW_MS + 700) == []

@@ -65,8 +65,9 @@ def test_one_tenant_cannot_fill_the_queue_others_still_get_in() -> None:
     results = [c.submit(req(request_id=f"a{i}", tenant="a"), NOW_MS) for i in range(5)]
     assert [len(r) for r in results] == [0, 0, 0, 1, 1]
     refused = results[3][0]
-    assert isinstance(refused, FinalError) and refused.error.code == ErrorCode.QUEUE_FULL
-    assert "tenant 'a'" in refused.error.message
+    # The tenant's own limit (HTTP 429), not the fleet's capacity (queue_full, 503).
+    assert isinstance(refused, FinalError) and refused.error.code == ErrorCode.RATE_LIMITED
+    assert "tenant 'a'" in refused.error.message and refused.error.retry_after_ms == 1000
     assert c.submit(req(request_id="b0", tenant="b"), NOW_MS) == []  # another tenant is still queued
     assert len(c.queues) == 4
 

@@ -305,3 +305,19 @@ def test_each_request_reports_how_often_it_was_preempted() -> None:
             assert out.preemptions >= per_request.get(out.request_id, 0)  # a count, never going back
             per_request[out.request_id] = out.preemptions
     assert sum(per_request.values()) == core.preemptions_total > 0
+
+
+def test_prefill_backlog_is_what_waits_and_the_rest_of_chunked_prefills() -> None:
+    """The engine's own count of prompt tokens admitted and not yet prefilled (the worker's heartbeat field):
+    waiting prompts whole, a chunked prefill's remainder, nothing for a decode."""
+    core = SimCore(get_profile("llama-3.1-8b-h100"), max_num_batched_tokens=1000, enable_prefix_caching=False)
+    core.add(SimRequest("a", 2500, 4))
+    core.add(SimRequest("b", 300, 4))
+    assert core.prefill_backlog_tokens() == 2800
+    core.step()  # a: 1000 of 2500 (the budget); b waits
+    assert core.prefill_backlog_tokens() == 1500 + 300
+    core.step()  # a: the next 1000
+    core.step()  # a: its last 500 and its first token; b: 300 and its first token
+    assert core.prefill_backlog_tokens() == 0
+    core.step()  # decodes only
+    assert core.prefill_backlog_tokens() == 0

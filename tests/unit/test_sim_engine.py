@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llmbus.contract.engine_features import SAMPLING_KNOBS
 from llmbus_services.engine_worker.adapters.engines.sim import SimConfig, SimEngine
 from llmbus_services.engine_worker.core.engine import AdmissionError, Engine, EngineOutput, EngineRequest
 
@@ -50,7 +51,8 @@ async def test_concurrent_requests_share_the_batch_and_the_prefix_cache() -> Non
     )
     assert all(r[-1].completion_tokens == 20 for r in results)
     cached = {r[-1].cached_prompt_tokens for r in results}
-    assert cached == {(len(PROMPT) // 64) * 16}  # the system prompt's full blocks
+    # the system prompt's full blocks (of 16 pseudo-tokens), as many as its counted tokens fill
+    assert cached == {min(len(PROMPT) // 64, engine.count_tokens(PROMPT) // 16) * 16}
     stats = engine.stats()
     assert stats.prefix_cache_hits_total == 8 * cached.pop()
     assert stats.generation_tokens_total == 2 + 8 * 20
@@ -144,7 +146,7 @@ async def test_a_host_kv_tier_shows_in_stats_and_the_heartbeat() -> None:
     engine = await started(kv_blocks_total=40, kv_offloading_gib=1.0)
     doc = "The contract says the following about delivery. " * 12  # ~150 tokens
     await collect(engine, EngineRequest("a", doc, max_tokens=2))
-    await collect(engine, EngineRequest("filler", "unrelated text " * 150, max_tokens=2))  # evicts a's blocks
+    await collect(engine, EngineRequest("filler", "unrelated text " * 190, max_tokens=2))  # evicts a's blocks
     outs = await collect(engine, EngineRequest("a-again", doc, max_tokens=2))
     stats = engine.stats()
     assert stats.kv_offload_blocks_total == 512
@@ -155,7 +157,65 @@ async def test_a_host_kv_tier_shows_in_stats_and_the_heartbeat() -> None:
         WorkerSettings(), engine, WorkerState.READY, "topic", RateTracker(), 0.0, cold_start_s=1.0, started_at_ms=1
     )
     assert status.kv_offload_blocks_total == 512
-    assert status.engine_features == ["suffix"]  # what the sim honours, advertised to gateway and scheduler
+    # what the sim honours, advertised to gateway and scheduler
+    assert status.engine_features == sorted({"suffix"} | SAMPLING_KNOBS)
     hits = stats.prefix_cache_hits_total + stats.external_prefix_cache_hits_total
     assert status.prefix_cache_hit_rate == pytest.approx(hits / stats.prefix_cache_queries_total)
     await engine.stop()
+
+
+async def test_the_prefill_backlog_reaches_the_heartbeat() -> None:
+    """Prompts admitted and not yet prefilled are in the engine's stats and the worker's heartbeat, so the
+    scheduler's pool statistics see the wait inside the engine that queue wait does not."""
+    from llmbus.contract.messages import WorkerState
+    from llmbus_services.engine_worker.config import WorkerSettings
+    from llmbus_services.engine_worker.core.status import RateTracker, build_status
+
+    # 256 prompt tokens a step, each step a thousand times slower than real: three prompts of ~400 tokens
+    # are admitted and the first step (computed when it starts) leaves all but 256 of them to prefill
+    engine = SimEngine(SimConfig(speedup=0.001, max_num_batched_tokens=256))
+    await engine.start()
+    prompts = [EngineRequest(f"r{i}", "word " * 400, max_tokens=2) for i in range(3)]
+    (prompt_tokens,) = {engine.count_tokens(r.prompt) for r in prompts}
+    assert prompt_tokens > 256  # no prompt is prefilled in the first step
+    streams = [asyncio.create_task(collect(engine, r)) for r in prompts]
+    await asyncio.sleep(0.05)
+    stats = engine.stats()
+    assert stats.prefill_backlog_tokens == 3 * prompt_tokens - 256
+    status = build_status(
+        WorkerSettings(), engine, WorkerState.READY, "topic", RateTracker(), 0.0, cold_start_s=1.0, started_at_ms=1
+    )
+    assert status.prefill_backlog_tokens == stats.prefill_backlog_tokens
+    await engine.stop()
+    for stream in streams:
+        stream.cancel()
+    await asyncio.gather(*streams, return_exceptions=True)
+
+
+async def test_an_unset_max_tokens_ends_where_a_chat_answer_would() -> None:
+    """No max_tokens: the answer stops on its own ("stop") at a length drawn around the median, the same for the
+    same prompt and seed, never past the window; a set max_tokens is written in full ("length")."""
+    engine = await started(max_model_len=8192)
+    lengths = []
+    for i in range(40):
+        outs = await collect(engine, EngineRequest(f"u{i}", f"question {i}", max_tokens=16_384, max_tokens_auto=True))
+        assert outs[-1].finish_reason == "stop" and outs[-1].completion_tokens < 8192
+        lengths.append(outs[-1].completion_tokens)
+    assert 60 < sorted(lengths)[20] < 280  # around the default median of 129
+    again = await collect(engine, EngineRequest("u0-again", "question 0", max_tokens=16_384, max_tokens_auto=True))
+    assert again[-1].completion_tokens == lengths[0]
+    capped = await collect(engine, EngineRequest("c", "question 0", max_tokens=5, max_tokens_auto=True))
+    assert capped[-1].completion_tokens == 5 and capped[-1].finish_reason == "length"  # the cap came first
+    full = await collect(engine, EngineRequest("f", "question 0", max_tokens=300))
+    assert full[-1].completion_tokens == 300 and full[-1].finish_reason == "length"
+
+
+async def test_where_an_unset_max_tokens_ends_does_not_depend_on_the_tenant() -> None:
+    """The cache salt (a tenant's) keys the KV blocks only: every tenant gets the same answer, as long."""
+    engine = await started(max_model_len=8192)
+    answers = []
+    for i, salt in enumerate(("", "salt-of-acme", "salt-of-globex")):
+        request = EngineRequest(f"t{i}", "question 7", max_tokens=16_384, max_tokens_auto=True, cache_salt=salt)
+        outs = await collect(engine, request)
+        answers.append(("".join(o.delta for o in outs), outs[-1].completion_tokens, outs[-1].finish_reason))
+    assert answers[0] == answers[1] == answers[2] and answers[0][2] == "stop"

@@ -16,10 +16,11 @@ from llmbus.contract.messages import (
 )
 from llmbus.contract.messages import ToolCallDelta as D
 from llmbus.contract.tool_calls import assemble_tool_calls
-from llmbus_services.engine_worker.adapters.engines.openai_http import _message_body, _tool_call_deltas
+from llmbus_services.engine_worker.adapters.engines.openai_body import message_body
+from llmbus_services.engine_worker.adapters.engines.openai_chunks import tool_call_deltas
 from llmbus_services.engine_worker.adapters.streaming import ChunkBatcher
 from llmbus_services.engine_worker.core.engine import EngineRequest
-from llmbus_services.gateway.core.translate import ResponseShape, finish_reason
+from llmbus_services.gateway.core.translate import ChoiceOut, ResponseShape, finish_reason
 from llmbus_services.router.core.trimming import turn_tokens
 from tests.unit.test_openai_http_breaker import Clock, Upstream, engine_on
 
@@ -56,25 +57,28 @@ def test_upstream_deltas_are_read_with_openais_fields_only() -> None:
             ]
         }
     }
-    assert _tool_call_deltas(choice) == [
+    assert tool_call_deltas(choice) == [
         D(index=1, id="c", type="function", function=FunctionCallDelta(name="f", arguments=""))
     ]
-    assert _tool_call_deltas({"delta": {"content": "hi"}}) is None
+    assert tool_call_deltas({"delta": {"content": "hi"}}) is None
 
 
 def test_an_assistant_turn_of_only_tool_calls_goes_upstream_with_null_content() -> None:
     call = ToolCall(id="c", function=FunctionCall(name="f", arguments="{}"))
-    assert _message_body(ChatMessage(role="assistant", tool_calls=[call])) == {
+    assert message_body(ChatMessage(role="assistant", tool_calls=[call]), developer_role=False) == {
         "role": "assistant",
         "content": None,
         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
     }
-    assert _message_body(ChatMessage(role="tool", tool_call_id="c", content="18")) == {
+    assert message_body(ChatMessage(role="tool", tool_call_id="c", content="18"), developer_role=False) == {
         "role": "tool",
         "content": "18",
         "tool_call_id": "c",
     }
-    assert _message_body(ChatMessage(role="user", content="hi")) == {"role": "user", "content": "hi"}
+    assert message_body(ChatMessage(role="user", content="hi"), developer_role=False) == {
+        "role": "user",
+        "content": "hi",
+    }
 
 
 def test_the_batcher_carries_fragments_in_its_chunks() -> None:
@@ -111,18 +115,19 @@ def test_the_assembler_keeps_the_current_attempts_fragments_and_a_retry_is_shown
 
 def test_openai_shapes_of_tool_calls() -> None:
     shape = ResponseShape("chat", "r1", 0, "m")
-    first = shape.stream_chunk("", first=True, finish=None, include_usage=False, tool_calls=[frag(0, "", "f", "c")])
+    first = shape.stream_chunk(ChoiceOut(0, "", [frag(0, "", "f", "c")]), first=True, include_usage=False)
     assert first["choices"][0]["delta"] == {  # type: ignore[index]
         "role": "assistant",
         "content": None,
         "tool_calls": [{"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}],
     }
-    later = shape.stream_chunk("", first=False, finish=None, include_usage=False, tool_calls=[frag(0, "{}")])
+    later = shape.stream_chunk(ChoiceOut(0, "", [frag(0, "{}")]), first=False, include_usage=False)
     assert later["choices"][0]["delta"] == {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}  # type: ignore[index]
-    full = shape.full("", "tool_calls", None, [ToolCall(id="c", function=FunctionCall(name="f", arguments="{}"))])
+    calls = [ToolCall(id="c", function=FunctionCall(name="f", arguments="{}"))]
+    full = shape.full([ChoiceOut(0, "", calls, finish="tool_calls")], None)
     message = full["choices"][0]["message"]  # type: ignore[index]
     assert message["content"] is None and message["tool_calls"][0]["function"] == {"name": "f", "arguments": "{}"}
-    assert "tool_calls" not in shape.full("hi", "stop", None)["choices"][0]["message"]  # type: ignore[index]
+    assert "tool_calls" not in shape.full([ChoiceOut(0, "hi", finish="stop")], None)["choices"][0]["message"]  # type: ignore[index]
     assert finish_reason(FinishReason.TOOL_CALLS) == "tool_calls"
 
 

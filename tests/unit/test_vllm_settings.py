@@ -55,7 +55,7 @@ def test_every_fleet_setting_reaches_vllms_engine_args(monkeypatch: pytest.Monke
     assert engine.config.tool_call_parser == "hermes"
 
 
-def test_defaults_warm_up_5_x_1024_with_a_pool_of_080_and_eager_only_on_the_cpu_build(
+def test_defaults_warm_up_5_x_1024_with_a_pool_of_080_vllms_window_and_batch_and_eager_only_on_the_cpu_build(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = _engine(monkeypatch, {"LLMBUS_WORKER_ENGINE": "vllm"})
@@ -65,11 +65,15 @@ def test_defaults_warm_up_5_x_1024_with_a_pool_of_080_and_eager_only_on_the_cpu_
     assert args.kv_offloading_size is None and args.scheduling_policy == "fcfs"
     assert args.tensor_parallel_size == 1 == args.pipeline_parallel_size
 
+    assert (args.max_model_len, args.max_num_seqs) == (None, None)  # vLLM's own: the model's window, its batch
+
     from vllm.platforms import current_platform
 
-    assert args.enforce_eager is True and current_platform.is_cpu()  # this machine runs the CPU build
-    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)  # as on a GPU host
-    assert engine._engine_args().enforce_eager is False  # CUDA graphs are captured
+    # Whichever build and hardware this host has: eager on the CPU build, CUDA graphs captured on a GPU.
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: True)
+    assert engine._engine_args().enforce_eager is True
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert engine._engine_args().enforce_eager is False
 
 
 @pytest.mark.parametrize(

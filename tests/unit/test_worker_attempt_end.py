@@ -25,7 +25,7 @@ from llmbus.contract.messages import DispatchOutcome, InferenceResult, OutcomeSt
 from llmbus.contract.topics import Topics
 from llmbus.state.fencing import claim_kept
 from llmbus_services.engine_worker.config import WorkerSettings
-from llmbus_services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.flows import WorkerHandlers
 from tests.unit.test_publish_through_outage import FakeProducer, publisher_with
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher, ScriptedEngine, record
 from tests.unit.test_worker_result_through_outage import CountingFence
@@ -44,15 +44,11 @@ class EventLog(RecordingPublisher):
         super().__init__()
         self.events = events
 
-    async def send(self, topic: str, value: object, **kw: object) -> object:
-        self.events.append(f"enqueue {kind(value)}")
-        return await super().send(topic, value, **kw)
-
     async def delivered(self, deliveries: object, retry_for_s: float = 0.0) -> None:
         self.events.append("acks awaited")
 
-    async def publish(self, topic: str, value: object, **kw: object) -> None:
-        self.events.append(f"publish {kind(value)}")
+    async def publish(self, topic: str, value: object, wait: bool = True, **kw: object) -> None:
+        self.events.append(f"{'publish' if wait else 'enqueue'} {kind(value)}")
         await super().publish(topic, value, **kw)
 
 
@@ -96,6 +92,9 @@ async def test_a_completed_attempt_ends_in_the_order_the_rules_ask_for() -> None
     assert [(c.seq, c.final) for c in publisher.of(TokenChunk)] == [(0, False), (1, False), (2, True)]
     [outcome] = publisher.of(DispatchOutcome)
     assert outcome.status == OutcomeStatus.COMPLETED and outcome.completion_tokens == 3
+    # the latency the result reports travels on the outcome: the scheduler's TTFT statistics are made of it
+    assert result.timings.ttft_ms is not None and result.timings.tpot_ms is not None
+    assert (outcome.ttft_ms, outcome.tpot_ms) == (result.timings.ttft_ms, result.timings.tpot_ms)
 
 
 class ReplyTopicRefuses(RecordingPublisher):

@@ -18,7 +18,7 @@ from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
 from llmbus_services.engine_worker.adapters.engines.sim.engine import SimConfig, SimEngine
 from llmbus_services.engine_worker.config import WorkerSettings
-from llmbus_services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.flows import WorkerHandlers
 
 
 @dataclass

@@ -30,10 +30,10 @@ from llmbus.contract.messages import (
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
 from llmbus.state.fencing import FirstClaim
-from llmbus_services.engine_worker.adapters.engines.openai_http import _status_error
+from llmbus_services.engine_worker.adapters.engines.openai_http import upstream_error
 from llmbus_services.engine_worker.config import WorkerSettings
 from llmbus_services.engine_worker.core.engine import EngineDead, EngineError, EngineOutput, EngineRequest, EngineStats
-from llmbus_services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.flows import WorkerHandlers
 
 
 @dataclass
@@ -42,10 +42,6 @@ class RecordingPublisher:
 
     async def publish(self, topic: str, value: object, **_: object) -> None:
         self.sent.append((topic, value))
-
-    async def send(self, topic: str, value: object, **_: object) -> object:
-        self.sent.append((topic, value))
-        return None
 
     async def delivered(self, _: object, retry_for_s: float = 0.0) -> None:
         return None
@@ -110,7 +106,7 @@ class ScriptedEngine:
         self.calls = 0
         self.aborted: list[str] = []
 
-    def count_tokens(self, text: str) -> int:
+    def count_tokens(self, text: str, tokenizer: str | None = None) -> int:
         return len(text.split())
 
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
@@ -168,7 +164,7 @@ async def test_a_suffix_an_engine_cannot_render_is_a_final_error_before_the_engi
 
 @pytest.mark.parametrize("status", [400, 404, 413, 422])
 async def test_an_upstream_4xx_is_the_final_error_and_the_engine_keeps_running(status: int) -> None:
-    handlers, publisher = worker(ScriptedEngine(_status_error(status, "bad request")))
+    handlers, publisher = worker(ScriptedEngine(upstream_error(status, "bad request")))
     await handlers.on_dispatch(record())
     assert not handlers.engine_failed.is_set(), "one bad request must not restart the engine"
     [result] = publisher.of(InferenceResult)
@@ -179,11 +175,11 @@ async def test_an_upstream_4xx_is_the_final_error_and_the_engine_keeps_running(s
     assert outcome.status == OutcomeStatus.FAILED  # final: the scheduler does not retry it
 
 
-@pytest.mark.parametrize(("status", "retry_after", "cooldown_ms"), [(429, "7", 7000), (503, None, 5000)])
+@pytest.mark.parametrize(("status", "retry_after", "cooldown_ms"), [(429, "7", 7000), (503, None, 1000)])
 async def test_upstream_busy_hands_back_with_retry_after_and_cools_the_worker_down(
     status: int, retry_after: str | None, cooldown_ms: int
 ) -> None:
-    engine = ScriptedEngine(_status_error(status, "slow down", retry_after), tokens=0)
+    engine = ScriptedEngine(upstream_error(status, "slow down", retry_after), tokens=0)
     handlers, publisher = worker(engine)
     await handlers.on_dispatch(record(request_id="r1"))
     assert not handlers.engine_failed.is_set()
@@ -242,7 +238,8 @@ async def test_an_admission_refusal_sends_the_workers_prompt_count_back() -> Non
 
 async def test_a_dispatch_sent_to_an_earlier_process_of_this_worker_is_handed_back() -> None:
     """Run again under the same attempt, its chunks would continue the dead process's seq numbers with
-    another text; as attempt + 1 a reader voids the earlier chunks (or says the retry diverged)."""
+    another text; its attempt is lost with that process (worker_lost), and attempt + 1 continues what it
+    streamed (docs/delivery.md)."""
     engine = ScriptedEngine()
     handlers, publisher = worker(engine)
     before = record(request_id="r-before")
@@ -252,7 +249,7 @@ async def test_a_dispatch_sent_to_an_earlier_process_of_this_worker_is_handed_ba
     assert engine.calls == 0 and not publisher.of(TokenChunk) and not publisher.of(InferenceResult)
     [outcome] = publisher.of(DispatchOutcome)
     assert outcome.status == OutcomeStatus.RETRYABLE and outcome.error is not None
-    assert outcome.error.code == ErrorCode.HANDED_BACK
+    assert outcome.error.code == ErrorCode.WORKER_LOST
     after = record(request_id="r-after")  # sent once this process runs: served
     handlers.started_at_ms = Dispatch.model_validate_json(after.value).dispatched_at_ms
     await handlers.on_dispatch(after)

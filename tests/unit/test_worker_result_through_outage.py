@@ -13,7 +13,7 @@ import asyncio
 from llmbus.bus import PublishTimeout
 from llmbus.contract.messages import DispatchOutcome, InferenceResult, OutcomeStatus, ResultStatus, TokenChunk
 from llmbus_services.engine_worker.config import WorkerSettings
-from llmbus_services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.flows import WorkerHandlers
 from tests.unit.test_worker_request_errors import FakeBus, MemoryFence, RecordingPublisher, ScriptedEngine, record
 
 

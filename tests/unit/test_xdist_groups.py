@@ -51,6 +51,9 @@ def test_each_vllm_engine_has_one_group_and_its_modules_vllm_tests_join_it() -> 
     assert groups["a.py::imports_vllm"] == "vllm"  # beside both engines: the first one's
     assert groups["b.py::imports_vllm"] == "vllm-chatml"
     assert "c.py::no_engine" not in groups and "c.py::plain" not in groups
+    third = _Item("e.py::bos", ("vllm_llama31_engine",), ("vllm",))
+    assert xdist_groups.group_of(third) == "vllm-llama31"  # type: ignore[arg-type]
+    assert xdist_groups.start_rank(third, "vllm-llama31") == 0  # type: ignore[arg-type]
 
 
 def test_both_vllm_groups_go_out_before_slow_tests_and_other_groups() -> None:

@@ -10,16 +10,11 @@ client (see README: raw JSON onto llm.requests, read the reply topic by request 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import ConsumerRecord
-
-from llmbus.bus import BadMessage, Bus, decode
-from llmbus.bus.catch_up import wait_assigned
-from llmbus.bus.security import kafka_auth
+from llmbus.bus import Bus, decode
+from llmbus.bus.tail import ReplyRouter, TopicTail
 from llmbus.contract import topics as t
 from llmbus.contract.chunks import ChunkAssembler, TextUpdate
 from llmbus.contract.messages import Feedback, InferenceRequest, InferenceResult, TokenChunk, WorkerState, WorkerStatus
@@ -27,100 +22,6 @@ from llmbus.security import tenancy
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
-
-
-class TopicTail:
-    """Reads a topic from its end (as of `start`), group-less: sees only what comes after."""
-
-    def __init__(self, settings: BusSettings, topic: str) -> None:
-        self.settings = settings
-        self.topic = topic
-        # Group-less subscription: aiokafka assigns every partition of the topic itself.
-        self.consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=settings.kafka_bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="latest",
-            request_timeout_ms=settings.request_timeout_ms,
-            metadata_max_age_ms=settings.metadata_max_age_ms,
-            **kafka_auth(settings),
-        )
-
-    async def start(self) -> TopicTail:
-        """Started and positioned at the end; if any step fails the consumer is stopped, not left open."""
-        try:
-            return await self._start()
-        except BaseException:
-            await self.stop()
-            raise
-
-    async def _start(self) -> TopicTail:
-        await asyncio.wait_for(self.consumer.start(), self.settings.admin_timeout_s)
-        try:  # positions resolved (at the end: offset reset latest), so nothing produced after start() is missed
-            await wait_assigned(self.consumer, self.settings.admin_timeout_s)
-        except TimeoutError:
-            raise LookupError(f"topic {self.topic} has no partitions (does it exist?)") from None
-        return self
-
-    async def records(self, timeout_s: float) -> AsyncIterator[bytes]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while (remaining := deadline - loop.time()) > 0:
-            batches = await self.consumer.getmany(timeout_ms=int(min(remaining, 0.2) * 1000))
-            for records in batches.values():
-                for record in records:
-                    yield record  # type: ignore[misc]
-
-    async def stop(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.consumer.stop(), self.settings.stop_timeout_s)
-
-
-OnBadChunk = Callable[[ConsumerRecord, BadMessage], Awaitable[None]]
-
-
-class ReplyRouter:
-    """One tail of a reply topic shared by every stream of a client: chunks go to their request's queue.
-
-    A record that does not decode (a newer schema during a rolling upgrade, a stray writer) goes to
-    `on_bad` and the tail goes on: one bad record must not end the only task every stream waits on.
-    """
-
-    def __init__(self, tail: TopicTail, on_bad: OnBadChunk | None = None) -> None:
-        self.tail = tail
-        self.queues: dict[bytes, asyncio.Queue[TokenChunk]] = {}
-        self.on_bad = on_bad
-        self.task = asyncio.create_task(self._route())
-
-    async def _route(self) -> None:
-        while True:
-            async for record in self.tail.records(3600):
-                queue = self.queues.get(record.key)  # type: ignore[attr-defined]
-                if queue is None:
-                    continue
-                try:
-                    chunk = decode(record, TokenChunk)  # type: ignore[arg-type]
-                except BadMessage as bad:
-                    await self._bad(record, bad)  # type: ignore[arg-type]
-                    continue
-                queue.put_nowait(chunk)
-
-    async def _bad(self, record: ConsumerRecord, bad: BadMessage) -> None:
-        log.warning("undecodable chunk on %s[%d]@%d: %s", record.topic, record.partition, record.offset, bad.reason)
-        if self.on_bad is None:
-            return
-        try:
-            await self.on_bad(record, bad)
-        except Exception:  # the dead letter is best effort; the tail is what every stream needs
-            log.exception("could not hand on the undecodable chunk at %s@%d", record.topic, record.offset)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-        await self.tail.stop()
 
 
 class LlmbusClient:

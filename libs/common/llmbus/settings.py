@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from pydantic import SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 KIB = 1024
+MIB = 1024 * KIB
 
 
 def cache_root() -> Path:
@@ -17,6 +19,16 @@ def cache_root() -> Path:
     `$LLMBUS_CACHE`, default ~/.cache/llmbus. Read at each call, so a process started with another
     LLMBUS_CACHE (a test's stack) uses its own."""
     return Path(os.environ.get("LLMBUS_CACHE") or Path.home() / ".cache" / "llmbus")
+
+
+def _with_user(url: str, user: str) -> str:
+    """`url` with `user` as its user part (every Redis client built from the URL logs in as that user)."""
+    parts = urlsplit(url)
+    if parts.username is not None:
+        if unquote(parts.username) != user:
+            raise ValueError(f"redis_url names user {parts.username!r}, redis_username {user!r}")
+        return url
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}@{parts.netloc}"))
 
 
 class BusSettings(BaseSettings):
@@ -28,6 +40,9 @@ class BusSettings(BaseSettings):
     # True: `redis_url` names one node of a Redis Cluster, and the services use a cluster client.
     redis_cluster: bool = False
     redis_password: SecretStr | None = None  # Redis AUTH (requirepass); kept out of the URL and of logs
+    # The service's Redis ACL user (llmbus.security.redis_acls), with redis_password as its password; it
+    # becomes the user part of redis_url (redis://<user>@host:port/db). None: Redis's default user.
+    redis_username: str | None = None
     # Broker identity (docs/security.md): SASL/SCRAM when a username is set. Auth on also turns on
     # the tenant rules: tenants follow from the request topic, replies stay in the tenant's namespace.
     kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
@@ -43,6 +58,9 @@ class BusSettings(BaseSettings):
     stop_timeout_s: float = 10.0
     commit_timeout_s: float = 10.0  # one commit, retries of retriable errors included
     admin_timeout_s: float = 30.0
+    # How long a service waits at start for the state it follows (models, experiments, budgets, the
+    # fleet) to be read to where it ended, before it serves anyway (llmbus.bus.service).
+    catch_up_s: float = 15.0
     request_timeout_ms: int = 10_000
     # 0: a record leaves at once when nothing is in flight to its broker (a wait here is added to
     # every hop's latency); under load records still share produce requests, because aiokafka sends
@@ -102,6 +120,8 @@ class BusSettings(BaseSettings):
             raise ValueError("request_headroom_bytes must be below max_message_bytes")
         if self.auth_enabled and not (self.kafka_sasl_username and self.kafka_sasl_password):
             raise ValueError(f"{self.kafka_security_protocol} needs kafka_sasl_username and kafka_sasl_password")
+        if self.redis_username:
+            self.redis_url = _with_user(self.redis_url, self.redis_username)
         return self
 
     @property
@@ -118,3 +138,39 @@ class BusSettings(BaseSettings):
     def topic_max_message_bytes(self) -> int:
         """What topics accept: a producer's largest record plus the framing of its batch."""
         return self.max_message_bytes + 16 * KIB
+
+
+class ObjectStoreSettings(BaseSettings):
+    """The S3-compatible object store (model artifacts, the archive's bucket target): any endpoint that
+    speaks the S3 API with signature v4. The local one is deploy/objectstore/objectstore.sh's."""
+
+    model_config = SettingsConfigDict(env_prefix="LLMBUS_S3_", extra="ignore")
+
+    endpoint: str = "http://127.0.0.1:9000"  # scheme, host and port; https:// for TLS
+    access_key: str | None = None
+    secret_key: SecretStr | None = None
+    region: str = "us-east-1"
+    # Keys left unset are read from this file (access_key=... and secret_key=... lines): the one
+    # objectstore.sh generates for the local store. Compose and Kubernetes set the keys from secrets.
+    credentials_file: Path = Field(default_factory=lambda: cache_root() / "run" / "objectstore.credentials")
+    ca_file: str | None = None  # an https endpoint whose certificate a private CA signed
+    # Every call is bounded: connecting, and each read of a response (a long GET streams many reads).
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    retries: int = 3  # of one request that failed on the connection or with a 5xx, with backoff
+    # Uploads above this size are multipart, in parts of this size (S3: 5 MiB to 5 GiB, at most 10,000 parts).
+    part_size_bytes: int = Field(default=64 * MIB, ge=5 * MIB)
+
+    def keys(self) -> tuple[str, str]:
+        """(access key, secret key): the settings', else the credentials file's; ValueError if neither has them."""
+        access, secret = self.access_key, self.secret_key.get_secret_value() if self.secret_key else None
+        if not (access and secret) and self.credentials_file.is_file():
+            lines = self.credentials_file.read_text().splitlines()
+            found = dict(line.split("=", 1) for line in lines if "=" in line)
+            access, secret = access or found.get("access_key"), secret or found.get("secret_key")
+        if not (access and secret):
+            raise ValueError(
+                f"no object store credentials: set LLMBUS_S3_ACCESS_KEY and LLMBUS_S3_SECRET_KEY, or start the local"
+                f" store (deploy/objectstore/objectstore.sh start writes {self.credentials_file})"
+            )
+        return access, secret

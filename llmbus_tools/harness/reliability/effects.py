@@ -1,12 +1,13 @@
 """Exactly-once effects of the services beside the request path, checked after a fault scenario.
 
 The delivery audit (`llmbus.audit.check`) asks whether every request got exactly one result.
-These checkers ask what the downstream services made of those results: cost-accounting must bill
-every result exactly once on llm.costs (`llmbus.audit.bills.check_bills`: a record id twice is
-doubled even when the copies are identical) and must have counted each billed record once in its
-Redis totals (a doubled increment is a doubled bill on every report and budget, even when the
-stream is clean). Each effect has a `settle` (wait, with a deadline, until it can be judged) and a
-`check` over the records the audit read (problems, notes).
+These checkers ask what the downstream services made of those results. Billing, after every
+scenario: every result (shadow copies too) priced by exactly one record on llm.costs
+(`llmbus.audit.bills.check_bills`: a record id twice is doubled even when the copies are identical),
+and the money conserved: the sum of every distinct record's cost equals cost-accounting's Redis
+totals overall, per model and per tenant (with the tenant's request count), so a doubled or
+missing increment fails even when the stream is clean. Each effect has a `settle` (wait, with a
+deadline, until it can be judged) and a `check` over the records the audit read (problems, notes).
 """
 
 from __future__ import annotations
@@ -26,24 +27,13 @@ from llmbus.bus import decode
 from llmbus.bus.admin import open_admin
 from llmbus.client import TopicTail
 from llmbus.contract import topics as t
-from llmbus.contract.messages import BookedTo, Comparison, CostRecord, InferenceResult, ScaleDecision
+from llmbus.contract.messages import BookedTo, Comparison, CostRecord, InferenceResult, Leg, ScaleDecision
+from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus.state.store import redis_client
 from llmbus.state.text import text_of
 from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
-
-# Short GPU-ledger intervals so self-hosted results are billed seconds after they end, not after
-# a minute plus 30 s of grace (the interval must divide an hour).
-COST_ENV = {
-    "LLMBUS_COST_INTERVAL_S": "5",
-    "LLMBUS_COST_GRACE_S": "1",
-    "LLMBUS_COST_CLOSE_EVERY_S": "0.2",
-    "LLMBUS_COST_SETTLE_S": "0",
-    # A SIGKILLed member holds its partitions until its session times out: the broker's minimum.
-    "LLMBUS_SESSION_TIMEOUT_MS": "6000",
-}
-
-COMPARATOR_ENV = {"LLMBUS_COMPARATOR_DECIDE": "false", "LLMBUS_SESSION_TIMEOUT_MS": "6000"}
 
 
 class Effect(Protocol):
@@ -61,16 +51,46 @@ async def group_members(settings: BusSettings, group: str) -> set[str]:
     return {str(member[0]) for member in members} if state == "Stable" else set()
 
 
-def results_in(topics: t.Topics, records: Iterable[Seen]) -> set[str]:
-    """Request ids with a non-shadow result on llm.results (the results to bill)."""
+def results_in(topics: t.Topics, records: Iterable[Seen], shadows: bool = False, keys: bool = False) -> set[str]:
+    """Request ids with a result on llm.results (the results to bill; a shadow copy's too with `shadows`;
+    request keys, tenant and id, with `keys`)."""
     name = topics.name(t.RESULTS)
     out = set()
     for record in records:
         if record.topic == name and record.value is not None:
             result = InferenceResult.model_validate_json(record.value)
-            if not result.shadow:
-                out.add(result.request_id)
+            if shadows or not result.shadow:
+                out.add(result.request_key if keys else result.request_id)
     return out
+
+
+def legs_in(topics: t.Topics, records: Iterable[Seen]) -> dict[str, list[Leg]]:
+    """Request key -> the legs of its non-shadow result, for the continued answers (more than one leg)."""
+    name = topics.name(t.RESULTS)
+    out: dict[str, list[Leg]] = {}
+    for record in records:
+        if record.topic == name and record.value is not None:
+            result = InferenceResult.model_validate_json(record.value)
+            if not result.shadow and result.legs:
+                out[result.request_key] = result.legs
+    return out
+
+
+def leg_bill_problems(legs: dict[str, list[Leg]], costs: list[CostRecord]) -> list[str]:
+    """Each leg of a continued answer billed by a record of its own, with the leg's worker and tokens: the
+    answer's bill is then the sum of its legs', none billed twice (doubles are check_bills's)."""
+    by_leg: dict[tuple[str, int | None], CostRecord] = {(request_key(c.tenant, c.request_id), c.leg): c for c in costs}
+    problems = []
+    for key, its_legs in sorted(legs.items()):
+        last = len(its_legs) - 1
+        for i, leg in enumerate(its_legs):
+            record = by_leg.get((key, None if i == last else i))
+            if record is None:
+                problems.append(f"{key}: leg {i} has no cost record")
+            elif (record.worker_id, record.completion_tokens) != (leg.worker_id, leg.completion_tokens):
+                billed = (record.worker_id, record.completion_tokens)
+                problems.append(f"{key}: leg {i} billed as {billed}, ran as {(leg.worker_id, leg.completion_tokens)}")
+    return problems[:10]
 
 
 def costs_in(topics: t.Topics, records: Iterable[Seen]) -> list[CostRecord]:
@@ -79,13 +99,23 @@ def costs_in(topics: t.Topics, records: Iterable[Seen]) -> list[CostRecord]:
 
 
 def tenant_totals_of(records: Iterable[CostRecord]) -> dict[str, tuple[int, int]]:
-    """tenant -> (µUSD, requests) over distinct record ids booked to a tenant: what Redis must hold."""
+    """tenant -> (µUSD, requests) over distinct record ids booked to a tenant: what Redis must hold (a
+    continued answer's earlier legs add their cost, not a request)."""
     distinct = {r.record_id: r for r in records if r.booked_to == BookedTo.TENANT}
     cost, requests = Counter[str](), Counter[str]()
     for record in distinct.values():
         cost[record.tenant] += record.cost_micro_usd
-        requests[record.tenant] += 1
+        requests[record.tenant] += record.leg is None
     return {tenant: (cost[tenant], requests[tenant]) for tenant in requests}
+
+
+def cost_by(records: Iterable[CostRecord], dimension: str) -> dict[str, int]:
+    """µUSD over distinct record ids per `model`, or overall (`total`: one value, "all")."""
+    distinct = {r.record_id: r for r in records}
+    out = Counter[str]()
+    for record in distinct.values():
+        out[(record.model or "-") if dimension == "model" else "all"] += record.cost_micro_usd
+    return {key: n for key, n in out.items() if n}
 
 
 def totals_problems(stream: dict[str, tuple[int, int]], counted: dict[str, tuple[int, int]]) -> list[str]:
@@ -112,7 +142,8 @@ def doubled_detail(records: Iterable[CostRecord]) -> list[str]:
 
 
 class Billing:
-    """Cost-accounting's effect: every result billed once on llm.costs and counted once in Redis."""
+    """Cost-accounting's effect: every result billed once on llm.costs, and its money conserved in Redis's
+    totals. `settings` reads the namespace (the operator, on a secured broker)."""
 
     def __init__(self, settings: BusSettings) -> None:
         self.settings = settings
@@ -129,10 +160,13 @@ class Billing:
             await self._tail.stop()
 
     async def settle(self, result_ids: set[str], timeout_s: float) -> None:
-        """Until every result has a cost record or the time is up (the check says which are missing)."""
+        """Until every result has a cost record or the time is up (the check says which are missing).
+
+        Self-hosted results are priced when their worker's interval closes (60 s, and 30 s of grace, as
+        shipped): the wait is for a minute and a half after the last answer at most."""
         assert self._tail is not None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = loop.time() + max(timeout_s, 120.0)
         while not result_ids <= self.billed and loop.time() < deadline:
             async for record in self._tail.records(max(0.05, min(1.0, deadline - loop.time()))):
                 self.billed.add(decode(record, CostRecord).request_id)  # type: ignore[attr-defined]
@@ -140,36 +174,53 @@ class Billing:
         async for record in self._tail.records(2.0):
             self.billed.add(decode(record, CostRecord).request_id)  # type: ignore[attr-defined]
 
-    async def redis_tenant_totals(self) -> dict[str, tuple[int, int]]:
-        """tenant -> (µUSD, requests) summed over the monthly tenant aggregates."""
-        client = redis_client(self.settings.redis_url)
-        cost, requests = Counter[str](), Counter[str]()
+    async def redis_totals(self, dimension: str) -> dict[str, dict[str, int]]:
+        """value -> metric -> the sum over every month of cost-accounting's `dimension` aggregate."""
+        client = redis_client(self.settings.redis_url, cluster=self.settings.redis_cluster)
+        out: dict[str, Counter[str]] = {}
         try:
-            pattern = f"{self.settings.topic_prefix}cost:agg:m*:tenant"
+            pattern = f"{cost_key_root(self.settings.topic_prefix)}agg:m*:{dimension}"
             async for key in client.scan_iter(match=pattern, count=100):
                 for field, value in (await asyncio.wait_for(client.hgetall(key), 10)).items():
-                    tenant, _, metric = text_of(field).rpartition("|")
-                    if metric == "cost":
-                        cost[tenant] += int(value)
-                    elif metric == "requests":
-                        requests[tenant] += int(value)
+                    name, _, metric = text_of(field).rpartition("|")
+                    out.setdefault(name, Counter())[metric] += int(value)
         finally:
             await client.aclose()
-        return {tenant: (cost[tenant], requests[tenant]) for tenant in set(cost) | set(requests)}
+        return {name: dict(metrics) for name, metrics in out.items()}
+
+    async def redis_tenant_totals(self) -> dict[str, tuple[int, int]]:
+        """tenant -> (µUSD, requests) summed over the monthly tenant aggregates."""
+        totals = await self.redis_totals("tenant")
+        return {tenant: (m.get("cost", 0), m.get("requests", 0)) for tenant, m in totals.items()}
 
     async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
-        results = results_in(self.topics, records)
+        results = results_in(self.topics, records, shadows=True, keys=True)
         costs = costs_in(self.topics, records)
-        bills = check_bills(costs, results, {})
+        legs = legs_in(self.topics, records)
+        bills = check_bills(
+            costs,
+            results,
+            {},
+            {key: len(its) for key, its in legs.items()},
+            key_of=lambda r: request_key(r.tenant, r.request_id),
+        )
         problems = [f"bills {kind}: {examples[:5]}" for kind, examples in bills.problems.items()]
         problems += doubled_detail(costs)
+        problems += leg_bill_problems(legs, costs)
         stream = tenant_totals_of(costs)
         problems += totals_problems(stream, await self.redis_tenant_totals())
-        billed_micro = sum(cost for cost, _ in stream.values())
+        for dimension in ("model", "total"):
+            counted = {name: m.get("cost", 0) for name, m in (await self.redis_totals(dimension)).items()}
+            counted = {name: n for name, n in counted.items() if n}
+            if (summed := cost_by(costs, dimension)) != counted:
+                problems.append(f"µUSD by {dimension}: llm.costs has {summed}, Redis totals {counted}")
+        total = sum(cost_by(costs, "total").values())
         notes = [
-            f"billing: {bills.results} results, {bills.billed} billed once, {bills.unbilled} unbilled, "
+            f"billing: {bills.results} results (shadows included; {len(legs)} continued, billed per leg), "
+            f"{bills.billed} billed once, {bills.unbilled} unbilled, {bills.legs_unbilled} with legs unbilled, "
             f"{bills.doubled} record ids doubled, {bills.extra} extra; {len(costs)} cost records, "
-            f"{billed_micro} µUSD booked to tenants (Redis totals {'agree' if not problems else 'DISAGREE'})"
+            f"{total} µUSD in all, {sum(c for c, _ in stream.values())} booked to tenants "
+            f"(Redis totals by tenant, model and overall {'agree' if not problems else 'DISAGREE'})"
         ]
         return problems, notes
 
@@ -204,6 +255,9 @@ def comparison_problems(pairs: Iterable[str], comparison_ids: Iterable[str]) -> 
     problems = [f"comparisons missing ({len(missing)}): {missing[:5]}"] if missing else []
     problems += [f"comparisons of no pair ({len(extra)}): {extra[:5]}"] if extra else []
     return problems, copies
+
+
+MAX_STEPS = 10  # a ramp's steps whose pair aggregates are read
 
 
 class Comparing:
@@ -261,14 +315,18 @@ class Comparing:
                 return
 
     async def pair_count(self) -> int:
-        """`n` of the experiment's pair aggregate in the comparator's Redis store."""
-        client = redis_client(self.settings.redis_url)
+        """`n` of the experiment's pair aggregates in the comparator's Redis store, over its steps (with
+        decisions on, a ramp moves it to the next step)."""
+        client = redis_client(self.settings.redis_url, cluster=self.settings.redis_cluster)
         store = ComparatorStore(client, f"{self.settings.topic_prefix}comparator")  # as the service names it
+        n = 0
         try:
-            pairs = await asyncio.wait_for(store.read_agg(self.experiment_id, self.step, "pairs"), 10)
+            for step in range(self.step, self.step + MAX_STEPS):
+                pairs = await asyncio.wait_for(store.read_agg(self.experiment_id, step, "pairs"), 10)
+                n += int(pairs.get("n", 0))
         finally:
             await client.aclose()
-        return int(pairs.get("n", 0))
+        return n
 
     async def check(self, records: list[Seen]) -> tuple[list[str], list[str]]:
         pairs = shadow_pairs(self.topics, records)

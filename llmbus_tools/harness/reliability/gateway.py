@@ -9,15 +9,14 @@ import httpx
 from llmbus.security.apikeys import ApiKeyStore, gateway_key_namespace
 from llmbus.settings import BusSettings
 from llmbus.state.store import redis_client
-from llmbus_tools.harness.reliability.stack import TENANTS
 
 
-async def api_keys(settings: BusSettings) -> dict[str, str]:
+async def api_keys(settings: BusSettings, tenants: list[str]) -> dict[str, str]:
     """One gateway API key per load tenant (the tenant is the key's, never the body's)."""
-    redis = redis_client(settings.redis_url)
+    redis = redis_client(settings.redis_url, cluster=settings.redis_cluster)
     try:
         store = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix))
-        return {tenant: (await store.create(tenant))[0] for tenant in TENANTS}
+        return {tenant: (await store.create(tenant))[0] for tenant in tenants}
     finally:
         await redis.aclose()
 

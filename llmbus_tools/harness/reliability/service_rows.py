@@ -13,6 +13,8 @@ SIGNALS = {
     "acks_waited": "no ack yet from Kafka",
     "sends_retried": "sending it again",
     "producers_renewed": "starting a new producer",
+    "retried_in_place": "): retrying in ",  # a transient failure (llmbus.bus.bindings)
+    "placed_again": "again later",  # a placement that failed transiently (the scheduler)
 }
 # The services whose effect an effect checker judges (llmbus_tools.harness.reliability.effects); every other service
 # is judged by the delivery audit of the request path.

@@ -14,9 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
-from collections import OrderedDict
 from pathlib import Path, PurePath
 
 import pyarrow.parquet as pq
@@ -27,7 +25,8 @@ from llmbus.archive.durable import tmp_path as _tmp
 from llmbus.archive.layout import DATA_SUFFIX, MANIFESTS, TMP_SUFFIX, OffsetRange, manifest_dir, manifest_file
 from llmbus.archive.layout import parse_manifest_name as parse_range
 from llmbus.archive.rows import table_of
-from llmbus_services.archive.core.plan import BatchPlan
+from llmbus_services.archive.adapters.record_ids import RecordIds
+from llmbus_services.archive.core.plan import BatchPlan, manifest_body
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +35,7 @@ class ArchiveStore:
     def __init__(self, root: Path, *, id_cache_dirs: int = 256, compression: str = "zstd") -> None:
         self.root = root
         self.compression = compression
-        self._ids: OrderedDict[PurePath, set[str]] = OrderedDict()  # day/tenant directory → its record ids
-        self._id_cache_dirs = id_cache_dirs
-        self._lock = threading.Lock()  # each subscription writes from its own thread
+        self._ids = RecordIds(self._read_ids, id_cache_dirs)
 
     def recover(self, orphan_age_s: float) -> tuple[int, int]:
         """At start: finish the compactions and the renames of every manifested batch a crash stopped;
@@ -76,17 +73,13 @@ class ArchiveStore:
 
     def known_ids(self, directory: PurePath) -> set[str]:
         """The record ids already in a day/tenant directory (read once, then kept; least recent forgotten)."""
-        with self._lock:
-            ids = self._ids.get(directory)
-            if ids is None:
-                ids = set()
-                for path in (self.root / directory).glob(f"*{DATA_SUFFIX}"):
-                    ids.update(pq.read_table(path, columns=["record_id"]).column("record_id").to_pylist())
-                self._ids[directory] = ids
-                while len(self._ids) > self._id_cache_dirs:
-                    self._ids.popitem(last=False)
-            self._ids.move_to_end(directory)
-            return ids
+        return self._ids.of(directory)
+
+    def _read_ids(self, directory: PurePath) -> set[str]:
+        ids: set[str] = set()
+        for path in (self.root / directory).glob(f"*{DATA_SUFFIX}"):
+            ids.update(pq.read_table(path, columns=["record_id"]).column("record_id").to_pylist())
+        return ids
 
     def write(self, plan: BatchPlan) -> None:
         """Write a planned batch (blocking: run it in a thread). The id caches learn its ids only once
@@ -101,23 +94,11 @@ class ArchiveStore:
                 os.fsync(handle.fileno())
         manifest = self.root / manifest_file(plan.topic, plan.partition, plan.offsets)
         manifest.parent.mkdir(parents=True, exist_ok=True)
-        body = {
-            "topic": plan.topic,
-            "partition": plan.partition,
-            "first_offset": plan.offsets.first,
-            "last_offset": plan.offsets.last,
-            "files": sorted(str(path) for path in plan.files),
-            "rows": plan.rows(),
-            "duplicates": plan.duplicates,
-            "written_at_ms": int(time.time() * 1000),
-        }
+        body = manifest_body(plan, int(time.time() * 1000))
         commit_durably(manifest, json.dumps(body).encode())  # the commit point
         for path in plan.files:
             final = self.root / path
             os.replace(_tmp(final), final)
         for directory in {(self.root / path).parent for path in plan.files}:
             fsync_dir(directory)
-        with self._lock:
-            for written, ids in plan.ids_by_dir().items():
-                if written in self._ids:
-                    self._ids[written] |= ids
+        self._ids.learn(plan.ids_by_dir())

@@ -61,3 +61,18 @@ def plan_batch(
         path = data_file(row["kind"], row["day"], row["tenant"], topic, partition, plan.offsets)
         plan.files.setdefault(path, []).append(row)
     return plan
+
+
+def manifest_body(plan: BatchPlan, written_at_ms: int) -> dict[str, Any]:
+    """A batch's manifest: its offset range and its files (the commit point of every archive target)."""
+    assert plan.offsets is not None
+    return {
+        "topic": plan.topic,
+        "partition": plan.partition,
+        "first_offset": plan.offsets.first,
+        "last_offset": plan.offsets.last,
+        "files": sorted(str(path) for path in plan.files),
+        "rows": plan.rows(),
+        "duplicates": plan.duplicates,
+        "written_at_ms": written_at_ms,
+    }

@@ -1,16 +1,22 @@
-"""The scaling-policy interface, its decision and the registry YAML names policies by.
+"""The scaling-policy interface, its decision, and the registry the pool YAML names policies by.
 
 A policy is fed one pool's `PoolSignals` in time order (the clock is `signals.now_ms`, so
 tests and the benchmark drive it in virtual time) and answers how many replicas the pool
 should have. It keeps its own timers (sustained-high, idle, cooldown, forecast history).
+
+Each policy is a plugin (llmbus.contract.plugins): a class registered under its YAML name with a
+strict pydantic `Params` model, so a pool file's `params:` are checked (names, types, ranges)
+before anything is scaled: `build_policy("threshold", bounds, {"up_after_s": 120})`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from llmbus.contract.config_file import StrictModel
+from llmbus.contract.plugins import Registry
 from llmbus_services.autoscaler.core.signals import PoolSignals
 
 
@@ -43,19 +49,13 @@ class ScalingPolicy(Protocol):
     def decide(self, signals: PoolSignals, current_replicas: int) -> Decision: ...
 
 
-PolicyFactory = Callable[..., ScalingPolicy]
-POLICIES: dict[str, PolicyFactory] = {}
+class PolicyParams(StrictModel):
+    """A policy's parameters: an unknown name or a value of the wrong type or range is an error."""
 
 
-def register(name: str) -> Callable[[Any], Any]:
-    def deco(factory: Any) -> Any:
-        POLICIES[name] = factory
-        return factory
-
-    return deco
+# A policy class declares `Params` (a PolicyParams) and takes `bounds` and `params`.
+POLICIES: Registry[ScalingPolicy] = Registry("scaling policy")
 
 
-def build_policy(kind: str, bounds: Bounds, params: dict[str, Any]) -> ScalingPolicy:
-    if kind not in POLICIES:
-        raise ValueError(f"unknown scaling policy {kind!r}; known: {sorted(POLICIES)}")
-    return POLICIES[kind](bounds=bounds, **params)
+def build_policy(kind: str, bounds: Bounds, params: Mapping[str, Any] | None = None) -> ScalingPolicy:
+    return POLICIES.build(kind, params, bounds=bounds)

@@ -8,13 +8,12 @@
         local: {engine: sim, env: {LLMBUS_WORKER_SIM_MAX_NUM_SEQS: "16"}}
         kubernetes: {namespace: llmbus, statefulset: engine-worker-sim-llama-8b}
 
-A bad file fails at start-up with pydantic's message; policy params are checked against the
-policy's own fields there too.
+A bad file fails at start-up with pydantic's message; policy params are checked by the
+policy's own strict model (core/base.py: names, types, ranges) there too.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,12 +31,7 @@ class PolicySpec(StrictModel):
 
     @model_validator(mode="after")
     def _known(self) -> PolicySpec:
-        if self.type not in POLICIES:
-            raise ValueError(f"unknown policy {self.type!r}; known: {sorted(POLICIES)}")
-        policy_class: Any = POLICIES[self.type]  # every registered policy is a dataclass
-        fields = {f.name for f in dataclasses.fields(policy_class) if f.init} - {"bounds", "name"}
-        if unknown := set(self.params) - fields:
-            raise ValueError(f"policy {self.type!r} has no parameter(s) {sorted(unknown)}; known: {sorted(fields)}")
+        POLICIES.check(self.type, self.params, "bounds")  # an unknown policy or param, a bad value: an error
         return self
 
 
@@ -47,7 +41,24 @@ class LocalSpec(StrictModel):
     engine: Literal["sim", "vllm"] = "sim"
     worker_prefix: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", description="'' → '<pool>-as'")
     stop_grace_s: float = Field(default=60.0, gt=0, description="SIGTERM, then SIGKILL after this")
+    # Scale-down: a worker hands its answers that can be continued over mid-stream this long after SIGTERM
+    # (they go on elsewhere); the rest get stop_grace_s less 5 s to finish (LLMBUS_WORKER_DRAIN_GRACE_S).
+    handover_grace_s: float = Field(default=2.0, ge=0)
     env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _hands_over_before_the_kill(self) -> LocalSpec:
+        if self.handover_grace_s >= self.drain_grace_s:
+            raise ValueError(
+                f"handover_grace_s {self.handover_grace_s} must be below the drain grace {self.drain_grace_s} "
+                f"(stop_grace_s {self.stop_grace_s} less 5 s)"
+            )
+        return self
+
+    @property
+    def drain_grace_s(self) -> float:
+        """How long a stopped worker lets what it cannot hand over finish, before its SIGKILL."""
+        return max(1.0, self.stop_grace_s - 5)
 
 
 class KubernetesSpec(StrictModel):

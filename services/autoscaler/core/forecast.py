@@ -1,4 +1,4 @@
-"""Arrival-rate forecast: a recent level and trend (Holt) plus the pool's daily pattern.
+"""Arrival-rate forecast: a recent level and its trend plus the pool's daily pattern.
 
 `observe` takes what the scheduler counted in each window; `peak_rate_per_s(now, horizon)` is
 the highest rate expected between now and now + horizon, the capacity the pool needs within
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 DAY_S = 86_400.0
 
 
-def _alpha(window_s: float, half_life_s: float) -> float:
+def smoothing_alpha(window_s: float, half_life_s: float) -> float:
     return 1.0 - math.exp(-math.log(2) * window_s / max(half_life_s, 1e-9))
 
 
@@ -66,19 +66,28 @@ class RateForecaster:
     level_per_s: float | None = None
     trend_per_s2: float = 0.0
     max_pattern_scale: float = 3.0  # how far today's level may stretch the pattern's shape
+    # The pattern's rate smoothed exactly as the level is: their ratio is today's scale without the
+    # level's lag (a long half-life lags a rising tide; the pattern's own smoothing lags it as much).
+    pattern_level_per_s: float | None = None
 
     def observe(self, t_s: float, arrivals: int, window_s: float) -> None:
         if window_s <= 0:
             return
         rate = arrivals / window_s
+        usual = self.pattern.rate_at(t_s) if self.pattern.known else None  # days before today's
         self.pattern.observe(t_s, arrivals, window_s)
+        a = smoothing_alpha(window_s, self.level_half_life_s)
+        if usual is not None:
+            old = self.pattern_level_per_s
+            self.pattern_level_per_s = usual if old is None else a * usual + (1 - a) * old
         if self.level_per_s is None:
             self.level_per_s = rate
             return
         prev = self.level_per_s
-        a = _alpha(window_s, self.level_half_life_s)
-        self.level_per_s = a * rate + (1 - a) * (prev + self.trend_per_s2 * window_s)
-        b = _alpha(window_s, self.trend_half_life_s)
+        # A plain smoothed level, the trend kept beside it for extrapolation only: fed back into the level
+        # (Holt's way), bursty arrivals swing the trend and drag the level far below the mean between bursts.
+        self.level_per_s = a * rate + (1 - a) * prev
+        b = smoothing_alpha(window_s, self.trend_half_life_s)
         self.trend_per_s2 = b * (self.level_per_s - prev) / window_s + (1 - b) * self.trend_per_s2
 
     def rate_at(self, t_s: float, ahead_s: float) -> float:
@@ -89,7 +98,8 @@ class RateForecaster:
         if now_pattern is None or then_pattern is None:
             return by_trend
         # Today's traffic relative to the usual at this hour, carried forward along the pattern.
-        scale = level / now_pattern if now_pattern > 0 else 1.0
+        usual = self.pattern_level_per_s if self.pattern_level_per_s is not None else now_pattern
+        scale = level / usual if usual > 0 else 1.0
         scale = min(self.max_pattern_scale, scale)  # no lower clip: a pool gone quiet forecasts quiet
         return then_pattern * scale
 

@@ -14,9 +14,14 @@ Merging, per pool:
 - queue wait: the median is the placed-weighted median of the instances' medians (percentiles
   do not add up; this is exact when one instance placed everything), the tail (p90, p99, max)
   the largest of any instance's: an upper bound, on the side of scaling up;
-- service time: the completed-weighted mean;
-- workers (ready, warming, draining) and KV use: every instance sees the whole fleet through
-  llm.workers, so the freshest instance's view.
+- service time: the completed-weighted mean; token counts (arrivals' prompts, completions'
+  outputs): summed like the other counts;
+- latency (TTFT, time per output token) is over each instance's sliding window of its own
+  finished requests, a gauge: the median weighted by each instance's samples, the tails the
+  largest of any instance's;
+- workers (ready, warming, draining), KV use and the prefill backlog: every instance sees the
+  whole fleet through llm.workers, so the freshest instance's view (the backlog: the largest,
+  since each instance adds only what it placed since the heartbeats).
 An instance that has sent nothing for `stale_s` no longer counts (it stopped, or its partition
 moved to another one that now reports the same requests).
 Time is the statistics' own `sent_at_ms`, so the merge runs the same in virtual time.
@@ -78,6 +83,8 @@ def _one_instance(windows: list[PoolStats]) -> PoolStats:
             "queue_wait_ms_p99": _max([w.queue_wait_ms_p99 for w in windows]),
             "queue_wait_ms_max": _max([w.queue_wait_ms_max for w in windows]),
             "service_ms_mean": sum(m * n for m, n in service) / sum(n for _, n in service) if service else None,
+            "arrival_prompt_tokens": sum(w.arrival_prompt_tokens for w in windows),
+            "completion_tokens": sum(w.completion_tokens for w in windows),
         }
     )
 
@@ -111,7 +118,19 @@ def merge_pool_stats(windows: dict[str, list[PoolStats]], gauges: dict[str, Pool
         workers_warming=freshest.workers_warming,
         workers_draining=freshest.workers_draining,
         kv_cache_usage_perc_mean=freshest.kv_cache_usage_perc_mean,
+        kv_cache_usage_perc_max=freshest.kv_cache_usage_perc_max,
+        arrival_prompt_tokens=sum(s.arrival_prompt_tokens for s in per_instance),
+        completion_tokens=sum(s.completion_tokens for s in per_instance),
+        latency_window_s=freshest.latency_window_s,
+        ttft_samples=sum(s.ttft_samples for s in latest),
+        ttft_ms_p50=_weighted_median([(s.ttft_ms_p50, s.ttft_samples) for s in latest if s.ttft_ms_p50 is not None]),
+        ttft_ms_p90=_max([s.ttft_ms_p90 for s in latest]),
+        ttft_ms_p99=_max([s.ttft_ms_p99 for s in latest]),
+        tpot_ms_p50=_weighted_median([(s.tpot_ms_p50, s.ttft_samples) for s in latest if s.tpot_ms_p50 is not None]),
+        tpot_ms_p99=_max([s.tpot_ms_p99 for s in latest]),
+        prefill_backlog_tokens=max(s.prefill_backlog_tokens for s in latest),
         sent_at_ms=freshest.sent_at_ms,
+        release=freshest.release or next((s.release for s in latest if s.release is not None), None),
     )
 
 

@@ -12,7 +12,8 @@ WARMING = (WorkerState.STARTING, WorkerState.WARMING)
 
 @dataclass(frozen=True)
 class PoolSignals:
-    """One evaluation's inputs. Counts are over the last `window_s`; the rest are gauges now."""
+    """One evaluation's inputs. Counts are over the last `window_s`; latency quantiles over the
+    scheduler's sliding latency window; the rest are gauges now."""
 
     pool: str
     now_ms: int
@@ -30,6 +31,17 @@ class PoolSignals:
     slots_per_worker: int = 0  # requests a worker runs at once (max_num_seqs); 0: unknown
     cold_start_s: float | None = None  # the workers' own measurement (median)
     scheduler_instances: int = 1  # how many scheduler instances' statistics were merged
+    # Latency inside the engines and the work there, in tokens (PoolStats).
+    ttft_samples: int = 0
+    ttft_ms_p50: float | None = None  # None: nothing finished in the latency window
+    ttft_ms_p90: float | None = None
+    ttft_ms_p99: float | None = None
+    tpot_ms_p99: float | None = None
+    prefill_backlog_tokens: int = 0
+    kv_cache_usage_perc_mean: float = 0.0
+    kv_cache_usage_perc_max: float = 0.0
+    arrival_prompt_tokens: int = 0
+    completion_tokens: int = 0
 
     @property
     def arrival_rate_per_s(self) -> float:
@@ -40,6 +52,18 @@ class PoolSignals:
         """The median wait of what was placed; when nothing could be placed, the oldest waiter's age."""
         placed = self.queue_wait_ms_p50 or 0.0
         return max(placed, self.oldest_wait_ms) if self.queued else placed
+
+    def ttft_ms(self, quantile: str) -> float | None:
+        """The TTFT quantile ("p50", "p90", "p99") over the latency window."""
+        return {"p50": self.ttft_ms_p50, "p90": self.ttft_ms_p90, "p99": self.ttft_ms_p99}[quantile]
+
+    def ttft_over(self, target_ms: float, quantile: str, min_samples: int) -> bool | None:
+        """Whether the TTFT quantile is over `target_ms`; None when fewer than `min_samples` requests
+        finished in the latency window (a lull inside a burst is no evidence either way)."""
+        ttft = self.ttft_ms(quantile)
+        if ttft is None or self.ttft_samples < min_samples:
+            return None
+        return ttft > target_ms
 
     @property
     def idle(self) -> bool:
@@ -62,6 +86,16 @@ class PoolSignals:
             out["service_ms_mean"] = round(self.service_ms_mean, 2)
         if self.cold_start_s is not None:
             out["cold_start_s"] = self.cold_start_s
+        if self.ttft_ms_p99 is not None:
+            out |= {"ttft_ms_p99": self.ttft_ms_p99, "ttft_samples": float(self.ttft_samples)}
+        if self.ttft_ms_p50 is not None:
+            out["ttft_ms_p50"] = self.ttft_ms_p50
+        if self.tpot_ms_p99 is not None:
+            out["tpot_ms_p99"] = self.tpot_ms_p99
+        out |= {
+            "prefill_backlog_tokens": float(self.prefill_backlog_tokens),
+            "kv_cache_usage_perc_max": round(self.kv_cache_usage_perc_max, 4),
+        }
         return out
 
 
@@ -120,4 +154,14 @@ class FleetTable:
             slots_per_worker=self.slots.get(stats.pool, 0),
             cold_start_s=self.cold_start_s(stats.pool),
             scheduler_instances=stats.instance_id.count("+") + 1,  # merged statistics name every instance
+            ttft_samples=stats.ttft_samples,
+            ttft_ms_p50=stats.ttft_ms_p50,
+            ttft_ms_p90=stats.ttft_ms_p90,
+            ttft_ms_p99=stats.ttft_ms_p99,
+            tpot_ms_p99=stats.tpot_ms_p99,
+            prefill_backlog_tokens=stats.prefill_backlog_tokens,
+            kv_cache_usage_perc_mean=stats.kv_cache_usage_perc_mean,
+            kv_cache_usage_perc_max=stats.kv_cache_usage_perc_max,
+            arrival_prompt_tokens=stats.arrival_prompt_tokens,
+            completion_tokens=stats.completion_tokens,
         )

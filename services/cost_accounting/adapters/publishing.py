@@ -29,4 +29,4 @@ class CostPublisher:
     async def _send_all(self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]) -> None:
         """One record batch per partition, then every ack awaited (bounded): one round trip per batch."""
         publisher = self._publisher()
-        await publisher.delivered(await publisher.send_batch(topic, items))
+        await publisher.publish_many(topic, items)

@@ -1,7 +1,9 @@
-"""Which totals a CostRecord adds to: per tenant, model, pool, experiment/variant, kind; hour, day, month.
+"""Which totals a CostRecord adds to: per tenant, model, pool, experiment/variant, kind, model version and
+release (upgrade id / version); hour, day, month.
 
 Pure: returns (hash key, field, increment) triples; the store applies them atomically with the
-record's dedupe marker. Keys: `<ns>cost:agg:<period>:<dimension>`, fields `<value>|<metric>`.
+record's dedupe marker. Keys: `{<prefix>cost}:agg:<period>:<dimension>` (llmbus.state.keys), fields
+`<value>|<metric>`.
 Shadow and platform costs never reach the tenant dimension (they are the experiment's and the
 platform's); everything reaches `total`.
 """
@@ -12,10 +14,11 @@ from collections import defaultdict
 from datetime import UTC, datetime
 
 from llmbus.contract.messages import BookedTo, CostRecord, ScaleDecision
+from llmbus.state.keys import cost_key_root
 
 PERIODS = {"hour": ("h", "%Y%m%d%H"), "day": ("d", "%Y%m%d"), "month": ("m", "%Y%m")}
 TTL_S = {"hour": 14 * 86400, "day": 400 * 86400, "month": 3 * 400 * 86400}
-DIMENSIONS = ("tenant", "model", "pool", "experiment", "kind", "total")
+DIMENSIONS = ("tenant", "model", "pool", "experiment", "kind", "version", "upgrade", "total")
 METRICS = (
     "cost",
     "saving",
@@ -37,7 +40,8 @@ def period_id(period: str, at_ms: int) -> str:
 
 
 def agg_key(namespace: str, period: str, at_ms: int, dimension: str) -> str:
-    return f"{namespace}cost:agg:{period_id(period, at_ms)}:{dimension}"
+    """`namespace`: the topic prefix."""
+    return f"{cost_key_root(namespace)}agg:{period_id(period, at_ms)}:{dimension}"
 
 
 def dimension_values(record: CostRecord) -> dict[str, str]:
@@ -48,11 +52,19 @@ def dimension_values(record: CostRecord) -> dict[str, str]:
         values["pool"] = record.pool
     if record.experiment_id:
         values["experiment"] = f"{record.experiment_id}/{record.variant or '-'}"
+    if (release := record.release) is not None:
+        values["version"] = f"{record.model or '-'}@{release.model_version}"
+        values["upgrade"] = f"{release.upgrade_id}/{release.model_version}"
     return values
 
 
+def counts_request(record: CostRecord) -> bool:
+    """The record counts a request: not the platform's time, nor a continued answer's earlier leg (its cost only)."""
+    return record.booked_to != BookedTo.PLATFORM and record.leg is None
+
+
 def increments(record: CostRecord, namespace: str) -> list[tuple[str, str, int]]:
-    is_request = record.booked_to != BookedTo.PLATFORM
+    is_request = counts_request(record)
     metrics = {
         "cost": record.cost_micro_usd,
         "saving": record.saving_micro_usd,
@@ -105,7 +117,7 @@ def _metrics(record: CostRecord) -> tuple[int, ...]:
         record.completion_tokens,
         record.cached_prompt_tokens,
         record.trimmed_prompt_tokens,
-        0 if record.booked_to == BookedTo.PLATFORM else 1,
+        int(counts_request(record)),
         record.baseline_micro_usd or 0,
         record.list_price_micro_usd or 0,
     )
@@ -125,7 +137,8 @@ def batch_increments(records: list[CostRecord], namespace: str) -> dict[str, dic
     for record in records:
         at = record.booked_at_ms
         depends_on = (record.booked_to, record.tenant, record.model, record.kind, record.pool, record.experiment_id)
-        group = (at - at % 3_600_000, (*depends_on, record.variant))
+        release = (record.release.upgrade_id, record.release.model_version) if record.release is not None else None
+        group = (at - at % 3_600_000, (*depends_on, record.variant, release))
         vectors = groups[group]
         if not vectors:
             first[group] = record

@@ -47,6 +47,7 @@ from llmbus_services.cost_accounting.core.money import split, usd
 from llmbus_services.cost_accounting.core.prices import MS_PER_HOUR, PriceBook, SelfHostedRate
 
 Cursor = dict[str, Any]
+PRICED_LATE_KEPT = 100_000  # record ids of late results remembered (oldest forgotten first)
 
 
 @dataclass
@@ -143,6 +144,10 @@ class GpuLedger:
         self.bills: list[IntervalBill] = []
         self.retired: list[WorkerLife] = []  # earlier processes of a restarted worker id, until closed
         self.orphans: list[ServedRequest] = []  # results whose worker has not been seen yet
+        # Record ids priced as late results lately: a tick that reads them from Redis before the handler that
+        # priced them released them there must not price them again (most of them are legs of continued
+        # answers whose worker died: its intervals close before the answer's result comes).
+        self.priced_late: dict[str, None] = {}
         self.late_results = 0
         self.orphaned_results = 0
 
@@ -193,8 +198,8 @@ class GpuLedger:
         for one in served:
             if (ids := taken.get(one.worker_id)) is None:
                 ids = taken[one.worker_id] = self.pending_ids(one.worker_id)
-            if one.result.request_key not in ids:
-                ids.add(one.result.request_key)
+            if one.key not in ids and one.key not in self.priced_late:
+                ids.add(one.key)
                 records += self._add(one)
         return records
 
@@ -204,8 +209,7 @@ class GpuLedger:
             self.orphans.append(served)
             return []
         if served.end_ms <= life.closed_until_ms or (life.waste_booked and life.ended):
-            self.late_results += 1
-            return [self._request_record(life, served)]
+            return [self._late_record(life, served)]
         life.pending.append(served)
         return []
 
@@ -255,7 +259,7 @@ class GpuLedger:
         waiting = [
             r for life in [*self.retired, *self.workers.values()] if life.worker_id == worker_id for r in life.pending
         ]
-        return {r.result.request_key for r in [*waiting, *self.orphans] if r.worker_id == worker_id}
+        return {r.key for r in [*waiting, *self.orphans] if r.worker_id == worker_id}
 
     # -- closing -------------------------------------------------------------------------------
     def close(
@@ -289,7 +293,7 @@ class GpuLedger:
         if stale:  # a worker never seen on llm.workers: its results cannot be priced by GPU time
             self.orphans = [r for r in self.orphans if now_ms - r.end_ms <= expiry_ms + self.grace_ms]
             self.orphaned_results += len(stale)
-            records.extend(base_record(r.result, self.book, CostKind.UNPRICED, 0) for r in stale)
+            records.extend(base_record(r.result, self.book, CostKind.UNPRICED, 0, r.priced) for r in stale)
         return records
 
     def _floor(self, t_ms: int) -> int:
@@ -316,8 +320,7 @@ class GpuLedger:
         if life.ended and life.closed_until_ms >= end_ms and not life.waste_booked:
             life.waste_booked = True
             for served in life.pending:  # results of the dead worker that arrived after all closed
-                self.late_results += 1
-                yield self._request_record(life, served)
+                yield self._late_record(life, served)
             life.pending.clear()
             waste = life.cold_micro_total - life.cold_paid_micro
             if waste > 0:
@@ -352,21 +355,21 @@ class GpuLedger:
             lo, hi = max(r.start_ms, serve_lo), min(r.end_ms, serve_hi)
             work = r.prefill_tokens * self.prefill_w + r.decode_tokens * self.decode_w
             weights.append(max(work, 1e-9) * max(0, hi - lo) / (r.end_ms - r.start_ms))
-            life.busy_ms[r.result.request_key] = life.busy_ms.get(r.result.request_key, 0.0) + max(0, hi - lo)
+            life.busy_ms[r.key] = life.busy_ms.get(r.key, 0.0) + max(0, hi - lo)
         if sum(weights) <= 0:  # requests touched the interval but none inside the serving span
             idle_micro += busy_micro
             busy_micro = 0
         shares = split(busy_micro, weights)
         for r, share in zip(active, shares, strict=True):
-            life.running_micro[r.result.request_key] = life.running_micro.get(r.result.request_key, 0) + share
+            life.running_micro[r.key] = life.running_micro.get(r.key, 0) + share
         life.cold_micro_total += cold_micro
         if self.keep_bills:
-            shares_by_id: dict[str, int] = {r.result.request_key: s for r, s in zip(active, shares, strict=True)}
+            shares_by_id: dict[str, int] = {r.key: s for r, s in zip(active, shares, strict=True)}
             bill = IntervalBill(life.worker_id, a, b, alive, cost, cold_micro, idle_micro, shares_by_id)
             self.bills.append(bill)
         if idle_micro:
             yield self._platform_record(life, CostKind.IDLE, idle_micro, f"idle:{life.worker_id}:{a}", a)
-        done = sorted((r for r in life.pending if r.end_ms <= b), key=lambda r: (r.end_ms, r.result.request_key))
+        done = sorted((r for r in life.pending if r.end_ms <= b), key=lambda r: (r.end_ms, r.key))
         if done:
             life.pending = [r for r in life.pending if r.end_ms > b]
             for r in done:
@@ -383,8 +386,15 @@ class GpuLedger:
         life.cold_paid_micro += share
         return share
 
+    def _late_record(self, life: WorkerLife, served: ServedRequest) -> CostRecord:
+        self.late_results += 1
+        self.priced_late[served.key] = None
+        while len(self.priced_late) > PRICED_LATE_KEPT:
+            del self.priced_late[next(iter(self.priced_late))]
+        return self._request_record(life, served)
+
     def _request_record(self, life: WorkerLife, served: ServedRequest) -> CostRecord:
-        key = served.result.request_key
+        key = served.key
         running = life.running_micro.pop(key, 0)
         cold = self._cold_share(life)
         return base_record(
@@ -392,6 +402,7 @@ class GpuLedger:
             self.book,
             CostKind.SELF_HOSTED,
             running + cold,
+            served.priced,
             cold_start_micro_usd=cold,
             pool=life.pool,
             gpu=life.rate.gpu,

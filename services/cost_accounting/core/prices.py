@@ -1,7 +1,8 @@
 """The price book (YAML), validated by strict pydantic models before any record is costed.
 
 Hosted models are priced per 1M input, cached-input and output tokens. Self-hosted pools
-are priced per GPU-hour of their GPU type, on demand or spot (spot defaults to
+are priced per GPU-hour of their GPU type or per node-hour of their CPU node type (the onnx
+engine, vLLM's CPU build), on demand or spot (spot defaults to
 `spot_fraction` of on demand, ~30 % in the design source), times an overhead factor for
 operations (networking, storage, people). Prices are Decimals: write them as strings or
 plain numbers in the YAML (pydantic turns a YAML float into the Decimal of its shortest
@@ -57,8 +58,8 @@ class HostedPrice(_Strict):
         return div_micro((prompt_tokens - cached) * n_in + cached * n_cached + completion_tokens * n_out, den)
 
 
-class GpuPrice(_Strict):
-    """USD per GPU-hour."""
+class HourlyPrice(_Strict):
+    """USD per hour of one GPU (`gpus`) or of one CPU node (`cpu_nodes`)."""
 
     on_demand_per_hour: Decimal = Field(gt=0)
     spot_per_hour: Decimal | None = Field(default=None, gt=0, description="Defaults to spot_fraction x on demand.")
@@ -70,15 +71,28 @@ class Capacity(StrEnum):
 
 
 class Pool(_Strict):
-    """Self-hosted instances of one GPU type serving some models."""
+    """Self-hosted instances serving some models: each on `gpus_per_instance` GPUs of one type, or on one CPU
+    node of a type (an ONNX or vLLM CPU worker has the node to itself: its price is the node-hour's)."""
 
-    gpu: str
+    gpu: str | None = None
+    cpu_node: str | None = None
     gpus_per_instance: int = Field(default=1, ge=1)
     capacity: Capacity = Capacity.ON_DEMAND
     models: list[str] = Field(min_length=1)
     worker_ids: list[str] = Field(default_factory=lambda: ["*"], description="Glob patterns of worker ids.")
     # What 1M tokens on this pool are worth when a cache hit avoided them (savings only, never billed).
     reference_per_1m_tokens: Decimal = Field(default=Decimal("0.10"), ge=0)
+
+    @model_validator(mode="after")
+    def _one_kind_of_hardware(self) -> Pool:
+        if (self.gpu is None) == (self.cpu_node is None):
+            raise ValueError("a pool runs on `gpu` (with gpus_per_instance) or on `cpu_node`: exactly one")
+        return self
+
+    @property
+    def hardware(self) -> str:
+        """The priced hardware's name: the GPU type, or the CPU node type."""
+        return self.gpu or self.cpu_node or ""
 
 
 class SelfHostedRate(BaseModel):
@@ -87,7 +101,7 @@ class SelfHostedRate(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     pool: str
-    gpu: str
+    gpu: str  # the priced hardware: a GPU type, or a CPU node type
     capacity: Capacity
     usd_per_instance_hour: Decimal
     reference_per_1m_tokens: Decimal
@@ -110,14 +124,17 @@ class PriceBook(_Strict):
     spot_fraction: Decimal = Field(default=Decimal("0.3"), gt=0, le=1)
     default_model: str = Field(description="The baseline of the savings report: every request to this model.")
     hosted: dict[str, HostedPrice] = Field(default_factory=dict)
-    gpus: dict[str, GpuPrice] = Field(default_factory=dict)
+    gpus: dict[str, HourlyPrice] = Field(default_factory=dict)
+    cpu_nodes: dict[str, HourlyPrice] = Field(default_factory=dict, description="USD per CPU node-hour")
     pools: dict[str, Pool] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _consistent(self) -> PriceBook:
         for name, pool in self.pools.items():
-            if pool.gpu not in self.gpus:
+            if pool.gpu is not None and pool.gpu not in self.gpus:
                 raise ValueError(f"pool {name!r}: gpu {pool.gpu!r} has no price under `gpus`")
+            if pool.cpu_node is not None and pool.cpu_node not in self.cpu_nodes:
+                raise ValueError(f"pool {name!r}: cpu_node {pool.cpu_node!r} has no price under `cpu_nodes`")
             for model in pool.models:
                 if model in self.hosted:
                     raise ValueError(f"pool {name!r}: model {model!r} is also priced as hosted")
@@ -127,18 +144,21 @@ class PriceBook(_Strict):
             raise ValueError(f"default_model {self.default_model!r} has no price")
         return self
 
-    def gpu_hour_usd(self, gpu: str, capacity: Capacity) -> Decimal:
-        price = self.gpus[gpu]
+    def hour_usd(self, price: HourlyPrice, capacity: Capacity) -> Decimal:
         if capacity == Capacity.ON_DEMAND:
             return price.on_demand_per_hour
         return price.spot_per_hour if price.spot_per_hour is not None else price.on_demand_per_hour * self.spot_fraction
 
     def pool_rate(self, pool_name: str) -> SelfHostedRate:
         pool = self.pools[pool_name]
-        per_hour = self.gpu_hour_usd(pool.gpu, pool.capacity) * pool.gpus_per_instance * self.overhead_factor
+        if pool.gpu is not None:
+            hardware_usd = self.hour_usd(self.gpus[pool.gpu], pool.capacity) * pool.gpus_per_instance
+        else:
+            hardware_usd = self.hour_usd(self.cpu_nodes[pool.hardware], pool.capacity)
+        per_hour = hardware_usd * self.overhead_factor
         return SelfHostedRate(
             pool=pool_name,
-            gpu=pool.gpu,
+            gpu=pool.hardware,
             capacity=pool.capacity,
             usd_per_instance_hour=per_hour,
             reference_per_1m_tokens=pool.reference_per_1m_tokens,

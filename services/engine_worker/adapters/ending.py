@@ -28,9 +28,18 @@ import logging
 import time
 
 from llmbus.bus import Bus, PublishTimeout
-from llmbus.bus.replies import publish_result_with_final, result_out_since
+from llmbus.bus.replies import publish_result, publish_result_with_final, result_out_since
 from llmbus.contract import topics as t
-from llmbus.contract.messages import Dispatch, DispatchOutcome, ErrorInfo, InferenceResult, OutcomeStatus, now_ms
+from llmbus.contract.messages import (
+    ContinuedFrom,
+    Dispatch,
+    DispatchOutcome,
+    ErrorInfo,
+    InferenceResult,
+    OutcomeStatus,
+    Timings,
+    now_ms,
+)
 from llmbus.state.fencing import RequestFence, claim_kept
 from llmbus_services.engine_worker.adapters.streaming import ReplyStream
 
@@ -55,11 +64,15 @@ class AttemptEnd:
         last_seq: int,
         status: OutcomeStatus,
         stream: ReplyStream | None = None,
+        continues: ContinuedFrom | None = None,
+        final_out: bool = False,
     ) -> None:
         """Claim the final marker, then publish the final chunk and the result; a refused claim publishes nothing.
 
         `stream`: the content chunks, acknowledged (or sent again) before the final chunk; None for
-        an error answer, which has no text to complete.
+        an error answer, which has no text to complete. `continues`: the attempt's marker (it continues
+        an earlier attempt's answer), carried by its final chunk too. `final_out`: the final chunk is on the
+        reply topic already (an earlier attempt's, whose result never came): the result alone goes out.
         """
         # The claim is taken while the last content chunks are still in flight: it gates only the
         # final records (a superseded attempt's chunks are dropped by readers on their attempt).
@@ -68,7 +81,8 @@ class AttemptEnd:
             log.warning("%s: another attempt owns the result; this one publishes none", dispatch.dedupe_key)
             await self.outcome(dispatch, OutcomeStatus.DUPLICATE)
             return
-        if claim.after_earlier and (out := await self._result_already_out(dispatch, claim.earlier_claim_ms)):
+        out = await self._result_already_out(dispatch, claim.earlier_claim_ms) if claim.after_earlier else None
+        if out is not None:  # attempt 0 too: the router's own answer
             # The earlier claimant died (or stalled past its lease) after its result was written and
             # before it marked it done: that result is the answer, this one is not sent.
             log.warning("%s: attempt %d's result is already out; this one publishes none", dispatch.dedupe_key, out)
@@ -82,9 +96,18 @@ class AttemptEnd:
                 # back (the scheduler places it again once this claim's lease has lapsed).
                 await stream.delivered()
             try:
-                await publish_result_with_final(
-                    self.bus.publisher, self.bus.topics, result, reply_topic, last_seq, retry_for_s=retry_for_s
-                )
+                if final_out:
+                    await publish_result(self.bus.publisher, self.bus.topics, result, None, retry_for_s=retry_for_s)
+                else:
+                    await publish_result_with_final(
+                        self.bus.publisher,
+                        self.bus.topics,
+                        result,
+                        reply_topic,
+                        last_seq,
+                        retry_for_s=retry_for_s,
+                        continues=continues,
+                    )
             except PublishTimeout as exc:
                 # Retried through a broker outage and still unacknowledged: it may yet be written, so
                 # neither a retry elsewhere nor an error result may follow (either would be a second one).
@@ -99,7 +122,8 @@ class AttemptEnd:
         attempt's dispatch), None if none. Raises when llm.results cannot be read: the request then
         goes round again rather than risk a second result."""
         since_ms = earlier_claim_ms if earlier_claim_ms is not None else dispatch.dispatched_at_ms
-        return await result_out_since(self.bus.settings, self.bus.topics, dispatch.request_key, since_ms)
+        bus = self.bus
+        return await result_out_since(bus.settings, bus.topics, dispatch.request_key, since_ms, service=bus.service)
 
     async def outcome(
         self,
@@ -126,12 +150,16 @@ class AttemptEnd:
         topic = self.bus.topics.name(t.OUTCOMES)
         error = result.error if status == OutcomeStatus.FAILED else None
         usage = result.usage
-        outcome = self._outcome_of(dispatch, status, error, usage.prompt_tokens, usage.completion_tokens)
+        # The latency the result reports travels with the outcome: the scheduler's pool statistics (TTFT
+        # quantiles, the autoscaler's latency trigger) are made of it.
+        outcome = self._outcome_of(
+            dispatch, status, error, usage.prompt_tokens, usage.completion_tokens, result.timings
+        )
         tenant = dispatch.routed.request.tenant
         retry_for_s = self.bus.settings.publish_retry_s
         sent: list[asyncio.Future[object]] = []
         try:
-            sent.append(await publisher.send(topic, outcome, key=dispatch.request_id, tenant=tenant))
+            sent.append(await publisher.publish(topic, outcome, key=dispatch.request_id, tenant=tenant, wait=False))
         except Exception:
             log.warning("%s: outcome not enqueued; publishing it with retries", dispatch.dedupe_key, exc_info=True)
         acked = False
@@ -168,6 +196,7 @@ class AttemptEnd:
         error: ErrorInfo | None,
         prompt_tokens: int,
         completion_tokens: int,
+        timings: Timings | None = None,
     ) -> DispatchOutcome:
         return DispatchOutcome(
             request_id=dispatch.request_id,
@@ -179,4 +208,6 @@ class AttemptEnd:
             model=dispatch.routed.model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            ttft_ms=timings.ttft_ms if timings is not None else None,
+            tpot_ms=timings.tpot_ms if timings is not None else None,
         )

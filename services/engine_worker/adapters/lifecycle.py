@@ -10,42 +10,68 @@ import contextlib
 import logging
 import time
 
-from llmbus.bus import Bus, ConsumerLoop
+from llmbus.bus import Bus
 from llmbus.contract import topics as t
 from llmbus.contract.messages import NodeProfile, WorkerState, now_ms
 from llmbus.process.periodic import run_every
 from llmbus_services.engine_worker.adapters import metrics
-from llmbus_services.engine_worker.adapters.node.publish import profile_and_publish
+from llmbus_services.engine_worker.adapters.node.publish import NodeProfiles
 from llmbus_services.engine_worker.config import WorkerSettings
 from llmbus_services.engine_worker.core.breaker import UpstreamHealth
 from llmbus_services.engine_worker.core.node_plan import NodePlan, gpu_healthy
 from llmbus_services.engine_worker.core.status import RateTracker, build_status
-from llmbus_services.engine_worker.handlers import WorkerHandlers
+from llmbus_services.engine_worker.flows import WorkerHandlers
 
 log = logging.getLogger(__name__)
 
 
 class Lifecycle:
     def __init__(
-        self, bus: Bus, settings: WorkerSettings, handlers: WorkerHandlers, dispatch_topic: str, plan: NodePlan
+        self,
+        bus: Bus,
+        settings: WorkerSettings,
+        handlers: WorkerHandlers,
+        dispatch_topic: str,
+        plan: NodePlan,
+        profiles: NodeProfiles,
     ) -> None:
         self.bus, self.settings, self.handlers, self.dispatch_topic = bus, settings, handlers, dispatch_topic
         self.plan = plan
+        self.profiles = profiles
         self.state = WorkerState.STARTING
         self.cold_start_s: float | None = None
         self.cold_start_phases_s: dict[str, float] = {}
         self.started_at_ms = now_ms()
         self._rates = RateTracker()
         self.profile: NodeProfile | None = None  # the latest node profile (DCGM-named gauges read it)
+        self.handover: asyncio.Task[None] | None = None  # a drain's handover, after its grace
         handlers.on_drain = self.drained_by_control
 
     async def drained_by_control(self) -> None:
         """Control(drain): out of placement now; the process keeps running (and finishing) until stopped."""
         log.info("drained by control: taking no new work")
+        self._hand_over_after_grace()
         try:
             await self.set_state(WorkerState.DRAINING)
         except Exception:  # the next periodic heartbeat says it
             log.warning("draining heartbeat failed", exc_info=True)
+
+    def _hand_over_after_grace(self) -> None:
+        """After `handover_grace_s`, the answers that can be continued go on elsewhere (flows/control.py)."""
+        if self.handover is not None:
+            return
+
+        async def hand_over() -> None:
+            await asyncio.sleep(self.settings.handover_grace_s)
+            await self.handlers.hand_over()
+
+        self.handover = asyncio.create_task(hand_over(), name="drain handover")
+
+    async def stop_handover(self) -> None:
+        if self.handover is not None and not self.handover.done():
+            self.handover.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.handover
 
     def reported_state(self) -> WorkerState:
         engine = self.handlers.engine
@@ -79,9 +105,6 @@ class Lifecycle:
         self.state = state
         await self.beat()
 
-    async def heartbeat_forever(self) -> None:
-        await run_every(self.settings.heartbeat_interval_s, self.beat, name="heartbeat", at_once=True)
-
     async def watch_upstream_forever(self, interval_s: float = 0.2) -> None:
         """Probe a failing upstream when its breaker is due, and beat at once when degraded flips:
         the scheduler stops (or resumes) placing here without waiting for the next heartbeat."""
@@ -100,12 +123,8 @@ class Lifecycle:
 
         await run_every(interval_s, watch, name="upstream watch")
 
-    async def reprofile_forever(self) -> None:
-        """ECC counts and free VRAM change: the node profile (and GPU health) is refreshed."""
-        await run_every(self.settings.node_profile_interval_s, self.reprofile, name="node profile")
-
     async def reprofile(self) -> None:
-        profile = await profile_and_publish(self.bus, self.settings.node_id)
+        profile = await self.profiles.refresh()
         self.profile = profile
         ecc = sum(g.ecc_uncorrected_volatile or 0 for g in profile.gpus)
         healthy = gpu_healthy(profile)
@@ -136,14 +155,10 @@ class Lifecycle:
             self.handlers.engine_failed.clear()
             await self.set_state(WorkerState.READY)
 
-    async def drain(self, loop: ConsumerLoop, loops_stop: asyncio.Event) -> None:
-        """Stop taking work, let in-flight requests finish for the grace period, hand back the rest."""
+    async def drain(self) -> None:
+        """Stop taking work: DRAINING is said before the dispatch loop stops taking records; answers that can
+        be continued are handed over after `handover_grace_s`; the runtime lets the others finish for
+        `drain_grace_s` and hands back the rest (`abort_all`)."""
         self.handlers.draining = True
+        self._hand_over_after_grace()
         await self.set_state(WorkerState.DRAINING)
-        loops_stop.set()
-        deadline = time.monotonic() + self.settings.drain_grace_s
-        while loop.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        if loop.in_flight:
-            log.warning("grace period over: handing back %d requests", loop.in_flight)
-            await self.handlers.abort_all()

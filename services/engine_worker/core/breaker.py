@@ -91,6 +91,12 @@ class CircuitBreaker:
         elif self.state == BreakerState.CLOSED and self.consecutive_failures >= self.config.failure_threshold:
             self._open()
 
+    def trip(self, reason: str) -> None:
+        """Open now (an upstream that does not answer at start): its probe tells when it does."""
+        self.consecutive_failures = max(self.consecutive_failures, self.config.failure_threshold)
+        self.last_failure = reason
+        self._open()
+
     def refusal(self) -> CircuitOpen:
         return CircuitOpen(
             f"circuit open after {self.consecutive_failures} consecutive upstream failures "

@@ -7,7 +7,17 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from llmbus.contract.engine_features import features_of
-from llmbus.contract.messages import RETRYABLE, ChatMessage, ErrorCode, ToolCallDelta
+from llmbus.contract.messages import (
+    RETRYABLE,
+    ChatMessage,
+    Continuation,
+    ErrorCode,
+    LegEnd,
+    LoraAdapter,
+    TokenLogprob,
+    ToolCallDelta,
+)
+from llmbus_services.engine_worker.core.lora_slots import AdapterRefused, AdapterSlots
 
 
 @dataclass(frozen=True)
@@ -15,8 +25,9 @@ class EngineRequest:
     request_id: str
     prompt: str  # a completion prompt, or a chat's plain-text rendering (InferenceRequest.prompt_text)
     max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
+    # Sampling: None is "not set" (vLLM applies the model's generation config, an upstream its default).
+    temperature: float | None = None
+    top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     priority: int = 0
@@ -29,6 +40,38 @@ class EngineRequest:
     # The chat as sent (empty for a completion prompt): engines that know the model's chat format
     # (vLLM's chat template, a chat API) use it instead of `prompt`.
     messages: tuple[ChatMessage, ...] = ()
+    adapter: LoraAdapter | None = None  # a LoRA adapter of the engine's model to generate with (None: the base)
+    # The client set no max_tokens: `max_tokens` is the model's output cap, and the answer may take what
+    # the window leaves of it (answer_room); an upstream is sent no bound at all.
+    max_tokens_auto: bool = False
+    # OpenAI's further parameters and vLLM's extras (llmbus.contract.engine_features says who honours which).
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    # The catalog's tokenizer reference for the model (the one the router counted with): engines without
+    # a tokenizer of their own count with it, so their usage agrees with the router's count.
+    tokenizer: str | None = None
+    # The answer so far, when this run is the next leg of an answer cut mid-stream (core/continuation.py):
+    # the engine generates what follows `continuation.text` (the prompt, then that text as the start of the
+    # assistant's answer), and `max_tokens` is what is left of the request's.
+    continuation: Continuation | None = None
+    # Prefix caches are shared only between requests of one salt (RoutedRequest.cache_salt: a tenant's,
+    # or its cache group's); "": the engine's unsalted cache (warm-ups, probes).
+    cache_salt: str = ""
+
+
+def answer_room(prompt_tokens: int, max_tokens: int, auto: bool, max_model_len: int) -> int:
+    """The answer's bound on an engine of `max_model_len`: an unset max_tokens (`auto`) takes what the
+    window leaves of the output cap, at least one token (vllm serve's rule); a set one stays as asked."""
+    return max(1, min(max_tokens, max_model_len - prompt_tokens)) if auto else max_tokens
 
 
 @dataclass(slots=True)
@@ -48,6 +91,14 @@ class EngineOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "tool_calls"
     preemptions: int = 0  # times the engine preempted this request so far (0 where not known)
     tool_calls: list[ToolCallDelta] | None = None  # tool call fragments of this step (hosted chat APIs)
+    # n > 1: the choice this output belongs to. `finish_reason` is set when that choice ends; `finished`
+    # (and the counts, over every choice) when the whole request does.
+    index: int = 0
+    logprobs: list[TokenLogprob] | None = None  # the log-probabilities of this step's tokens (if asked)
+    # An engine that serves one request with several models or upstreams (a hosted fallback): which one
+    # generated this output. None: the engine's own model, its one upstream.
+    model: str | None = None
+    deployment: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,6 +107,8 @@ class EngineStats:
 
     num_requests_running: int = 0
     num_requests_waiting: int = 0
+    # Prompt tokens admitted and not yet prefilled (no vLLM gauge has it; 0 where an engine cannot tell).
+    prefill_backlog_tokens: int = 0
     kv_block_size: int = 16
     kv_blocks_total: int = 0
     kv_blocks_free: int = 0
@@ -94,25 +147,62 @@ class EngineError(Exception):
 
 
 class AdmissionError(EngineError):
-    """Refused before starting: prompt + max_tokens exceed the model length or free KV."""
+    """Refused before starting: prompt + max_tokens exceed the model length or free KV. `prompt_tokens`:
+    the engine's count of the prompt as the model would see it (chat template and tools included), which
+    goes to the scheduler: when no worker can take that many, the request ends prompt_too_long."""
 
     code = ErrorCode.OVER_CAPACITY
 
+    def __init__(self, message: str, prompt_tokens: int = 0) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+
 
 class RequestRejected(EngineError):
-    """The request itself is wrong (upstream 400/404/413/422, vLLM validation): final, not retried."""
+    """The request itself is wrong (upstream 400/404/413/422, vLLM validation): final, not retried.
+    `param`: the request's parameter at fault, where known (OpenAI's `param`)."""
 
     code = ErrorCode.INVALID_REQUEST
 
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
-class UpstreamBusy(EngineError):
-    """Upstream said 429 / 503: try another worker; this one cools down for `retry_after_s`."""
+
+class UpstreamFailed(EngineError):
+    """A hosted model's upstream did not answer: every deployment failed, stalled, broke off or is busy past
+    the wait the worker allows (`code` MODEL_UNAVAILABLE), or it says the prompt is over its window
+    (PROMPT_TOO_LONG, with its count in `prompt_tokens`). Handed back: the scheduler tries another worker of
+    the model, else falls back along the route's chain at once, else ends the request with this error and its
+    retry hint (`retry_after_s`: when the upstream may answer again, None when it does not say)."""
+
+    code = ErrorCode.MODEL_UNAVAILABLE
+
+    def __init__(
+        self,
+        message: str,
+        code: ErrorCode | None = None,
+        retry_after_s: float | None = None,
+        prompt_tokens: int = 0,
+    ) -> None:
+        super().__init__(message, code)
+        self.retry_after_s = retry_after_s
+        self.prompt_tokens = prompt_tokens
+
+    @property
+    def retryable(self) -> bool:
+        return True  # by another worker or another model: the scheduler decides which
+
+
+class UpstreamBusy(UpstreamFailed):
+    """Upstream said 429 / 503 for longer than the worker waits: try elsewhere; this one cools down for
+    `retry_after_s`."""
 
     code = ErrorCode.OVER_CAPACITY
 
     def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.retry_after_s: float = retry_after_s
 
 
 class EngineOOM(EngineError):
@@ -128,8 +218,41 @@ class EngineDead(EngineError):
     restarts_engine = True
 
 
+class LegCut(EngineError):
+    """The engine's run ended mid-answer in a way its answer can be continued from (a hosted upstream cut,
+    stalled, or failed after streaming part of it): the worker records the leg (`ended`, and the
+    `model` / `deployment` that served it) and the next leg continues from exactly what was streamed.
+
+    `in_process`: the engine can go on itself (another deployment, the next model of the route's chain):
+    the worker calls `generate` again at once with the continuation (core/continuation.py), whose legs
+    say which upstreams already failed. Otherwise the request is handed back and the scheduler places
+    the next leg on another worker. Either way the client sees one answer."""
+
+    code = ErrorCode.ENGINE_FAILED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        ended: LegEnd = LegEnd.UPSTREAM_FAILED,
+        in_process: bool = False,
+        model: str | None = None,
+        deployment: str | None = None,
+        code: ErrorCode | None = None,
+    ) -> None:
+        super().__init__(message, code)
+        self.ended = ended
+        self.in_process = in_process
+        self.model = model
+        self.deployment = deployment
+
+    @property
+    def retryable(self) -> bool:
+        return True  # a next leg continues it, whatever its code says of the model (model_unavailable: the chain)
+
+
 class Engine(Protocol):
-    name: str  # "vllm" | "sim" | "openai-http"
+    name: str  # "vllm" | "sim" | "onnx" | "openai-http"
     model: str
     max_model_len: int
     max_num_seqs: int
@@ -138,7 +261,10 @@ class Engine(Protocol):
 
     async def warmup(self) -> None: ...
 
-    def count_tokens(self, text: str) -> int: ...
+    def count_tokens(self, text: str, tokenizer: str | None = None) -> int:
+        """`text`'s tokens by the engine's tokenizer; an engine without one of its own counts with
+        `tokenizer` (the catalog's reference for the model), else with llmbus.tokens' estimate."""
+        ...
 
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
         """Raise AdmissionError if the request cannot be taken now."""
@@ -158,3 +284,23 @@ def honoured_features(engine: Engine) -> frozenset[str]:
     with or without a FIM format), else its kind's (llmbus.contract.engine_features)."""
     own = getattr(engine, "features", None)
     return frozenset(own) if own is not None else features_of(engine.name)
+
+
+def adapter_slots(engine: Engine) -> AdapterSlots | None:
+    """The engine's LoRA adapter slots, where it has any (vllm and sim with max_loras > 0)."""
+    slots = getattr(engine, "lora", None)
+    return slots if isinstance(slots, AdapterSlots) else None
+
+
+def adapter_refusal(engine: Engine, adapter: LoraAdapter | None) -> str | None:
+    """Why this engine cannot generate with `adapter` (no slots, another base, too high a rank); None: it can."""
+    if adapter is None:
+        return None
+    slots = adapter_slots(engine)
+    if slots is None:
+        return f"the {engine.name} engine serving {engine.model!r} loads no LoRA adapters ({adapter.name!r} asked)"
+    try:
+        slots.check(adapter)
+    except AdapterRefused as refused:
+        return str(refused)
+    return None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from llmbus.contract.messages import WorkerState, WorkerStatus
 from llmbus_services.engine_worker.config import WorkerSettings
-from llmbus_services.engine_worker.core.engine import Engine, EngineStats, honoured_features
+from llmbus_services.engine_worker.core.engine import Engine, EngineStats, adapter_slots, honoured_features
 
 
 @dataclass
@@ -33,7 +33,9 @@ class RateTracker:
 def cold_start_phases(
     startup_s: float, engine_start_s: float, warmup_s: float, engine_phases: dict[str, float]
 ) -> dict[str, float]:
-    """The worker's phases, with the engine's own split of its start where it has one (vllm)."""
+    """The worker's phases in the order they ran, name → seconds: `startup`, the engine's start (`engine_start`,
+    or the engine's own split of it where it has one: vllm's import, config, engine_process, weights, kv_pool,
+    kernels), then `warmup` (dummy inference). services/engine_worker/README.md, "Cold start", lists them."""
     phases = {"startup": round(startup_s, 3)}
     start_detail = {k: v for k, v in engine_phases.items() if k != "warmup"}
     phases.update(start_detail or {"engine_start": round(engine_start_s, 3)})
@@ -59,6 +61,7 @@ def build_status(
     oldest_running_started_at_ms: int | None = None,
 ) -> WorkerStatus:
     stats = engine.stats()
+    slots = adapter_slots(engine)
     prompt_rate, gen_rate = rates.rates(stats, now_s)
     hits = stats.prefix_cache_hits_total + stats.external_prefix_cache_hits_total
     hit_rate = hits / stats.prefix_cache_queries_total if stats.prefix_cache_queries_total else 0.0
@@ -81,6 +84,7 @@ def build_status(
         kv_cache_usage_perc=min(1.0, max(0.0, stats.kv_cache_usage_perc)),
         num_requests_running=stats.num_requests_running,
         num_requests_waiting=stats.num_requests_waiting,
+        prefill_backlog_tokens=max(0, stats.prefill_backlog_tokens),
         oldest_running_started_at_ms=oldest_running_started_at_ms,
         prefix_cache_hit_rate=min(1.0, hit_rate),
         generation_tokens_per_s=round(gen_rate, 3),
@@ -90,5 +94,8 @@ def build_status(
         gpu_healthy=gpu_healthy,
         ecc_uncorrected=ecc_uncorrected,
         formats_supported=formats_supported or [],
+        max_loras=slots.max_loras if slots is not None else 0,
+        max_lora_rank=slots.max_lora_rank if slots is not None else 0,
+        lora_adapters=slots.loaded if slots is not None else [],
         started_at_ms=started_at_ms,
     )

@@ -1,6 +1,6 @@
 """The gateway's side of the bus: send a request, follow this instance's reply topic, cancel.
 
-Replies come through llmbus.client's ReplyRouter (one group-less tail of the instance's
+Replies come through llmbus.bus.tail's ReplyRouter (one group-less tail of the instance's
 reply topic, chunks handed to their request's queue); llmbus.contract.chunks applies the chunk
 contract on retries: the ChunkAssembler keeps the current attempt's text, and `unshown` hands
 the client each character once (a client of an HTTP stream cannot take text back).
@@ -9,6 +9,7 @@ the client each character once (a client of an HTTP stream cannot take text back
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Coroutine
@@ -18,10 +19,10 @@ from aiokafka.structs import ConsumerRecord
 from opentelemetry import trace
 
 from llmbus.bus import BadMessage, Bus
-from llmbus.client import ReplyRouter, TopicTail
+from llmbus.bus.tail import ReplyRouter, TopicTail
 from llmbus.contract import semconv as sc
 from llmbus.contract import topics as t
-from llmbus.contract.chunks import ChunkAssembler, unshown, unshown_tool_calls
+from llmbus.contract.chunks import ChunkAssembler, ShownChoice, unshown, unshown_tool_calls
 from llmbus.contract.messages import (
     Control,
     ControlAction,
@@ -29,8 +30,10 @@ from llmbus.contract.messages import (
     ErrorInfo,
     InferenceRequest,
     TokenChunk,
+    TokenLogprob,
     ToolCallDelta,
 )
+from llmbus_services.gateway.core.translate import ChoiceOut, finish_reason
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +48,20 @@ class Exchange:
         self.assembler = ChunkAssembler()
         self.shown = ""  # what went out to the client so far
         self.shown_calls: list[ToolCallDelta] = []  # the tool call fragments that went out so far
+        self.shown_logprobs = 0  # log-probabilities of the text that went out so far
+        self.shown_choices: dict[int, ShownChoice] = {}  # the other choices (n > 1): what went out of each
         self.model: str | None = None  # the model that answers (the router may have chosen it)
         self.closed = False
         self.span: trace.Span = trace.INVALID_SPAN  # the HTTP request's server span, ended on close
 
     async def next_chunk(self, timeout_s: float) -> TokenChunk:
         """The next chunk that counts (stale attempts and repeats skipped); TimeoutError after timeout_s."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while True:
-            chunk = await asyncio.wait_for(self.queue.get(), max(deadline - loop.time(), 0))
-            if self.assembler.add(chunk) is not None:
-                self.model = chunk.model or self.model
-                return chunk
+        async with asyncio.timeout(timeout_s):  # one deadline for the chunks skipped too; no task per wait
+            while True:
+                chunk = await self.queue.get()
+                if self.assembler.add(chunk) is not None:
+                    self.model = chunk.model or self.model
+                    return chunk
 
     def unseen(self) -> str:
         """The current attempt's text not shown yet, now marked shown; RetryDiverged if it cannot continue."""
@@ -70,6 +74,22 @@ class Exchange:
         calls = unshown_tool_calls(self.assembler.tool_calls, self.shown_calls)
         self.shown_calls += calls
         return calls
+
+    def unseen_logprobs(self) -> list[TokenLogprob]:
+        """The current attempt's log-probabilities past those already sent (they follow the text's tokens)."""
+        logprobs = self.assembler.logprobs[self.shown_logprobs :]
+        self.shown_logprobs += len(logprobs)
+        return logprobs
+
+    def unseen_choices(self) -> list[ChoiceOut]:
+        """What the other choices (n > 1) have that was not sent yet, each ending once with its finish reason."""
+        out = []
+        for index, parts in sorted(self.assembler.choices.items()):
+            update = self.shown_choices.setdefault(index, ShownChoice()).take(parts)
+            if update is not None:
+                text, calls, logprobs, ended = update
+                out.append(ChoiceOut(index, text, calls or None, logprobs, finish_reason(ended) if ended else None))
+        return out
 
     @property
     def finished(self) -> bool:
@@ -121,18 +141,23 @@ class Relay:
         self.replies = replies
         self.reply_topic_base = reply_topic_base  # what requests name; the tail reads it in the namespace
         self.in_flight = 0
+        self._in_flight_by_tenant: collections.Counter[str] = collections.Counter()
         self._cancels: set[asyncio.Future[object]] = set()  # and dead letters: sends the caller must not wait on
 
     @classmethod
-    async def start(cls, bus: Bus, instance_id: str) -> Relay:
-        tail = await TopicTail(bus.settings, bus.topics.replies(instance_id)).start()
-        relay = cls(bus, ReplyRouter(tail), t.replies_base(instance_id))
+    async def start(cls, bus: Bus, tail: TopicTail, instance_id: str) -> Relay:
+        """Over `tail`, this instance's reply topic from its end (started here)."""
+        relay = cls(bus, ReplyRouter(await tail.start()), t.replies_base(instance_id))
         relay.replies.on_bad = relay.on_bad_chunk
-        relay.replies.task.add_done_callback(relay._tail_ended)
+        relay.replies.on_tail_lost = relay._tail_lost
         return relay
 
+    def in_flight_of(self, tenant: str) -> int:
+        return self._in_flight_by_tenant[tenant]
+
     def healthy(self) -> bool:
-        return not self.replies.task.done()
+        """The reply tail reads now (False from a failure of it until it runs again)."""
+        return self.replies.live
 
     async def on_bad_chunk(self, record: ConsumerRecord, bad: BadMessage) -> None:
         """The record to llm.dlq; its request ends now with an error (its text has a hole), not after 300 s.
@@ -150,11 +175,10 @@ class Relay:
         except Exception:
             log.exception("could not dead-letter the chunk at %s@%d", record.topic, record.offset)
 
-    def _tail_ended(self, task: asyncio.Task[None]) -> None:
-        """The reply tail died (not stopped): /ready turns 503 and every waiting request ends now."""
-        if task.cancelled():
-            return
-        log.error("the reply tail ended; this gateway is not ready", exc_info=task.exception())
+    def _tail_lost(self, exc: BaseException) -> None:
+        """The reply tail failed: /ready answers 503 until it runs again (ReplyRouter restarts it with
+        backoff), and every waiting request ends now: its chunks may come while nothing reads."""
+        log.error("the reply tail failed (%r); not ready until it runs again", exc)
         for key, queue in list(self.replies.queues.items()):
             queue.put_nowait(_ending(key, "this gateway lost its reply stream"))
 
@@ -169,6 +193,7 @@ class Relay:
         exchange = Exchange(self, request, queue)
         exchange.span = span
         self.in_flight += 1
+        self._in_flight_by_tenant[request.tenant] += 1
         try:
             with trace.use_span(span, end_on_exit=False):
                 await self.bus.publisher.publish(
@@ -184,6 +209,10 @@ class Relay:
     def forget(self, exchange: Exchange) -> None:
         self.replies.queues.pop(exchange.request.request_id.encode(), None)
         self.in_flight -= 1
+        tenant = exchange.request.tenant
+        self._in_flight_by_tenant[tenant] -= 1
+        if self._in_flight_by_tenant[tenant] <= 0:  # a tenant with none in flight takes no memory
+            del self._in_flight_by_tenant[tenant]
 
     def cancel_later(self, request: InferenceRequest, reason: str) -> None:
         """Publish the cancel in its own task: the caller may be a response being torn down."""

@@ -19,6 +19,8 @@ HINT_HEADERS: dict[str, tuple[str, type]] = {
     "session_id": ("x-llmbus-session-id", str),
     "priority": ("x-llmbus-priority", int),
     "complexity": ("x-llmbus-complexity", float),
+    "adapter": ("x-llmbus-adapter", str),  # a LoRA adapter of `model` (naming the adapter as `model` does the same)
+    "migration_limit": ("x-llmbus-migration-limit", int),  # the most legs a cut answer may be continued over
 }
 
 

@@ -5,8 +5,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from llmbus.contract.messages import ChatMessage, FinishReason, InferenceRequest, ToolCall, ToolCallDelta, Usage
-from llmbus_services.gateway.core.openai_types import ChatCompletionBody, ChatMessageIn, CompletionBody
+from llmbus.contract.messages import (
+    ChatMessage,
+    ContentPart,
+    FinishReason,
+    ImageContent,
+    InferenceRequest,
+    TextContent,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+)
+from llmbus_services.gateway.core.openai_types import (
+    ChatCompletionBody,
+    ChatMessageIn,
+    CompletionBody,
+    ImagePart,
+    TextPart,
+)
 
 Kind = Literal["chat", "completion"]
 
@@ -33,14 +50,10 @@ def to_request(
         "model": None if body.model == auto_model else body.model,  # `auto`: the router's policy picks
         "user_id": body.user,
         "stop": body.stops(),
-        "seed": body.seed,
         "stream": body.stream,
         "metadata": body.metadata or {},
     }
-    if body.temperature is not None:
-        fields["temperature"] = body.temperature
-    if body.top_p is not None:
-        fields["top_p"] = body.top_p
+    fields |= body.sampling()  # only what the body sets: the model's own defaults apply to the rest
     if isinstance(body, ChatCompletionBody):
         fields["messages"] = [_message(m) for m in body.messages]
         cap = body.output_cap_tokens()
@@ -61,14 +74,23 @@ def to_request(
 
 
 def _message(message: ChatMessageIn) -> ChatMessage:
-    """A chat message for the bus: its text, and its name and tool-call fields where it has them."""
+    """A chat message for the bus: its role as sent (`developer` too: each engine passes or converts it),
+    its text, its content parts where one is an image, and its name and tool-call fields where it has them."""
+    parts = message.parts()
     return ChatMessage(
-        role="system" if message.role == "developer" else message.role,
+        role=message.role,
         content=message.text(),
+        content_parts=[_part(part) for part in parts] if parts else None,
         name=message.name,
         tool_calls=message.tool_calls,
         tool_call_id=message.tool_call_id,
     )
+
+
+def _part(part: TextPart | ImagePart) -> ContentPart:
+    if isinstance(part, TextPart):
+        return TextContent(text=part.text)
+    return ImageContent(image_url=part.image_url)
 
 
 # OpenAI's finish reasons for llmbus's; every other one (an abort or error ends with an error event) is "stop".
@@ -94,6 +116,31 @@ def usage_of(usage: Usage | None) -> dict[str, object]:
 
 
 @dataclass
+class ChoiceOut:
+    """One choice's part of a response: all of it (a plain answer), or what a stream sends now."""
+
+    index: int = 0
+    text: str = ""
+    tool_calls: list[ToolCallDelta] | list[ToolCall] | None = None
+    logprobs: list[TokenLogprob] | None = None
+    finish: str | None = None
+
+
+def _legacy_logprobs(logprobs: list[TokenLogprob]) -> dict[str, object]:
+    """The completions API's older shape: parallel lists, the alternatives as {token: logprob}."""
+    offsets, at = [], 0
+    for entry in logprobs:
+        offsets.append(at)
+        at += len(entry.token)
+    return {
+        "tokens": [entry.token for entry in logprobs],
+        "token_logprobs": [entry.logprob for entry in logprobs],
+        "top_logprobs": [{alt.token: alt.logprob for alt in entry.top_logprobs} for entry in logprobs],
+        "text_offset": offsets,
+    }
+
+
+@dataclass
 class ResponseShape:
     """Builds the OpenAI objects of one response (chat.completion or text_completion)."""
 
@@ -101,6 +148,7 @@ class ResponseShape:
     request_id: str
     created_s: int
     model: str
+    logprobs: bool = False  # the request asked for them: every choice carries a logprobs object
 
     @property
     def response_id(self) -> str:
@@ -109,28 +157,29 @@ class ResponseShape:
     def _head(self, obj: str) -> dict[str, object]:
         return {"id": self.response_id, "object": obj, "created": self.created_s, "model": self.model}
 
-    def stream_chunk(
-        self,
-        delta: str,
-        *,
-        first: bool,
-        finish: str | None,
-        include_usage: bool,
-        tool_calls: list[ToolCallDelta] | None = None,
-    ) -> dict[str, object]:
+    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, object] | None:
+        if not self.logprobs:
+            return None
         if self.kind == "chat":
+            return {"content": [entry.model_dump(mode="json") for entry in logprobs or ()], "refusal": None}
+        return _legacy_logprobs(logprobs or [])
+
+    def stream_chunk(self, choice: ChoiceOut, *, first: bool, include_usage: bool) -> dict[str, object]:
+        logprobs = self._logprobs(choice.logprobs)
+        if self.kind == "chat":
+            calls = choice.tool_calls
             # OpenAI's deltas: a tool call fragment comes with `content` only where there is text.
-            message: dict[str, object] = {"content": delta} if delta or not tool_calls else {}
+            message: dict[str, object] = {"content": choice.text} if choice.text or not calls else {}
             if first:
                 message["role"] = "assistant"
                 message.setdefault("content", None)
-            if tool_calls:
-                message["tool_calls"] = [call.model_dump(mode="json", exclude_none=True) for call in tool_calls]
-            choice: dict[str, object] = {"index": 0, "delta": message, "logprobs": None, "finish_reason": finish}
-            out = self._head("chat.completion.chunk") | {"choices": [choice]}
+            if calls:
+                message["tool_calls"] = [call.model_dump(mode="json", exclude_none=True) for call in calls]
+            body: dict[str, object] = {"index": choice.index, "delta": message, "logprobs": logprobs}
+            out = self._head("chat.completion.chunk") | {"choices": [body | {"finish_reason": choice.finish}]}
         else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
-            out = self._head("text_completion") | {"choices": [choice]}
+            body = {"index": choice.index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish}
+            out = self._head("text_completion") | {"choices": [body]}
         if include_usage:
             out["usage"] = None  # OpenAI: null on every chunk but the last, usage-only one
         return out
@@ -139,20 +188,26 @@ class ResponseShape:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return self._head(obj) | {"choices": [], "usage": usage_of(usage)}
 
-    def full(
-        self, text: str, finish: str, usage: Usage | None, tool_calls: list[ToolCall] | None = None
-    ) -> dict[str, object]:
+    def full(self, choices: list[ChoiceOut], usage: Usage | None) -> dict[str, object]:
         if self.kind == "chat":
-            message: dict[str, object] = {"role": "assistant", "content": text, "refusal": None}
-            if tool_calls:  # OpenAI: content null when the answer is only tool calls
-                message["content"] = text or None
-                message["tool_calls"] = [call.model_dump(mode="json") for call in tool_calls]
-            choice: dict[str, object] = {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish,
+            return self._head("chat.completion") | {
+                "choices": [self._chat_choice(choice) for choice in choices],
+                "usage": usage_of(usage),
             }
-            return self._head("chat.completion") | {"choices": [choice], "usage": usage_of(usage)}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return self._head("text_completion") | {"choices": [choice], "usage": usage_of(usage)}
+        listed = [
+            {"index": c.index, "text": c.text, "logprobs": self._logprobs(c.logprobs), "finish_reason": c.finish}
+            for c in choices
+        ]
+        return self._head("text_completion") | {"choices": listed, "usage": usage_of(usage)}
+
+    def _chat_choice(self, choice: ChoiceOut) -> dict[str, object]:
+        message: dict[str, object] = {"role": "assistant", "content": choice.text, "refusal": None}
+        if choice.tool_calls:  # OpenAI: content null when the answer is only tool calls
+            message["content"] = choice.text or None
+            message["tool_calls"] = [call.model_dump(mode="json") for call in choice.tool_calls]
+        return {
+            "index": choice.index,
+            "message": message,
+            "logprobs": self._logprobs(choice.logprobs),
+            "finish_reason": choice.finish or "stop",
+        }

@@ -1,6 +1,6 @@
 """Answers coalesced followers: on their leader's result (llm.results), or when they waited too long.
 
-Thin: Redis state from coalescing.py, decisions from policy/coalesce.py, publishing through the
+Thin: Redis state from coalescing.py, decisions from core/coalesce.py, publishing through the
 router's answer path (final marker claimed as the router's attempt 0, like a cache hit).
 """
 

@@ -7,15 +7,19 @@ tokenizer ship inside the `wordllama` wheel; loaded from the package directory w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
+from llmbus.contract.plugins import Registry
 from llmbus_services.router.core.semantic import Embedder, normalised
 
+EMBEDDERS: Registry[Embedder] = Registry("embedder")
 
+
+@EMBEDDERS.register("wordllama")
 class WordLlamaEmbedder:
     name = "wordllama"
 
@@ -29,11 +33,5 @@ class WordLlamaEmbedder:
         return normalised(np.asarray(self._model.embed(list(texts)), dtype=np.float32))
 
 
-EMBEDDERS: dict[str, Callable[[], Embedder]] = {"wordllama": WordLlamaEmbedder}
-
-
 def build_embedder(name: str) -> Embedder:
-    try:
-        return EMBEDDERS[name]()
-    except KeyError:
-        raise ValueError(f"unknown embedder {name!r}; known: {sorted(EMBEDDERS)}") from None
+    return EMBEDDERS.build(name)

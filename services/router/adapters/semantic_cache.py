@@ -4,7 +4,7 @@ Filling follows the exact cache: at routing, a cacheable miss leaves a pending m
 its index and its embedding); when its OK result arrives on llm.results, the embedding joins the
 index of the request's own tenant and model, under the exact key whose answer `RedisResponseCache`
 has just stored. A lookup embeds the prompt, reads that one index and takes the nearest entry at
-or above the threshold (policy/semantic.py); an entry whose answer expired is dropped. The index
+or above the threshold (core/semantic.py); an entry whose answer expired is dropped. The index
 is bounded (`max_entries`, oldest out) because a lookup reads all of it.
 """
 

@@ -22,8 +22,15 @@ def _has_tool_fields(message: ChatMessage) -> bool:
     return message.name is not None or message.tool_calls is not None or message.tool_call_id is not None
 
 
+# Parameters that change the output, in the key only when set (so that every other key stays what it was).
+_PARAMETERS: tuple[str, ...] = ("presence_penalty", "frequency_penalty", "logit_bias", "parallel_tool_calls")
+_PARAMETERS += ("reasoning_effort", "top_k", "min_p", "repetition_penalty")
+
+
 def cacheable(request: InferenceRequest) -> bool:
-    return request.deterministic
+    """Deterministic, and answered by one text: a cached answer holds no further choices (n > 1) and no
+    log-probabilities, so requests for those generate."""
+    return request.deterministic and request.choices == 1 and not request.logprobs
 
 
 def cache_key(request: InferenceRequest, model: str) -> str:
@@ -36,6 +43,7 @@ def cache_key(request: InferenceRequest, model: str) -> str:
                 m.role,
                 m.content,
                 *([m.model_dump(mode="json", include=_TOOL_FIELDS, exclude_none=True)] if _has_tool_fields(m) else []),
+                *([m.model_dump(mode="json", include={"content_parts"})] if m.content_parts else []),
             ]
             for m in request.messages
         ],
@@ -46,6 +54,8 @@ def cache_key(request: InferenceRequest, model: str) -> str:
         "seed": request.seed,
         "stop": request.stop,
     }
+    if set_parameters := {name: value for name in _PARAMETERS if (value := getattr(request, name)) is not None}:
+        material["parameters"] = set_parameters
     if request.engine_features():  # only when asked, so that every other key stays what it was
         material["shape"] = {
             "response_format": request.response_format.model_dump() if request.response_format else None,

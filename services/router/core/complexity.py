@@ -4,7 +4,7 @@ A scorer maps a request to [0, 1] ("how much would a stronger model help"). The 
 compare it with thresholds (the seed: > 0.8 goes to the strong model). A trained
 classifier plugs in by registering a class with the same `score` method, e.g.
 
-    @register_scorer("distilbert")
+    @SCORERS.register("distilbert")
     class DistilBertScorer:
         def __init__(self, model_dir: str) -> None: ...
         def score(self, request: InferenceRequest) -> float: ...
@@ -15,10 +15,10 @@ and naming it in the YAML (`scorer: {name: distilbert, params: {model_dir: ...}}
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from llmbus.contract.messages import InferenceRequest
+from llmbus.contract.plugins import Registry
 
 
 @runtime_checkable
@@ -29,24 +29,15 @@ class ComplexityScorer(Protocol):
 
 
 log = logging.getLogger(__name__)
-_REGISTRY: dict[str, Callable[..., ComplexityScorer]] = {}
-
-
-def register_scorer(name: str) -> Callable[[Callable[..., ComplexityScorer]], Callable[..., ComplexityScorer]]:
-    def _register(factory: Callable[..., ComplexityScorer]) -> Callable[..., ComplexityScorer]:
-        _REGISTRY[name] = factory
-        return factory
-
-    return _register
+SCORERS: Registry[ComplexityScorer] = Registry("complexity scorer")
 
 
 def build_scorer(name: str, params: dict[str, Any] | None = None) -> ComplexityScorer:
+    """The scorer `name` with `params` checked against its own (llmbus.contract.plugins)."""
     # Importing here registers the shipped scorers without an import cycle.
     from llmbus_services.router.core import heuristic, learned  # noqa: F401
 
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown complexity scorer {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**(params or {}))
+    return SCORERS.build(name, params)
 
 
 def build_scorer_with_fallback(name: str, params: dict[str, Any] | None, fallback: str | None) -> ComplexityScorer:
@@ -63,10 +54,10 @@ def build_scorer_with_fallback(name: str, params: dict[str, Any] | None, fallbac
 def scorer_names() -> list[str]:
     from llmbus_services.router.core import heuristic, learned  # noqa: F401
 
-    return sorted(_REGISTRY)
+    return SCORERS.names()
 
 
-@register_scorer("constant")
+@SCORERS.register("constant")
 class ConstantScorer:
     """Always the same score: for tests and for turning complexity routing off."""
 

@@ -32,6 +32,18 @@ class ModelEntry(StrictModel):
     tokenizer: str | None = Field(
         default=None, description="Local tokenizer reference (llmbus.tokens); a ModelSpec's wins. None: the estimate."
     )
+    chat_template_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="What the model's chat template adds to a chat beyond its role-tagged turns (BOS, a default "
+        "system prompt, headers): counted into every chat's prompt.",
+    )
+    tools_template_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="What the template adds around tool definitions (its instructions), counted with the "
+        "definitions' own tokens when a chat has tools.",
+    )
 
 
 class RuleWhen(StrictModel):
@@ -97,6 +109,14 @@ class TenantPolicy(StrictModel):
         default=False,
         description="Results and costs carry the user id as HMAC-SHA256 under the router's user_id_salt setting.",
     )
+    cache_group: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="Tenants naming the same group share prefix caches (the scheduler's affinity and the "
+        "engines' KV caches), so one can see, through cached_tokens, what the others sent; unset: the "
+        "tenant's caches are its own.",
+    )
 
 
 class LimitsPolicy(StrictModel):
@@ -114,7 +134,7 @@ class CachePolicy(StrictModel):
 
 
 class LatencyPolicy(StrictModel):
-    """`latency:` TTFT targets per tier, watched over a window (policy/latency.py)."""
+    """`latency:` TTFT targets per tier, watched over a window (core/latency.py)."""
 
     enabled: bool = True
     targets_ms: dict[str, float] = Field(
@@ -128,7 +148,7 @@ class LatencyPolicy(StrictModel):
 
 
 class CoalescePolicy(StrictModel):
-    """`coalesce:` identical cacheable requests in flight share one generation (policy/coalesce.py).
+    """`coalesce:` identical cacheable requests in flight share one generation (core/coalesce.py).
 
     Only for requests the exact cache may answer (same key: same tenant, model, input, parameters).
     """

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 
-from llmbus.contract.messages import Experiment, InferenceRequest, RoutedRequest, now_ms
+from llmbus.contract.messages import Experiment, InferenceRequest, RoutedRequest, Variant, now_ms
+from llmbus.domain.lifecycle import CANDIDATE, supersedes
+from llmbus.domain.release import context_for
 
 BUCKETS = 10_000
 SHADOW_SUFFIX = ":shadow"
@@ -39,8 +41,8 @@ def applies_to(experiment: Experiment, model: str) -> bool:
     return experiment.enabled and (not experiment.match_models or model in experiment.match_models)
 
 
-def pick_variant(experiment: Experiment, unit: str) -> tuple[str, str] | None:
-    """(variant name, model) for this unit, or None when the experiment has no weighted variant."""
+def pick(experiment: Experiment, unit: str) -> Variant | None:
+    """The variant (name, model, version) of this unit, or None when the experiment has no weighted variant."""
     total = sum(v.weight for v in experiment.variants)
     if total <= 0:
         return None
@@ -49,9 +51,14 @@ def pick_variant(experiment: Experiment, unit: str) -> tuple[str, str] | None:
     for variant in experiment.variants:
         upper += variant.weight / total * BUCKETS
         if bucket < upper:
-            return variant.name, variant.model
-    last = experiment.variants[-1]  # float rounding at the top edge
-    return last.name, last.model
+            return variant
+    return experiment.variants[-1]  # float rounding at the top edge
+
+
+def pick_variant(experiment: Experiment, unit: str) -> tuple[str, str] | None:
+    """(variant name, model) for this unit, or None when the experiment has no weighted variant."""
+    variant = pick(experiment, unit)
+    return None if variant is None else (variant.name, variant.model)
 
 
 def in_shadow(experiment: Experiment, unit: str) -> bool:
@@ -98,6 +105,8 @@ def shadow_copy(routed: RoutedRequest, experiment: Experiment, tier: str | None 
         routed_at_ms=now_ms(),
         tier=tier,  # the shadow model's
         user_ref=routed.user_ref,
+        cache_group=routed.cache_group,  # the same tenant: its prefix caches are the primary's
+        release=context_for(experiment, CANDIDATE),
     )
 
 
@@ -108,12 +117,18 @@ class ExperimentBook:
         self._by_id: dict[str, Experiment] = {}
 
     def apply(self, experiment: Experiment | None, experiment_id: str | None = None) -> None:
-        """Upsert; a tombstone (None value) for `experiment_id` removes it."""
+        """Upsert the highest version (an older change read later never wins); a tombstone (None value)
+        for `experiment_id` removes it."""
         if experiment is None:
             if experiment_id:
                 self._by_id.pop(experiment_id, None)
             return
-        self._by_id[experiment.experiment_id] = experiment
+        if supersedes(experiment, self._by_id.get(experiment.experiment_id)):
+            self._by_id[experiment.experiment_id] = experiment
+
+    def release_for(self, model: str) -> Experiment | None:
+        """The release of `model` in its shadow or A/B steps (its primaries carry its context), if one is on."""
+        return next((e for e in self._sorted() if e.is_release and applies_to(e, model)), None)
 
     def ab_for(self, model: str) -> list[Experiment]:
         return [e for e in self._sorted() if e.kind == "ab" and applies_to(e, model)]

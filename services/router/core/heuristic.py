@@ -31,7 +31,7 @@ from collections import Counter
 
 from llmbus.contract.messages import InferenceRequest
 from llmbus.tokens import estimate_tokens
-from llmbus_services.router.core.complexity import register_scorer
+from llmbus_services.router.core.complexity import SCORERS
 
 # Cues are matched on lower-cased words (one regex pass, then set lookups) and phrases
 # (substring counts): an alternation of ~30 words under IGNORECASE cost ~40 µs per
@@ -160,7 +160,7 @@ def _scored_text(request: InferenceRequest) -> str:
     return "\n".join(m.content for m in request.messages if m.role in ("system", "user", "tool"))
 
 
-@register_scorer("heuristic")
+@SCORERS.register("heuristic")
 class HeuristicScorer:
     name = "heuristic"
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbus.contract.messages import InferenceRequest
-from llmbus_services.router.core.complexity import register_scorer
+from llmbus_services.router.core.complexity import SCORERS
 from llmbus_services.router.core.heuristic import _WORD, features_of
 
 MODEL_FORMAT = 1
@@ -102,7 +102,7 @@ class ScorerModel:
         return cls.from_json(json.loads(Path(path).read_text()))
 
 
-@register_scorer("learned")
+@SCORERS.register("learned")
 class LearnedScorer:
     name = "learned"
 

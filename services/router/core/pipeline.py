@@ -5,14 +5,16 @@ Order of the steps, and why:
  2. hard prompt cap — refuse absurd inputs before spending Redis calls on them;
  3. budget (llm.budgets) — over budget either refuses or forces the cheaper model;
  4. rules → model + fallback chain; an unavailable target walks its chain;
- 5. A/B — the first enabled experiment on that model may swap it for the user's variant;
+ 5. A/B — the first enabled experiment on that model may swap it for the user's variant (a release:
+    the version of the model); the request carries its release (the release in progress, else the
+    one its serving version came with), which the scheduler places it by;
  6. output cap and context trimming for the chosen model (the window it will really get);
  7. tenant rate limits (requests/s, tokens/min; tokens = prompt + max_tokens, like
     hosted providers count) — every request counts, cache hits too: the limit is on
     what the tenant asks, not on what it costs us;
  8. exact cache — a hit ends the request here; then the semantic cache (off by default: a similar
     enough earlier prompt of the same tenant and model); a miss may join an identical request already
-    in flight (coalescing: it is answered from that one's generation, policy/coalesce.py);
+    in flight (coalescing: it is answered from that one's generation, core/coalesce.py);
  9. shadow copies of the routed request for matching shadow experiments.
 """
 
@@ -27,6 +29,7 @@ from llmbus.contract.messages import (
     FinishReason,
     InferenceRequest,
     InferenceResult,
+    ReleaseContext,
     RequestFacts,
     ResultStatus,
     RoutedRequest,
@@ -34,14 +37,17 @@ from llmbus.contract.messages import (
     TokenChunk,
     now_ms,
 )
+from llmbus.domain.adapters import AdapterNotServed, named_adapter
 from llmbus.domain.fallback import next_model
+from llmbus.domain.lifecycle import CONTROL
+from llmbus.domain.release import context_for
 from llmbus.security.tenancy import user_ref
 from llmbus.tokens import estimate_tokens
 from llmbus_services.router.core.cache_key import cache_key, cacheable
 from llmbus_services.router.core.catalog import ModelCatalog
 from llmbus_services.router.core.complexity import ComplexityScorer
 from llmbus_services.router.core.config import OverBudget, OverCap, RouterPolicy, UnknownModel
-from llmbus_services.router.core.experiments import ExperimentBook, in_shadow, pick_variant, shadow_copy, unit_of
+from llmbus_services.router.core.experiments import ExperimentBook, in_shadow, pick, shadow_copy, unit_of
 from llmbus_services.router.core.latency import TARGET_KEY, TIER_KEY, TierLatencyWatch, avoid_missing_tier
 from llmbus_services.router.core.ports import (
     BudgetView,
@@ -79,6 +85,7 @@ class Refused(Exception):
         super().__init__(message)
         self.error = ErrorInfo.of(code, message, retry_after_ms)
         self.reason = reason or f"refused:{code.value}"
+        self.release: ReleaseContext | None = None  # known once the target is: the refusal belongs to it
 
 
 @dataclass
@@ -158,7 +165,8 @@ class RouterCore:
         budget = self.budgets.state_of(request.tenant) if self.budgets else BudgetState.OK
         if budget == BudgetState.OVER:
             if tenant.over_budget == OverBudget.REJECT:
-                raise Refused(ErrorCode.OVER_BUDGET, f"tenant {request.tenant!r} is over its budget")
+                resets_ms = self.budgets.resets_in_ms(request.tenant, now_ms()) if self.budgets else None
+                raise Refused(ErrorCode.OVER_BUDGET, f"tenant {request.tenant!r} is over its budget", resets_ms)
             model = tenant.degrade_model or self.policy.cheapest_model()
             decision = RouteDecision(model=model, route_reason="budget_degrade")
         else:
@@ -181,10 +189,12 @@ class RouterCore:
         """Step 6: cap max_tokens to the model's output limit, trim the conversation to its window."""
         entry = self.catalog.entry(model)
         count, tokenizer = self.catalog.counter(model)  # the model's own tokenizer where it is known
+        template_tokens = self.catalog.template_tokens(model, request, count)  # chat template, tool definitions
         if request.max_tokens_auto:
-            # No limit asked: as much as the model may write in the window the prompt leaves (at
-            # least 1, so that a prompt filling the window is trimmed or refused below, not here).
-            room_tokens = entry.max_model_len - count(request.prompt_text())
+            # No limit asked: as much as the model may write in the window the prompt leaves (at least 1, so
+            # that a prompt filling the window is trimmed or refused below, not here). It stays marked unset:
+            # the scheduler and the worker bound it to the window of the worker that serves it.
+            room_tokens = entry.max_model_len - count(request.prompt_text()) - template_tokens
             request = request.model_copy(update={"max_tokens": max(1, min(entry.max_output_tokens, room_tokens))})
         capped_from = request.max_tokens if request.max_tokens > entry.max_output_tokens else None
         if capped_from is not None:
@@ -200,12 +210,13 @@ class RouterCore:
                 }
             )
         window = min(entry.max_model_len, self.catalog.max_prompt_tokens(model) + request.max_tokens)
-        trimmed = trim_to_window(request, window, request.max_tokens, count)
+        trimmed = trim_to_window(request, window, request.max_tokens, count, template_tokens)
         if not trimmed.fits:
             counted_by = f"counted with {tokenizer}" if tokenizer else "estimated"
+            whole_tokens = trimmed.prompt_tokens + trimmed.trimmed_tokens  # before trimming
             raise Refused(
                 ErrorCode.PROMPT_TOO_LONG,
-                f"prompt of {trimmed.prompt_tokens} tokens ({counted_by}) does not fit {model} "
+                f"prompt of {whole_tokens} tokens ({counted_by}) does not fit {model} "
                 f"(window {entry.max_model_len}, max_tokens {request.max_tokens})",
             )
         if trimmed.trimmed_tokens:
@@ -213,6 +224,7 @@ class RouterCore:
         return _Fitted(request, trimmed.prompt_tokens, trimmed.trimmed_tokens, capped_from, tokenizer)
 
     async def _route(self, request: InferenceRequest, received_at_ms: int) -> RouteOutcome:
+        request = self._adapter_as_model(request)
         f = self.features(request)
         if f.prompt_tokens > self.policy.limits.max_prompt_tokens:
             raise Refused(
@@ -226,24 +238,32 @@ class RouterCore:
             if avoided is not None:
                 model, chain, reason = avoided
         experiment_id = variant = None
+        release: ReleaseContext | None = None
         for experiment in self.experiments.ab_for(model)[:1]:  # one A/B per request: effects stay attributable
-            picked = pick_variant(experiment, unit_of(request))
+            picked = pick(experiment, unit_of(request))
             if picked is not None:
-                variant, model = picked
+                variant, model = picked.name, picked.model
                 experiment_id = experiment.experiment_id
                 chain = [m for m in chain if m != model]
+                release = context_for(experiment, picked.name)
+        if release is None:
+            release = self.release_of(model)
 
-        fitted = self.fit(request, model)
-        request = self._stamp_target(fitted.request, model)
-        if self.limiter is not None:
-            tenant = self.policy.tenant(request.tenant)
-            verdict = await self.limiter.take(request.tenant, tenant, fitted.prompt_tokens + request.max_tokens)
-            if not verdict.allowed:
-                raise Refused(
-                    ErrorCode.RATE_LIMITED,
-                    f"tenant {request.tenant!r} over its {verdict.limit} limit",
-                    verdict.retry_after_ms,
-                )
+        try:
+            fitted = self.fit(request, model)
+            request = self._stamp_target(fitted.request, model)
+            if self.limiter is not None:
+                tenant = self.policy.tenant(request.tenant)
+                verdict = await self.limiter.take(request.tenant, tenant, fitted.prompt_tokens + request.max_tokens)
+                if not verdict.allowed:
+                    raise Refused(
+                        ErrorCode.RATE_LIMITED,
+                        f"tenant {request.tenant!r} over its {verdict.limit} limit",
+                        verdict.retry_after_ms,
+                    )
+        except Refused as refused:
+            refused.release = release
+            raise
 
         routed = RoutedRequest(
             request=request,
@@ -259,9 +279,13 @@ class RouterCore:
             received_at_ms=received_at_ms,
             tier=self.tier_of(model),
             user_ref=self.user_ref_of(request),
+            cache_group=self.policy.tenant(request.tenant).cache_group,
+            release=release,
+            adapter=self.catalog.adapter_of(model, release),
         )
         if self.cache is not None and self.policy.cache.enabled and cacheable(request):
-            key = cache_key(request, model)
+            # One version's answers never answer another's requests.
+            key = cache_key(request, model if release is None else f"{model}@{release.model_version}")
             hit = await self.cache.lookup(key, pending_id=request.request_key)
             if hit is not None:
                 return answered_from(routed, hit, f"cache_hit:{routed.route_reason}")
@@ -276,6 +300,21 @@ class RouterCore:
                 if leader_id is not None:
                     return RouteOutcome(parked_behind=leader_id)
         return RouteOutcome(routed=routed, shadows=self._shadows(routed))
+
+    def _adapter_as_model(self, request: InferenceRequest) -> InferenceRequest:
+        """`model` = base and `adapter` = a LoRA adapter of it is the same request as `model` = the adapter."""
+        try:
+            served = named_adapter(request.model, request.adapter, self.catalog.adapters)
+        except AdapterNotServed as refused:
+            raise Refused(ErrorCode.MODEL_UNAVAILABLE, str(refused)) from refused
+        return request if served is None else request.model_copy(update={"model": served})
+
+    def release_of(self, model: str) -> ReleaseContext | None:
+        """A request's release outside an A/B split: a release in its shadow step (the request is on the
+        control's side of it), else the release the model's serving version came with."""
+        ongoing = self.experiments.release_for(model)
+        in_progress = context_for(ongoing, CONTROL) if ongoing is not None else None
+        return in_progress or self.catalog.release_of(model)
 
     def _stamp_target(self, request: InferenceRequest, model: str) -> InferenceRequest:
         """Record the tier and its TTFT target on the routed request (metadata, read by dashboards and tests)."""
@@ -297,7 +336,8 @@ class RouterCore:
                 continue  # the candidate can't take this one; the primary is unaffected
             counted = {"prompt_tokens_est": fitted.prompt_tokens, "prompt_tokenizer": fitted.tokenizer}
             base = routed.model_copy(update={"request": fitted.request} | counted)
-            copies.append(shadow_copy(base, experiment, self.tier_of(experiment.shadow_model)))
+            copy = shadow_copy(base, experiment, self.tier_of(experiment.shadow_model))
+            copies.append(copy.model_copy(update={"adapter": self.catalog.adapter_of(copy.model, copy.release)}))
         return copies
 
     def _final_error(self, request: InferenceRequest, refused: Refused, received_at_ms: int) -> InferenceResult:
@@ -310,7 +350,7 @@ class RouterCore:
             model=request.model,
             timings=Timings(received_at_ms=received_at_ms, total_ms=float(now_ms() - received_at_ms)),
             produced_by=PRODUCED_BY,
-            **self.request_facts(request, refused.reason),
+            **self.request_facts(request, refused.reason) | {"release": refused.release},
         )
 
 

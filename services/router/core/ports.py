@@ -45,6 +45,10 @@ class ResponseCache(Protocol):
 class BudgetView(Protocol):
     def state_of(self, tenant: str) -> BudgetState: ...
 
+    def resets_in_ms(self, tenant: str, now_ms: int) -> int | None:
+        """Until the tenant's budget period ends; None when not known."""
+        ...
+
 
 class Coalescer(Protocol):
     async def join(self, key: str, routed: RoutedRequest) -> str | None:

@@ -1,9 +1,10 @@
 """Context trimming to the target model's window (pure).
 
-Budget = max_model_len - max_tokens (the answer must fit too). When the estimated prompt
-is over budget, the rule is:
+Budget = max_model_len - max_tokens (the answer must fit too). The prompt is the turns, the
+generation prompt and what the model's chat template and tool definitions add (`fixed_tokens`, never
+trimmed). When it is over budget, the rule is:
 
-1. every system message is kept (instructions outrank history), in place;
+1. every system and developer message is kept (instructions outrank history), in place;
 2. then the newest non-system turns are kept, walking back from the last one, while
    they fit; the first turn that does not fit ends the walk — older turns are never
    kept past a gap, so the kept history is a contiguous, most-recent suffix;
@@ -23,11 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmbus.contract.messages import ChatMessage, InferenceRequest
+from llmbus.contract.messages import GENERATION_PROMPT, ChatMessage, InferenceRequest
 from llmbus.tokens import estimate_tokens
-
-# What prompt_text appends after the turns.
-_GENERATION_PROMPT = "<|assistant|>\n"
 
 
 def turn_tokens(message: ChatMessage, count: Callable[[str], int] = estimate_tokens) -> int:
@@ -43,21 +41,26 @@ class TrimResult:
 
 
 def trim_to_window(
-    request: InferenceRequest, max_model_len: int, max_tokens: int, count: Callable[[str], int] = estimate_tokens
+    request: InferenceRequest,
+    max_model_len: int,
+    max_tokens: int,
+    count: Callable[[str], int] = estimate_tokens,
+    fixed_tokens: int = 0,
 ) -> TrimResult:
+    """`fixed_tokens`: what the model reads besides the turns (chat template, tool definitions)."""
     budget_tokens = max_model_len - max_tokens
     if request.prompt is not None:
-        tokens = count(request.prompt)
+        tokens = count(request.prompt) + fixed_tokens
         return TrimResult([], 0, tokens, tokens <= budget_tokens)
     counts = [turn_tokens(m, count) for m in request.messages]
-    generation_prompt_tokens = count(_GENERATION_PROMPT)
+    generation_prompt_tokens = count(GENERATION_PROMPT) + fixed_tokens
     total = sum(counts) + generation_prompt_tokens
     if total <= budget_tokens:
         return TrimResult(list(request.messages), 0, total, True)
 
-    used = sum(c for m, c in zip(request.messages, counts, strict=True) if m.role == "system")
+    used = sum(c for m, c in zip(request.messages, counts, strict=True) if m.instructs)
     used += generation_prompt_tokens
-    keep = [m.role == "system" for m in request.messages]
+    keep = [m.instructs for m in request.messages]
     for i in range(len(request.messages) - 1, -1, -1):
         if keep[i]:
             continue
@@ -67,12 +70,12 @@ def trim_to_window(
         used += counts[i]
     # Drop leading assistant/tool turns of the kept history (rule 3).
     for i, m in enumerate(request.messages):
-        if not keep[i] or m.role == "system":
+        if not keep[i] or m.instructs:
             continue
         if m.role == "user":
             break
         keep[i] = False
         used -= counts[i]
     kept = [m for m, k in zip(request.messages, keep, strict=True) if k]
-    has_turn = any(m.role != "system" for m in kept)
+    has_turn = any(not m.instructs for m in kept)
     return TrimResult(kept, total - used, used, has_turn and used <= budget_tokens)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 
 import redis.asyncio as redis
 
-from llmbus.contract.messages import RoutedRequest
+from llmbus.contract.messages import EarlierAttempt, RoutedRequest
 from llmbus.contract.request_key import RequestKey
 from llmbus.state.redis_batch import RedisBatcher
 from llmbus_services.scheduler.core.types import Placement, SchedRequest
@@ -52,6 +52,7 @@ def encode(placement: Placement, instance_id: str) -> str:
             "placed_at_ms": placement.placed_at_ms,
             "uncached_tokens_est": placement.uncached_tokens_est,
             "excluded_workers": sorted(request.excluded_workers),
+            "earlier": [attempt.model_dump(mode="json") for attempt in request.earlier],
             "oom_retries": request.oom_retries,
             "kv_blocks_free_over": request.kv_blocks_free_over,
             "arrived_at_ms": request.arrived_at_ms,
@@ -68,6 +69,7 @@ def decode_placement(raw: bytes | str, prefix_block_tokens: int, max_prefix_bloc
     request = SchedRequest.from_routed(routed, data["arrived_at_ms"], prefix_block_tokens, max_prefix_blocks)
     request.attempt = data["attempt"]
     request.excluded_workers = set(data["excluded_workers"])
+    request.earlier = [EarlierAttempt.model_validate(attempt) for attempt in data.get("earlier", [])]
     request.oom_retries = data.get("oom_retries", 0)  # .get: claims written before these fields existed
     request.kv_blocks_free_over = data.get("kv_blocks_free_over")
     return Placement(

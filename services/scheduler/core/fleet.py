@@ -15,12 +15,16 @@ from llmbus.contract.messages import NodeProfile, WorkerState, WorkerStatus
 from llmbus.contract.request_key import RequestKey
 from llmbus_services.scheduler.core.types import Placement, SchedRequest, WorkerView, blocks_for
 
+# A node agent's profile older than this, by a worker's probe of the same node, no longer speaks for the node.
+AGENT_SILENT_MS = 10 * 60_000
+
 
 class FleetView:
     def __init__(self, prefill_tokens_per_s: float = 50_000.0) -> None:
         self.prefill_tokens_per_ms = prefill_tokens_per_s / 1000
         self.workers: dict[str, WorkerView] = {}
         self._node_cc: dict[str, str] = {}  # node id → compute capability of its first GPU
+        self.nodes: dict[str, NodeProfile] = {}  # node id → its latest profile
         self._by_request: dict[RequestKey, Placement] = {}  # request → its live placement
         self.newest_heartbeat_ms = 0  # receive time of the newest heartbeat read from any worker
 
@@ -33,11 +37,19 @@ class FleetView:
         view.dispatch_topic = status.dispatch_topic
         view.state = status.state
         view.models = list(status.models)
+        view.model_version = status.model_version
         view.engine = status.engine
         view.engine_features = status.engine_features
         view.model_format = status.model_format
         view.formats_supported = list(status.formats_supported)
         view.compute_capability = self._node_cc.get(status.node_id)
+        if (node := self.nodes.get(status.node_id)) is not None:
+            _node_facts(view, node)
+        view.max_loras = status.max_loras
+        view.max_lora_rank = status.max_lora_rank
+        view.lora_adapters_reported = list(status.lora_adapters)
+        # What it listed covers what we placed before it wrote the heartbeat.
+        view.adapters_placed_ms = {a: at for a, at in view.adapters_placed_ms.items() if at >= status.sent_at_ms}
         view.max_model_len = status.max_model_len
         view.max_num_seqs = status.max_num_seqs
         view.kv_block_size = status.kv_block_size
@@ -46,6 +58,7 @@ class FleetView:
         view.kv_blocks_free_reported = status.kv_blocks_free
         view.num_requests_running_reported = status.num_requests_running
         view.num_requests_waiting_reported = status.num_requests_waiting
+        view.prefill_backlog_tokens_reported = status.prefill_backlog_tokens
         view.gpu_healthy = status.gpu_healthy
         view.ecc_uncorrected = status.ecc_uncorrected
         # The receive time, on our clock: a worker whose clock runs behind is judged by when we
@@ -60,14 +73,30 @@ class FleetView:
             since = sum(p.uncached_tokens_est for p in view.inflight.values() if p.placed_at_ms >= status.sent_at_ms)
             view.clamp_backlog(now_ms, self.prefill_tokens_per_ms, since)
         view.heartbeat_sent_at_ms = status.sent_at_ms
+        view.started_at_ms = max(view.started_at_ms, status.started_at_ms)
         return view
 
+    def placed_before(self, worker_id: str, at_ms: int) -> list[Placement]:
+        """The worker's placements made before `at_ms`, released here (the process they went to is gone)."""
+        view = self.workers.get(worker_id)
+        if view is None:
+            return []
+        gone = [p for p in view.inflight.values() if p.placed_at_ms < at_ms]
+        return [p for p in gone if self.finish(p.request_key, p.attempt) is not None]
+
     def on_node(self, profile: NodeProfile) -> None:
+        known = self.nodes.get(profile.node_id)
+        agent_speaks = known is not None and known.source == "agent" and profile.source == "worker"
+        if known is not None and agent_speaks and profile.profiled_at_ms - known.profiled_at_ms < AGENT_SILENT_MS:
+            return  # the node agent speaks for its node; a worker's own probe does not override it
+        self.nodes[profile.node_id] = profile
         if profile.gpus:
             self._node_cc[profile.node_id] = profile.gpus[0].compute_capability
-            for view in self.workers.values():
-                if view.node_id == profile.node_id:
+        for view in self.workers.values():
+            if view.node_id == profile.node_id:
+                if profile.gpus:
                     view.compute_capability = profile.gpus[0].compute_capability
+                _node_facts(view, profile)
 
     def remove_worker(self, worker_id: str) -> list[Placement]:
         """Forget a worker; returns what it held so recovery can place it again."""
@@ -91,13 +120,15 @@ class FleetView:
             attempt=request.attempt,
             worker_id=worker_id,
             model=request.model,
-            kv_blocks=blocks_for(request.total_tokens, view.kv_block_size),
+            kv_blocks=blocks_for(request.tokens_on(view.max_model_len), view.kv_block_size),
             placed_at_ms=now_ms,
             request=request,
             uncached_tokens_est=uncached,
         )
         view.inflight[placement.key] = placement
         self._by_request[request.key] = placement
+        if request.adapter is not None:
+            view.adapters_placed_ms[request.adapter.name] = now_ms
         return placement
 
     def restore(self, placements: Iterable[Placement]) -> None:
@@ -169,3 +200,9 @@ class FleetView:
 
     def serving(self, model: str) -> list[WorkerView]:
         return [w for w in self.workers.values() if w.serves(model)]
+
+
+def _node_facts(view: WorkerView, node: NodeProfile) -> None:
+    view.hardware_class = node.hardware_class
+    view.cpu_count = node.cpu_count
+    view.node_health = node.health

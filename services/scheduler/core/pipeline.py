@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmbus.contract.config_file import load_yaml, shipped_or_path
-from llmbus_services.scheduler.core.config import PipelineConfig, build_plugin
+from llmbus_services.scheduler.core.config import PipelineConfig
 from llmbus_services.scheduler.core.plugins import FILTERS, PICKERS, SCORERS, CycleState, Filter, Picker, Scorer
 from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
@@ -44,9 +44,9 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, spec: PipelineConfig) -> Pipeline:
-        filters = [build_plugin(FILTERS, f, "filter") for f in spec.filters]
-        scorers = [(build_plugin(SCORERS, s, "scorer"), s.weight) for s in spec.scorers]
-        return cls(spec.name, filters, scorers, build_plugin(PICKERS, spec.picker, "picker"))
+        filters = [FILTERS.build(f.type, f.params) for f in spec.filters]
+        scorers = [(SCORERS.build(s.type, s.params), s.weight) for s in spec.scorers]
+        return cls(spec.name, filters, scorers, PICKERS.build(spec.picker.type, spec.picker.params))
 
     @classmethod
     def load(cls, name_or_path: str) -> Pipeline:

@@ -6,8 +6,8 @@ earliest deadline first, then arrival. Requests past their deadline (or past
 `max_wait_ms` when they have none) come out of `expire` as timeouts. The queues are
 bounded: `FlowQueues.admit` refuses beyond `max_queued` per model and beyond
 `max_queued_per_tenant` per tenant over all models (one tenant cannot fill the scheduler's
-shared slots), and the caller answers QUEUE_FULL. Empty queues are dropped (`prune`), so
-model names seen once do not stay forever.
+shared slots), and the caller answers QUEUE_FULL (the fleet's capacity) or RATE_LIMITED (the
+tenant's own). Empty queues are dropped (`prune`), so model names seen once do not stay forever.
 """
 
 from __future__ import annotations
@@ -21,6 +21,14 @@ from llmbus.contract.request_key import RequestKey
 from llmbus_services.scheduler.core.types import SchedRequest
 
 _NO_DEADLINE = 2**62
+
+
+@dataclass(frozen=True)
+class QueueRefusal:
+    """Why a request was not queued: its tenant's own cap (`tenants_own`), or the model's queue is full."""
+
+    reason: str
+    tenants_own: bool
 
 
 @dataclass
@@ -169,13 +177,13 @@ class FlowQueues:
     def queued_of(self, tenant: str) -> int:
         return sum(q.count_of(tenant) for q in self.by_model.values())
 
-    def admit(self, request: SchedRequest, force: bool = False) -> str | None:
-        """Queue the request; the reason when it is refused (None: queued). `force` skips the bounds."""
+    def admit(self, request: SchedRequest, force: bool = False) -> QueueRefusal | None:
+        """Queue the request; why it is refused (None: queued). `force` skips the bounds."""
         queue = self.of(request.model)
         if not force and request.key not in queue and (refused := self._over_tenant_cap(request.tenant)):
-            return refused
+            return QueueRefusal(refused, tenants_own=True)
         if not queue.push(request, force=force):
-            return f"{len(queue)} requests already wait for {request.model}"
+            return QueueRefusal(f"{len(queue)} requests already wait for {request.model}", tenants_own=False)
         return None
 
     def _over_tenant_cap(self, tenant: str) -> str | None:

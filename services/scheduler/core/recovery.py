@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus
+from llmbus.contract.messages import EarlierAttempt, ErrorCode, ErrorInfo, OutcomeStatus
 from llmbus_services.scheduler.core.types import Placement, SchedRequest
 
 
@@ -54,11 +54,15 @@ class RecoveryPolicy:
 
     def retry(self, placement: Placement, reason: ErrorCode, message: str = "") -> Retry | GiveUp:
         request = placement.request
-        if placement.attempt >= self.max_attempts:
+        if request.attempts_here >= self.max_attempts:
             detail = f"{placement.attempt} attempts failed; last on {placement.worker_id}: {reason.value} {message}"
             return GiveUp(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, detail.strip()))
+        ended = EarlierAttempt(attempt=placement.attempt, worker_id=placement.worker_id, ended=reason)
         again = replace(
-            request, attempt=placement.attempt + 1, excluded_workers=request.excluded_workers | {placement.worker_id}
+            request,
+            attempt=placement.attempt + 1,
+            excluded_workers=request.excluded_workers | {placement.worker_id},
+            earlier=[*request.earlier, ended],
         )
         return Retry(again, reason)
 

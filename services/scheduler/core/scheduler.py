@@ -9,7 +9,7 @@ InferenceResult on llm.results. The benchmark drives the very same object in vir
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from llmbus.contract.messages import (
     ErrorCode,
@@ -105,11 +105,21 @@ class SchedulerCore:
         return self.fleet.placement_of(key) is not None or self.queues.holds(request.model, key) or key in self.delayed
 
     def on_heartbeat(self, status: WorkerStatus, now_ms: int, replayed: bool = False) -> list[Action]:
+        known = self.fleet.workers.get(status.worker_id)
+        restarted = not replayed and known is not None and 0 < known.started_at_ms < status.started_at_ms
         self.fleet.on_heartbeat(status, now_ms, replayed)
         self._size_prefix_index()
         actions: list[Action] = []
         if status.state == WorkerState.STOPPED:
             actions += self._lose_worker(status.worker_id, now_ms)
+        elif restarted:
+            # The id restarted (a crash, SIGKILL, OOM kill, then a supervisor): what its earlier process ran is
+            # lost now, not when its dispatches come back to the new process once the old one's group
+            # membership has timed out. Their next attempts continue what they streamed (docs/delivery.md).
+            lost = self.fleet.placed_before(status.worker_id, status.started_at_ms)
+            self.stats.workers_lost += bool(lost)
+            for decision in self.recovery.on_worker_lost(lost):
+                actions += self._follow(decision, now_ms)
         return actions + self._release(now_ms)
 
     def on_node(self, profile: NodeProfile) -> None:
@@ -124,7 +134,8 @@ class SchedulerCore:
         self.prefix_index.max_blocks = max(self.config.prefix_index_max_blocks, fleet_blocks)
 
     def on_model(self, spec: ModelSpec) -> None:
-        self.model_specs[spec.name] = spec
+        if spec.record == "serving":  # a version's registry record is the registry's; what serves is this one
+            self.model_specs[spec.name] = spec
 
     def on_outcome(
         self,
@@ -146,6 +157,14 @@ class SchedulerCore:
             if (too_long := self._too_long(placement.request)) is not None:
                 return [too_long, *self._release(now_ms)]
         decision = self.recovery.on_outcome(placement, status, error)
+        if status == OutcomeStatus.RETRYABLE and error is not None and _upstream_gave_up(error):
+            if error.retry_after_ms:
+                self.fleet.cool_down(placement.worker_id, now_ms + error.retry_after_ms)
+            if not isinstance(decision, Retry) or not self._another_worker_for(decision.request, now_ms):
+                # The hosted model's upstream did not answer through the worker's own retries and deployments,
+                # and no other worker of the model is left to try: the next model of the route's chain takes it
+                # now (the flow's fall back), else it ends with this error and its retry hint.
+                return [self._final(placement.request, error), *self._release(now_ms)]
         if isinstance(decision, Retry) and decision.reason == ErrorCode.ENGINE_OOM:
             # Only where more KV is free than the failed worker had; one that reports no KV cache sets
             # no bound (its retry just goes elsewhere).
@@ -158,6 +177,24 @@ class SchedulerCore:
             decision.request.not_before_ms = now_ms + self.recovery.backoff_ms(placement.attempt)
         actions = self._follow(decision, now_ms) if isinstance(decision, Retry | GiveUp) else []
         return actions + self._release(now_ms)
+
+    def _another_worker_for(self, request: SchedRequest, now_ms: int) -> bool:
+        """A worker of the request's model that has not failed it and could take it now (ready, heard, not
+        cooling down)."""
+        timeout_ms = self.recovery.heartbeat_timeout_ms
+        return any(
+            w.serves(request.model, request.model_version)
+            and w.state == WorkerState.READY
+            and w.worker_id not in request.excluded_workers
+            and now_ms >= w.cooldown_until_ms
+            and self.fleet.heard(w, now_ms, timeout_ms)
+            for w in self.fleet.workers.values()
+        )
+
+    def fits_model(self, request: SchedRequest, model: str) -> bool:
+        """Whether a worker of `model` could take `request` (its window and KV); True while none is known."""
+        elsewhere = replace(request, model=model, model_version=None)
+        return not never_fits(elsewhere, list(self.fleet.workers.values()))
 
     def cancel(self, key: RequestKey) -> SchedRequest | None:
         """Drop a queued or delayed request (a placed one is cancelled by its worker)."""
@@ -230,13 +267,13 @@ class SchedulerCore:
         if (too_long := self._too_long(request)) is not None:
             return [too_long]
         if request.kv_blocks_free_over is not None and not any(
-            w.serves(request.model) and w.kv_blocks_total > request.kv_blocks_free_over
+            w.serves(request.model, request.model_version) and w.kv_blocks_total > request.kv_blocks_free_over
             for w in self.fleet.workers.values()
         ):
             free = request.kv_blocks_free_over
             more = f"no worker can have more than the {free} free KV blocks it ran out of memory with"
             return [self._final(request, ErrorInfo(code=ErrorCode.ENGINE_OOM, message=more, retryable=False))]
-        if _has_fallback(request) and self._nobody_serves(request.model, now_ms):
+        if _has_fallback(request) and self._nobody_serves(request.model, now_ms, request.model_version):
             return [
                 self._final(
                     request, ErrorInfo.of(ErrorCode.MODEL_UNAVAILABLE, f"no live worker serves {request.model!r}")
@@ -248,53 +285,59 @@ class SchedulerCore:
             if placement is not None:
                 return [PlaceAction(placement)]
         if (refused := self.queues.admit(request, force=force)) is not None:
-            return [self._final(request, ErrorInfo.of(ErrorCode.QUEUE_FULL, refused, retry_after_ms=1000))]
+            code = ErrorCode.RATE_LIMITED if refused.tenants_own else ErrorCode.QUEUE_FULL
+            return [self._final(request, ErrorInfo.of(code, refused.reason, retry_after_ms=1000))]
         self.stats.queued += 1
         return self._release(now_ms, models=[request.model])
 
     def _too_long(self, request: SchedRequest) -> FinalError | None:
         if not never_fits(request, list(self.fleet.workers.values())):
             return None
-        message = (
-            f"prompt {request.prompt_tokens} + max_tokens {request.max_tokens} tokens exceed every worker's "
-            "max model length or KV cache"
-        )
+        answer = "at least 1 answer token" if request.max_tokens_auto else f"max_tokens {request.max_tokens}"
+        message = f"prompt {request.prompt_tokens} + {answer} tokens exceed every worker's max model length or KV cache"
         return self._final(request, ErrorInfo.of(ErrorCode.PROMPT_TOO_LONG, message))
 
     def _expired_error(self, request: SchedRequest, now_ms: int) -> ErrorInfo:
         """Why a queued request ends unplaced: its own deadline passed (late), or it waited the whole
         max wait while no live worker served its model (unavailable now; retryable: a worker may come,
-        and is known within one heartbeat timeout of its start)."""
+        and is known within one heartbeat timeout of its start), or while every worker of it was full (the
+        fleet's capacity: over_capacity, which the route's next model takes where there is one)."""
         own_deadline_passed = request.deadline_ms is not None and now_ms >= request.deadline_ms
-        if not own_deadline_passed and self._nobody_serves(request.model, now_ms):
+        if not own_deadline_passed and self._nobody_serves(request.model, now_ms, request.model_version):
+            version = f" version {request.model_version!r}" if request.model_version else ""
             return ErrorInfo.of(
                 ErrorCode.MODEL_UNAVAILABLE,
-                f"no live worker serves {request.model!r}; waited {now_ms - request.arrived_at_ms} ms for one",
+                f"no live worker serves {request.model!r}{version}; waited {now_ms - request.arrived_at_ms} ms for one",
                 retry_after_ms=self.recovery.heartbeat_timeout_ms,
             )
-        return ErrorInfo.of(
-            ErrorCode.DEADLINE_EXCEEDED, f"no worker took it before its deadline (attempt {request.attempt})"
-        )
+        if own_deadline_passed:
+            return ErrorInfo.of(
+                ErrorCode.DEADLINE_EXCEEDED, f"no worker took it before its deadline (attempt {request.attempt})"
+            )
+        waited_ms = now_ms - request.arrived_at_ms
+        return ErrorInfo.of(ErrorCode.OVER_CAPACITY, f"no worker of {request.model!r} was free for {waited_ms} ms")
 
     def _fleet_known(self, now_ms: int) -> bool:
         """A heartbeat timeout after the first tick every live worker has been heard from."""
         since = self.watching_since_ms
         return since is not None and now_ms - since >= self.recovery.heartbeat_timeout_ms
 
-    def _nobody_serves(self, model: str, now_ms: int) -> bool:
+    def _nobody_serves(self, model: str, now_ms: int, version: str | None = None) -> bool:
         """True once the fleet is known (a heartbeat timeout after start) and no live worker lists the model.
 
         Used only for requests with a fallback chain: answering now lets the next model take over.
         Requests without one wait (up to max_wait_ms) for a worker to come, e.g. one scaled up from zero.
-        A DEGRADED worker (its upstream failing) serves nothing until its probe succeeds, so it counts
-        as absent: with every hosted worker of a model degraded, the fallback model answers.
+        A DEGRADED worker (its upstream failing) serves nothing until its probe succeeds, and one cooling
+        down (its upstream said 429 / 503 for a while) nothing until then, so both count as absent: with
+        every hosted worker of a model degraded or busy, the fallback model answers.
         """
         if not self._fleet_known(now_ms):
             return False
         timeout_ms = self.recovery.heartbeat_timeout_ms
         return not any(
-            model in w.models
+            w.serves(model, version)
             and w.state not in (WorkerState.STOPPED, WorkerState.DEGRADED)
+            and now_ms >= w.cooldown_until_ms
             and self.fleet.heard(w, now_ms, timeout_ms)
             for w in self.fleet.workers.values()
         )
@@ -341,3 +384,10 @@ class SchedulerCore:
 
 def _has_fallback(request: SchedRequest) -> bool:
     return request.routed is not None and bool(request.routed.fallback_chain)
+
+
+def _upstream_gave_up(error: ErrorInfo) -> bool:
+    """A worker's hand-back that says its hosted upstream did not answer (after the worker's own retries):
+    failing or stalling, busy past the wait the worker allows, or over its window."""
+    busy = error.code == ErrorCode.OVER_CAPACITY and bool(error.retry_after_ms)
+    return busy or error.code in (ErrorCode.MODEL_UNAVAILABLE, ErrorCode.PROMPT_TOO_LONG)

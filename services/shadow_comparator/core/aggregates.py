@@ -70,8 +70,9 @@ def pair_increments(comparison: Comparison) -> Increments:
     return {k: v for k, v in inc.items() if v}
 
 
-def cost_increments(cost_usd: float) -> Increments:
-    return {"cost_n": 1, "cost_usd": cost_usd}
+def cost_increments(cost_usd: float, counts_request: bool = True) -> Increments:
+    """A cost record's; `counts_request` False: an earlier leg of a continued answer (its cost, not a request)."""
+    return {"cost_n": int(counts_request), "cost_usd": cost_usd}
 
 
 NEGATIVE_SCORE = 0.5  # a score below this (thumbs down, 1-2 of 5 stars) is negative feedback

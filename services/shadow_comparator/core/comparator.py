@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmbus.contract.messages import (
     Comparison,
@@ -24,10 +24,13 @@ from llmbus.contract.messages import (
     ExperimentState,
     Feedback,
     InferenceResult,
+    ModelSpec,
     now_ms,
 )
 from llmbus.contract.request_key import request_key
-from llmbus.domain.lifecycle import CANDIDATE, CONTROL
+from llmbus.domain.lifecycle import CANDIDATE, CONTROL, supersedes
+from llmbus.domain.registry import RegistryError, by_model
+from llmbus.domain.release import follow
 from llmbus_services.shadow_comparator.core.aggregates import (
     PAIRS,
     PairStats,
@@ -41,7 +44,7 @@ from llmbus_services.shadow_comparator.core.compare import compare
 from llmbus_services.shadow_comparator.core.decide import StepEvidence, Verdict, decide
 from llmbus_services.shadow_comparator.core.join import feedback_belongs, pair_ref
 from llmbus_services.shadow_comparator.core.ports import PairStore
-from llmbus_services.shadow_comparator.core.samples import not_a_sample, variant_model
+from llmbus_services.shadow_comparator.core.samples import not_a_sample, variant_model, variant_version
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,7 @@ class ExperimentView:
             if experiment_id:
                 self.by_id.pop(experiment_id, None)
             return
-        current = self.by_id.get(experiment.experiment_id)
-        if current is None or experiment.updated_at_ms >= current.updated_at_ms:
+        if supersedes(experiment, self.by_id.get(experiment.experiment_id)):  # the highest version
             self.by_id[experiment.experiment_id] = experiment
 
     def step_of(self, experiment_id: str) -> int:
@@ -84,6 +86,17 @@ class Comparator:
     experiments: ExperimentView
     publish_comparison: PublishComparison
     max_text_chars: int = 16_000
+    models: dict[str, ModelSpec] = field(default_factory=dict)  # llm.models as read: key → latest record
+
+    def registry_steps(self, experiment: Experiment, reason: str) -> list[ModelSpec]:
+        """The registry records that follow a release's new step (none for other experiments);
+        RegistryError when the registry lacks the release's version record."""
+        if not experiment.is_release or experiment.candidate_model is None:
+            return []
+        model = by_model(self.models).get(experiment.candidate_model)
+        if model is None:
+            raise RegistryError(f"model {experiment.candidate_model!r} is not in the registry")
+        return follow(experiment, model, by="shadow-comparator", reason=reason)
 
     async def on_result(self, result: InferenceResult) -> None:
         if result.experiment_id and result.variant and not result.shadow:
@@ -127,7 +140,8 @@ class Comparator:
     async def _count_variant(self, result: InferenceResult) -> None:
         assert result.experiment_id and result.variant
         experiment = self.experiments.by_id.get(result.experiment_id)
-        if (why := not_a_sample(result, variant_model(experiment, result.variant))) is not None:
+        model, version = variant_model(experiment, result.variant), variant_version(experiment, result.variant)
+        if (why := not_a_sample(result, model, version)) is not None:
             await self.store.count(**{f"not_a_sample_{why}": 1})
             return
         step = self.experiments.step_of(result.experiment_id)
@@ -138,7 +152,9 @@ class Comparator:
             )
 
     async def on_cost(self, cost: CostRecord) -> None:
-        await self._join_late("cost", cost.request_id, cost_increments(cost.cost_usd), cost.tenant)
+        # Once per record: a continued answer's legs are billed by a record each, and its cost is their sum.
+        increments = cost_increments(cost.cost_usd, counts_request=cost.leg is None)
+        await self._join_late("cost", cost.request_id, increments, cost.tenant, once=cost.record_id or None)
 
     async def on_feedback(self, feedback: Feedback) -> None:
         """`feedback.tenant` is the authenticated one (the handler took it from the topic when auth is on)."""
@@ -148,8 +164,11 @@ class Comparator:
         log.warning("feedback refused: %s", reason)
         await self.store.count(feedback_refused=1)
 
-    async def _join_late(self, kind: str, request_id: str, increments: dict[str, float], from_tenant: str) -> None:
-        """A cost or a feedback joins its request by request key (`from_tenant`'s request of that id)."""
+    async def _join_late(
+        self, kind: str, request_id: str, increments: dict[str, float], from_tenant: str, once: str | None = None
+    ) -> None:
+        """A cost or a feedback joins its request by request key (`from_tenant`'s request of that id), applied
+        once per request key, or per `once` (a cost record's id)."""
         key = request_key(from_tenant, request_id)
         link = await self.store.request_variant(key, request_id)
         if link is None:
@@ -162,7 +181,7 @@ class Comparator:
             await self.store.count(**{f"{kind}_foreign": 1})
             return
         agg = self.store.agg_key(link.experiment_id, link.step, link.variant)
-        if await self.store.apply_once(kind, key, agg, increments):
+        if await self.store.apply_once(kind, once or key, agg, increments):
             await self.store.count(**{f"{kind}_joined": 1})
 
     async def sweep(self, now: int | None = None) -> dict[str, int]:

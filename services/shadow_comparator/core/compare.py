@@ -104,4 +104,5 @@ def compare(experiment_id: str, primary: InferenceResult, shadow: InferenceResul
         length_delta_tokens=candidate.completion_tokens - control.completion_tokens,
         similarity=round(rouge_l_f1(primary.text, shadow.text), 4) if both_ok else None,
         similarity_metric=SIMILARITY_METRIC,
+        release=shadow.release,
     )

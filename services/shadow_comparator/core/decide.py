@@ -29,7 +29,8 @@ from llmbus.contract.messages import (
     StatEvidence,
     VariantEvidence,
 )
-from llmbus.domain.lifecycle import ENDED, render, share_pct
+from llmbus.domain.lifecycle import CANDIDATE, ENDED, render, share_pct
+from llmbus.domain.release import context_for
 from llmbus_services.shadow_comparator.core.aggregates import PairStats, VariantStats
 from llmbus_services.shadow_comparator.core.sequential import (
     Moments,
@@ -251,6 +252,7 @@ def decide(experiment: Experiment, evidence: StepEvidence, now_ms: int) -> Verdi
                 state=after.state,
                 variants=variants,
                 tests=tests,
+                release=context_for(experiment, CANDIDATE),  # the stage the evidence is from
             ),
             updated,
             breaches + early,

@@ -1,7 +1,7 @@
 """Which pair a result belongs to, and whose feedback joins it (pure).
 
 The router derives a shadow's request id from its primary's.
-A shadow copy's id is `<primary id>.shadow.<experiment id>` (router/policy/experiments.py);
+A shadow copy's id is `<primary id>.shadow.<experiment id>` (shadow_request_id, services/router/core/experiments.py);
 ids that would pass 128 characters are hashed there and cannot be joined (counted as
 `unjoinable`). The copy keeps its client's tenant, so a pair is joined under the primary's
 request key (`<tenant>:<primary id>`, llmbus.contract.request_key): two tenants' requests with the

@@ -31,6 +31,13 @@ NOT_THE_MODELS_ERRORS = frozenset(
 _NOT_GENERATED_PREFIXES = ("cache_hit", "coalesced", "semantic")
 
 
+def variant_version(experiment: Experiment | None, variant: str) -> str | None:
+    """The registry version a release's variant runs (None: any version, or not a release)."""
+    if experiment is None:
+        return None
+    return next((v.version for v in experiment.variants if v.name == variant), None)
+
+
 def variant_model(experiment: Experiment | None, variant: str) -> str | None:
     if experiment is None:
         return None
@@ -40,13 +47,15 @@ def variant_model(experiment: Experiment | None, variant: str) -> str | None:
     return {"control": experiment.control_model, "candidate": experiment.candidate_model}.get(variant)
 
 
-def not_a_sample(result: InferenceResult, model: str | None) -> str | None:
-    """None when `result` is a sample of the variant whose model is `model`; else why not."""
+def not_a_sample(result: InferenceResult, model: str | None, version: str | None = None) -> str | None:
+    """None when `result` is a sample of the variant whose model is `model` (and `version`, in a release); else why."""
     reason = result.route_reason or ""
     if result.cached or reason.startswith(_NOT_GENERATED_PREFIXES):
         return "not_generated"
     if result.status == ResultStatus.ERROR and result.error is not None and result.error.code in NOT_THE_MODELS_ERRORS:
         return "caller_error"
     if reason.startswith("fallback") or (model is not None and result.model is not None and result.model != model):
+        return "other_model"
+    if version is not None and result.model_version is not None and result.model_version != version:
         return "other_model"
     return None

@@ -3,9 +3,10 @@
 One record per answered request (tenant, request id) on the primary path; shadow copies are left
 out (no user saw them). The join is by (tenant, request id): the request from llm.requests (the
 prompt; absent when the archive keeps no prompts), its result on llm.results (answer text, model
-and version, experiment and variant, usage, timings), its cost on llm.costs, and every feedback on
-it from llm.feedback (in the order given; `score` is the last one). The schema is `RlhfRecord`'s,
-committed as schemas/exports/RlhfRecord.json (tests/unit/test_archive_rlhf.py keeps them equal).
+and version, the release it ran under, experiment and variant, usage, timings), its cost on
+llm.costs, and every feedback on it from llm.feedback (in the order given; `score` is the last one).
+The schema is `RlhfRecord`'s, committed as schemas/exports/RlhfRecord.json
+(tests/unit/test_archive_rlhf.py keeps them equal).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from llmbus.contract.messages import ReleaseContext
 
 RLHF_SCHEMA_VERSION: Literal[1] = 1
 
@@ -56,6 +59,9 @@ class RlhfRecord(BaseModel):
     finish_reason: str | None = None
     model: str | None = None
     model_version: str | None = None
+    release: ReleaseContext | None = Field(
+        default=None, description="The release it ran under: upgrade id, version, previous version, stage."
+    )
     tier: str | None = None
     route_reason: str | None = None
     worker_id: str | None = None
@@ -132,6 +138,7 @@ def _record(
         finish_reason=result.get("finish_reason"),
         model=result.get("model"),
         model_version=result.get("model_version"),
+        release=ReleaseContext.model_validate(result["release"]) if result.get("release") else None,
         tier=result.get("tier"),
         route_reason=result.get("route_reason"),
         worker_id=result.get("worker_id"),

@@ -1,10 +1,13 @@
 """The delivery audit (pure): what a namespace's topics say happened to every request sent.
 
-For every request id sent it asks: exactly one final InferenceResult (non-shadow)? Do the
-chunks of the attempt that produced it form a gap-free seq 0..n with one final chunk, last,
-whose text is the result's? It also checks every record against its topic (chunks only on
-reply topics, results only on llm.results, ...) and, when asked, that every record on
-llm.requests ended as a result or a DLQ entry with a reason. No broker imports: the reader
+For every request id sent it asks: exactly one final InferenceResult (non-shadow) per tenant that
+used the id? Do the chunks of the attempt that produced each one form a gap-free seq 0..n with one
+final chunk, last, whose text is the result's? Every result of an id is judged, not only the
+first: another tenant's request of the same id is another request, with its own one result and
+its own chunks. Answers (results with text) and errors (results with an error code) are counted
+apart. It also checks every record against its topic (chunks only on reply topics, results only on
+llm.results, ...) and, when asked, that every record on llm.requests (the shared topic and every
+tenant's own) ended as a result or a DLQ entry with a reason. No broker imports: the reader
 (`llmbus.audit.read`) turns a namespace into `Seen` records, tests build them by hand.
 """
 
@@ -18,7 +21,8 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from llmbus.contract import topics as t
-from llmbus.contract.messages import DeadLetter, InferenceResult, Message, ResultStatus, TokenChunk
+from llmbus.contract.chunks import gaps, segments_of
+from llmbus.contract.messages import ContinuedFrom, DeadLetter, InferenceResult, Message, ResultStatus, TokenChunk
 
 SCHEMA_HEADER = "llmbus-schema"
 MAX_EXAMPLES = 20  # problems listed by kind; the counts are always complete
@@ -34,6 +38,7 @@ class Seen:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp_ms: int | None = None  # the record's timestamp (its producer's clock)
 
     def header(self, name: str) -> str | None:
         for key, raw in self.headers:
@@ -45,15 +50,17 @@ class Seen:
 @dataclass
 class AuditReport:
     sent: int = 0
-    answered: int = 0  # exactly one final result
+    answered: int = 0  # results with text: the request's one final result, OK
+    errored: int = 0  # results with an error code: the request's one final result, an error
     lost: int = 0  # no final result
     doubled: int = 0  # more than one final result
     bad_chunks: int = 0  # the answering attempt's chunks are not a clean stream of the result's text
     misplaced: int = 0  # a record on a topic it does not belong on
     unaccounted: int = 0  # a record on llm.requests with neither a result nor a DLQ entry (when checked)
-    ok_results: int = 0
-    error_results: dict[str, int] = field(default_factory=dict)  # error code → answered requests
+    error_results: dict[str, int] = field(default_factory=dict)  # error code → results with it
+    errors_by_id: dict[str, str] = field(default_factory=dict)  # request id → the error code it ended with
     dead_letters: int = 0
+    dead_letters_by: dict[str, int] = field(default_factory=dict)  # "<service>/<error code>" → letters
     chunk_redeliveries: int = 0  # identical copies of a chunk (dedupable by request id, attempt, seq)
     problems: dict[str, list[str]] = field(default_factory=dict)
 
@@ -70,6 +77,7 @@ class AuditReport:
         return {
             "sent": self.sent,
             "answered": self.answered,
+            "errored": self.errored,
             "lost": self.lost,
             "doubled": self.doubled,
             "bad_chunks": self.bad_chunks,
@@ -86,10 +94,16 @@ class AuditReport:
         return "\n".join(lines)
 
 
+def is_request_topic(topics: t.Topics, topic: str) -> bool:
+    """llm.requests, or a tenant's own request topic llm.requests.<tenant> (auth on)."""
+    base = topic.removeprefix(topics.prefix)
+    return base == t.REQUESTS or base.startswith(t.REQUESTS + ".")
+
+
 def expected_type(topics: t.Topics, topic: str) -> type[Message]:
     """The message type a topic of the namespace carries; a topic outside the catalog is a reply topic."""
     base = topic.removeprefix(topics.prefix)
-    if base.startswith(t.DISPATCH_PREFIX) or base in t.BY_NAME:
+    if base.startswith((t.DISPATCH_PREFIX, t.FEEDBACK + ".")) or base in t.BY_NAME:
         return topics.spec_of(topic).value
     return TokenChunk
 
@@ -110,7 +124,7 @@ def _decode_all(topics: t.Topics, records: Iterable[Seen], report: AuditReport) 
     for record in records:
         model = expected_type(topics, record.topic)
         where = f"{record.topic}[{record.partition}]@{record.offset}"
-        if record.topic.removeprefix(topics.prefix) == t.REQUESTS:
+        if is_request_topic(topics, record.topic):
             decoded.requests.append(record)  # client input (tombstones too): judged by what became of it
             continue
         if record.value is None:
@@ -145,32 +159,47 @@ def _decode_all(topics: t.Topics, records: Iterable[Seen], report: AuditReport) 
 def _chunk_problem(
     result: InferenceResult, attempts: dict[int, list[tuple[str, TokenChunk]]], report: AuditReport
 ) -> str | None:
-    """Why the answering attempt's chunks are not a clean stream of the result's text (None: they are)."""
+    """Why the chunks of the answer are not a clean stream of the result's text (None: they are). The answer
+    is the answering attempt's chunks and, where it continues earlier attempts (`continues`), theirs up to
+    where it cut them (docs/delivery.md, "Continuation across legs"): seq 0..n without a gap, the final chunk
+    last (its attempt's), their text the result's."""
     later = sorted(a for a in attempts if a > result.attempt)
     if later:
         return f"chunks of attempt(s) {later} after the result of attempt {result.attempt}"
     stream = attempts.get(result.attempt, [])
     if not stream:
         return f"no chunks for attempt {result.attempt}"
-    if len({topic for topic, _ in stream}) > 1:
-        return f"chunks on several topics: {sorted({topic for topic, _ in stream})}"
-    by_seq: dict[int, TokenChunk] = {}
-    for _, chunk in stream:
-        known = by_seq.get(chunk.seq)
-        if known is None:
-            by_seq[chunk.seq] = chunk
-        elif (known.delta, known.final) == (chunk.delta, chunk.final):
-            report.chunk_redeliveries += 1
-        else:
-            return f"seq {chunk.seq} sent twice with different content"
-    seqs = sorted(by_seq)
-    if seqs != list(range(len(seqs))):
-        missing = sorted(set(range(seqs[-1] + 1)) - set(seqs))
-        return f"seq gaps: missing {missing[:10]}"
-    finals = [s for s, c in by_seq.items() if c.final]
-    if finals != [seqs[-1]]:
-        return f"final chunk(s) at seq {finals}, last seq {seqs[-1]}"
-    text = "".join(by_seq[s].delta for s in seqs)
+    if len({topic for _, sent in attempts.items() for topic, _ in sent}) > 1:
+        return f"chunks on several topics: {sorted({topic for sent in attempts.values() for topic, _ in sent})}"
+    by_attempt: dict[int, dict[int, TokenChunk]] = {}
+    continues: dict[int, ContinuedFrom] = {}
+    for attempt, sent in attempts.items():
+        by_seq = by_attempt.setdefault(attempt, {})
+        for _, chunk in sent:
+            known = by_seq.get(chunk.seq)
+            if known is None:
+                by_seq[chunk.seq] = chunk
+            elif (known.delta, known.final) == (chunk.delta, chunk.final):
+                report.chunk_redeliveries += 1
+            else:
+                return f"seq {chunk.seq} sent twice with different content (attempt {attempt})"
+            marker = chunk.continues
+            if marker is not None and continues.setdefault(attempt, marker) != marker:
+                return f"attempt {attempt}'s chunks continue different attempts"
+    own = by_attempt[result.attempt]
+    finals = sorted(s for s, c in own.items() if c.final)
+    if finals != [max(own)]:
+        return f"final chunk(s) at seq {finals}, last seq {max(own)}"
+    content = {a: [c for _, c in sorted(seqs.items()) if not c.final] for a, seqs in by_attempt.items()}
+    segments = segments_of(content, continues, result.attempt)
+    answer = [c for segment in segments for c in segment.chunks]
+    if (gap := next(gaps(segments), None)) is not None:
+        seqs = [c.seq for c in answer]
+        missing = sorted(set(range(max(seqs) + 1)) - set(seqs))
+        return f"seq gaps: missing {missing[:10]} ({gap})"
+    if finals[0] != (answer[-1].seq + 1 if answer else finals[0]):
+        return f"final chunk at seq {finals[0]}, the answer's last at {answer[-1].seq}"
+    text = "".join(c.delta for c in answer)
     if text != result.text:
         return f"chunk text ({len(text)} chars) differs from the result's ({len(result.text)} chars)"
     return None
@@ -197,6 +226,9 @@ def audit(
     report = AuditReport()
     decoded = _decode_all(topics, records, report)
     report.dead_letters = len(decoded.letters)
+    for letter in decoded.letters:
+        by = f"{letter.service}/{letter.error_code}"
+        report.dead_letters_by[by] = report.dead_letters_by.get(by, 0) + 1
     sent = list(dict.fromkeys(sent_ids))
     report.sent = len(sent)
     for request_id in sent:
@@ -218,17 +250,8 @@ def audit(
                 + ", ".join(f"{r.tenant}/{r.produced_by}/attempt {r.attempt}/{r.status.value}" for r in results),
             )
             continue
-        result = results[0]  # the first one written: the sender's, whichever tenants also used the id
-        report.answered += 1
-        if result.status == ResultStatus.OK:
-            report.ok_results += 1
-        else:
-            code = result.error.code.value if result.error else "unknown"
-            report.error_results[code] = report.error_results.get(code, 0) + 1
-        problem = _chunk_problem(result, _of_tenant(decoded.chunks.get((request_id, False), {}), result.tenant), report)
-        if problem is not None:
-            report.bad_chunks += 1
-            report.note("bad_chunks", f"{request_id}: {problem}")
+        for result in results:  # each tenant's one result: every one is judged
+            _judge(report, request_id, result, decoded)
     for (request_id, shadow), results in decoded.results.items():
         if shadow and len(results) > 1:
             report.doubled += 1
@@ -236,6 +259,21 @@ def audit(
     if account_requests:
         _account_requests(topics, decoded, report)
     return report
+
+
+def _judge(report: AuditReport, request_id: str, result: InferenceResult, decoded: _Decoded) -> None:
+    """One request's one final result: an answer or an error (by code), and its attempt's chunks."""
+    if result.status == ResultStatus.OK:
+        report.answered += 1
+    else:
+        code = result.error.code.value if result.error else "unknown"
+        report.errored += 1
+        report.error_results[code] = report.error_results.get(code, 0) + 1
+        report.errors_by_id[request_id] = code
+    problem = _chunk_problem(result, _of_tenant(decoded.chunks.get((request_id, False), {}), result.tenant), report)
+    if problem is not None:
+        report.bad_chunks += 1
+        report.note("bad_chunks", f"{request_id}: {problem} (tenant {result.tenant})")
 
 
 def _of_tenant(chunks: dict[int, list[tuple[str, TokenChunk]]], tenant: str) -> dict[int, list[tuple[str, TokenChunk]]]:

@@ -7,11 +7,10 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from llmbus.audit.check import AuditReport, Seen, audit, request_id_of
+from llmbus.audit.check import AuditReport, Seen, audit, is_request_topic, request_id_of
 from llmbus.bus.admin import open_admin
 from llmbus.bus.catch_up import read_to_end
 from llmbus.bus.security import kafka_auth
-from llmbus.contract import topics as t
 from llmbus.contract.topics import Topics
 from llmbus.settings import BusSettings
 
@@ -50,7 +49,7 @@ async def read_namespace(settings: BusSettings, timeout_s: float = 120.0) -> lis
         ends = await asyncio.wait_for(consumer.end_offsets(partitions), settings.admin_timeout_s)
         records = read_to_end(consumer, ends, timeout_s, call_timeout_s=settings.admin_timeout_s, max_records=10_000)
         async for r in records:
-            seen.append(Seen(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ())))
+            seen.append(Seen(r.topic, r.partition, r.offset, r.key, r.value, tuple(r.headers or ()), r.timestamp))
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
     log.info("audit read %d records from %d partitions", len(seen), len(partitions))
@@ -65,7 +64,7 @@ async def audit_namespace(
 
 
 def request_ids_in(topics: Topics, records: list[Seen]) -> list[str]:
-    """The request ids clients asked for: every string `request_id` on llm.requests, in order."""
-    requests = topics.name(t.REQUESTS)
-    ids = (request_id_of(r.value or b"") for r in records if r.topic == requests)
+    """The request ids clients asked for: every string `request_id` on llm.requests (and the tenants' own
+    request topics), in order."""
+    ids = (request_id_of(r.value or b"") for r in records if is_request_topic(topics, r.topic))
     return list(dict.fromkeys(i for i in ids if i is not None))

@@ -8,10 +8,13 @@ late, so a loop with no deadline can hang a service's start for ever.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+import logging
+from collections.abc import AsyncGenerator, Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
+
+log = logging.getLogger(__name__)
 
 
 class NotReadToEnd(TimeoutError):
@@ -52,6 +55,22 @@ async def reached(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], t
         if await asyncio.wait_for(consumer.position(tp), timeout_s) < end:
             return False
     return True
+
+
+async def caught_up(
+    consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int], in_flight: Callable[[], int], timeout_s: float
+) -> bool:
+    """True once the consumer's loop has handled every record below `ends`; False when `timeout_s` ran out.
+
+    Records come out of getmany and become tasks in one step, so position at the end and nothing in
+    flight means everything up to the end offsets was applied."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        if await reached(consumer, ends, timeout_s) and in_flight() == 0:
+            return True
+        await asyncio.sleep(0.02)
+    return False
 
 
 async def read_to_end(

@@ -28,7 +28,7 @@ from opentelemetry import trace
 from prometheus_client import Counter, Gauge, Histogram
 
 from llmbus.bus.commits import commit_with_retry
-from llmbus.bus.headers import REQUEST_ID, header_value, trace_context
+from llmbus.bus.headers import REQUEST_ID, UPGRADE_ID, header_value, trace_context
 from llmbus.bus.holds import Holds
 from llmbus.bus.offsets import OffsetTracker
 from llmbus.bus.security import kafka_auth
@@ -43,6 +43,7 @@ tracer = trace.get_tracer("llmbus.bus")
 Handler = Callable[[ConsumerRecord], Awaitable[None]]
 BatchHandler = Callable[[list[ConsumerRecord]], Awaitable[None]]
 ErrorHandler = Callable[[ConsumerRecord, Exception], Awaitable[None]]
+RevokeHook = Callable[[set[TopicPartition]], object]
 
 CONSUMED = Counter("llmbus_messages_consumed_total", "Records handled", ["service", "topic", "outcome"])
 REWOUND = Counter(
@@ -94,6 +95,12 @@ class ConsumerStalled(RuntimeError):
     """The poll loop stopped coming round: the service should exit and be restarted."""
 
 
+class StopService(RuntimeError):
+    """Raised by a handler whose failure no retry fixes and no record caused (the service's credentials
+    or rights, llmbus.state.errors' FATAL): the loop stops with it, the record uncommitted, instead of
+    dead-lettering every record that meets it."""
+
+
 class ConsumerLoop:
     def __init__(
         self,
@@ -109,7 +116,13 @@ class ConsumerLoop:
         batch_handler: BatchHandler | None = None,
         batch_max_records: int = 500,
         holds: Holds[Any] | None = None,
+        on_revoke: RevokeHook | None = None,
+        grace_over: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """`on_revoke`: told of partitions taken away before they are committed (what the service
+        still holds for them it hands over: its handlers, cancelled, leave their records uncommitted).
+        `grace_over`: called when a drain's grace is over with records still in flight (the handler
+        gives them back); they then get `stop_timeout_s` more before they are cancelled."""
         self._consumer = consumer
         self._handler = handler
         # A batch handler takes every record of one fetch at once (one batch in flight per slot);
@@ -122,6 +135,8 @@ class ConsumerLoop:
         self._max_in_flight = max_in_flight
         self._commit_offsets = commit_offsets  # False for group-less readers of compacted state
         self._drain_grace_s = settings.stop_timeout_s if drain_grace_s is None else drain_grace_s
+        self._on_revoke = on_revoke
+        self._grace_over = grace_over
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slot_freed = asyncio.Event()
@@ -133,6 +148,7 @@ class ConsumerLoop:
         self._commit_lock = asyncio.Lock()
         self._committing: asyncio.Task[None] | None = None
         self.last_poll_monotonic = time.monotonic()
+        self._fatal: asyncio.Future[None] | None = None  # set by a StopService, in `run`
         # Records the handler holds open after it returned (llmbus.bus.holds): done on release.
         self._holds = holds
         self._held_epochs: dict[tuple[TopicPartition, int], int] = {}
@@ -148,6 +164,9 @@ class ConsumerLoop:
 
         class _Listener(ConsumerRebalanceListener):
             async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+                if loop._on_revoke is not None:
+                    loop._on_revoke(set(revoked))
+                    await asyncio.sleep(0)  # the handlers it cancelled end (uncommitted) before the commit
                 await loop.commit()
                 loop._forget(list(revoked))
 
@@ -165,17 +184,22 @@ class ConsumerLoop:
         `watchdog_s`: the process exits and restarts from its commits instead of hanging.
         """
         self.last_poll_monotonic = time.monotonic()
+        self._fatal = asyncio.get_running_loop().create_future()
         poll = asyncio.create_task(self._poll_until(stop))
         watchdog = asyncio.create_task(self._watchdog())
         try:
-            await asyncio.wait({poll, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({poll, watchdog, self._fatal}, return_when=asyncio.FIRST_COMPLETED)
             if not poll.done():
                 poll.cancel()
                 await asyncio.gather(poll, return_exceptions=True)
+                if self._fatal.done():
+                    self._fatal.result()  # the handler's StopService
                 raise ConsumerStalled(f"no poll for {self._settings.watchdog_s:.0f}s")
             poll.result()
         finally:
             watchdog.cancel()
+            if not self._fatal.done():
+                self._fatal.cancel()
             await self.drain(self._drain_grace_s)
 
     async def _watchdog(self) -> None:
@@ -296,6 +320,9 @@ class ConsumerLoop:
                 await self._batch_handler(records)
         except asyncio.CancelledError:
             return  # not done: stays uncommitted and is redelivered
+        except StopService as exc:
+            self._stop_service(exc)
+            return  # not done: stays uncommitted
         except Exception as exc:  # noqa: BLE001 - every failure is routed, none dropped
             outcome = "dead_letter"
             for record in records:
@@ -308,6 +335,11 @@ class ConsumerLoop:
                 for record in part:
                     self._finished(tp, record.offset, epochs[tp], outcome == "ok")
         self._slot_freed.set()
+
+    def _stop_service(self, exc: StopService) -> None:
+        log.critical("stopping: %s (its record stays uncommitted)", exc, exc_info=exc.__cause__)
+        if self._fatal is not None and not self._fatal.done():
+            self._fatal.set_exception(exc)
 
     async def _route_error(self, record: ConsumerRecord, exc: Exception) -> bool:
         """`on_error` for a record whose handler raised; False (logged) if that failed too."""
@@ -333,17 +365,17 @@ class ConsumerLoop:
         parent = trace_context(record.headers)
         if tracing_off():
             return _Attached(parent)
+        attributes: dict[str, str | int] = {
+            semconv.MESSAGING_SYSTEM: "kafka",
+            semconv.MESSAGING_DESTINATION: record.topic,
+            semconv.MESSAGING_PARTITION: str(record.partition),
+            semconv.MESSAGING_OFFSET: record.offset,
+            semconv.LLMBUS_REQUEST_ID: request_id or "",
+        }
+        if (upgrade_id := header_value(record.headers, UPGRADE_ID)) is not None:
+            attributes[semconv.LLMBUS_UPGRADE_ID] = upgrade_id
         span = tracer.start_span(
-            f"{record.topic} process",
-            context=parent,
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                semconv.MESSAGING_SYSTEM: "kafka",
-                semconv.MESSAGING_DESTINATION: record.topic,
-                semconv.MESSAGING_PARTITION: str(record.partition),
-                semconv.MESSAGING_OFFSET: record.offset,
-                semconv.LLMBUS_REQUEST_ID: request_id or "",
-            },
+            f"{record.topic} process", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
         )
         return trace.use_span(span, end_on_exit=True)
 
@@ -357,6 +389,9 @@ class ConsumerLoop:
             outcome = "ok"
         except asyncio.CancelledError:
             return  # not done: stays uncommitted and is redelivered
+        except StopService as exc:
+            self._stop_service(exc)
+            return  # not done: stays uncommitted
         except Exception as exc:  # noqa: BLE001 - every failure is routed, none dropped
             outcome = "dead_letter" if await self._route_error(record, exc) else "dead_letter_failed"
         _handle_seconds(self._service, record.topic).observe(time.perf_counter() - started)
@@ -387,6 +422,10 @@ class ConsumerLoop:
         """Let in-flight records finish for up to `grace_s`, cancel the rest, commit what is done."""
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=grace_s)
+            if pending and self._grace_over is not None:
+                log.warning("grace period over: handing back %d records in flight", len(pending))
+                await self._grace_over()
+                _, pending = await asyncio.wait(pending, timeout=self._settings.stop_timeout_s)
             for task in pending:
                 task.cancel()
             if pending:

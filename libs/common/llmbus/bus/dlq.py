@@ -18,7 +18,8 @@ from prometheus_client import Counter
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from llmbus.bus.codec import MAX_ID_CHARS
-from llmbus.bus.producer import Publisher, PublishTimeout
+from llmbus.bus.failures import transient
+from llmbus.bus.producer import Publisher
 from llmbus.contract import topics as t
 from llmbus.contract.messages import DeadLetter
 
@@ -61,13 +62,6 @@ def dead_letter(
     )
 
 
-def _retriable(exc: BaseException) -> bool:
-    """Worth another try: the broker was slow or away, not the letter itself at fault."""
-    if isinstance(exc, (PublishTimeout, TimeoutError)):
-        return True
-    return isinstance(exc, KafkaError) and bool(exc.retriable)
-
-
 async def send_to_dlq(
     publisher: Publisher,
     topics: t.Topics,
@@ -89,7 +83,7 @@ async def send_to_dlq(
         try:
             await _publish_with_retry(publisher, topics, letter, key, retry_s)
         except KafkaError as exc:
-            if _retriable(exc):
+            if transient(exc):
                 raise
             # The letter itself was refused (size, authorisation): the payload-free one says where to look.
             log.warning("dead letter from %s refused (%r); writing it without the payload", where, exc)
@@ -115,7 +109,7 @@ async def _publish_with_retry(
     async for attempt in AsyncRetrying(
         stop=stop_after_delay(retry_s),
         wait=wait_exponential(multiplier=0.2, max=10),
-        retry=retry_if_exception(_retriable),
+        retry=retry_if_exception(transient),
         reraise=True,
     ):
         with attempt:

@@ -1,4 +1,5 @@
-"""Kafka headers every llmbus message carries: schema, request id, tenant, W3C trace context."""
+"""Kafka headers every llmbus message carries: schema, request id, tenant, W3C trace context (and the
+upgrade id of a release's records, so a consumer's span says which release it handled)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ SCHEMA = "llmbus-schema"
 REQUEST_ID = "llmbus-request-id"
 TENANT = "llmbus-tenant"
 PRODUCER = "llmbus-producer"
+UPGRADE_ID = "llmbus-upgrade-id"
 
 __all__ = [
     "PRODUCER",
@@ -23,6 +25,7 @@ __all__ = [
     "TENANT",
     "TRACEPARENT",
     "TRACESTATE",
+    "UPGRADE_ID",
     "KafkaHeaders",
     "as_dict",
     "header_value",
@@ -45,14 +48,17 @@ def _producer_header(service: str) -> tuple[str, bytes]:
 
 
 def outgoing(
-    value: Message,
+    value: Message | None,
     service: str,
     request_id: str | None = None,
     tenant: str | None = None,
     trace: Iterable[tuple[str, bytes]] | None = None,
 ) -> KafkaHeaders:
     """Headers for a message published now, carrying the current span as `traceparent` (or `trace`:
-    the trace headers taken once for many records published in the same context)."""
+    the trace headers taken once for many records published in the same context). A tombstone
+    (`value` None) has no schema."""
+    if value is None:
+        return [_producer_header(service), *(outgoing_trace_headers() if trace is None else trace)]
     headers: KafkaHeaders = [_schema_header(type(value)), _producer_header(service)]
     request_id = request_id or getattr(value, "request_id", None)
     tenant = tenant or getattr(value, "tenant", None)
@@ -60,9 +66,19 @@ def outgoing(
         headers.append((REQUEST_ID, str(request_id).encode()))
     if tenant:
         headers.append((TENANT, str(tenant).encode()))
+    if (upgrade_id := _upgrade_id(value)) is not None:
+        headers.append((UPGRADE_ID, upgrade_id.encode()))
     headers.extend(outgoing_trace_headers() if trace is None else trace)
     headers.extend(cloudevent_headers(value, service))  # ce_* on what analytics reads (CloudEvents binary mode)
     return headers
+
+
+def _upgrade_id(value: Message) -> str | None:
+    """The upgrade id of a release's record (a Dispatch's is its routed request's)."""
+    release = getattr(value, "release", None)
+    if release is None and (routed := getattr(value, "routed", None)) is not None:
+        release = routed.release
+    return release.upgrade_id if release is not None else None
 
 
 def trace_headers_now() -> tuple[tuple[str, bytes], ...]:

@@ -3,16 +3,20 @@
 `MemoryBus.runtime(contract)` gives a ServiceRuntime whose Publisher writes to the in-memory log
 instead of Kafka; `send` puts a record on a topic and `drain` hands every waiting record (those
 the test sent and those the service published) to the bindings that read its topic, through the
-same decoding, retries and DLQ as the real runtime (ServiceRuntime.record_handler, Bus.dead_letter).
-For fast unit tests of handlers; partitions, groups, offsets and redelivery after a crash are the
-real broker's and are tested against it.
+same decoding, retries and error paths as the real runtime (ServiceRuntime.record_handler, a
+subscription's `on_error` or Bus.dead_letter). Its start runs the service's start-up jobs of every
+phase (a start-up table is read from the log) and consumes nothing: records are delivered by
+`drain`; timers and tasks do not run (a test calls what they would). For fast unit tests of
+handlers; partitions, groups, offsets and redelivery after a crash are the real broker's and are
+tested against it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -20,12 +24,13 @@ from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import headers as hdr
 from llmbus.bus.codec import decode
-from llmbus.bus.producer import Publisher
+from llmbus.bus.consumer import StopService
+from llmbus.bus.producer import Delivery, Publisher
 from llmbus.bus.runtime import Bus
-from llmbus.bus.service import Binding, ServiceRuntime, transient
+from llmbus.bus.service import Binding, Phase, ServiceRuntime, transient
 from llmbus.contract.declarations import Contract
 from llmbus.contract.messages import Message
-from llmbus.contract.topics import Topics
+from llmbus.contract.topics import Topics, TopicSpec
 from llmbus.settings import BusSettings
 
 M = TypeVar("M", bound=Message)
@@ -42,8 +47,19 @@ class MemoryLog:
         offset = self._offsets.get(topic, 0)
         self._offsets[topic] = offset + 1
         encoded_key = key.encode() if key is not None else None
+        written_ms = time.time_ns() // 1_000_000
         record = ConsumerRecord(
-            topic, 0, offset, 0, 0, encoded_key, value, None, len(encoded_key or b""), len(value or b""), headers
+            topic,
+            0,
+            offset,
+            written_ms,
+            0,
+            encoded_key,
+            value,
+            None,
+            len(encoded_key or b""),
+            len(value or b""),
+            headers,
         )
         self.records.append(record)
         self.waiting.append(record)
@@ -61,46 +77,36 @@ class MemoryPublisher(Publisher):
     async def close(self, timeout_s: float) -> None:
         return None
 
-    async def publish(
+    async def publish(  # type: ignore[override]  # one signature for both `wait`s: nothing is waited for here
         self,
         topic: str,
-        value: Message,
+        value: Message | None,
         *,
         key: str | None,
         partition: int | None = None,
         request_id: str | None = None,
         tenant: str | None = None,
-        retry_for_s: float = 0.0,
-    ) -> None:
-        headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
-        await self.publish_raw(topic, value.to_bytes(), key=key, headers=headers, partition=partition)
-
-    async def send(
-        self,
-        topic: str,
-        value: Message,
-        *,
-        key: str | None,
-        request_id: str | None = None,
-        tenant: str | None = None,
         payload: bytes | None = None,
         retry_for_s: float = 0.0,
-    ) -> asyncio.Future[object]:
+        wait: bool = True,
+    ) -> Delivery | None:
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
-        await self.publish_raw(topic, value.to_bytes() if payload is None else payload, key=key, headers=headers)
-        delivery: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        data = payload if payload is not None else None if value is None else value.to_bytes()
+        await self._publish_bytes(topic, data, key=key, headers=headers, partition=partition)
+        if wait:
+            return None
+        delivery: Delivery = asyncio.get_running_loop().create_future()
         delivery.set_result(None)
         return delivery
 
-    async def send_batch(
-        self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]
-    ) -> list[asyncio.Future[object]]:
-        return [await self.send(topic, value, key=key, payload=payload) for value, payload, key in items]
+    async def publish_many(self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]) -> None:
+        for value, payload, key in items:
+            await self.publish(topic, value, key=key, payload=payload)
 
-    async def publish_raw(
+    async def _publish_bytes(
         self,
         topic: str,
-        payload: bytes,
+        payload: bytes | None,
         *,
         key: str | None,
         headers: hdr.KafkaHeaders,
@@ -108,6 +114,62 @@ class MemoryPublisher(Publisher):
     ) -> None:
         self.log.append(topic, payload, key, headers)
         self._acknowledged(topic)
+
+
+class EveryTopic:
+    """In memory every topic exists (a reply topic a request names, a tenant's)."""
+
+    async def exists(self, topic: str) -> bool:
+        return True
+
+
+class MemoryRuntime(ServiceRuntime):
+    """A ServiceRuntime on the in-memory log: no consumers, records delivered by MemoryBus.drain."""
+
+    def __init__(self, bus: Bus, contract: Contract, log: MemoryLog, max_attempts: int) -> None:
+        super().__init__(bus, contract, max_attempts=max_attempts, retry_first_s=0.01)
+        self.log = log
+
+    async def _open_loops(self) -> None:
+        return None
+
+    async def _follow(self) -> None:
+        self.caught_up.set()  # what the log holds is delivered by drain, in order
+
+    async def _serve(self) -> None:
+        return None
+
+    async def _start_background(self, phase: Phase) -> None:
+        return None  # a test calls what a timer or task would
+
+    async def _close_consumers(self) -> None:
+        return None
+
+    async def ensure_topics(self, topics: list[tuple[str, TopicSpec]]) -> None:
+        return None  # every topic exists in memory
+
+    async def read_since(self, name: str, since_ms: int, timeout_s: float) -> list[Any]:
+        reads = self._at_start(name)
+        topic = self.topics.name(reads.topics[0])
+        return [
+            decode(record, reads.model)
+            for record in self.log.records
+            if record.topic == topic and record.value is not None and record.timestamp >= since_ms
+        ]
+
+    async def read_table(self, name: str, key_of: Callable[[Any], str] | None = None) -> dict[str, Any]:
+        reads = self._at_start(name)
+        topic = self.topics.name(reads.topics[0])
+        table: dict[str, Any] = {}
+        for record in self.log.records:
+            if record.topic != topic or record.key is None:
+                continue
+            if record.value is None:
+                table.pop(record.key.decode(), None)
+                continue
+            value = decode(record, reads.model)
+            table[key_of(value) if key_of else record.key.decode()] = value
+        return table
 
 
 class MemoryBus:
@@ -123,8 +185,8 @@ class MemoryBus:
         """A service's runtime on this log. A transient failure is retried `max_attempts` times, then
         raised out of `send`/`drain` (on Kafka the record would stay uncommitted: send it again)."""
         publisher = MemoryPublisher(self.log, contract.service)
-        bus = Bus(self.settings, contract.service, self.topics, publisher)
-        runtime = ServiceRuntime(bus, contract, max_attempts=max_attempts, retry_first_s=0.01)
+        bus = Bus(self.settings, contract.service, self.topics, publisher, directory=EveryTopic())
+        runtime = MemoryRuntime(bus, contract, self.log, max_attempts)
         self.runtimes.append(runtime)
         return runtime
 
@@ -155,9 +217,10 @@ class MemoryBus:
         try:
             await handler([record] if binding.reads.batch_max_records is not None else record)
         except Exception as exc:
-            if transient(exc):
-                raise  # retried as often as allowed: left for the test to deliver again
-            await runtime.dead_letter(record, exc)  # as ConsumerLoop does: to the DLQ, never fatal
+            if isinstance(exc, StopService) or (transient(exc) and binding.retries):
+                raise  # retried as often as allowed, or fatal: left for the test to deliver again
+            # As ConsumerLoop does: the subscription's error path (the DLQ by default), never fatal.
+            await (binding.on_error or runtime.dead_letter)(record, exc)
 
     def spy(self, topic: str, model: type[M]) -> list[M]:
         """A list that gets every message written to `topic` (a full name) from now on, decoded."""

@@ -6,7 +6,12 @@ and error code, time to first token, end-to-end time, queue time, tokens, preemp
 hits (from each InferenceResult); routes by rule, variant and shadow, fallbacks (RoutedRequest);
 first attempts and retries, queue wait per model pool (Dispatch); session turns by outcome
 (results with a session id), feedback scores (Feedback, published by the gateway), shadow
-similarity and agreement (Comparison, published by the comparator). Names keep vLLM's stems.
+similarity and agreement (Comparison, published by the comparator); results of registry models by
+version, release (upgrade id) and stage, and their latency by version. Names keep vLLM's stems.
+
+A model label is the model's name only where the process knows the model (llmbus.observability.
+metric_children.MODEL_LABELS: its policy, the registry, the fleet; a worker's own heartbeats teach it
+what it serves), else `other`: a client naming random models adds no series.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from llmbus.contract.messages import (
     Message,
     ResultStatus,
     RoutedRequest,
+    WorkerStatus,
 )
-from llmbus.observability.metric_children import children_of
+from llmbus.observability.metric_children import MODEL_LABELS, children_of, model_label
 
 _LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 _UNIT_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # scores and similarities in [0, 1]
@@ -83,6 +89,17 @@ COMPARISONS = Counter(
     "Shadow comparisons by outcome: agree (similarity >= 0.5), disagree, failed (a side failed)",
     ["experiment", "outcome"],
 )
+VERSION_RESULTS = Counter(
+    "llmbus_version_results_total",
+    "Final results of registry models by version, release (upgrade id) and rollout stage",
+    ["model", "version", "upgrade_id", "stage", "status", "shadow"],
+)
+VERSION_E2E_SECONDS = Histogram(
+    "llmbus_version_e2e_request_latency_seconds",
+    "Received by the router -> final token, by model version (from results of registry models)",
+    ["model", "version"],
+    buckets=_LATENCY_BUCKETS_S,
+)
 AGREEMENT_SIMILARITY: float = Guardrails.model_fields["min_similarity"].default  # the rollout guardrails' default
 
 # Touched for every message published: each child is looked up once (llmbus.observability.metric_children).
@@ -99,6 +116,8 @@ _dispatches = children_of(DISPATCHES)
 _session_turns = children_of(SESSION_TURNS)
 _similarity = children_of(SIMILARITY)
 _comparisons = children_of(COMPARISONS)
+_version_results = children_of(VERSION_RESULTS)
+_version_e2e_seconds = children_of(VERSION_E2E_SECONDS)
 
 
 def _rule(route_reason: str | None) -> str:
@@ -111,7 +130,9 @@ def observe_published(service: str, value: Message) -> None:
         case InferenceResult():
             _result(service, value)
         case RoutedRequest():
-            _routed(value.model, _rule(value.route_reason), value.variant or "", str(value.shadow).lower()).inc()
+            _routed(
+                model_label(value.model), _rule(value.route_reason), value.variant or "", str(value.shadow).lower()
+            ).inc()
         case Dispatch():
             # Queue wait per pool is the scheduler's own histogram (services/scheduler/adapters/pool_stats.py).
             _dispatches(value.worker_id, str(value.attempt > 1).lower()).inc()
@@ -119,6 +140,8 @@ def observe_published(service: str, value: Message) -> None:
             FEEDBACK_SCORE.observe(value.score)
         case Comparison():
             _comparison(value)
+        case WorkerStatus():
+            MODEL_LABELS.learn(value.models)  # what this worker serves: its results' models
 
 
 def turn_outcome(r: InferenceResult) -> str:
@@ -141,7 +164,7 @@ def _comparison(c: Comparison) -> None:
 
 
 def _result(service: str, r: InferenceResult) -> None:
-    model = r.model or "unknown"
+    model = model_label(r.model)
     _results(
         service,
         model,
@@ -162,3 +185,9 @@ def _result(service: str, r: InferenceResult) -> None:
     _preemptions(model).inc(r.preemptions)
     if r.session_id and not r.shadow:
         _session_turns(model, turn_outcome(r)).inc()
+    if (release := r.release) is not None:
+        version = release.model_version
+        stage = release.label()
+        _version_results(model, version, release.upgrade_id, stage, str(r.status), str(r.shadow).lower()).inc()
+        if r.timings.total_ms is not None:
+            _version_e2e_seconds(model, version).observe(r.timings.total_ms / 1000)

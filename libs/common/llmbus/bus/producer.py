@@ -8,7 +8,7 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Literal, overload
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
@@ -122,10 +122,15 @@ def _publish_span(topic: str) -> AbstractContextManager[trace.Span]:
 
 
 ProducerFactory = Callable[[], Awaitable[AIOKafkaProducer]]
+Delivery = asyncio.Future[object]  # a record's delivery: resolved when the broker acknowledged it
 
 
 class Publisher:
-    """Publishes llmbus messages; each call returns once the broker acknowledged it.
+    """Publishes llmbus messages: the one way onto the bus (headers, trace context, retries, metrics).
+
+    `publish` puts one record (or a tombstone) and by default returns once the broker acknowledged it;
+    `publish(..., wait=False)` returns its delivery instead, for `delivered`; `publish_many` puts many
+    records at once, batched per partition.
 
     With `renew` (a factory of started producers), a producer whose idempotence sequence the
     broker refuses is replaced by a new one, so a broker outage cannot leave a partition
@@ -187,40 +192,82 @@ class Publisher:
         stopping = self._stopping.get(producer)
         return producer is not self._producer and stopping is not None and stopping.done()
 
+    @overload
     async def publish(
         self,
         topic: str,
-        value: Message,
+        value: Message | None,
         *,
         key: str | None,
         partition: int | None = None,
         request_id: str | None = None,
         tenant: str | None = None,
+        payload: bytes | None = None,
         retry_for_s: float = 0.0,
-    ) -> None:
-        """Publish `value`; with `retry_for_s`, until it is acknowledged or that time is spent.
+        wait: Literal[True] = True,
+    ) -> None: ...
+
+    @overload
+    async def publish(
+        self,
+        topic: str,
+        value: Message | None,
+        *,
+        key: str | None,
+        partition: int | None = None,
+        request_id: str | None = None,
+        tenant: str | None = None,
+        payload: bytes | None = None,
+        retry_for_s: float = 0.0,
+        wait: Literal[False],
+    ) -> Delivery: ...
+
+    async def publish(
+        self,
+        topic: str,
+        value: Message | None,
+        *,
+        key: str | None,
+        partition: int | None = None,
+        request_id: str | None = None,
+        tenant: str | None = None,
+        payload: bytes | None = None,
+        retry_for_s: float = 0.0,
+        wait: bool = True,
+    ) -> Delivery | None:
+        """Publish `value` (None: a tombstone of `key`); returns once the broker acknowledged it, with
+        `retry_for_s` once it did within that time however often the broker was away.
+
+        `wait` False: the record is enqueued and its delivery returned (await it, or many, with
+        `delivered`): records of one key keep their order (same partition, idempotent producer), so
+        a stream of chunks is sent this way and only the last one waited for. `payload`: `value`
+        already encoded (bytes that must be published exactly as staged elsewhere).
 
         Retrying never writes a second, different record: a send whose ack is late is waited for
         (the record is still in the producer and will be written), and only a send that failed is
         sent again, with the same bytes (readers drop such a copy by its key fields).
         """
+        if not wait:
+            return await self._enqueue_one(topic, value, key, partition, request_id, tenant, payload, retry_for_s)
         with _publish_span(topic) as span:
-            if span.is_recording():
+            if value is not None and span.is_recording():
                 attributes = message_attributes(value)
                 attributes |= {semconv.MESSAGING_SYSTEM: "kafka", semconv.MESSAGING_DESTINATION: topic}
                 span.set_attributes(attributes)
             headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
-            payload = value.to_bytes()
+            data = payload if payload is not None else None if value is None else value.to_bytes()
             if retry_for_s > 0:
-                await self._publish_until_acked(topic, payload, key, headers, partition, retry_for_s)
+                await self._publish_until_acked(topic, data, key, headers, partition, retry_for_s)
             else:
-                await self.publish_raw(topic, payload, key=key, headers=headers, partition=partition)
-        observe_published(self._service, value)
+                await self._publish_bytes(topic, data, key=key, headers=headers, partition=partition)
+        if value is not None:
+            observe_published(self._service, value)
+        return None
 
     async def _publish_until_acked(
         self,
         topic: str,
-        payload: bytes,
+        payload: bytes | None,
         key: str | None,
         headers: hdr.KafkaHeaders,
         partition: int | None,
@@ -241,7 +288,7 @@ class Publisher:
     async def _enqueue(
         self,
         topic: str,
-        payload: bytes,
+        payload: bytes | None,
         key: bytes | None,
         headers: hdr.KafkaHeaders,
         partition: int | None,
@@ -291,50 +338,48 @@ class Publisher:
                 log.warning("no ack yet from Kafka for %s; still waiting (the record is queued)", topic)
         delivery.result()
 
-    async def send(
+    async def _enqueue_one(
         self,
         topic: str,
-        value: Message,
-        *,
+        value: Message | None,
         key: str | None,
-        request_id: str | None = None,
-        tenant: str | None = None,
-        payload: bytes | None = None,
-        retry_for_s: float = 0.0,
-    ) -> asyncio.Future[object]:
-        """Enqueue without waiting for the broker: returns the delivery future (await it with `delivered`).
-
-        Records of one key keep their order (same partition, idempotent producer), so a stream
-        of chunks can be sent this way and only the last one waited for. `payload`: `value`
-        already encoded (bytes that must be published exactly as staged elsewhere). With
-        `retry_for_s`, an enqueue refused while a partition waits for its leader is tried again
-        until that time is spent (`publish`'s rule: nothing was queued, so no copy is written).
-        """
+        partition: int | None,
+        request_id: str | None,
+        tenant: str | None,
+        payload: bytes | None,
+        retry_for_s: float,
+    ) -> Delivery:
+        """`publish(wait=False)`: enqueued, not waited for. With `retry_for_s`, an enqueue refused while
+        a partition waits for its leader is tried again until that time is spent (`publish`'s rule:
+        nothing was queued, so no copy is written)."""
         headers = hdr.outgoing(value, self._service, request_id=request_id, tenant=tenant)
         encoded_key = key.encode() if key is not None else None
-        data = value.to_bytes() if payload is None else payload
+        data = payload if payload is not None else None if value is None else value.to_bytes()
         if retry_for_s > 0:
             deadline_s = time.monotonic() + retry_for_s
-            producer, delivery = await self._enqueue(topic, data, encoded_key, headers, None, deadline_s)
+            producer, delivery = await self._enqueue(topic, data, encoded_key, headers, partition, deadline_s)
         else:
             producer = self._producer
             async with asyncio.timeout(self._timeout_s):  # not wait_for: no task per chunk
-                delivery = await producer.send(topic, data, key=encoded_key, headers=headers)
+                delivery = await producer.send(topic, data, key=encoded_key, headers=headers, partition=partition)
         self._sent_by[delivery] = (producer, topic)
         delivery.add_done_callback(lambda done: self._check_delivery(producer, done))
         self._acknowledged(topic)
         return delivery
 
-    async def send_batch(
-        self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]
-    ) -> list[asyncio.Future[object]]:
-        """Enqueue many records (message, its bytes or None, key) as one record batch per partition,
-        without waiting for the broker: returns the batches' delivery futures (await `delivered`).
+    async def publish_many(self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]) -> None:
+        """Many records (message, its bytes or None, key) as one record batch per partition; returns once
+        the broker acknowledged them all.
 
-        For thousands of records at once (cost-accounting's CostRecords): a `send` per record costs a
+        For thousands of records at once (cost-accounting's CostRecords): a `publish` per record costs a
         partitioner step, an accumulator step and a future each. Each record keeps its own key (its
-        partition, as `send` would pick it), request id and tenant; the trace context is taken once.
+        partition, as `publish` would pick it), request id and tenant; the trace context is taken once.
         """
+        await self.delivered(await self._enqueue_batches(topic, items))
+
+    async def _enqueue_batches(
+        self, topic: str, items: Sequence[tuple[Message, bytes | None, str | None]]
+    ) -> list[Delivery]:
         if not items:
             return []
         producer = self._producer
@@ -402,10 +447,10 @@ class Publisher:
                     f"no ack from Kafka for {len(deliveries)} records within {self._timeout_s}s"
                 ) from exc
 
-    async def publish_raw(
+    async def _publish_bytes(
         self,
         topic: str,
-        payload: bytes,
+        payload: bytes | None,
         *,
         key: str | None,
         headers: hdr.KafkaHeaders,

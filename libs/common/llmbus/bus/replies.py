@@ -16,8 +16,10 @@ from prometheus_client import Counter
 from llmbus.bus.producer import Publisher, worth_resending
 from llmbus.bus.tables import read_since
 from llmbus.contract import topics as t
+from llmbus.contract.contracts import BY_SERVICE
 from llmbus.contract.messages import (
     DEFAULT_REPLY_TOPIC,
+    ContinuedFrom,
     ErrorInfo,
     FinishReason,
     InferenceResult,
@@ -74,6 +76,7 @@ async def publish_result_with_final(
     reply_topic: str,
     last_seq: int,
     retry_for_s: float = RESULT_RETRY_S,
+    continues: ContinuedFrom | None = None,
 ) -> None:
     """publish_result for a stream whose content chunks are all acknowledged: the final chunk goes out
     beside the result, in the same produce request, instead of one round trip after it.
@@ -89,14 +92,11 @@ async def publish_result_with_final(
     acknowledged (or not enqueued at all) is published again after the result, like
     publish_result's; a reply topic that refuses it is logged, never raised.
     """
-    final = final_chunk(result, last_seq + 1)
+    final = final_chunk(result, last_seq + 1, continues)
     sent: list[asyncio.Future[object]] = []
     try:
-        sent.append(
-            await publisher.send(
-                reply_topic, final, key=result.request_id, request_id=result.request_id, tenant=result.tenant
-            )
-        )
+        # Its request id and tenant headers are the chunk's own.
+        sent.append(await publisher.publish(reply_topic, final, key=result.request_id, wait=False))
     except Exception:
         log.warning("final chunk of %s not enqueued; it follows the result", result.request_id, exc_info=True)
     await publisher.publish(topics.name(t.RESULTS), result, key=result.request_id, retry_for_s=retry_for_s)
@@ -113,8 +113,9 @@ async def publish_result_with_final(
     await _publish_reply_chunks(publisher, result, reply_topic, [final], retry_for_s)
 
 
-def final_chunk(result: InferenceResult, seq: int) -> TokenChunk:
-    """The chunk that ends a reply stream: the result's finish reason, usage and error, at `seq`."""
+def final_chunk(result: InferenceResult, seq: int, continues: ContinuedFrom | None = None) -> TokenChunk:
+    """The chunk that ends a reply stream: the result's finish reason, usage and error, at `seq`; `continues`:
+    its attempt's marker, when it continues an earlier attempt's answer."""
     return TokenChunk(
         request_id=result.request_id,
         tenant=result.tenant,
@@ -127,6 +128,8 @@ def final_chunk(result: InferenceResult, seq: int) -> TokenChunk:
         shadow=result.shadow,
         attempt=result.attempt,
         route_reason=result.route_reason,
+        release=result.release,
+        continues=continues,
     )
 
 
@@ -184,11 +187,23 @@ async def publish_error(
     return result
 
 
-async def result_out_since(settings: BusSettings, topics: t.Topics, key: RequestKey, since_ms: int) -> int | None:
+class UndeclaredRead(RuntimeError):
+    """A service read a topic its contract does not declare (the ACLs generated from it would deny it)."""
+
+
+async def result_out_since(
+    settings: BusSettings, topics: t.Topics, key: RequestKey, since_ms: int, *, service: str
+) -> int | None:
     """The attempt whose result for `key` is on llm.results since `since_ms` (less the clocks' skew),
     None if there is none. For a claimant that took over from one that never marked its result done
     (llmbus.state.fencing's `claimed`): that result may be out. Reads only the request's partition,
-    to its end as of now; raises when it cannot (answering blind could be a second result)."""
+    to its end as of now; raises when it cannot (answering blind could be a second result).
+
+    Only for a `service` whose contract declares the look-up (llmbus.contract.contracts.RESULT_LOOKUP):
+    on a secured stack its ACLs, generated from the contracts, allow exactly the declared reads."""
+    contract = BY_SERVICE.get(service)
+    if contract is None or not contract.looks_up(t.RESULTS):
+        raise UndeclaredRead(f"{service} does not declare looking up {t.RESULTS} (llmbus.contract.contracts)")
     results = await read_since(
         settings,
         topics.name(t.RESULTS),

@@ -17,10 +17,12 @@ from llmbus.bus.codec import BadMessage
 from llmbus.bus.dlq import send_to_dlq
 from llmbus.bus.headers import REQUEST_ID, header_value
 from llmbus.bus.producer import Publisher, make_producer
+from llmbus.bus.topic_directory import TopicDirectory, TopicExistence
 from llmbus.contract.messages import ErrorCode
 from llmbus.contract.topics import Topics
 from llmbus.observability.profiling import cpu_profiled
 from llmbus.observability.telemetry import setup_logging, setup_tracing
+from llmbus.process.heap import tune_for_service
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,12 @@ class Bus:
     service: str
     topics: Topics
     publisher: Publisher
+    directory: TopicExistence = None  # type: ignore[assignment]  # set below: which topics exist
+    client_suffix: str = ""  # in every client id of the process (`-w1`: which worker's consumers these are)
+
+    def __post_init__(self) -> None:
+        if self.directory is None:
+            self.directory = TopicDirectory(lambda: self.publisher.producer, self.settings.admin_timeout_s)
 
     @classmethod
     async def start(cls, settings: BusSettings, service: str, client_suffix: str = "") -> Bus:
@@ -44,7 +52,7 @@ class Bus:
 
         # The publisher starts a new producer when the broker refuses the old one's sequence.
         publisher = Publisher(await new_producer(), service, settings.send_timeout_s, renew=new_producer)
-        return cls(settings, service, Topics(settings.topic_prefix), publisher)
+        return cls(settings, service, Topics(settings.topic_prefix), publisher, client_suffix=client_suffix)
 
     @property
     def producer(self) -> AIOKafkaProducer:
@@ -87,6 +95,7 @@ ServiceMain = Callable[[BusSettings, asyncio.Event], Awaitable[None]]
 def run_service(service: str, main: ServiceMain, settings: BusSettings | None = None) -> None:
     """Run a service until SIGTERM/SIGINT; `main` returns after `stop` is set and work is drained."""
     settings = settings or BusSettings()
+    tune_for_service()
     setup_logging(service, settings.log_level, settings.log_json)
     setup_tracing(service, settings)
     if settings.metrics_port:
@@ -103,21 +112,3 @@ def run_service(service: str, main: ServiceMain, settings: BusSettings | None = 
     # CPU per message (bench/reports/pipeline.md); libuv's is a fraction of asyncio's pure-Python one.
     with cpu_profiled(settings.cpu_profile, service), asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_run())
-
-
-async def run_until_stopped(tasks: list[asyncio.Task[None]], stop: asyncio.Event) -> None:
-    """Wait for a service's loops: the first one to fail stops the others, then its error is raised.
-
-    The others get to finish (drain, final commit) before the error leaves: the process then
-    exits non-zero and its supervisor restarts it from the committed offsets.
-    """
-    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    failed = [task for task in done if task.exception() is not None]
-    if failed:
-        stop.set()
-        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, Exception) and not isinstance(outcome, asyncio.CancelledError):
-                log.error("stopping: %s", outcome)
-        raise failed[0].exception()  # type: ignore[misc]
-    await asyncio.gather(*tasks)

@@ -1,100 +1,80 @@
-"""One runtime for a service: its declared subscriptions, the one Publisher, the DLQ, timers, start/drain/stop.
+"""One runtime for every service: its declared subscriptions, the one Publisher, timers, start phases, drain, stop.
 
-A service declares what it reads and writes once (llmbus.contract.contracts); here each declared
-subscription is bound to a handler and run by a ConsumerLoop, and everything the service
-publishes goes through the Bus's Publisher (retries, batches kept through a leader change, a new
-producer when the broker refuses the old one's sequence). llmbus.bus.memory runs the same
-bindings in memory for unit tests.
+A service declares what it reads and writes once (llmbus.contract.contracts); its app.py binds each
+declared subscription to a handler here, names its start-up jobs, timers and clean-ups, and calls
+`run`. Everything it publishes goes through the Bus's Publisher (retries, batches kept through a
+leader change, a new producer when the broker refuses the old one's sequence). llmbus.bus.memory
+runs the same bindings in memory for unit tests.
 
-Delivery rule for every subscription: at least once. A record's offset is committed only after
-its handler returned, with what it published acknowledged. A record that does not decode, or
-that the handler refuses (BadMessage), goes to llm.dlq with the reason (llmbus.bus.dlq: bounded,
-retried, never fatal). A transient failure (Redis or Kafka away or slow) is retried in place with
-backoff, the partition waiting behind it, until it succeeds or the service stops (then the record
-stays uncommitted and is delivered again); any other exception goes to the DLQ as `internal`.
+Start, in phases (`Phase`); a phase that fails stops everything started before it, then raises:
+  STARTING  timers and tasks that run through the whole start (a worker's heartbeats)
+  TABLES    start-up jobs in order: tables read (`read_table`), state restored, an engine warmed up
+  FOLLOWED  the followed state (group-less subscriptions from the log's start: models, experiments,
+            the fleet) read to its end as of the start, `catch_up_s` at most; then `caught_up` is set
+            (later, by a watcher, if that time ran out) and `replayed` tells those records apart
+  SERVING   every other subscription runs (from-latest ones placed in their group first); then the
+            readiness jobs, and `ready` is set
+Every consumer starts at once after TABLES: group joins, the slow part of a start, overlap the catch-up.
 
-Why FastStream is not the consumer engine here, though it is the project's chosen framework:
-ConsumerLoop keeps several records of one partition in flight and still commits in offset order
-(the router, scheduler and workers need that), pauses and rewinds under backpressure instead of
-dropping, has a poll watchdog and a rebalance-aware commit point; FastStream's subscribers handle
-a partition one message at a time and their default ack policy commits before the handler runs
-(at most once), which is how three services lost records. Its specification generator needs a
-broker with live handlers and inlines every schema, where ours (llmbus.contract.schemagen, from the
-declarations) refers to the committed JSON Schemas and carries the catalog's Kafka bindings. What
-FastStream's examples taught stays: typed handlers, the declaration apart from the wiring, and
-one test body in memory (llmbus.bus.memory) and against the real broker.
+Stop (SIGTERM, or a loop or task that failed): the drain jobs run (a worker says it is draining),
+every loop stops polling and lets its records finish (`drain_grace_s`; then `grace_over`, then
+`stop_timeout_s`, then they are cancelled, uncommitted) and commits; then timers and tasks end,
+consumers close, the clean-up jobs run (last registered first) and the producer is closed. A failure
+is raised after all of that: the process exits non-zero and its supervisor restarts it.
+
+Delivery (at least once; commits in offset order after the handler; bad records to llm.dlq;
+transient failures retried in place unless `retries=False`) is docs/delivery.md's "On the bus".
+
+Why FastStream is not the consumer engine, though the project's design card names it: measured on
+the same handler (bench/runtime_engine_bench.py, docs/architecture.md), its configurations that
+commit after the handler carry 0.42-0.71x ConsumerLoop's records/s at 1.35-1.84x its CPU per record,
+the one with ordered commits (faststream-concurrent-aiokafka) redelivers 5x as many records after a
+SIGKILL, and its default ack policy commits as it fetches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
+import inspect
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.errors import KafkaError
-from aiokafka.structs import ConsumerRecord
-from prometheus_client import Counter
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from llmbus.bus.catch_up import wait_assigned
-from llmbus.bus.codec import decode
-from llmbus.bus.consumer import ConsumerLoop, make_consumer, stop_consumer
+from llmbus.bus.bindings import RETRY_FIRST_S, Binding, GraceOver, RevokeHook, handler_for, transient
+from llmbus.bus.consumer import ErrorHandler
 from llmbus.bus.holds import Holds
-from llmbus.bus.producer import Publisher, PublishTimeout
-from llmbus.bus.runtime import Bus, run_until_stopped
-from llmbus.bus.tables import read_table
-from llmbus.contract.declarations import Contract, Reads
-from llmbus.contract.topics import Topics
-from llmbus.process.periodic import run_every
+from llmbus.bus.retry_watch import RetryWatch
+from llmbus.bus.runtime import Bus
+from llmbus.bus.service_reads import ServiceReads
+from llmbus.bus.subscriptions import Subscriptions
+from llmbus.contract.declarations import Contract
+from llmbus.process.heap import freeze_started
+from llmbus.process.periodic import cancelled_at_stop, run_every
 from llmbus.settings import BusSettings
 
 log = logging.getLogger(__name__)
 
-HANDLER_RETRIES = Counter(
-    "llmbus_handler_retries_total", "Handler calls retried after a transient failure", ["service", "topic"]
-)
-RETRY_FIRST_S = 0.1
-RETRY_MAX_S = 5.0
+__all__ = ["Binding", "Phase", "ServiceRuntime", "cancelled_at_stop", "transient"]  # cancelled_at_stop: periodic
 
 Job = Callable[[], Awaitable[object]]
+Task = Callable[[asyncio.Event], Coroutine[Any, Any, None]]
+TASK_GRACE_S = 5.0
 HOW_READ = {"batch_max_records", "max_in_flight"}  # what a service's settings may change in a declaration
 
 
-def transient(exc: BaseException) -> bool:
-    """Redis or Kafka away or slow: the same call may succeed later, so the record waits, not the DLQ."""
-    if isinstance(exc, (TimeoutError, ConnectionError, PublishTimeout, RedisConnectionError, RedisTimeoutError)):
-        return True
-    return isinstance(exc, KafkaError) and bool(exc.retriable)
+class Phase(enum.IntEnum):
+    STARTING = 0
+    TABLES = 1
+    FOLLOWED = 2
+    SERVING = 3
 
 
-@dataclass
-class Binding:
-    """A declared subscription bound to its handler (and, for a pattern subscription, the pattern)."""
-
-    reads: Reads
-    handler: Callable[[Any], Awaitable[object]]
-    pattern: str | None = None
-    consumer_options: dict[str, object] = field(default_factory=dict)
-    holds: Holds[Any] | None = None  # records the handler keeps open after it returns (llmbus.bus.holds)
-
-    def topic_names(self, topics: Topics) -> list[str]:
-        return [topics.name(topic) for topic in self.reads.topics if "<" not in topic]
-
-
-@dataclass
-class Timer:
-    interval_s: float
-    name: str
-    job: Job
-
-
-class ServiceRuntime:
-    """The bindings, timers and life cycle of one service over a Bus (real, or llmbus.bus.memory's)."""
+class ServiceRuntime(ServiceReads):
+    """The bindings, jobs, timers and life cycle of one service over a Bus (real, or llmbus.bus.memory's)."""
 
     def __init__(
         self, bus: Bus, contract: Contract, *, max_attempts: int | None = None, retry_first_s: float = RETRY_FIRST_S
@@ -106,30 +86,53 @@ class ServiceRuntime:
         self.bus = bus
         self.contract = contract
         self.bindings: list[Binding] = []
-        self.timers: list[Timer] = []
-        self._consumers: list[AIOKafkaConsumer] = []
-        self._joins: list[AIOKafkaConsumer] = []  # start at the log's end: started once assigned
+        self.caught_up = asyncio.Event()  # the followed state is read to where it ended at the start
+        self.ready = asyncio.Event()  # every phase is through: the service serves
+        self._jobs: dict[Phase, list[Job]] = {phase: [] for phase in Phase}
+        self._background: list[tuple[Phase, str, Task]] = []
+        self._drain_jobs: list[Job] = []
+        self._stop_jobs: list[Job] = []
+        self._subscriptions: Subscriptions | None = None
+        self._loop_tasks: list[asyncio.Task[None]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._stop = asyncio.Event()
+        self._replay_ends: dict[TopicPartition, int] = {}
+        self._failures: list[BaseException] = []
+        self._stopping = asyncio.Event()  # asked to stop, or something failed
+        self._loops_stop = asyncio.Event()  # the loops stop polling and drain
+        self._tasks_stop = asyncio.Event()  # timers and tasks end
+        self._drained: asyncio.Task[None] | None = None
+        self._closed = False
         self._max_attempts = max_attempts
         self._retry_first_s = retry_first_s
+        # Records retried in place; one retried past the watchdog's time makes the service not live.
+        self.retry_watch = RetryWatch(contract.service, bus.settings.watchdog_s)
 
     @classmethod
-    async def connect(cls, settings: BusSettings, contract: Contract) -> ServiceRuntime:
-        return cls(await Bus.start(settings, contract.service), contract)
+    async def connect(cls, settings: BusSettings, contract: Contract, client_suffix: str = "") -> ServiceRuntime:
+        return cls(await Bus.start(settings, contract.service, client_suffix), contract)
 
-    @property
-    def publisher(self) -> Publisher:
-        return self.bus.publisher
+    @classmethod
+    async def serve(
+        cls,
+        settings: BusSettings,
+        contract: Contract,
+        build: Callable[[ServiceRuntime], Awaitable[object] | object],
+        stop: asyncio.Event,
+        *,
+        client_suffix: str = "",
+    ) -> None:
+        """A service's whole life: connect, `build` (its declarations; a failure there stops what was
+        connected), then `run` until `stop`."""
+        runtime = cls(await Bus.start(settings, contract.service, client_suffix), contract)
+        try:
+            if inspect.isawaitable(built := build(runtime)):
+                await built
+        except BaseException:
+            await runtime.stop()
+            raise
+        await runtime.run(stop)
 
-    @property
-    def topics(self) -> Topics:
-        return self.bus.topics
-
-    @property
-    def settings(self) -> BusSettings:
-        return self.bus.settings
-
+    # -- declarations ------------------------------------------------------------------------
     def subscribe(
         self,
         name: str,
@@ -138,145 +141,237 @@ class ServiceRuntime:
         pattern: str | None = None,
         consumer_options: dict[str, object] | None = None,
         holds: Holds[Any] | None = None,
+        names: dict[str, str] | None = None,
+        on_error: ErrorHandler | None = None,
+        on_revoke: RevokeHook | None = None,
+        drain_grace_s: float | None = None,
+        grace_over: GraceOver | None = None,
+        retries: bool = True,
         **overrides: Any,
     ) -> None:
         """Bind the declared subscription `name` to `handler` (a typed one gets the decoded message,
         a `raw` one the record, a batch one the list of records). `overrides` change how it is read
-        (batch size, concurrency), never what: a subscription's topics are its declaration's.
-        `holds`: records the handler holds there stay uncommitted until it releases them."""
+        (batch size, concurrency), never what: a subscription's topics are its declaration's, with
+        `names` filling their placeholders. The other options are Binding's."""
         if unknown := set(overrides) - HOW_READ:
             raise ValueError(f"a subscription reads what its declaration names: {sorted(unknown)} cannot change")
         reads = dataclasses.replace(self.contract.subscription(name), **overrides)
-        self.bindings.append(Binding(reads, handler, pattern, dict(consumer_options or {}), holds))
+        if reads.at_start:
+            raise ValueError(f"{name!r} is read once at start (read_table), not followed")
+        if reads.on_demand:
+            raise ValueError(f"{name!r} is looked up on demand (llmbus.bus.replies), not followed")
+        binding = Binding(
+            reads,
+            handler,
+            pattern,
+            dict(consumer_options or {}),
+            holds,
+            dict(names or {}),
+            on_error,
+            on_revoke,
+            drain_grace_s,
+            grace_over,
+            retries,
+        )
+        self.bindings.append(binding)
 
-    async def read_table(self, name: str) -> dict[str, Any]:
-        """The declared start-up read `name` (`at_start`): every key's latest value, as of now."""
-        reads = self.contract.subscription(name)
-        if not reads.at_start or len(reads.topics) != 1:
-            raise ValueError(f"{name!r} is not a start-up read of one topic")
-        topic = self.topics.name(reads.topics[0])
-        return await read_table(self.settings, topic, reads.model, timeout_s=self.settings.admin_timeout_s)
+    def on_start(self, job: Job, phase: Phase = Phase.TABLES) -> None:
+        """A start-up job, run in order with the others of its phase: TABLES before anything is followed,
+        FOLLOWED once the followed state is caught up, SERVING once every subscription runs (readiness)."""
+        if phase == Phase.STARTING:
+            raise ValueError("STARTING has timers and tasks only; a job runs in TABLES at the earliest")
+        self._jobs[phase].append(job)
 
-    def every(self, interval_s: float, name: str, job: Job) -> None:
-        """A periodic job; a failed run is logged and the next one comes at the next interval."""
-        self.timers.append(Timer(interval_s, name, job))
+    def every(
+        self, interval_s: float, name: str, job: Job, *, at_once: bool = False, phase: Phase = Phase.SERVING
+    ) -> None:
+        """A periodic job from the end of `phase` until the loops have drained; a failed run is logged
+        and the next one comes at the next interval."""
+
+        async def timer(stop: asyncio.Event) -> None:
+            await run_every(interval_s, job, name=name, stop=stop, at_once=at_once)
+
+        self._background.append((phase, name, timer))
+
+    def task(self, name: str, run: Task, *, phase: Phase = Phase.SERVING) -> None:
+        """A task from the end of `phase`, told to stop (its event set) once the loops have drained and
+        cancelled if it has not ended `stop_timeout_s` + 5 s later; if it fails, the service stops."""
+        self._background.append((phase, name, run))
+
+    def on_drain(self, job: Job) -> None:
+        """Run when the service is told to stop, before its loops stop taking records."""
+        self._drain_jobs.append(job)
+
+    def on_stop(self, job: Job) -> None:
+        """A clean-up, run at every stop (a failed start's too) after the loops and tasks ended, before
+        the producer closes; the last registered runs first. A clean-up that fails is logged."""
+        self._stop_jobs.append(job)
+
+    # -- facilities --------------------------------------------------------------------------
+    @property
+    def live(self) -> bool:
+        """No record has been retried in place for longer than the watchdog's time (llmbus.bus.retry_watch)."""
+        return self.retry_watch.live
+
+    @property
+    def failed(self) -> bool:
+        """The start, a loop or a task failed (the service stops, or has stopped, because of it)."""
+        return bool(self._failures)
+
+    def replayed(self, record: ConsumerRecord) -> bool:
+        """A record of the followed state written before this process started following it."""
+        return record.offset < self._replay_ends.get(TopicPartition(record.topic, record.partition), 0)
 
     async def dead_letter(self, record: ConsumerRecord, exc: Exception) -> None:
         """The one DLQ path, for handlers that dead-letter one record of a batch themselves."""
         await self.bus.dead_letter(record, exc)
 
     def record_handler(self, binding: Binding) -> Callable[[Any], Awaitable[None]]:
-        """What the consumer calls for a record (or a batch): decode, handle, retry what is transient."""
-        reads, handler = binding.reads, binding.handler
-        service = self.contract.service
-
-        async def retried(arg: Any, topic: str) -> None:
-            delay_s = self._retry_first_s
-            attempts = 0
-            while True:
-                try:
-                    await handler(arg)
-                    return
-                except Exception as exc:
-                    attempts += 1
-                    if not transient(exc) or attempts == self._max_attempts:
-                        raise
-                    HANDLER_RETRIES.labels(service, topic).inc()
-                    log.warning("%s on %s failed (%r): retrying in %.1fs", reads.name, topic, exc, delay_s)
-                    await asyncio.sleep(delay_s)
-                    delay_s = min(delay_s * 2, RETRY_MAX_S)
-
-        if reads.batch_max_records is not None:
-
-            async def on_batch(records: list[ConsumerRecord]) -> None:
-                await retried(records, records[0].topic)
-
-            return on_batch
-        if reads.raw:
-
-            async def on_raw(record: ConsumerRecord) -> None:
-                await retried(record, record.topic)
-
-            return on_raw
-        model = reads.model
-
-        async def on_record(record: ConsumerRecord) -> None:
-            await retried(decode(record, model), record.topic)  # BadMessage → the DLQ with its reason
-
-        return on_record
-
-    def _loop(self, binding: Binding) -> ConsumerLoop:
-        reads, settings, service = binding.reads, self.settings, self.contract.service
-        group_id = reads.group_id(self.topics, service)
-        consumer = make_consumer(
-            settings,
-            group_id=group_id,
-            client_id=f"llmbus-{service}-{reads.name}",
-            from_beginning=reads.from_earliest,
-            **binding.consumer_options,
+        """What the consumer calls for a record (or a batch) of `binding`."""
+        return handler_for(
+            binding,
+            self.contract.service,
+            max_attempts=self._max_attempts,
+            retry_first_s=self._retry_first_s,
+            watch=self.retry_watch,
         )
-        handler = self.record_handler(binding)
-        batch = reads.batch_max_records is not None
-        loop = ConsumerLoop(
-            consumer,
-            self._unused if batch else handler,
-            self.bus.dead_letter,
-            settings,
-            service=service,
-            max_in_flight=reads.max_in_flight,
-            commit_offsets=group_id is not None,
-            batch_handler=handler if batch else None,
-            batch_max_records=reads.batch_max_records or 1,
-            holds=binding.holds,
-        )
-        listener = loop.rebalance_listener()
-        if binding.pattern is not None:
-            consumer.subscribe(pattern=binding.pattern, listener=listener)
-        else:
-            consumer.subscribe(binding.topic_names(self.topics), listener=listener)
-        self._consumers.append(consumer)
-        if not reads.from_earliest and group_id is not None:
-            self._joins.append(consumer)
-        return loop
 
-    @staticmethod
-    async def _unused(record: ConsumerRecord) -> None:
-        raise RuntimeError("a batch subscription's records go to its batch handler")
+    # -- life cycle --------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, serve until `stop` is set or something fails, drain, stop (a failure is raised last)."""
+        try:
+            await self.start()
+            await self.wait(stop)
+        finally:
+            await self.stop()
 
     async def start(self) -> None:
-        """Start every bound subscription's consumer and loop, and the timers."""
-        loops = [self._loop(binding) for binding in self.bindings]
-        for consumer in self._consumers:
-            await asyncio.wait_for(consumer.start(), self.settings.admin_timeout_s)
-        # A subscription from the latest offset skips what is published before its group has
-        # placed it: start() returns once it has (bounded), so nothing published after is missed.
-        for consumer in self._joins:
-            await wait_assigned(consumer, self.settings.admin_timeout_s)
-        self._tasks = [asyncio.create_task(loop.run(self._stop)) for loop in loops]
-        self._tasks += [
-            asyncio.create_task(run_every(timer.interval_s, timer.job, name=timer.name, stop=self._stop))
-            for timer in self.timers
-        ]
+        """Every phase in order; if one fails, what was started is stopped and the error raised."""
+        try:
+            await self._start_background(Phase.STARTING)
+            await self._run_jobs(Phase.TABLES)
+            await self._start_background(Phase.TABLES)
+            await self._open_loops()
+            await self._follow()
+            await self._run_jobs(Phase.FOLLOWED)
+            await self._start_background(Phase.FOLLOWED)
+            await self._serve()
+            await self._start_background(Phase.SERVING)
+            await self._run_jobs(Phase.SERVING)
+        except BaseException as exc:
+            self._failures.append(exc)
+            await self.stop()
+            raise
+        freeze_started()
+        self.ready.set()
 
     async def wait(self, stop: asyncio.Event) -> None:
-        """Until `stop` is set or a loop fails (its error is raised after the others drained)."""
-        stopper = asyncio.create_task(self._stop_on(stop))
+        """Until `stop` is set or a loop or task fails; then drained (the first failure is raised)."""
+        forward = asyncio.create_task(_set_when(stop, self._stopping))
         try:
-            if self._tasks:
-                await run_until_stopped(self._tasks, self._stop)
-            else:  # nothing bound (a service of timers only that has none): until told to stop
-                await self._stop.wait()
+            await self._stopping.wait()
         finally:
-            stopper.cancel()
-
-    async def _stop_on(self, stop: asyncio.Event) -> None:
-        await stop.wait()
-        self._stop.set()
+            forward.cancel()
+        await self._drain()
+        if self._failures:
+            for failure in self._failures[1:]:
+                log.error("stopping: %s", failure)
+            raise self._failures[0]
 
     async def stop(self) -> None:
-        """Drain (in-flight records finish or stay uncommitted), commit, close consumers and producer."""
-        self._stop.set()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for consumer in self._consumers:
-            await stop_consumer(consumer, self.settings.stop_timeout_s)
+        """Drain (in-flight records finish or stay uncommitted), commit, close consumers, clean up,
+        close the producer. Safe to call more than once, and after a failed start."""
+        self._stopping.set()
+        await self._drain()
+        if self._closed:
+            return
+        self._closed = True
+        self.ready.clear()
+        await self._close_consumers()
+        for job in reversed(self._stop_jobs):
+            try:
+                await job()
+            except Exception:
+                log.warning("clean-up %s failed", getattr(job, "__qualname__", job), exc_info=True)
         await self.bus.stop()
+
+    async def _run_jobs(self, phase: Phase) -> None:
+        for job in self._jobs[phase]:
+            await job()
+
+    async def _start_background(self, phase: Phase) -> None:
+        """The phase's timers and tasks, begun before the next phase's jobs (one turn of the loop)."""
+        for started_at, name, run in self._background:
+            if started_at == phase:
+                self._watch(asyncio.create_task(run(self._tasks_stop), name=name), self._tasks)
+        await asyncio.sleep(0)
+
+    def _watch(self, task: asyncio.Task[None], into: list[asyncio.Task[None]]) -> None:
+        into.append(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A loop or task that fails stops the service (its error is raised after the drain)."""
+        if task.cancelled() or (failure := task.exception()) is None:
+            return
+        if not self._stopping.is_set():
+            log.error("%s failed: stopping", task.get_name(), exc_info=failure)
+        self._failures.append(failure)
+        self._stopping.set()
+
+    async def _drain(self) -> None:
+        """Once, however many callers wait for it."""
+        if self._drained is None:
+            self._drained = asyncio.create_task(self._drain_once())
+        await asyncio.shield(self._drained)
+
+    async def _drain_once(self) -> None:
+        for job in self._drain_jobs:
+            try:
+                await job()
+            except Exception:
+                log.warning("drain step %s failed", getattr(job, "__qualname__", job), exc_info=True)
+        self._loops_stop.set()
+        await asyncio.gather(*self._loop_tasks, return_exceptions=True)
+        self._tasks_stop.set()
+        if self._tasks:  # bounded past an HTTP server's own graceful shutdown (stop_timeout_s)
+            _, pending = await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + TASK_GRACE_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- consumers (the in-memory runtime has none: llmbus.bus.memory) -----------------------
+    async def _open_loops(self) -> None:
+        self._subscriptions = Subscriptions(self.bus, self.bindings, self.record_handler)
+        await self._subscriptions.open()
+
+    async def _follow(self) -> None:
+        """The followed state read to its end as of now, `catch_up_s` at most (then a watcher sets
+        `caught_up` when it gets there); where it ended is kept for `replayed`."""
+        subscriptions = self._subscriptions
+        assert subscriptions is not None
+        self._replay_ends = await subscriptions.replay_ends()
+        for name, run in subscriptions.runs(self._loops_stop, follows=True):
+            self._watch(asyncio.create_task(run, name=name), self._loop_tasks)
+        if await subscriptions.caught_up(self.settings.catch_up_s):
+            self.caught_up.set()
+            return
+        log.warning("followed state not caught up within %.1fs; serving anyway", self.settings.catch_up_s)
+        watcher = subscriptions.caught_up_later(self._tasks_stop, self.caught_up)
+        self._watch(asyncio.create_task(watcher, name="catch-up watch"), self._tasks)
+
+    async def _serve(self) -> None:
+        subscriptions = self._subscriptions
+        assert subscriptions is not None
+        await subscriptions.joined()
+        for name, run in subscriptions.runs(self._loops_stop, follows=False):
+            self._watch(asyncio.create_task(run, name=name), self._loop_tasks)
+
+    async def _close_consumers(self) -> None:
+        if self._subscriptions is not None:
+            await self._subscriptions.close()
+
+
+async def _set_when(stop: asyncio.Event, then: asyncio.Event) -> None:
+    await stop.wait()
+    then.set()

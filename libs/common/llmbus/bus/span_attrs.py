@@ -2,7 +2,9 @@
 
 The publisher puts them on each PRODUCER span, so every hop of a trace says what it
 carried (the route rule on the router's hop, worker and attempt on the scheduler's, usage,
-node, GPU, model version and preemptions on the result) without code in the handlers.
+node, GPU, model version and preemptions on the result) without code in the handlers. A record
+of a release (its `release`: routed request, dispatch, result, final chunk, cost record,
+comparison, decisions) says which: upgrade id, model version, previous version, stage, share.
 """
 
 from __future__ import annotations
@@ -15,21 +17,39 @@ from llmbus.contract.messages import (
     InferenceRequest,
     InferenceResult,
     Message,
+    ReleaseContext,
     RoutedRequest,
 )
 
 Attributes = dict[str, str | int | float | bool | list[str]]
 
 
+def release_attributes(release: ReleaseContext | None) -> Attributes:
+    if release is None:
+        return {}
+    out: Attributes = {
+        sc.LLMBUS_UPGRADE_ID: release.upgrade_id,
+        sc.LLMBUS_MODEL_VERSION: release.model_version,
+        sc.LLMBUS_RELEASE_STAGE: release.stage.value,
+        sc.LLMBUS_RELEASE_SHARE_PCT: release.share_pct,
+    }
+    if release.previous_version is not None:
+        out[sc.LLMBUS_MODEL_PREVIOUS_VERSION] = release.previous_version
+    return out
+
+
 def _request(req: InferenceRequest) -> Attributes:
     out: Attributes = {
         sc.GEN_AI_OPERATION_NAME: "chat" if req.messages else "text_completion",
         sc.GEN_AI_REQUEST_MAX_TOKENS: req.max_tokens,
-        sc.GEN_AI_REQUEST_TEMPERATURE: req.temperature,
-        sc.GEN_AI_REQUEST_TOP_P: req.top_p,
         sc.LLMBUS_REQUEST_ID: req.request_id,
         sc.LLMBUS_TENANT: req.tenant,
     }
+    # Only what the request sets (unset: the model's default, which the request does not know).
+    if req.temperature is not None:
+        out[sc.GEN_AI_REQUEST_TEMPERATURE] = req.temperature
+    if req.top_p is not None:
+        out[sc.GEN_AI_REQUEST_TOP_P] = req.top_p
     if req.model:
         out[sc.GEN_AI_REQUEST_MODEL] = req.model
     return out
@@ -45,7 +65,7 @@ def _routed(routed: RoutedRequest) -> Attributes:
         out[sc.LLMBUS_ROUTE_VARIANT] = routed.variant
     if routed.experiment_id:
         out[sc.LLMBUS_EXPERIMENT_ID] = routed.experiment_id
-    return out
+    return out | release_attributes(routed.release)
 
 
 def _dispatch(dispatch: Dispatch) -> Attributes:
@@ -87,7 +107,7 @@ def _result(result: InferenceResult) -> Attributes:
         sc.ERROR_TYPE: str(result.error.code) if result.error else None,
     }
     out.update({k: v for k, v in optional.items() if v is not None})  # type: ignore[misc]
-    return out
+    return out | release_attributes(result.release)
 
 
 def _outcome(outcome: DispatchOutcome) -> Attributes:
@@ -116,4 +136,5 @@ def message_attributes(value: Message) -> Attributes:
             return _outcome(value)
         case Control():
             return {sc.LLMBUS_CONTROL_ACTION: str(value.action), sc.LLMBUS_REQUEST_ID: value.target_id}
-    return {}
+    # Cost records, comparisons, decisions, scaling decisions, final chunks: their release, if any.
+    return release_attributes(getattr(value, "release", None))

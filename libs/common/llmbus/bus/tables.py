@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus.admin import open_admin
 from llmbus.bus.catch_up import assigned_ends, first_records, read_to_end
@@ -77,8 +78,21 @@ async def read_since(
     """Every message of `topic` whose record was written at or after `since_ms`, up to the end offsets
     as of now (undecodable records skipped); with `key`, only the partition that key's records go to.
     Raises NotReadToEnd (a TimeoutError) if not read to the end in time."""
-    consumer = reader(settings)
     out: list[M] = []
+    for record in await records_since(settings, topic, since_ms, timeout_s, key):
+        try:
+            out.append(decode(record, model))
+        except BadMessage:
+            continue
+    return out
+
+
+async def records_since(
+    settings: BusSettings, topic: str, since_ms: int, timeout_s: float, key: str | None = None
+) -> list[ConsumerRecord]:
+    """`read_since`'s records as read (value, timestamp, headers), tombstones left out."""
+    consumer = reader(settings)
+    out: list[ConsumerRecord] = []
     try:
         await asyncio.wait_for(consumer.start(), settings.admin_timeout_s)
         tps = await partitions_of(settings, [topic])
@@ -93,10 +107,7 @@ async def read_since(
             consumer.seek(tp, found.offset if found is not None else ends[tp])
         async for record in read_to_end(consumer, ends, timeout_s, call_timeout_s=settings.admin_timeout_s):
             if record.value is not None:
-                try:
-                    out.append(decode(record, model))
-                except BadMessage:
-                    continue
+                out.append(record)
     finally:
         await asyncio.wait_for(consumer.stop(), settings.stop_timeout_s)
     return out

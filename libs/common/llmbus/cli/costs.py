@@ -15,7 +15,7 @@ COSTS = "llmbus_tools.costs"
 
 
 def costs(ctx: typer.Context) -> None:
-    """Costs per tenant / model / experiment, today and this month, with savings (from Redis aggregates)."""
+    """Costs per tenant / model / experiment / version / release, today and this month, with savings (Redis)."""
     run_tool(COSTS, "report", *ctx.args)
 
 

@@ -1,16 +1,20 @@
-"""`llmbus models …` and `llmbus experiments …`: the operator's writers of llm.models and llm.experiments."""
+"""`llmbus experiments …`: the operator's writer of llm.experiments (and the records both CLIs publish with).
+
+A step of a release (an experiment between two versions of one model) is followed in the registry:
+the version records of llm.models are written before the experiment (llmbus.domain.release.follow).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import getpass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from llmbus.bus import Publisher, make_producer
-from llmbus.bus.producer import stop_producer
+from llmbus.bus import Bus
 from llmbus.bus.tables import read_log, read_table
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
@@ -22,10 +26,27 @@ from llmbus.contract.messages import (
     ModelSpec,
     RampPlan,
 )
-from llmbus.domain.lifecycle import LifecycleError, create, share_pct, step_for_share, to_step, with_state
+from llmbus.domain.lifecycle import (
+    LifecycleError,
+    create,
+    newest,
+    next_version,
+    share_pct,
+    step_for_share,
+    to_step,
+    with_state,
+)
+from llmbus.domain.registry import ModelVersions, RegistryError, by_model
+from llmbus.domain.release import follow
 from llmbus.settings import BusSettings
+from llmbus.state.experiment_versions import ExperimentVersions
+from llmbus.state.store import redis_client
 
-models_app = typer.Typer(help="the model registry on llm.models", no_args_is_help=True)
+WRITE_ATTEMPTS = 5  # a change refused because another came first is made again on it, this many times
+
+Record = tuple[str, str, Message | None]  # (topic, key, message or None for a tombstone)
+Change = Callable[[Experiment], Experiment]
+
 experiments_app = typer.Typer(help="shadow → A/B → ramp experiments on llm.experiments", no_args_is_help=True)
 console = Console()
 
@@ -36,87 +57,116 @@ def _topic(settings: BusSettings, base: str) -> str:
 
 async def publish_record(settings: BusSettings, base: str, key: str, value: Message | None) -> None:
     """One record (a message, or a tombstone when `value` is None), acknowledged by the broker."""
-    producer = make_producer(settings, client_id="llmbus-cli")
-    await asyncio.wait_for(producer.start(), settings.admin_timeout_s)
+    await publish_records(settings, [(base, key, value)])
+
+
+async def publish_records(settings: BusSettings, records: Sequence[Record]) -> None:
+    """(topic, key, message or None for a tombstone), each acknowledged before the next is sent: in order."""
+    bus = await Bus.start(settings, t.CLIENT)
     try:
-        if value is None:
-            delivery = await asyncio.wait_for(
-                producer.send(_topic(settings, base), None, key=key.encode()), settings.send_timeout_s
-            )
-            await asyncio.wait_for(delivery, settings.send_timeout_s)
-        else:
-            await Publisher(producer, t.CLIENT, settings.send_timeout_s).publish(_topic(settings, base), value, key=key)
+        for base, key, value in records:
+            await bus.publisher.publish(_topic(settings, base), value, key=key)
     finally:
-        await stop_producer(producer, settings.stop_timeout_s)
+        await bus.stop()
 
 
-# --- models --------------------------------------------------------------------------------
-
-
-@models_app.command("register")
-def models_register(
-    name: str,
-    version: str = typer.Option("1"),
-    tier: str | None = typer.Option(None),
-    max_model_len: int = typer.Option(8192),
-    max_output_tokens: int = typer.Option(4096),
-    hosted: bool = typer.Option(False),
-    tokenizer: str | None = typer.Option(None, help="local tokenizer reference, e.g. pkg:<package>/<file>"),
-) -> None:
-    """Publish a ModelSpec (the router and scheduler pick it up from the compacted topic)."""
-    spec = ModelSpec(
-        name=name,
-        version=version,
-        tier=tier,
-        max_model_len=max_model_len,
-        max_output_tokens=max_output_tokens,
-        hosted=hosted,
-        tokenizer=tokenizer,
-    )
-    asyncio.run(publish_record(BusSettings(), t.MODELS, name, spec))
-    console.print(f"registered {name} v{version}")
-
-
-@models_app.command("list")
-def models_list() -> None:
-    """The models as llm.models describes them now."""
-    settings = BusSettings()
-    table = Table("model", "version", "tier", "max len", "max output", "hosted")
-    for spec in sorted(asyncio.run(read_table(settings, _topic(settings, t.MODELS), ModelSpec)).values(), key=str):
-        table.add_row(
-            spec.name,
-            spec.version,
-            spec.tier or "",
-            str(spec.max_model_len),
-            str(spec.max_output_tokens),
-            str(spec.hosted),
-        )
-    console.print(table)
-
-
-@models_app.command("retire")
-def models_retire(name: str) -> None:
-    """Tombstone the model's record: the router stops choosing it."""
-    asyncio.run(publish_record(BusSettings(), t.MODELS, name, None))
-    console.print(f"retired {name}")
+def operator() -> str:
+    """Who the registry records as having made an operator's change."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
 
 
 # --- experiments ---------------------------------------------------------------------------
 
 
+def _read(settings: BusSettings, experiment_id: str) -> Experiment | None:
+    return asyncio.run(read_table(settings, _topic(settings, t.EXPERIMENTS), Experiment)).get(experiment_id)
+
+
 def _load(settings: BusSettings, experiment_id: str) -> Experiment:
-    experiments = asyncio.run(read_table(settings, _topic(settings, t.EXPERIMENTS), Experiment))
-    if experiment_id not in experiments:
+    experiment = _read(settings, experiment_id)
+    if experiment is None:
         console.print(f"[red]no experiment {experiment_id!r}[/red]")
         raise typer.Exit(1)
-    return experiments[experiment_id]
+    return experiment
 
 
-def _write(settings: BusSettings, experiment: Experiment, verb: str) -> None:
-    asyncio.run(publish_record(settings, t.EXPERIMENTS, experiment.experiment_id, experiment))
+async def _release_model(settings: BusSettings, experiment: Experiment) -> ModelVersions | None:
+    """The registry's records of a release's model (None for an experiment between two models)."""
+    if not experiment.is_release or experiment.candidate_model is None:
+        return None
+    records = await read_table(settings, _topic(settings, t.MODELS), ModelSpec)
+    model = by_model(records).get(experiment.candidate_model)
+    if model is None:
+        raise RegistryError(f"model {experiment.candidate_model!r} is not in the registry")
+    return model
+
+
+async def _claim(
+    versions: ExperimentVersions, read: Experiment, change: Change, model: ModelVersions | None, reason: str
+) -> tuple[Experiment, list[Record]]:
+    """`change` made on the newest version of the experiment and written as the next version by compare-and-set;
+    a change that came in between is taken and `change` made again on it. The version written and the records
+    to publish, in order: the llm.models records that follow a release's new step (`model` given), the experiment."""
+    base = newest(read, await versions.latest(read.experiment_id))
+    for _ in range(WRITE_ATTEMPTS):
+        updated = next_version(base, change(base))
+        steps = follow(updated, model, by=operator(), reason=updated.note or reason) if model is not None else []
+        written, current = await versions.compare_and_set(base.version, updated)
+        if written:
+            return updated, [*((t.MODELS, r.key, r) for r in steps), (t.EXPERIMENTS, updated.experiment_id, updated)]
+        base = newest(base, current)
+    raise LifecycleError(f"experiment {read.experiment_id!r} kept changing: try again")
+
+
+async def write_experiments(
+    settings: BusSettings,
+    changes: Sequence[tuple[Experiment, Change]],
+    *,
+    reason: str,
+    first: Sequence[Record] = (),
+    follow_registry: bool = True,
+) -> list[Experiment]:
+    """Each (read, change) made on the newest version of its experiment and published as the next version.
+
+    `read` is what the caller read (llm.experiments); a newer version already written (the
+    comparator's ramp since) is taken instead. Each change is written by compare-and-set
+    (llmbus.state.experiment_versions), so an operator's command is never lost to, nor undone by, a
+    decision made on an older read. Published in order: `first`, then for each change the registry
+    records that follow a release's step (`follow_registry`) and the experiment.
+    """
+    client = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
+    versions = ExperimentVersions(client, settings.topic_prefix)
+    records, written = list(first), []
+    try:
+        for read, change in changes:
+            model = await _release_model(settings, read) if follow_registry else None
+            updated, claimed = await _claim(versions, read, change, model, reason)
+            written.append(updated)
+            records += claimed
+    finally:
+        await client.aclose()
+    await publish_records(settings, records)
+    return written
+
+
+async def write_experiment(settings: BusSettings, read: Experiment, change: Change, reason: str = "") -> Experiment:
+    """One change of one experiment (write_experiments), a release's registry steps with it."""
+    (written,) = await write_experiments(settings, [(read, change)], reason=reason or "operator change")
+    return written
+
+
+def _write(settings: BusSettings, read: Experiment, change: Change, verb: str) -> None:
+    try:
+        experiment = asyncio.run(write_experiment(settings, read, change, reason=f"operator {verb}"))
+    except (LifecycleError, RegistryError) as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
     console.print(
         f"{verb} {experiment.experiment_id}: {experiment.state.value}, step {experiment.step}, "
-        f"candidate {experiment.candidate_model} at {share_pct(experiment)} %"
+        f"candidate {experiment.candidate_model} at {share_pct(experiment)} %, version {experiment.version}"
     )
 
 
@@ -158,7 +208,9 @@ def experiments_create(
     except (LifecycleError, ValueError) as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from exc
-    _write(BusSettings(), experiment, "created")
+    settings = BusSettings()
+    # An experiment of that id already: replaced, by a version above it.
+    _write(settings, _read(settings, experiment_id) or experiment, lambda _older: experiment, "created")
 
 
 @experiments_app.command("ramp")
@@ -167,23 +219,17 @@ def experiments_ramp(
 ) -> None:
     """Move the candidate to a step of the plan by hand (0 goes back to shadow)."""
     settings = BusSettings()
-    experiment = _load(settings, experiment_id)
-    try:
-        updated = to_step(experiment, step_for_share(experiment, to), note=f"operator ramp to {to} %")
-    except LifecycleError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
-    _write(settings, updated, "ramped")
+    _write(
+        settings,
+        _load(settings, experiment_id),
+        lambda e: to_step(e, step_for_share(e, to), note=f"operator ramp to {to} %"),
+        "ramped",
+    )
 
 
 def _set_state(experiment_id: str, state: ExperimentState, verb: str) -> None:
     settings = BusSettings()
-    try:
-        updated = with_state(_load(settings, experiment_id), state, note=f"operator {verb}")
-    except LifecycleError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
-    _write(settings, updated, verb)
+    _write(settings, _load(settings, experiment_id), lambda e: with_state(e, state, note=f"operator {verb}"), verb)
 
 
 @experiments_app.command("pause")

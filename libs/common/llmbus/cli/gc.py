@@ -12,7 +12,7 @@ gateway's reply topic would break it.
 
 For a gone worker: its dispatch topic and groups are deleted, a tombstone is written for its
 `llm.workers` key, and cost-accounting's GPU-ledger lease and cursor of it are dropped. Results
-held for it (`cost:pending:<worker>`, not billed yet) are kept and reported: they expire on
+held for it (`{<prefix>cost}:pending:<worker>`, not billed yet) are kept and reported: they expire on
 their own TTL, and deleting them would lose a bill.
 """
 
@@ -38,6 +38,7 @@ from llmbus.contract import topics as t
 from llmbus.contract.messages import WorkerStatus
 from llmbus.security.tenancy import RESERVED_TENANT_PREFIXES
 from llmbus.settings import BusSettings
+from llmbus.state.keys import cost_key_root
 from llmbus.state.store import redis_client
 
 log = logging.getLogger(__name__)
@@ -211,18 +212,18 @@ async def remove(settings: BusSettings, plan: GcPlan) -> list[str]:
             await publish_record(settings, t.WORKERS, g.instance, None)
     workers = [g.instance for g in plan.gone if g.kind == "worker"]
     if workers:
-        ns = settings.topic_prefix  # cost-accounting's Redis namespace (llmbus.cost_accounting.store)
-        redis = redis_client(settings.redis_url, password=settings.redis_password)
+        root = cost_key_root(settings.topic_prefix)  # cost-accounting's keys
+        redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
         try:
             async with redis.pipeline(transaction=False) as pipe:
                 for worker_id in workers:
-                    pipe.delete(f"{ns}cost:owner:{worker_id}")
-                    pipe.hdel(f"{ns}cost:cursor", worker_id)
-                    pipe.hlen(f"{ns}cost:pending:{worker_id}")
+                    pipe.delete(f"{root}owner:{worker_id}")
+                    pipe.hdel(f"{root}cursor", worker_id)
+                    pipe.hlen(f"{root}pending:{worker_id}")
                 replies = await pipe.execute()
             for worker_id, held in zip(workers, replies[2::3], strict=True):
                 if held:
-                    notes.append(f"kept {ns}cost:pending:{worker_id}: {held} result(s) held, not billed yet")
+                    notes.append(f"kept {root}pending:{worker_id}: {held} result(s) held, not billed yet")
         finally:
             await redis.aclose()
     return notes

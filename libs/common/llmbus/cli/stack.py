@@ -1,4 +1,4 @@
-"""The local stack: Kafka and Redis from the project's scripts, services as processes."""
+"""The local stack: Kafka, Redis and the object store from the project's scripts, services as processes."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ def run_script(script: str, action: str, env: dict[str, str] | None = None) -> N
 def infra_up() -> None:
     run_script("deploy/kafka/kafka.sh", "start")
     # AOF (fsync every second): API keys, exactly-once markers and held results survive a restart.
-    run_script("deploy/redis/redis.sh", "start", {"REDIS_APPENDONLY": "yes"})
+    # Secured (AUTH=1): every service its own ACL user, from the principals' passwords kafka.sh made.
+    run_script("deploy/redis/redis.sh", "start", {"REDIS_APPENDONLY": "yes"} | stack_auth.redis_env(run_dir()))
+    run_script("deploy/objectstore/objectstore.sh", "start")  # model artifacts (S3 API on 127.0.0.1:9000)
     asyncio.run(persist_redis(BusSettings()))
 
 
@@ -43,7 +45,8 @@ async def persist_redis(settings: BusSettings) -> None:
 
 def infra_down() -> None:
     run_script("deploy/kafka/kafka.sh", "stop")
-    run_script("deploy/redis/redis.sh", "stop")
+    run_script("deploy/redis/redis.sh", "stop", stack_auth.redis_env(run_dir()))
+    run_script("deploy/objectstore/objectstore.sh", "stop")
 
 
 def start(proc: ServiceProcess) -> int:
@@ -79,6 +82,7 @@ METRICS_PORTS = {
     "gateway": 9105,
     "autoscaler": 9106,
     "archive": 9107,
+    "node-agent": 9108,
 }
 WORKER_METRICS_PORT = 9110
 
@@ -104,6 +108,8 @@ def default_services(workers: int = 2, sim_speedup: float = 1.0) -> list[Service
         ServiceProcess("archive", "llmbus_services.archive"),
         # The OpenAI-compatible front door on http://127.0.0.1:8000 (keys: `llmbus keys create`).
         ServiceProcess("gateway", "llmbus_services.gateway", {"LLMBUS_GATEWAY_INSTANCE_ID": "gw-local"}),
+        # This machine's profile and health on llm.nodes (its node id, the host name, is the workers' default).
+        ServiceProcess("node-agent", "llmbus_services.node_agent"),
     ]
     for tier in TIER_FLEET:
         procs.append(

@@ -22,6 +22,19 @@ FEEDBACK_TOPICS = (t.FEEDBACK, t.FEEDBACK_TENANT_SPEC.name)
 REPLY_TOPICS = (t.TOKENS, t.SHADOW_TOKENS, t.REPLIES_SPEC.name)
 
 
+# Whether a result is already out, read by key from the time of a claim nobody marked done (its claimant
+# died or stalled between publishing and marking): the claim discipline of workers, the scheduler's
+# final errors and the router's own answers (llmbus.state.fencing, llmbus.bus.replies.result_out_since).
+RESULT_LOOKUP = Reads(
+    "result_out",
+    (t.RESULTS,),
+    m.InferenceResult,
+    group=None,
+    on_demand=True,
+    notes="a lapsed claim's result looked up by request key before publishing another",
+)
+
+
 def _replies() -> tuple[Writes, ...]:
     """Who ends a request writes its reply topic: the default, the shadow copies' or a gateway's."""
     return tuple(Writes(topic, m.TokenChunk) for topic in REPLY_TOPICS)
@@ -60,6 +73,7 @@ COMPARATOR = Contract(
     t.COMPARATOR,
     reads=(
         Reads("experiments", (t.EXPERIMENTS,), m.Experiment, group=None, raw=True, notes="tombstones forget one"),
+        Reads("models", (t.MODELS,), m.ModelSpec, group=None, raw=True, notes="the registry a release follows"),
         Reads("results", (t.RESULTS,), m.InferenceResult),
         Reads("costs", (t.COSTS,), m.CostRecord, group="costs"),
         # auth on: by pattern, llm.feedback and every llm.feedback.<tenant> (the tenant is the topic's)
@@ -69,6 +83,7 @@ COMPARATOR = Contract(
         Writes(t.COMPARISONS, m.Comparison),
         Writes(t.DECISIONS, m.ExperimentDecision),
         Writes(t.EXPERIMENTS, m.Experiment, "the next step of a ramp, or a rollback"),
+        Writes(t.MODELS, m.ModelSpec, "a release's step in the registry: the version's state, the serving record"),
         DLQ,
     ),
 )
@@ -76,12 +91,16 @@ COMPARATOR = Contract(
 ROUTER = Contract(
     t.ROUTER,
     reads=(
-        # auth on: by pattern, llm.requests and every llm.requests.<tenant>
-        Reads("requests", (t.REQUESTS,), m.InferenceRequest, max_in_flight=512),
-        Reads("results", (t.RESULTS,), m.InferenceResult, group="results", max_in_flight=256, notes="the cache"),
-        Reads("models", (t.MODELS,), m.ModelSpec, group=None),
-        Reads("experiments", (t.EXPERIMENTS,), m.Experiment, group=None),
-        Reads("budgets", (t.BUDGETS,), m.BudgetStatus, group=None),
+        # auth on: by pattern, llm.requests and every llm.requests.<tenant> (the tenant is the topic's)
+        Reads("requests", (t.REQUESTS,), m.InferenceRequest, max_in_flight=512, raw=True),
+        Reads(
+            "results", (t.RESULTS,), m.InferenceResult, group="results", max_in_flight=256, raw=True, notes="the cache"
+        ),
+        # tombstones remove a model, an experiment, a tenant's budget state
+        Reads("models", (t.MODELS,), m.ModelSpec, group=None, raw=True),
+        Reads("experiments", (t.EXPERIMENTS,), m.Experiment, group=None, raw=True),
+        Reads("budgets", (t.BUDGETS,), m.BudgetStatus, group=None, raw=True),
+        RESULT_LOOKUP,
     ),
     writes=(Writes(t.ROUTED, m.RoutedRequest), Writes(t.RESULTS, m.InferenceResult), *_replies(), DLQ),
 )
@@ -89,12 +108,23 @@ ROUTER = Contract(
 SCHEDULER = Contract(
     t.SCHEDULER,
     reads=(
-        Reads("routed", (t.ROUTED,), m.RoutedRequest, max_in_flight=10_000, notes="held: placed or waiting"),
-        Reads("outcomes", (t.OUTCOMES,), m.DispatchOutcome, group="outcomes.<instance>", max_in_flight=256),
-        Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None),
-        Reads("nodes", (t.NODES,), m.NodeProfile, group=None),
-        Reads("models", (t.MODELS,), m.ModelSpec, group=None),
-        Reads("control", (t.CONTROL,), m.Control, group=None),
+        Reads("routed", (t.ROUTED,), m.RoutedRequest, max_in_flight=10_000, raw=True, notes="held: placed or waiting"),
+        # Outcomes are handled concurrently: their claims' releases share Redis round trips, and the
+        # core sees them one at a time under the handlers' lock in any order (it holds one placement
+        # per request and ignores an outcome of any other attempt; a release is of that attempt's key).
+        Reads("outcomes", (t.OUTCOMES,), m.DispatchOutcome, group="outcomes.<instance>", max_in_flight=256, raw=True),
+        # The fleet, followed by one consumer. Its records (heartbeats above all) are taken as they
+        # arrive, each then waiting its turn for the handlers' lock. One at a time, llm.workers was read
+        # only as fast as that lock came round: behind hundreds of outcome and routed handlers after a
+        # leader failover (the 3-broker `leader_sigkill` scenario at load 16-22), its lag grew to 128
+        # heartbeats, a live worker went unheard past its heartbeat timeout, and its 256 running
+        # requests were placed again. The lock is FIFO and a heartbeat's handler awaits nothing before
+        # it, so one worker's statuses still apply in order.
+        Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, max_in_flight=64, raw=True),
+        Reads("nodes", (t.NODES,), m.NodeProfile, group=None, max_in_flight=64, raw=True),
+        Reads("models", (t.MODELS,), m.ModelSpec, group=None, max_in_flight=64, raw=True),
+        Reads("control", (t.CONTROL,), m.Control, group=None, max_in_flight=64, raw=True),
+        RESULT_LOOKUP,
     ),
     writes=(
         Writes(t.DISPATCH_SPEC.name, m.Dispatch),
@@ -109,16 +139,41 @@ SCHEDULER = Contract(
 WORKER = Contract(
     t.WORKER,
     reads=(
-        Reads("dispatch", (t.DISPATCH_SPEC.name,), m.Dispatch, group="<worker_id>", max_in_flight=256),
+        Reads("dispatch", (t.DISPATCH_SPEC.name,), m.Dispatch, group="<worker_id>", max_in_flight=256, raw=True),
         # its own group, from the log's end: a cancel or drain sent before it was ready is not its
-        Reads("control", (t.CONTROL,), m.Control, group="<worker_id>.control", from_earliest=False, max_in_flight=16),
-        Reads("models", (t.MODELS,), m.ModelSpec, group=None, notes="read once at start, as a table"),
+        Reads(
+            "control",
+            (t.CONTROL,),
+            m.Control,
+            group="<worker_id>.control",
+            from_earliest=False,
+            max_in_flight=16,
+            raw=True,
+        ),
+        Reads("models", (t.MODELS,), m.ModelSpec, group=None, at_start=True, notes="read once at start, as a table"),
+        RESULT_LOOKUP,
+        Reads(
+            "replies",
+            REPLY_TOPICS,
+            m.TokenChunk,
+            group=None,
+            on_demand=True,
+            notes="a cut answer's chunks, read back to continue it (docs/delivery.md)",
+        ),
+        Reads(
+            "nodes",
+            (t.NODES,),
+            m.NodeProfile,
+            group=None,
+            at_start=True,
+            notes="its node agent's profile of its node, as a table at start and at each re-profile",
+        ),
     ),
     writes=(
         Writes(t.RESULTS, m.InferenceResult),
         Writes(t.OUTCOMES, m.DispatchOutcome),
         Writes(t.WORKERS, m.WorkerStatus),
-        Writes(t.NODES, m.NodeProfile),
+        Writes(t.NODES, m.NodeProfile, "only where no node agent speaks for its node"),
         *_replies(),
         DLQ,
     ),
@@ -128,8 +183,9 @@ GATEWAY = Contract(
     t.GATEWAY,
     reads=(
         Reads("replies", (t.REPLIES_SPEC.name,), m.TokenChunk, group=None, from_earliest=False, notes="its own"),
-        Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None),
-        Reads("models", (t.MODELS,), m.ModelSpec, group=None),
+        # the catalog of GET /v1/models, followed (tombstones of collected workers change nothing)
+        Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, raw=True),
+        Reads("models", (t.MODELS,), m.ModelSpec, group=None, raw=True),
     ),
     writes=(
         Writes(t.REQUESTS, m.InferenceRequest),
@@ -146,6 +202,7 @@ CLIENT = Contract(
         Reads("results", (t.RESULTS,), m.InferenceResult, group=None),
         Reads("decisions", (t.DECISIONS,), m.ExperimentDecision, group=None),
         Reads("workers", (t.WORKERS,), m.WorkerStatus, group=None, notes="llmbus status, trace"),
+        Reads("nodes", (t.NODES,), m.NodeProfile, group=None, notes="llmbus status --nodes"),
         Reads("scaling", (t.SCALING,), m.ScaleDecision, group=None, notes="llmbus scaling"),
         # the router's retraining job (llmbus retrain): what was routed and the feedback on it
         Reads("routed", (t.ROUTED,), m.RoutedRequest, group=None),
@@ -202,7 +259,22 @@ ANALYTICS = Contract(
     ),
 )
 
-SERVICES: tuple[Contract, ...] = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST, GATEWAY, ARCHIVE)
+NODE_AGENT = Contract(
+    t.NODE_AGENT,
+    writes=(Writes(t.NODES, m.NodeProfile, "its node's profile and health, every interval"),),
+)
+
+SERVICES: tuple[Contract, ...] = (
+    ROUTER,
+    SCHEDULER,
+    WORKER,
+    COMPARATOR,
+    AUTOSCALER,
+    COST,
+    GATEWAY,
+    ARCHIVE,
+    NODE_AGENT,
+)
 ALL: tuple[Contract, ...] = (*SERVICES, CLIENT, ANALYTICS)
 BY_SERVICE = {contract.service: contract for contract in ALL}
 

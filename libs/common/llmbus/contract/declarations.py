@@ -34,6 +34,9 @@ class Reads:
     batch_max_records: int | None = None  # a batch handler: the records of one fetch, up to this many
     raw: bool = False  # the handler takes the ConsumerRecord (tombstones, the record's topic, batches)
     at_start: bool = False  # read to its end once as the service starts (ServiceRuntime.read_table), not bound
+    # One key's records read on demand, not bound: a lapsed claim's result (llmbus.bus.replies.result_out_since)
+    # or a cut answer's chunks (read back to continue it). Declared like any read: the ACLs are generated from it.
+    on_demand: bool = False
     notes: str = ""
 
     def group_id(self, topics: t.Topics, service: str, **names: str) -> str | None:
@@ -71,8 +74,16 @@ class Contract:
         """The consumer group of the declared subscription `name` (what its consumer must use)."""
         return self.subscription(name).group_id(topics, self.service, **names)
 
+    def bound(self) -> tuple[Reads, ...]:
+        """The subscriptions a flow is bound to: all but the start-up reads and the on-demand reads."""
+        return tuple(reads for reads in self.reads if not (reads.at_start or reads.on_demand))
+
     def read_topics(self) -> set[str]:
         return {topic for reads in self.reads for topic in reads.topics}
+
+    def looks_up(self, topic: str) -> bool:
+        """Declares reading records of `topic` on demand (a catalog name)."""
+        return any(reads.on_demand and topic in reads.topics for reads in self.reads)
 
     def write_topics(self) -> set[str]:
         return {writes.topic for writes in self.writes}

@@ -22,6 +22,7 @@ from llmbus.contract import messages as m
 from llmbus.contract import topics as t
 from llmbus.contract.cloudevents import event_type
 from llmbus.contract.declarations import Contract, Reads
+from llmbus.contract.manifest import MANIFEST_VERSION, ModelManifest
 
 ASYNCAPI_VERSION = "3.0.0"
 
@@ -113,12 +114,17 @@ def _receive(contract: Contract, reads: Reads, channel_id: str) -> dict[str, obj
     group = "llmbus." + contract.service + (f".{reads.group}" if reads.group else "")
     handling = f"batches of up to {reads.batch_max_records}" if reads.batch_max_records else "one record at a time"
     if reads.max_in_flight > 1:
-        handling = f"up to {reads.max_in_flight} records at once, committed in offset order"
+        handling = f"up to {reads.max_in_flight} records at once"
+        handling += ", committed in offset order" if reads.group is not None else ""
     where = "from the earliest offset" if reads.from_earliest else "from the latest offset"
     if reads.at_start:
         delivery = "nothing committed: read to its end once as the service starts, then not followed"
+    elif reads.on_demand:
+        delivery = "nothing committed: one key's records read when needed, never followed"
+    elif reads.group is None and reads.from_earliest:
+        delivery = "nothing committed: read in full at every start, to its end before the service serves"
     elif reads.group is None:
-        delivery = "nothing committed: read in full at every start (at least once)"
+        delivery = "nothing committed: what is written after the service started"
     else:
         delivery = "committed after the handler (at least once)"
     summary = f"{reads.name}: {'no group, every instance reads all' if reads.group is None else 'group ' + group}"
@@ -202,9 +208,17 @@ def render() -> dict[str, str]:
         files[f"messages/{model.__name__}.json"] = _dump_json(schema)
     files["topics.json"] = _dump_json(topic_catalog())
     files["exports/RlhfRecord.json"] = _dump_json(rlhf_schema())
+    files["manifest/ModelManifest.json"] = _dump_json(manifest_schema())
     for contract in contracts.SERVICES:
         files[f"asyncapi/{contract.service}.yaml"] = yaml.safe_dump(asyncapi_for(contract), sort_keys=False, width=120)
     return files
+
+
+def manifest_schema() -> dict[str, object]:
+    """The model manifest operators write (`llmbus models register -f`, `llmbus models push --manifest`)."""
+    schema: dict[str, object] = {"$id": f"https://llmbus.dev/schemas/manifest/ModelManifest/{MANIFEST_VERSION}"}
+    schema.update(ModelManifest.model_json_schema())
+    return schema
 
 
 def rlhf_schema() -> dict[str, object]:

@@ -77,7 +77,8 @@ COST = "cost-accounting"
 ANALYTICS = "analytics"
 GATEWAY = "gateway"
 ARCHIVE = "archive"
-ALL_SERVICES = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST, GATEWAY, ARCHIVE)
+NODE_AGENT = "node-agent"
+ALL_SERVICES = (ROUTER, SCHEDULER, WORKER, COMPARATOR, AUTOSCALER, COST, GATEWAY, ARCHIVE, NODE_AGENT)
 
 CATALOG: tuple[TopicSpec, ...] = (
     TopicSpec(
@@ -132,8 +133,22 @@ CATALOG: tuple[TopicSpec, ...] = (
         compacted=True,
         notes="heartbeats",
     ),
-    TopicSpec(NODES, "node id", m.NodeProfile, partitions=1, compacted=True),
-    TopicSpec(MODELS, "model name", m.ModelSpec, partitions=1, compacted=True),
+    TopicSpec(
+        NODES,
+        "node id",
+        m.NodeProfile,
+        partitions=1,
+        compacted=True,
+        notes="each node's hardware and health, from its node agent (else a worker's own probe)",
+    ),
+    TopicSpec(
+        MODELS,
+        "model name; name@version",
+        m.ModelSpec,
+        partitions=1,
+        compacted=True,
+        notes="the registry: the model as served (key: name) and one record per version (key: name@version)",
+    ),
     TopicSpec(
         EXPERIMENTS,
         "experiment id",
@@ -176,7 +191,7 @@ CATALOG: tuple[TopicSpec, ...] = (
         m.PoolStats,
         partitions=1,
         retention_ms=DAY_MS,
-        notes="per-pool queue wait, arrivals, in flight: the scaling signal",
+        notes="per-pool queue wait, TTFT, prefill backlog, KV use, tokens: the scaling signals",
     ),
     TopicSpec(
         COSTS,
@@ -213,7 +228,8 @@ REPLIES_SPEC = TopicSpec(
     REPLIES_PREFIX + "<instance>",
     "request id",
     m.TokenChunk,
-    partitions=4,
+    # Its gateway instance reads it whole (no group), a worker continuing a cut answer reads it back: one is enough.
+    partitions=1,
     retention_ms=DAY_MS,
     notes="reply topic of one gateway instance: the chunks of the requests it sent",
 )

@@ -6,6 +6,14 @@ sees control, a share of them is mirrored to the candidate), later steps are A/B
 (sticky salted buckets), the last (100 %) sends everyone to the candidate. `render` keeps
 the fields the router reads (kind, variants, shadow_model, shadow_share, enabled) in
 step with the lifecycle fields, so the router needs no knowledge of ramps.
+
+Every change carries the next version (`next_version`: what its writer read + 1, written by
+compare-and-set, llmbus.state.experiment_versions), and every reader keeps the highest version it
+has seen (`supersedes`), never simply the last record or the newest clock stamp.
+
+A release (llmbus.domain.release) is the same lifecycle between two versions of one model:
+control and candidate name the same model and differ in version, which the variants and the
+shadow copies carry.
 """
 
 from __future__ import annotations
@@ -19,6 +27,21 @@ ENDED = (ExperimentState.STOPPED, ExperimentState.ROLLED_BACK, ExperimentState.P
 
 class LifecycleError(ValueError):
     pass
+
+
+def supersedes(incoming: Experiment, current: Experiment | None) -> bool:
+    """Whether a reader holding `current` takes `incoming` (the same version again is the same change)."""
+    return current is None or incoming.version >= current.version
+
+
+def newest(read: Experiment, other: Experiment | None) -> Experiment:
+    """The higher version of two reads of one experiment (the log's and the compare-and-set's)."""
+    return other if other is not None and other.version > read.version else read
+
+
+def next_version(read: Experiment, changed: Experiment) -> Experiment:
+    """`changed` as the change made on `read`: its version follows the one read."""
+    return changed.model_copy(update={"version": read.version + 1})
 
 
 def share_pct(experiment: Experiment) -> float:
@@ -40,30 +63,42 @@ def render(experiment: Experiment) -> Experiment:
     pct = share_pct(experiment)
     fields: dict[str, object] = {"match_models": [control], "updated_at_ms": now_ms()}
     if experiment.state in (ExperimentState.STOPPED, ExperimentState.ROLLED_BACK):
-        fields |= {"enabled": False, "kind": "ab", "variants": _split(control, candidate, 0.0), "shadow_share": 0.0}
+        fields |= {"enabled": False, "kind": "ab", "variants": _split(experiment, 0.0), "shadow_share": 0.0}
     elif pct <= 0:
         fields |= {
             "enabled": True,
             "kind": "shadow",
             "variants": [],
             "shadow_model": candidate,
+            "shadow_version": experiment.candidate_version,
             "shadow_share": experiment.ab_shadow_share,
         }
     else:
         fields |= {
             "enabled": True,
             "kind": "ab",
-            "variants": _split(control, candidate, pct),
+            "variants": _split(experiment, pct),
             "shadow_model": None,
             "shadow_share": 0.0,
         }
     return experiment.model_copy(update=fields)
 
 
-def _split(control: str, candidate: str, candidate_pct: float) -> list[Variant]:
+def _split(experiment: Experiment, candidate_pct: float) -> list[Variant]:
+    assert experiment.control_model is not None and experiment.candidate_model is not None
     return [
-        Variant(name=CONTROL, model=control, weight=100.0 - candidate_pct),
-        Variant(name=CANDIDATE, model=candidate, weight=candidate_pct),
+        Variant(
+            name=CONTROL,
+            model=experiment.control_model,
+            version=experiment.control_version,
+            weight=100.0 - candidate_pct,
+        ),
+        Variant(
+            name=CANDIDATE,
+            model=experiment.candidate_model,
+            version=experiment.candidate_version,
+            weight=candidate_pct,
+        ),
     ]
 
 
@@ -76,9 +111,13 @@ def create(
     salt: str = "",
     ramp: RampPlan | None = None,
     guardrails: Guardrails | None = None,
+    control_version: str | None = None,
+    candidate_version: str | None = None,
+    upgrade_id: str | None = None,
 ) -> Experiment:
-    if control_model == candidate_model:
-        raise LifecycleError("control and candidate must be different models")
+    """`control_version`/`candidate_version`: versions of one model (a release, `upgrade_id`)."""
+    if (control_model, control_version) == (candidate_model, candidate_version):
+        raise LifecycleError("control and candidate must be different models or versions")
     return render(
         Experiment(
             experiment_id=experiment_id,
@@ -86,6 +125,9 @@ def create(
             salt=salt or experiment_id,
             control_model=control_model,
             candidate_model=candidate_model,
+            control_version=control_version,
+            candidate_version=candidate_version,
+            upgrade_id=upgrade_id,
             ab_shadow_share=shadow_share,
             ramp=ramp or RampPlan(),
             guardrails=guardrails or Guardrails(),

@@ -2,8 +2,10 @@
 
 Every record of a request carries its id (header or field), so its whole path can be read
 back from the log: the request, how it was routed, every attempt (which worker, node and
-GPU, model version and format), how each attempt ended, the chunks of each attempt, any
-cancel or dead letter, and the one result (with queue time, preemptions, cached tokens).
+GPU, model version and format), how each attempt ended, the chunks of each attempt (and which
+attempt's answer it continues), any cancel or dead letter, the one result (with queue time,
+preemptions, cached tokens) and the legs of a continued answer (worker, model, tokens, why each
+ended), and the release it ran under (upgrade id, version, previous version, stage).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from llmbus.contract.messages import (
     DispatchOutcome,
     InferenceRequest,
     InferenceResult,
+    Leg,
     NodeProfile,
+    ReleaseContext,
     RoutedRequest,
     TokenChunk,
     WorkerStatus,
@@ -73,6 +77,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} ms"
 
 
+def release_line(release: ReleaseContext) -> str:
+    previous = release.previous_version or "none (first version)"
+    return (
+        f"release {release.upgrade_id}: version {release.model_version}, previous {previous}, stage {release.label()}"
+    )
+
+
+def leg_line(number: int, leg: Leg) -> str:
+    deployment = f" ({leg.deployment})" if leg.deployment else ""
+    return (
+        f"leg {number}: attempt {leg.attempt}, worker {leg.worker_id or '?'}, model {leg.model or '?'}{deployment}, "
+        f"from seq {leg.first_seq}, {leg.text_chars} chars; prompt {leg.prompt_tokens} "
+        f"(cached {leg.cached_prompt_tokens}), completion {leg.completion_tokens} tokens; ended {leg.ended}"
+    )
+
+
 def render(
     lineage: Lineage, workers: dict[str, WorkerStatus] | None = None, nodes: dict[str, NodeProfile] | None = None
 ) -> list[str]:
@@ -92,6 +112,8 @@ def render(
             f"  routed: -> {routed.model} ({routed.route_reason}{extra}), shadow {'yes' if routed.shadow else 'no'}, "
             f"fallback {routed.fallback_chain or '-'}, ~{routed.prompt_tokens_est} prompt tokens"
         )
+        if routed.release is not None:
+            lines.append(f"    {release_line(routed.release)}")
     results_by_attempt = {r.attempt: r for r in lineage.results}
     for number in sorted(lineage.attempts):
         a = lineage.attempts[number]
@@ -114,6 +136,8 @@ def render(
                 f"    chunks: {len(a.chunks)} (seq {seqs[0]}..{seqs[-1]}), {text_chars} chars"
                 f"{', final' if final else ', no final chunk (abandoned)'}"
             )
+            if (marker := next((c.continues for c in a.chunks if c.continues is not None), None)) is not None:
+                lines.append(f"    continues attempt {marker.attempt}'s answer from seq {marker.seq}")
         if a.outcome is not None:
             error = f" {a.outcome.error.code}: {a.outcome.error.message}" if a.outcome.error else ""
             lines.append(f"    outcome: {a.outcome.status}{error}")
@@ -138,6 +162,10 @@ def render(
             f"    time: queued {_ms(t.queued_ms)}, first token {_ms(t.ttft_ms)}, total {_ms(t.total_ms)}, "
             f"per output token {_ms(t.tpot_ms)}"
         )
+        for i, leg in enumerate(r.legs or [], start=1):
+            lines.append(f"    {leg_line(i, leg)}")
+        if r.release is not None:
+            lines.append(f"    {release_line(r.release)}")
     if len(lineage.results) > 1:
         lines.append(f"  WARNING: {len(lineage.results)} results for one request id")
     return lines

@@ -38,6 +38,7 @@ def bus_env(settings: BusSettings) -> dict[str, str]:
         "LLMBUS_TOPIC_PREFIX": settings.topic_prefix,
         "LLMBUS_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "LLMBUS_REDIS_URL": settings.redis_url,
+        "LLMBUS_REDIS_CLUSTER": "true" if settings.redis_cluster else "false",
         # Topics a service creates (its dispatch or reply topic) get the caller's replication.
         "LLMBUS_REPLICATION_FACTOR": str(settings.replication_factor),
         "LLMBUS_MIN_INSYNC_REPLICAS": str(settings.min_insync_replicas),

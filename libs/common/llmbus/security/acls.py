@@ -75,6 +75,8 @@ def service_acls(prefix: str) -> list[Acl]:
     acls.update(_topic_acls(prefix, "prefixed", t.DISPATCH_PREFIX, t.DISPATCH_SPEC.writers, t.DISPATCH_SPEC.readers))
     # Every reply topic (a tenant's or a gateway instance's) receives chunks from the services that end requests.
     acls.update(_topic_acls(prefix, "prefixed", t.REPLIES_PREFIX, t.REPLIES_SPEC.writers, ()))
+    # Workers read a cut answer's chunks back to continue it (they wrote them: nothing a tenant could hide).
+    acls.add(Acl(t.WORKER, "topic", "prefixed", prefix + t.REPLIES_PREFIX, "read"))
     gateway_replies = prefix + t.REPLIES_PREFIX + GATEWAY_INSTANCE_PREFIX
     acls |= {
         Acl(t.GATEWAY, "topic", "prefixed", gateway_replies, "read"),

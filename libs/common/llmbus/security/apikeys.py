@@ -2,7 +2,9 @@
 
 A key is 256 random bits, so a plain SHA-256 is enough to make a leaked Redis useless
 (no dictionary to attack; a slow password hash would only cost every request).
-The secret is shown once, at creation; afterwards a key is known by its id.
+The secret is shown once, at creation; afterwards a key is known by its id. A key's record and the
+index of key ids are two keys (two slots of a Redis Cluster): they are written one after the other in
+an order that is safe to stop between, never in one transaction.
 `export` and `restore` copy the stored hashes out and back (`llmbus keys export|import`): a Redis
 that lost its data takes its keys back from such a file, and every client's key works again.
 """
@@ -57,10 +59,11 @@ class ApiKeyStore:
         return secret, record
 
     async def _put(self, digest: str, record: ApiKey) -> None:
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.set(self._by_hash + digest, record.model_dump_json())
-            pipe.hset(self._index, record.key_id, digest)
-            await pipe.execute()
+        # Two keys of two slots (no MULTI on a Redis Cluster), written in an order that is safe to stop
+        # between: the index first. A crash between leaves an index entry with no key (nothing works
+        # with it; `revoke` clears it), never a working key that no list shows and no revoke finds.
+        await self._client.hset(self._index, record.key_id, digest)
+        await self._client.set(self._by_hash + digest, record.model_dump_json())
 
     async def export(self) -> list[StoredKey]:
         """Every key with its hash, oldest first: the backup `restore` takes."""
@@ -81,24 +84,30 @@ class ApiKeyStore:
         return restored
 
     async def lookup(self, secret: str) -> ApiKey | None:
-        raw = await self._client.get(self._by_hash + key_hash(secret))
+        return await self.lookup_hash(key_hash(secret))
+
+    async def lookup_hash(self, digest: str) -> ApiKey | None:
+        """The key whose secret's SHA-256 is `digest`, None if there is none (revoked, or never made)."""
+        raw = await self._client.get(self._by_hash + digest)
         return ApiKey.model_validate_json(raw) if raw else None
 
     async def revoke(self, key_id: str) -> bool:
         digest = await self._client.hget(self._index, key_id)
         if digest is None:
             return False
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.delete(self._by_hash + text_of(digest))
-            pipe.hdel(self._index, key_id)
-            await pipe.execute()
+        # The key stops working first; its index entry goes after (a crash between: revoke it again).
+        await self._client.delete(self._by_hash + text_of(digest))
+        await self._client.hdel(self._index, key_id)
         return True
 
     async def list(self) -> list[ApiKey]:
         digests = await self._client.hgetall(self._index)
         if not digests:
             return []
-        raws = await self._client.mget([self._by_hash + text_of(d) for d in digests.values()])
+        async with self._client.pipeline(transaction=False) as pipe:  # keys of many slots: no MGET on a cluster
+            for digest in digests.values():
+                pipe.get(self._by_hash + text_of(digest))
+            raws = await pipe.execute()
         return sorted((ApiKey.model_validate_json(raw) for raw in raws if raw), key=lambda k: k.created_at_ms)
 
 

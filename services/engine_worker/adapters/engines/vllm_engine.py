@@ -11,6 +11,9 @@ server): the model's chat template with the generation prompt, through vLLM's re
 a plain `prompt` is tokenized raw (vllm_inputs.py). A prompt with a `suffix` (fill-in-the-middle) is
 rendered in the model's FIM format (core/fim.py): the worker's `fim_format`, else vLLM's own renderer's
 where it has one (DeepSeek V4); with neither the engine does not offer `suffix` and refuses it.
+
+Before it starts, the installed vLLM must be the tested release (vllm_version.py). The engine core's start is
+timed inside vLLM's own worker (vllm_phases.py): weights, KV pool, kernels.
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
-from llmbus_services.engine_worker.adapters.engines import vllm_inputs, vllm_tools
+from llmbus.contract.engine_features import ENGINE_FEATURES
+from llmbus_services.engine_worker.adapters.engines import vllm_inputs, vllm_phases, vllm_sampling, vllm_tools
 from llmbus_services.engine_worker.adapters.engines.structured import named_tool, structured_outputs
+from llmbus_services.engine_worker.adapters.engines.vllm_choices import Choices as _Choices
+from llmbus_services.engine_worker.adapters.engines.vllm_engine_config import VllmConfig
+from llmbus_services.engine_worker.adapters.engines.vllm_errors import classify_error
+from llmbus_services.engine_worker.adapters.engines.vllm_lora import VllmAdapters, adapter_slots, lora_engine_args
 from llmbus_services.engine_worker.adapters.engines.vllm_stats import StatsSink, stat_logger_factory
+from llmbus_services.engine_worker.adapters.engines.vllm_version import check_vllm_version, installed_vllm
 from llmbus_services.engine_worker.core import fim
 from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
@@ -42,71 +50,6 @@ from llmbus_services.engine_worker.core.engine import (
 
 log = logging.getLogger(__name__)
 
-_OOM_MARKERS = ("out of memory", "outofmemoryerror", "cuda error: out of memory", "no available memory for the cache")
-
-
-@dataclass
-class VllmConfig:
-    model: str  # the name the fleet knows it by (ModelSpec.name)
-    model_path: str = ""  # a local directory or a hub name already in the local cache; default: `model`
-    dtype: str = "auto"  # "float32" for the CPU tiny model, "bfloat16" / "float16" on GPU
-    quantization: str | None = None  # "fp8" | "awq" | "gptq" (see node/formats.py)
-    max_model_len: int = 2048
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int | None = None
-    # True: no CUDA graphs / compile (faster cold start, what the CPU build needs). None: eager on
-    # the CPU build, CUDA graphs captured on GPU (decode steps without per-kernel launch cost).
-    enforce_eager: bool | None = None
-    gpu_memory_utilization: float = 0.80  # the memory pool: weights + activations + KV cache
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    kv_offloading_gib: float | None = None  # host-memory KV tier (vLLM's kv_offloading_size); None: none
-    kv_cache_memory_bytes: int | None = None
-    cpu_kvcache_space_gib: float | None = None  # sets VLLM_CPU_KVCACHE_SPACE (CPU build only); None: env as is
-    enable_prefix_caching: bool = True
-    block_size: int | None = None  # None: the platform's default (16 on GPU, 128 on CPU)
-    scheduling_policy: str = "fcfs"  # "priority" makes EngineRequest.priority count (0 = first)
-    seed: int = 0
-    ignore_eos: bool = False  # benchmarks want fixed-length outputs, like `vllm bench --ignore-eos`
-    otlp_traces_endpoint: str | None = None  # without it vLLM drops the trace headers
-    # vLLM's --tool-call-parser (e.g. "hermes" for Qwen2.5): tool_choice "auto" parses calls out of the
-    # model's text, "required" makes it write one in its own format. None: "auto" answers text.
-    tool_call_parser: str | None = None
-    # The model's fill-in-the-middle format: a name of core/fim.py's FIM_FORMATS ("qwen2.5-coder", ...)
-    # or a template with {prefix} and {suffix}. None: vLLM's renderer's, if the model's has one.
-    fim_format: str | None = None
-    warmup_iterations: int = 5  # before ready: this many dummy prompts, one after the other ...
-    warmup_prompt_tokens: int = 1024  # ... of this many tokens (capped to max_model_len)
-    # How the engine-core process starts. None: vLLM's choice (the CPU build forces "spawn", which
-    # imports torch and vLLM again in the child: ~20 CPU-seconds per start). "fork" reuses this
-    # process's imports; the test suite uses it with one OpenMP thread (libgomp is not fork-safe
-    # once it has a thread pool).
-    engine_core_start_method: Literal["fork", "spawn"] | None = None
-    extra_engine_args: dict[str, Any] = field(default_factory=dict)
-
-
-def classify_error(exc: BaseException) -> EngineError:
-    """Turn a vLLM / torch failure into the error the worker reports.
-
-    Only OOM and a dead engine core restart the engine; validation errors are final for the
-    request; anything else is retried elsewhere while the engine keeps serving the others.
-    """
-    if isinstance(exc, EngineError):
-        return exc
-    chain: list[BaseException] = []
-    cur: BaseException | None = exc
-    while cur is not None and cur not in chain:
-        chain.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    text = " | ".join(f"{type(e).__name__}: {e}" for e in chain)
-    if any(type(e).__name__ == "OutOfMemoryError" for e in chain) or any(m in text.lower() for m in _OOM_MARKERS):
-        return EngineOOM(f"engine out of memory: {text}")
-    if any(type(e).__name__ == "EngineDeadError" for e in chain):
-        return EngineDead(f"vLLM engine core is dead: {text}")
-    if any(type(e).__name__ in ("VLLMValidationError", "VLLMClientError") for e in chain):
-        return RequestRejected(f"vLLM refused the request: {text}")  # the same request fails everywhere
-    return EngineError(f"vLLM generate failed: {text}")  # retried elsewhere; the engine lives on
-
 
 class VllmEngine:
     name = "vllm"
@@ -114,10 +57,12 @@ class VllmEngine:
     def __init__(self, config: VllmConfig) -> None:
         self.config = config
         self.model = config.model
-        self.max_model_len = config.max_model_len
-        self.max_num_seqs = config.max_num_seqs
+        # What vLLM resolved once the engine is up (the settings, or vLLM's defaults); 0 until then if unset.
+        self.max_model_len = config.max_model_len or 0
+        self.max_num_seqs = config.max_num_seqs or 0
         self.cold_start_s: float | None = None
-        self.cold_start_phases_s: dict[str, float] = {}  # "import", "config", "engine_core", "warmup"
+        # "import", "config", then the engine core's start split (vllm_phases.py), then "warmup"
+        self.cold_start_phases_s: dict[str, float] = {}
         self._llm: Any = None
         self._tokenizer: Any = None
         self._last_encoding: tuple[str, list[int]] | None = None
@@ -125,15 +70,22 @@ class VllmEngine:
         self._block_size = 16
         self._blocks_total = 0
         self._active: set[str] = set()
+        # Requests handed to vLLM whose first output has not come: request id → prompt tokens. vLLM's
+        # stats have no gauge of the prefill still to do; a request's first output ends its prefill.
+        self._prefilling: dict[str, int] = {}
         self._abort_requested: set[str] = set()
         self._dead: EngineError | None = None
         self._fim: fim.FimTemplate | None = None
         self._renderer_fim = False  # vLLM's renderer has the model's FIM format (DeepSeek V4)
+        self.lora = adapter_slots(config)  # LoRA adapter slots (vllm_lora.py); None: no adapters
+        self._adapters = VllmAdapters(self.lora) if self.lora is not None else None
+        self._model_defaults: dict[str, Any] = {}  # the model's generation config (vllm serve's defaults)
+        self._developer_role = False  # the chat template knows the `developer` role (else: as system)
 
     @property
     def features(self) -> frozenset[str]:
         """What this engine honours beyond text: `suffix` only where a FIM format is known."""
-        base = frozenset({"response_format", "tools"})
+        base = ENGINE_FEATURES["vllm"]
         return base | {"suffix"} if self._fim is not None or self._renderer_fim else base
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -154,8 +106,6 @@ class VllmEngine:
             "served_model_name": cfg.model,
             "dtype": cfg.dtype,
             "quantization": cfg.quantization,
-            "max_model_len": cfg.max_model_len,
-            "max_num_seqs": cfg.max_num_seqs,
             "enforce_eager": self.enforce_eager(),
             "gpu_memory_utilization": cfg.gpu_memory_utilization,
             "tensor_parallel_size": cfg.tensor_parallel_size,
@@ -170,10 +120,15 @@ class VllmEngine:
             # exports the metrics itself, and a restart would re-register vLLM's collectors.
             "disable_log_stats": True,
         }
-        if cfg.block_size is not None:
-            kwargs["block_size"] = cfg.block_size
-        if cfg.max_num_batched_tokens is not None:
-            kwargs["max_num_batched_tokens"] = cfg.max_num_batched_tokens
+        # Left out when unset: vLLM then applies its own defaults (the model's window, the platform's batch).
+        optional = {
+            "max_model_len": cfg.max_model_len,
+            "max_num_seqs": cfg.max_num_seqs,
+            "block_size": cfg.block_size,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        }
+        kwargs.update({name: value for name, value in optional.items() if value is not None})
+        kwargs.update(lora_engine_args(cfg))
         kwargs.update(cfg.extra_engine_args)
         return AsyncEngineArgs(**kwargs)
 
@@ -181,6 +136,7 @@ class VllmEngine:
         if self._llm is not None:
             return
         started = time.monotonic()
+        check_vllm_version(installed_vllm(), self.config.allow_untested_version)  # before the long import
         if self.config.tool_call_parser is not None:
             try:
                 vllm_tools.check_parser(self.config.tool_call_parser)  # a wrong name fails here, not per request
@@ -201,12 +157,17 @@ class VllmEngine:
         imported = time.monotonic()
         self._sink = StatsSink()
         self._dead = None
+        if self.lora is not None:
+            self.lora.keep_only(set())  # a new engine core holds no adapter yet
         # Building the engine blocks for the whole load (tens of seconds): do it off the event
         # loop so the worker keeps heartbeating "starting" meanwhile.
         try:
-            # Two phases seen from here: the config (model files read, platform resolved), then the
-            # engine core (weights loaded, KV cache profiled and allocated, CUDA graphs captured).
+            # Seen from here: the config (model files read, platform resolved), then the engine core's start,
+            # which vLLM's workers time inside (vllm_phases.py: weights, KV pool, kernels).
             vllm_config = await asyncio.to_thread(self._engine_args().create_engine_config)
+            timed_worker = vllm_phases.timed_worker_cls(vllm_config.parallel_config.worker_cls)
+            if timed_worker is not None:
+                vllm_config.parallel_config.worker_cls = timed_worker
             if self.config.engine_core_start_method is not None:
                 # After the config: the CPU platform sets "spawn" while it checks the config.
                 os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = self.config.engine_core_start_method
@@ -224,16 +185,21 @@ class VllmEngine:
             await self.stop()  # the model would see the sentinels as plain text, not as FIM
             raise EngineDead(f"FIM format {self.config.fim_format!r}: {unknown} are not tokens of {self.model!r}")
         self._fim = template
+        engine_core_s = time.monotonic() - configured
         self._renderer_fim = self._llm.renderer.render_completion_suffix("", "") is not None
         cache = self._llm.vllm_config.cache_config
         self._block_size = int(cache.block_size)
         self._blocks_total = int(cache.num_gpu_blocks or 0)
         self.max_model_len = int(self._llm.model_config.max_model_len)
+        self.max_num_seqs = int(self._llm.vllm_config.scheduler_config.max_num_seqs)
+        self._model_defaults = self._llm.model_config.get_diff_sampling_param()
+        chat_template = getattr(self._tokenizer, "chat_template", None)
+        self._developer_role = isinstance(chat_template, str) and "developer" in chat_template
         self.cold_start_s = time.monotonic() - started
         self.cold_start_phases_s = {
             "import": round(imported - started, 3),
             "config": round(configured - imported, 3),
-            "engine_core": round(time.monotonic() - configured, 3),
+            **vllm_phases.engine_core_phases(engine_core_s, await self._worker_phases(timed_worker is not None)),
         }
         log.info(
             "vLLM engine %s up in %.1f s: %d KV blocks of %d",
@@ -242,6 +208,16 @@ class VllmEngine:
             self._blocks_total,
             self._block_size,
         )
+
+    async def _worker_phases(self, timed: bool) -> list[dict[str, float]]:
+        """Each rank's start phases, as vLLM's timed worker recorded them (none: the start stays one phase)."""
+        if not timed:
+            return []
+        try:
+            return list(await asyncio.wait_for(self._llm.collective_rpc(vllm_phases.RPC_METHOD), 30))
+        except Exception:  # the split is a report: the engine is up and serves without it
+            log.warning("vLLM's workers did not report their start phases", exc_info=True)
+            return []
 
     async def warmup(self) -> None:
         """The warm-up plan: `warmup_iterations` prefills of `warmup_prompt_tokens` dummy tokens.
@@ -265,6 +241,7 @@ class VllmEngine:
     async def stop(self) -> None:
         llm, self._llm = self._llm, None
         self._active.clear()
+        self._prefilling.clear()
         if llm is not None:
             # Stop reading outputs first: otherwise the reader sees the core go away and logs
             # a spurious "output_handler failed" traceback.
@@ -301,8 +278,8 @@ class VllmEngine:
         self._last_encoding = (text, ids)
         return ids
 
-    def count_tokens(self, text: str) -> int:
-        return len(self._encode(text))
+    def count_tokens(self, text: str, tokenizer: str | None = None) -> int:
+        return len(self._encode(text))  # the model's own tokenizer, whatever the catalog names
 
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self._block_size)
@@ -313,49 +290,79 @@ class VllmEngine:
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens + max_tokens > self.max_model_len:
             raise AdmissionError(
-                f"prompt {prompt_tokens} + max_tokens {max_tokens} > max_model_len {self.max_model_len}"
+                f"prompt {prompt_tokens} + max_tokens {max_tokens} > max_model_len {self.max_model_len}",
+                prompt_tokens,
             )
         needed, free = self._blocks(prompt_tokens + max_tokens), self._blocks_free()
         if self._blocks_total and needed > free:
-            raise AdmissionError(f"needs {needed} KV blocks, {free} free of {self._blocks_total}")
+            raise AdmissionError(f"needs {needed} KV blocks, {free} free of {self._blocks_total}", prompt_tokens)
 
     def _sampling_params(
-        self, request: EngineRequest, forced_tool: dict[str, Any] | None, calls: vllm_tools.ToolCallStream | None
+        self,
+        request: EngineRequest,
+        max_tokens: int,
+        forced_tool: dict[str, Any] | None,
+        calls: vllm_tools.ToolCallStream | None,
     ) -> Any:
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         constraint = calls.structured_outputs if calls is not None else None
-        return SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop=list(request.stop) or None,
-            ignore_eos=self.config.ignore_eos,
-            output_kind=RequestOutputKind.DELTA,
-            structured_outputs=constraint or structured_outputs(request.response_format, forced_tool),
-            skip_special_tokens=calls.skip_special_tokens if calls is not None else True,
-        )
+        try:
+            return vllm_sampling.sampling_params(
+                request,
+                max_tokens,
+                self._model_defaults,
+                ignore_eos=self.config.ignore_eos,
+                output_kind=RequestOutputKind.DELTA,
+                structured_outputs=constraint or structured_outputs(request.response_format, forced_tool),
+                skip_special_tokens=calls.skip_special_tokens if calls is not None else True,
+            )
+        except Exception as exc:  # vLLM's own validation (a value out of its range): final, with its param
+            raise classify_error(exc) from exc
 
-    async def _admitted_input(self, llm: Any, request: EngineRequest) -> Any:
-        """The request's engine input (token ids), once its length is admitted."""
+    async def _admitted_input(self, llm: Any, request: EngineRequest) -> tuple[Any, int]:
+        """The request's engine input (token ids) and its max_tokens, once its length is admitted. The
+        count is of what the model reads (a chat with its template and tools): over the window it goes back
+        with the refusal, so the scheduler ends the request prompt_too_long where no worker can take it.
+        The next leg of a cut answer reads the answer so far after the prompt (`_continued`)."""
+        engine_input: Any = None
         if not request.messages:
+            if request.reasoning_effort is not None:
+                raise RequestRejected("reasoning_effort needs a chat (the chat template reads it)", "reasoning_effort")
             # Tokenized once here (admission needs the count) and handed over as token ids.
             text = request.prompt if request.suffix is None else self._fim_text(llm, request.prompt, request.suffix)
             prompt_ids = self._encode(text)
-            self.check_admission(len(prompt_ids), request.max_tokens)
+        else:
+            try:
+                engine_input = await vllm_inputs.render_chat(
+                    llm.renderer,
+                    request.messages,
+                    request.tools,
+                    reasoning_effort=request.reasoning_effort,
+                    developer_role=self._developer_role,
+                )
+            except Exception as exc:
+                err = classify_error(exc)
+                if type(err) is EngineError:  # the template refused this chat: it would everywhere
+                    err = RequestRejected(f"the model's chat template rejects the messages: {exc!r}")
+                raise err from exc
+            prompt_ids = list(engine_input["prompt_token_ids"])
+        if request.continuation is not None:
+            prompt_ids, engine_input = self._continued(prompt_ids, request.continuation.text), None
+        max_tokens = vllm_sampling.max_tokens_for(request, len(prompt_ids), self.max_model_len, self._model_defaults)
+        self.check_admission(len(prompt_ids), max_tokens)
+        if engine_input is None:
             (engine_input,) = llm.renderer.render_cmpl([{"prompt_token_ids": prompt_ids}])
-            return engine_input
-        try:
-            engine_input = await vllm_inputs.render_chat(llm.renderer, request.messages, request.tools)
-        except Exception as exc:
-            err = classify_error(exc)
-            if type(err) is EngineError:  # the template refused this chat: it would everywhere
-                err = RequestRejected(f"the model's chat template rejects the messages: {exc!r}")
-            raise err from exc
-        self.check_admission(len(engine_input["prompt_token_ids"]), request.max_tokens)
-        return engine_input
+        return engine_input, max_tokens
+
+    def can_continue(self, request: EngineRequest) -> bool:
+        return True  # the answer so far is read as prompt token ids (`_continued`)
+
+    def _continued(self, prompt_ids: list[int], answer_so_far: str) -> list[int]:
+        """The prompt's token ids (a chat: its template's, generation prompt included) followed by the answer
+        so far, tokenized without special tokens: the model goes on from the last token the client was sent.
+        vLLM's detokenizer starts from these ids, so the first new word keeps the space it needs."""
+        return [*prompt_ids, *self._tokenizer.encode(answer_so_far, add_special_tokens=False)]
 
     def _fim_text(self, llm: Any, prefix: str, suffix: str) -> str:
         """The prompt in the model's FIM format; never the prefix alone (a silent plain completion)."""
@@ -371,47 +378,44 @@ class VllmEngine:
         try:
             forced_tool = named_tool(request.tools, request.tool_choice)
         except ValueError as exc:
-            raise RequestRejected(str(exc)) from exc
-        calls = None if forced_tool else self._tool_call_stream(request)
-        engine_input = await self._admitted_input(llm, request)
+            raise RequestRejected(str(exc), "tool_choice") from exc
+        calls = {0: self._tool_call_stream(request)} if not forced_tool else {}
+        engine_input, max_tokens = await self._admitted_input(llm, request)
+        if request.cache_salt:  # vLLM mixes it into the first block's hash: a tenant hits only its own prefixes
+            engine_input["cache_salt"] = request.cache_salt
+        params = self._sampling_params(request, max_tokens, forced_tool, calls.get(0))
+        lora_request = await self._lora_request(request)
+        reconcile_adapters = lora_request is not None  # after its first output, what vLLM holds is known
         prompt_ids = engine_input["prompt_token_ids"]
-        completion_tokens = 0
-        called = False
+        choices = _Choices(request, forced_tool)
         self._active.add(request.request_id)
+        self._prefilling[request.request_id] = len(prompt_ids)
         try:
             async for out in llm.generate(
                 engine_input,
-                self._sampling_params(request, forced_tool, calls),
+                params,
                 request.request_id,
                 trace_headers=request.trace_headers or None,
                 priority=request.priority if self.config.scheduling_policy == "priority" else 0,
+                lora_request=lora_request,
             ):
                 if request.request_id in self._abort_requested and not out.finished:
                     # abort() came before vLLM had registered the request: repeat it now.
                     self._abort_requested.discard(request.request_id)
                     await llm.abort(request.request_id)
-                comp = out.outputs[0]
-                new_tokens = len(comp.token_ids)
-                first = completion_tokens == 0
-                completion_tokens += new_tokens
-                if calls is not None:
-                    delta, tool_calls = calls.feed(comp.text, comp.token_ids, prompt_ids, out.finished)
-                else:
-                    delta = "" if forced_tool else comp.text
-                    tool_calls = vllm_tools.forced_call_delta(request.request_id, forced_tool, comp.text, first)
-                called = called or (calls is not None and bool(tool_calls))
-                yield EngineOutput(
-                    delta=delta,
-                    tool_calls=tool_calls,
-                    new_tokens=new_tokens,
-                    prompt_tokens=len(prompt_ids),
-                    completion_tokens=completion_tokens,
-                    cached_prompt_tokens=out.num_cached_tokens or 0,
-                    finished=out.finished,
-                    finish_reason=vllm_tools.finish_reason(comp.finish_reason, called) if out.finished else None,
-                    # vLLM counts this request's PREEMPTED events (RequestStateStats, with stats on).
-                    preemptions=getattr(out.metrics, "num_preemptions", 0),
-                )
+                if reconcile_adapters and self._adapters is not None:
+                    reconcile_adapters = False  # loaded by now: what vLLM holds goes in the heartbeat
+                    await self._adapters.reconcile(llm)
+                self._prefilling.pop(request.request_id, None)  # an output came: its prompt is prefilled
+                # One output per choice that moved (n > 1 gives several); the request's counts after each.
+                if out.finished and not out.outputs:  # every choice's end was sent with its last tokens
+                    yield choices.closing(prompt_ids, out)
+                for position, comp in enumerate(out.outputs):
+                    if comp.index not in calls and not forced_tool:
+                        calls[comp.index] = self._tool_call_stream(request)
+                    stream = calls.get(comp.index)
+                    last = out.finished and position == len(out.outputs) - 1
+                    yield choices.output(comp, stream, prompt_ids, out, last, self._decode)
         except (asyncio.CancelledError, GeneratorExit):
             raise  # vLLM aborts the request itself when its generator is closed
         except Exception as exc:
@@ -423,7 +427,18 @@ class VllmEngine:
             raise err from exc
         finally:
             self._active.discard(request.request_id)
+            self._prefilling.pop(request.request_id, None)
             self._abort_requested.discard(request.request_id)
+
+    async def _lora_request(self, request: EngineRequest) -> Any:
+        if request.adapter is None:
+            return None
+        if self._adapters is None:
+            raise RequestRejected(f"{self.model!r} is served without LoRA adapters ({request.adapter.name!r} asked)")
+        return self._adapters.request_for(request.adapter)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids))
 
     def _tool_call_stream(self, request: EngineRequest) -> vllm_tools.ToolCallStream | None:
         try:
@@ -431,7 +446,7 @@ class VllmEngine:
                 self.config.tool_call_parser, self._tokenizer, self.model, request.tools, request.tool_choice
             )
         except ValidationError as exc:  # vLLM's request model refused the tools (a malformed definition)
-            raise RequestRejected(f"vLLM refused the tools: {exc}") from exc
+            raise RequestRejected(f"vLLM refused the tools: {exc}", "tools") from exc
 
     async def abort(self, request_id: str) -> None:
         # vLLM ends the request's stream with a final output whose finish_reason is "abort".
@@ -447,6 +462,7 @@ class VllmEngine:
         return EngineStats(
             num_requests_running=0 if idle else s.num_running,
             num_requests_waiting=0 if idle else s.num_waiting,
+            prefill_backlog_tokens=sum(self._prefilling.values()),
             kv_block_size=self._block_size,
             kv_blocks_total=self._blocks_total,
             kv_blocks_free=self._blocks_free(),

@@ -1,176 +1,51 @@
-"""Profile this node's hardware through NVML (nvidia-ml-py), or its CPU and memory where there is no GPU.
-
-Every optional NVML reading (ECC, temperature, power) may be unsupported on a given board or
-inside a VM / MIG slice: such a field is left None rather than failing the profile. ECC counts
-are read both volatile (since the driver loaded) and aggregate (lifetime), as DCGM does.
-
-`python -m llmbus_services.engine_worker.adapters.node.profile` prints the profile and the format chosen for
-an example 8B model.
+"""`python -m llmbus_services.engine_worker.adapters.node.profile` prints this node's profile (llmbus.node.probe)
+and the format an example 8B model would run as here (the worker's format choice, core/node_plan.py).
 """
 
 from __future__ import annotations
 
 import os
-import platform
-import socket
-from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from llmbus.contract.messages.fleet import GpuInfo, NodeProfile
+from llmbus.contract.messages.fleet import NodeProfile
+from llmbus.node.probe import profile_node
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _optional(nvml: ModuleType, read: Callable[[], Any]) -> Any:
-    """An NVML reading, or None where the device or driver does not support it."""
-    try:
-        return read()
-    except nvml.NVMLError:
-        return None
-
-
-def _gpu_info(nvml: ModuleType, index: int) -> GpuInfo:
-    h = nvml.nvmlDeviceGetHandleByIndex(index)
-    mem = nvml.nvmlDeviceGetMemoryInfo(h)
-    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
-
-    def ecc(error_type: int, counter: int) -> int | None:
-        return _optional(nvml, lambda: int(nvml.nvmlDeviceGetTotalEccErrors(h, error_type, counter)))
-
-    def temperature() -> int:
-        getter = getattr(nvml, "nvmlDeviceGetTemperatureV", None) or nvml.nvmlDeviceGetTemperature
-        return int(getter(h, nvml.NVML_TEMPERATURE_GPU))
-
-    power_mw = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(h))
-    corrected, uncorrected = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-    return GpuInfo(
-        index=index,
-        name=_text(nvml.nvmlDeviceGetName(h)),
-        uuid=_text(nvml.nvmlDeviceGetUUID(h)),
-        memory_total_bytes=int(mem.total),
-        memory_free_bytes=int(mem.free),
-        compute_capability=f"{major}.{minor}",
-        ecc_corrected_volatile=ecc(corrected, nvml.NVML_VOLATILE_ECC),
-        ecc_uncorrected_volatile=ecc(uncorrected, nvml.NVML_VOLATILE_ECC),
-        ecc_corrected_aggregate=ecc(corrected, nvml.NVML_AGGREGATE_ECC),
-        ecc_uncorrected_aggregate=ecc(uncorrected, nvml.NVML_AGGREGATE_ECC),
-        temperature_c=_optional(nvml, temperature),
-        power_w=None if power_mw is None else power_mw / 1000.0,
-    )
-
-
-def _cuda_version(nvml: ModuleType) -> str | None:
-    getter = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", None) or nvml.nvmlSystemGetCudaDriverVersion
-    version = _optional(nvml, getter)
-    if version is None:
-        return None
-    return f"{int(version) // 1000}.{int(version) % 1000 // 10}"  # 12040 → "12.4"
-
-
-def _cpu_model(cpuinfo: Path) -> str | None:
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.lower().startswith(("model name", "hardware", "cpu model")):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _meminfo_bytes(meminfo: Path) -> tuple[int, int]:
-    """(MemTotal, MemAvailable) in bytes; /proc/meminfo counts in kB."""
-    values: dict[str, int] = {}
-    try:
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts:
-                values[key] = int(parts[0]) * 1024
-    except OSError:
-        return 0, 0
-    return values.get("MemTotal", 0), values.get("MemAvailable", values.get("MemFree", 0))
-
-
-def _load_nvml() -> ModuleType | None:
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:  # no driver / library: a CPU node
-        return None
-    return pynvml
-
-
-def profile_node(
-    node_id: str | None = None,
-    nvml: ModuleType | None = None,
-    proc_dir: Path = Path("/proc"),
-) -> NodeProfile:
-    """The node's profile: kind "gpu" with every GPU NVML sees, else kind "cpu"."""
-    hostname = socket.gethostname()
-    mem_total, mem_free = _meminfo_bytes(proc_dir / "meminfo")
-    base: dict[str, Any] = {
-        "node_id": node_id or hostname,
-        "hostname": hostname,
-        "cpu_model": _cpu_model(proc_dir / "cpuinfo"),
-        "cpu_count": os.cpu_count() or 0,
-        "memory_total_bytes": mem_total,
-        "memory_free_bytes": mem_free,
-    }
-    owns_init = nvml is None
-    nvml = nvml or _load_nvml()
-    if nvml is None:
-        return NodeProfile(kind="cpu", **base)
-    try:
-        count = int(nvml.nvmlDeviceGetCount())
-        if count == 0:
-            return NodeProfile(kind="cpu", **base)
-        return NodeProfile(
-            kind="gpu",
-            driver_version=_optional(nvml, lambda: _text(nvml.nvmlSystemGetDriverVersion())),
-            cuda_driver_version=_cuda_version(nvml),
-            gpus=[_gpu_info(nvml, i) for i in range(count)],
-            **base,
-        )
-    finally:
-        if owns_init:
-            nvml.nvmlShutdown()
-
-
-def main() -> None:
-    import json
-
+def example_format_choice(profile: NodeProfile) -> tuple[str | None, str]:
+    """The format Llama-3.1-8B-Instruct would run as on this node (this process's GPUs, the worker's TP
+    settings from the environment), and why; (None, why not) without a GPU or when nothing fits."""
     from llmbus.contract.messages.fleet import ModelFormat, ModelSpec
-    from llmbus_services.engine_worker.core.formats import NoFormatFits, choose_format
+    from llmbus_services.engine_worker.config import WorkerSettings
+    from llmbus_services.engine_worker.core.formats import NoFormatFits
+    from llmbus_services.engine_worker.core.node_plan import plan_for
 
-    profile = profile_node()
+    if not profile.gpus:
+        return None, "no GPU: the CPU build runs float32/bf16 weights; no format choice is made"
     example = ModelSpec(
         name="llama-3.1-8b-instruct",
+        max_model_len=8192,
+        kv_bytes_per_token=131_072,  # 2 x 32 layers x 8 KV heads x 128 dims x 2 bytes (bf16)
         formats=[
             ModelFormat(name="bf16", weight_bytes=16_060_000_000, min_compute_capability="8.0"),
             ModelFormat(name="fp8", weight_bytes=8_030_000_000, min_compute_capability="8.9"),
             ModelFormat(name="awq", weight_bytes=5_730_000_000, min_compute_capability="7.5"),
         ],
     )
-    out: dict[str, Any] = {"profile": profile.model_dump(mode="json"), "example_model": example.name}
-    if profile.gpus:
-        gpu = profile.gpus[0]
-        try:
-            choice = choose_format(example.formats, gpu.compute_capability, gpu.memory_free_bytes)
-            out["chosen_format"] = choice.format.name
-            out["format_choice"] = choice.reason
-        except NoFormatFits as exc:
-            out["chosen_format"] = None
-            out["format_choice"] = str(exc)
-    else:
-        out["chosen_format"] = None
-        out["format_choice"] = "no GPU: the CPU build runs float32/bf16 weights; no format choice is made"
+    settings = WorkerSettings(engine="vllm", model=example.name)
+    try:
+        plan = plan_for(settings, profile, example, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NoFormatFits as exc:
+        return None, str(exc)
+    return plan.model_format, plan.reason
+
+
+def main() -> None:
+    import json
+
+    profile = profile_node()
+    chosen, why = example_format_choice(profile)
+    out: dict[str, Any] = {"profile": profile.model_dump(mode="json"), "example_model": "llama-3.1-8b-instruct"}
+    out["chosen_format"], out["format_choice"] = chosen, why
     print(json.dumps(out, indent=2))
 
 

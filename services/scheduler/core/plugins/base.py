@@ -2,17 +2,17 @@
 
 A Filter drops workers that must not get the request; a Scorer rates each remaining worker
 in [0, 1]; the pipeline sums the scores by weight and a Picker chooses. Plugins are
-registered by name and built from YAML (`services/scheduler/policies/*.yaml`).
+registered by name (llmbus.contract.plugins) and built from YAML (`services/scheduler/policies/*.yaml`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from llmbus.contract.messages import ModelSpec
+from llmbus.contract.plugins import Registry
 from llmbus.contract.request_key import RequestKey
 from llmbus_services.scheduler.core.fleet import FleetView
 from llmbus_services.scheduler.core.prefix_index import PrefixIndex, SessionIndex
@@ -68,15 +68,6 @@ class Picker(Protocol):
     def pick(self, state: CycleState, request: SchedRequest, scored: list[tuple[WorkerView, float]]) -> WorkerView: ...
 
 
-PluginFactory = Callable[..., Any]
-FILTERS: dict[str, PluginFactory] = {}
-SCORERS: dict[str, PluginFactory] = {}
-PICKERS: dict[str, PluginFactory] = {}
-
-
-def register(kind: dict[str, PluginFactory], name: str) -> Callable[[PluginFactory], PluginFactory]:
-    def deco(factory: PluginFactory) -> PluginFactory:
-        kind[name] = factory
-        return factory
-
-    return deco
+FILTERS: Registry[Filter] = Registry("filter")
+SCORERS: Registry[Scorer] = Registry("scorer")
+PICKERS: Registry[Picker] = Registry("picker")

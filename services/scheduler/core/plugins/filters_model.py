@@ -7,15 +7,16 @@ from dataclasses import dataclass
 
 from llmbus.contract.engine_features import missing_features
 from llmbus.contract.messages import WorkerState
-from llmbus_services.scheduler.core.plugins.base import FILTERS, CycleState, register
+from llmbus_services.scheduler.core.plugins.base import FILTERS, CycleState
 from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
-@register(FILTERS, "serves-model")
+@FILTERS.register("serves-model")
 @dataclass
 class ServesModelFilter:
-    """Serves the request's model, is READY (not starting, draining, stopped, or DEGRADED: its upstream
-    failing, circuit open), heard from lately, and not cooling down after its upstream said 429/503.
+    """Serves the request's model (and its version, when its release names one), is READY (not starting,
+    draining, stopped, or DEGRADED: its upstream failing, circuit open), heard from lately, and not cooling
+    down after its upstream said 429/503.
 
     Workers that already failed this request are left out while any other can serve it;
     with `strict_exclude` they are left out even when they are the only ones.
@@ -29,7 +30,7 @@ class ServesModelFilter:
         ready = [
             w
             for w in workers
-            if w.serves(request.model)
+            if w.serves(request.model, request.model_version)
             and w.state == WorkerState.READY
             and (timeout is None or state.fleet.heard(w, state.now_ms, timeout))
             and state.now_ms >= w.cooldown_until_ms
@@ -42,7 +43,7 @@ def _cc_tuple(cc: str) -> tuple[int, ...]:
     return tuple(int(p) for p in cc.split(".") if p.isdigit())
 
 
-@register(FILTERS, "format-supported")
+@FILTERS.register("format-supported")
 @dataclass
 class FormatSupportedFilter:
     """The worker's hardware supports the model format it loaded.
@@ -68,7 +69,7 @@ class FormatSupportedFilter:
         return kept
 
 
-@register(FILTERS, "engine-supports")
+@FILTERS.register("engine-supports")
 @dataclass
 class EngineSupportsFilter:
     """Workers whose engine honours the request's response_format, tools or suffix, when any does.

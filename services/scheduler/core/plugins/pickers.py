@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmbus_services.scheduler.core.plugins.base import PICKERS, CycleState, register
+from llmbus_services.scheduler.core.plugins.base import PICKERS, CycleState
 from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
-@register(PICKERS, "max-score")
+@PICKERS.register("max-score")
 @dataclass
 class MaxScorePicker:
     """Highest score wins; ties (within `tie_epsilon`) are broken by the cycle's seeded rng."""
@@ -22,7 +22,7 @@ class MaxScorePicker:
         return ties[0] if len(ties) == 1 else state.rng.choice(ties)
 
 
-@register(PICKERS, "round-robin")
+@PICKERS.register("round-robin")
 @dataclass
 class RoundRobinPicker:
     """Ignores scores: the next worker (by id order) after the one picked last time for the model."""

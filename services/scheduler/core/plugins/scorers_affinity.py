@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus_services.scheduler.core.plugins.base import SCORERS, CycleState, register
+from llmbus_services.scheduler.core.plugins.base import SCORERS, CycleState
 from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
-@register(SCORERS, "prefix-affinity")
+@SCORERS.register("prefix-affinity")
 @dataclass
 class PrefixAffinityScorer:
     """Share of the prompt's leading blocks the worker is believed to hold in its prefix cache."""
@@ -23,7 +23,7 @@ class PrefixAffinityScorer:
         return {w.worker_id: matched.get(w.worker_id, 0) / len(hashes) for w in workers}
 
 
-@register(SCORERS, "session-affinity")
+@SCORERS.register("session-affinity")
 @dataclass
 class SessionAffinityScorer:
     """1 for the worker that served the session's previous turn, else 0."""

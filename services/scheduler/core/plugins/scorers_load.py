@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmbus_services.scheduler.core.plugins.base import SCORERS, CycleState, register
+from llmbus_services.scheduler.core.plugins.base import SCORERS, CycleState
 from llmbus_services.scheduler.core.types import SchedRequest, WorkerView
 
 
-@register(SCORERS, "queue-depth")
+@SCORERS.register("queue-depth")
 @dataclass
 class QueueDepthScorer:
     """1 for the least-loaded worker, 0 for the most loaded (min-max over the candidates).
@@ -27,7 +27,7 @@ class QueueDepthScorer:
         return {wid: (hi - load) / (hi - lo) for wid, load in loads.items()}
 
 
-@register(SCORERS, "kv-usage")
+@SCORERS.register("kv-usage")
 @dataclass
 class KvUsageScorer:
     """Free share of the KV cache after this request (estimated free blocks / total)."""
@@ -44,7 +44,7 @@ class KvUsageScorer:
         return out
 
 
-@register(SCORERS, "prefill-backlog")
+@SCORERS.register("prefill-backlog")
 @dataclass
 class PrefillBacklogScorer:
     """Estimated wait for the first token: prefill placed ahead on the worker plus this prompt's uncached part.

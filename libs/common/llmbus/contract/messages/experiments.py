@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from llmbus.contract.messages.base import Message, Part, now_ms
+from llmbus.contract.messages.release import ReleaseContext
 
 DEFAULT_RAMP_PCT = (0.0, 1.0, 5.0, 25.0, 50.0, 100.0)
 
@@ -119,3 +120,6 @@ class ExperimentDecision(Message):
     variants: list[VariantEvidence] = Field(default_factory=list)
     tests: list[StatEvidence] = Field(default_factory=list)
     decided_at_ms: int = Field(default_factory=now_ms)
+    release: ReleaseContext | None = Field(
+        default=None, description="A release's decision: the release and the stage the evidence is from."
+    )

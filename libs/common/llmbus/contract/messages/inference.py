@@ -2,84 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 from enum import StrEnum
-from typing import Any, ClassVar, Literal, TypedDict
+from typing import Annotated, Any, ClassVar, TypedDict
 
 from pydantic import Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
-from llmbus.contract.messages.base import Message, Part, new_request_id, now_ms
-from llmbus.contract.messages.errors import ErrorInfo
+from llmbus.contract.messages.adapters import ADAPTER_NAME_PATTERN, LoraAdapter
+from llmbus.contract.messages.base import Message, new_request_id, now_ms
+from llmbus.contract.messages.chat import (
+    ChatMessage,
+    Choice,
+    ChoiceDelta,
+    FinishReason,
+    ResponseFormat,
+    TokenLogprob,
+    ToolCall,
+    ToolCallDelta,
+    tools_text,
+)
+from llmbus.contract.messages.errors import ErrorInfo, FinalErrorInfo
 from llmbus.contract.messages.genai import WithGenAi, gen_ai_object
+from llmbus.contract.messages.legs import ContinuedFrom, EarlierAttempt, Leg
+from llmbus.contract.messages.release import ReleaseContext
+from llmbus.contract.messages.usage import Timings, Usage
 from llmbus.contract.request_key import RequestKey, request_key
 
 DEFAULT_REPLY_TOPIC = "llm.tokens"
 # The model name that means "the router's policy chooses", on the bus as at the gateway.
 AUTO_MODEL = "auto"
-
-
-class FunctionCall(Part):
-    name: str = Field(max_length=256)
-    arguments: str = Field(default="", max_length=2_000_000, description="JSON text, as the model wrote it.")
-
-
-class ToolCall(Part):
-    """OpenAI's tool call: on an assistant message of a chat, and on a result."""
-
-    id: str = Field(max_length=256)
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class FunctionCallDelta(Part):
-    name: str | None = Field(default=None, max_length=256)
-    arguments: str | None = Field(default=None, max_length=2_000_000)
-
-
-class ToolCallDelta(Part):
-    """One streamed fragment of a tool call (OpenAI's `delta.tool_calls[]`): `index` names the call,
-    its first fragment brings id, type and name, and `arguments` comes in pieces to concatenate."""
-
-    index: int = Field(ge=0, le=1023)
-    id: str | None = Field(default=None, max_length=256)
-    type: Literal["function"] | None = None
-    function: FunctionCallDelta | None = None
-
-
-class ChatMessage(Part):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str = Field(default="", max_length=2_000_000)
-    name: str | None = Field(default=None, max_length=256)
-    tool_calls: list[ToolCall] | None = Field(
-        default=None, max_length=128, description="An assistant message's tool calls (OpenAI's shape)."
-    )
-    tool_call_id: str | None = Field(default=None, max_length=256, description="A tool message: the call it answers.")
-
-    def rendered(self) -> str:
-        """The turn in the plain-text rendering (prompt_text): role-tagged, an assistant's tool calls
-        as `name(arguments)` lines, so that they are counted and a completions API sees them."""
-        calls = "".join(f"{c.function.name}({c.function.arguments})\n" for c in self.tool_calls or ())
-        return f"<|{self.role}|>\n{self.content}\n{calls}"
-
-
-class ResponseFormat(Part):
-    """OpenAI's `response_format`: free text, any JSON object, or JSON that follows `json_schema`."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = Field(
-        default=None, description="OpenAI's json_schema object: name, schema, strict (type json_schema only)."
-    )
-
-    @model_validator(mode="after")
-    def _schema_with_its_type(self) -> ResponseFormat:
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ValueError("`json_schema` is required with type json_schema, and only then")
-        if self.json_schema is not None and not isinstance(self.json_schema.get("schema"), dict):
-            raise ValueError("`json_schema.schema` must be a JSON schema object")
-        return self
-
-    @property
-    def constrains(self) -> bool:
-        return self.type != "text"
 
 
 class InferenceRequest(Message):
@@ -92,7 +44,15 @@ class InferenceRequest(Message):
     user_id: str | None = Field(default=None, max_length=256)
     session_id: str | None = Field(default=None, max_length=256)
     model: str | None = Field(
-        default=None, max_length=256, description=f"Explicit model; None or {AUTO_MODEL!r} lets the router choose."
+        default=None,
+        max_length=256,
+        description=f"Explicit model, or a LoRA adapter's served name; None or {AUTO_MODEL!r} lets the router choose.",
+    )
+    adapter: str | None = Field(
+        default=None,
+        max_length=256,
+        pattern=ADAPTER_NAME_PATTERN,
+        description="A LoRA adapter of `model` (its base): the same as naming the adapter as the model.",
     )
     messages: list[ChatMessage] = Field(default_factory=list, max_length=10_000)
     prompt: str | None = Field(
@@ -104,8 +64,15 @@ class InferenceRequest(Message):
         description="The client set no max_tokens: the router sets it to the model's output cap, "
         "bounded by the window the prompt leaves (the OpenAI API's behaviour).",
     )
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Sampling: a parameter left unset stays unset end to end (the OpenAI API's and vLLM's meaning): vLLM
+    # applies the model's generation config, a hosted upstream its own default. On the wire unset is
+    # absent, never null (the schema's type stays what it was before these could be unset).
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | SkipJsonSchema[None] = Field(
+        default=None, description="Absent: the model's default (its generation config)."
+    )
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | SkipJsonSchema[None] = Field(
+        default=None, description="Absent: the model's default (its generation config)."
+    )
     seed: int | None = None
     stop: list[str] = Field(default_factory=list, max_length=16)
     category: str | None = Field(default=None, max_length=64, description="e.g. chat, quick_edit, tab_completion")
@@ -127,6 +94,31 @@ class InferenceRequest(Message):
     suffix: str | None = Field(
         default=None, max_length=2_000_000, description="Text after the insertion point (fill-in-the-middle)."
     )
+    # OpenAI's further parameters, and vLLM's sampling extras: each reaches the engines that honour it
+    # (llmbus.contract.engine_features) and is refused, by name, by the others. None: not set.
+    n: int | None = Field(default=None, ge=1, le=16, description="Choices to generate (None: one).")
+    logprobs: bool | None = Field(default=None, description="Return each generated token's log-probability.")
+    top_logprobs: int | None = Field(default=None, ge=0, le=20, description="With logprobs: alternatives per token.")
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(
+        default=None, max_length=1024, description="Token id (as a string) -> bias in [-100, 100]."
+    )
+    parallel_tool_calls: bool | None = Field(default=None, description="With tools: may the answer call several.")
+    reasoning_effort: str | None = Field(
+        default=None, max_length=32, pattern=r"^[a-z_]+$", description="A reasoning model's effort (low, high, ...)."
+    )
+    top_k: int | None = Field(default=None, ge=-1, description="vLLM's: sample from the k likeliest (-1 or 0: all).")
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0, description="vLLM's: drop tokens below p x the top.")
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0, description="vLLM's: 1 is none.")
+    migration_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="The most legs its answer may have: an answer cut mid-stream (a worker lost, drained, out of "
+        "memory; an upstream failing) is continued by a next leg; one cut more ends it with a final "
+        "migration_limit error. 1: never continued. None: the worker's default (4).",
+    )
 
     @property
     def request_key(self) -> RequestKey:
@@ -138,6 +130,14 @@ class InferenceRequest(Message):
     def _auto_is_no_model(cls, model: str | None) -> str | None:
         return None if model == AUTO_MODEL else model
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids_and_biases(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for token, value in (bias or {}).items():
+            if not token.isdigit() or not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias maps token ids to biases in [-100, 100], not {token!r}: {value}")
+        return bias
+
     @model_validator(mode="after")
     def _has_input(self) -> InferenceRequest:
         if not self.messages and self.prompt is None:
@@ -147,25 +147,57 @@ class InferenceRequest(Message):
         return self
 
     def engine_features(self) -> set[str]:
-        """What an engine must support to answer this request as asked."""
-        needed = set()
+        """What an engine must support to answer this request as asked: each parameter set to something
+        else than its neutral value, named as the OpenAI API names it (llmbus.contract.engine_features)."""
+        needed = {name for name, neutral in NEUTRAL.items() if getattr(self, name) not in (None, *neutral)}
         if self.response_format is not None and self.response_format.constrains:
             needed.add("response_format")
         if self.tools:
             needed.add("tools")
+        elif self.parallel_tool_calls is not None:
+            needed.discard("parallel_tool_calls")  # nothing to call: it changes nothing
         if self.suffix is not None:
             needed.add("suffix")
+        if any(m.images for m in self.messages):
+            needed.add("image_url")
         return needed
 
     def prompt_text(self) -> str:
         """The text the engine sees: a plain prompt, or the chat rendered as role-tagged turns."""
         if self.prompt is not None:
             return self.prompt
-        return "".join(m.rendered() for m in self.messages) + "<|assistant|>\n"
+        return "".join(m.rendered() for m in self.messages) + GENERATION_PROMPT
+
+    def tools_text(self) -> str:
+        """The tool definitions as text (what a chat template adds to the prompt), "" without tools."""
+        return tools_text(self.tools)
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
 
     @property
     def deterministic(self) -> bool:
         return self.temperature == 0.0 or self.seed is not None
+
+
+# What prompt_text appends after a chat's turns.
+GENERATION_PROMPT = "<|assistant|>\n"
+# InferenceRequest's parameters (as the OpenAI API names them) and their neutral values: one set to
+# anything else must reach an engine that honours it (`top_logprobs` goes with `logprobs`; `image_url`
+# is a chat's image content part).
+NEUTRAL: dict[str, tuple[object, ...]] = {
+    "n": (1,),
+    "logprobs": (False,),
+    "presence_penalty": (0.0,),
+    "frequency_penalty": (0.0,),
+    "logit_bias": ({},),
+    "parallel_tool_calls": (),  # either value asks for something (with tools)
+    "reasoning_effort": (),
+    "top_k": (-1, 0),
+    "min_p": (0.0,),
+    "repetition_penalty": (1.0,),
+}
 
 
 class RequestFacts(TypedDict):
@@ -176,6 +208,7 @@ class RequestFacts(TypedDict):
     category: str | None
     tier: str | None
     route_reason: str | None
+    release: ReleaseContext | None
 
 
 class RoutedRequest(Message):
@@ -206,10 +239,48 @@ class RoutedRequest(Message):
         description="The user id as results and costs carry it: HMAC-SHA256 (hex) of request.user_id where the "
         "tenant's policy says hash_user_ids, else request.user_id.",
     )
+    adapter: LoraAdapter | None = Field(
+        default=None,
+        description="`model` is this LoRA adapter: the scheduler places it on a worker of adapter.base_model, which "
+        "loads the adapter (None: a plain model).",
+    )
+    cache_group: str | None = Field(
+        default=None,
+        max_length=128,
+        description="The tenants this request shares prefix caches with (the router's tenant policy, "
+        "`cache_group`); None: its own tenant's alone. Not client input: the router sets it.",
+    )
+    release: ReleaseContext | None = Field(
+        default=None,
+        description="The release this request runs under (registry models): the scheduler places it only on "
+        "workers of release.model_version; its result, final chunk and cost record carry it.",
+    )
+    attempts_before: int = Field(
+        default=0,
+        ge=0,
+        description="Attempts it had under earlier models of its chain (a fallback): its first placement here is "
+        "attempt attempts_before + 1, so attempt numbers stay unique on its reply topic.",
+    )
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def placement_model(self) -> str:
+        """The model whose workers run it: an adapter's base model, else `model`."""
+        return self.adapter.base_model if self.adapter is not None else self.model
+
+    @property
+    def cache_salt(self) -> str:
+        """What prefix caches key this request's prompt blocks by besides the tokens: one value per tenant
+        (or per cache group), so no tenant's prompt can hit, and so reveal, another's cached prefix.
+
+        The scheduler's prefix hashes and the engines' caches (vLLM's `cache_salt`, the sim's block hashes)
+        all take it. A digest, not the name: vLLM allows at most 128 characters and no '@', '/', '\\'.
+        """
+        scope = f"group:{self.cache_group}" if self.cache_group else f"tenant:{self.request.tenant}"
+        return hashlib.blake2b(scope.encode(), digest_size=16).hexdigest()
 
     @property
     def request_key(self) -> RequestKey:
@@ -225,6 +296,7 @@ class RoutedRequest(Message):
             category=request.category,
             tier=self.tier,
             route_reason=route_reason or self.route_reason,
+            release=self.release,
         )
 
 
@@ -236,6 +308,11 @@ class Dispatch(Message):
     attempt: int = Field(default=1, ge=1)
     dispatched_at_ms: int = Field(default_factory=now_ms)
     prefix_block_hashes: list[str] = Field(default_factory=list)
+    earlier: list[EarlierAttempt] = Field(
+        default_factory=list,
+        description="The request's attempts before this one that the scheduler placed (worker, how each ended), "
+        "in order: the worker names the legs of a continued answer with them.",
+    )
 
     @property
     def request_id(self) -> str:
@@ -248,25 +325,6 @@ class Dispatch(Message):
     @property
     def dedupe_key(self) -> str:
         return f"{self.request_key}:{self.attempt}"
-
-
-class Usage(Part):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-    ERROR = "error"
-    TOOL_CALLS = "tool_calls"  # the answer is tool calls for the client to run
-    CONTENT_FILTER = "content_filter"  # a hosted upstream's filter cut the answer
 
 
 class TokenChunk(Message):
@@ -289,21 +347,22 @@ class TokenChunk(Message):
     shadow: bool = False
     attempt: int = 1
     route_reason: str | None = Field(default=None, description="On the final chunk: the router's decision.")
+    logprobs: list[TokenLogprob] | None = Field(
+        default=None, description="The log-probabilities of this chunk's tokens (a request with logprobs)."
+    )
+    choices: list[ChoiceDelta] | None = Field(
+        default=None, description="A request with n > 1: the other choices' parts (`delta` is the first's)."
+    )
+    release: ReleaseContext | None = Field(default=None, description="On the final chunk: the result's release.")
+    continues: ContinuedFrom | None = Field(
+        default=None,
+        description="On every chunk of an attempt that continues an earlier one's answer (docs/delivery.md): "
+        "that attempt's chunks before `continues.seq` are the start of this one's text.",
+    )
 
     @property
     def request_key(self) -> RequestKey:
         return request_key(self.tenant, self.request_id)
-
-
-class Timings(Part):
-    """Milliseconds, measured by the services on the path."""
-
-    received_at_ms: int | None = None
-    queued_ms: float | None = Field(default=None, description="Received → engine started the request.")
-    ttft_ms: float | None = Field(default=None, description="Received → first token.")
-    total_ms: float | None = Field(default=None, description="Received → final token.")
-    engine_ms: float | None = Field(default=None, description="Engine start → final token.")
-    tpot_ms: float | None = Field(default=None, description="Mean time per output token after the first.")
 
 
 class ResultStatus(StrEnum):
@@ -317,12 +376,16 @@ class InferenceResult(WithGenAi):
     request_id: str
     tenant: str
     status: ResultStatus
-    error: ErrorInfo | None = None
+    error: FinalErrorInfo | None = None
     model: str | None = None
     worker_id: str | None = None
     text: str = ""
     tool_calls: list[ToolCall] | None = Field(default=None, description="The answer's tool calls, assembled.")
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = Field(default=None, description="The text's tokens' log-probabilities.")
+    choices: list[Choice] | None = Field(
+        default=None, description="A request with n > 1: the choices after the first (`text` is the first's)."
+    )
     usage: Usage = Field(default_factory=Usage)
     timings: Timings = Field(default_factory=Timings)
     cached: bool = False
@@ -343,6 +406,11 @@ class InferenceResult(WithGenAi):
     model_version: str | None = None
     model_format: str | None = None
     preemptions: int = Field(default=0, ge=0, description="Times the engine preempted it (KV evicted, recomputed).")
+    legs: list[Leg] | None = Field(
+        default=None,
+        description="An answer continued after a cut (docs/delivery.md): every leg in order (worker, model, tokens), "
+        "each billed once; None: one leg, the result's own worker, model and usage.",
+    )
     # Facts of the request (RoutedRequest.facts), so results are analysed alone, without llm.requests.
     session_id: str | None = Field(default=None, description="The request's session id (gen_ai.conversation.id).")
     user_id: str | None = Field(
@@ -350,6 +418,9 @@ class InferenceResult(WithGenAi):
     )
     category: str | None = Field(default=None, description="The request's category (chat, quick_edit, ...).")
     tier: str | None = Field(default=None, description="Tier of the model the router chose; None if none was.")
+    release: ReleaseContext | None = Field(
+        default=None, description="The release it ran under: upgrade id, version, previous version, stage."
+    )
 
     @property
     def request_key(self) -> RequestKey:

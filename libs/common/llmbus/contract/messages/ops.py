@@ -10,12 +10,14 @@ from pydantic import Field
 from llmbus.contract.messages.base import Message, Part, now_ms
 from llmbus.contract.messages.experiments import ExperimentState, Guardrails, PairSide, RampPlan
 from llmbus.contract.messages.genai import WithGenAi, gen_ai_object
+from llmbus.contract.messages.release import ReleaseContext
 
 
 class Variant(Part):
     name: str
     model: str
     weight: float = Field(ge=0.0, description="Share of traffic; variants' weights are normalised.")
+    version: str | None = Field(default=None, description="A registry version of `model`; None: any that serves it.")
 
 
 class Experiment(Message):
@@ -28,9 +30,16 @@ class Experiment(Message):
     match_models: list[str] = Field(default_factory=list, description="Applies to requests routed to these models.")
     variants: list[Variant] = Field(default_factory=list)
     shadow_model: str | None = None
+    shadow_version: str | None = Field(default=None, description="The shadow copies' version of shadow_model.")
     shadow_share: float = Field(default=0.0, ge=0.0, le=1.0)
     shadow_reply_topic: str = "llm.shadow"
     updated_at_ms: int = Field(default_factory=now_ms)
+    version: int = Field(
+        default=0,
+        ge=0,
+        description="Monotonic: each change is the version its writer read + 1, written only if no other "
+        "change came after that read (compare-and-set); readers keep the highest version, not the last record.",
+    )
     # The lifecycle (llmbus experiments …, shadow-comparator): the router reads only the fields
     # above, which the lifecycle keeps in step with the current ramp step.
     control_model: str | None = None
@@ -42,6 +51,14 @@ class Experiment(Message):
     guardrails: Guardrails = Field(default_factory=Guardrails)
     ab_shadow_share: float = Field(default=1.0, ge=0.0, le=1.0, description="shadow share used at the shadow step")
     note: str = ""
+    # A release (llmbus models release): two versions of one model, control_model == candidate_model.
+    upgrade_id: str | None = Field(default=None, description="Set on a release; the experiment id is the same")
+    control_version: str | None = None
+    candidate_version: str | None = None
+
+    @property
+    def is_release(self) -> bool:
+        return self.upgrade_id is not None and self.candidate_version is not None
 
 
 class Feedback(Message):
@@ -71,6 +88,7 @@ class Comparison(Message):
     similarity: float | None = Field(default=None, ge=0.0, le=1.0, description="None when either side failed")
     similarity_metric: str = "rouge_l_f1"
     compared_at_ms: int = Field(default_factory=now_ms)
+    release: ReleaseContext | None = Field(default=None, description="The candidate's (its shadow copy's) release.")
 
 
 class ScaleDecision(Message):
@@ -85,6 +103,7 @@ class ScaleDecision(Message):
     action: Literal["up", "down", "hold"] = "hold"
     signals: dict[str, float] = Field(default_factory=dict, description="signal values the policy decided on")
     actuator: str | None = Field(default=None, description="local | kubernetes | none (dry run)")
+    release: ReleaseContext | None = Field(default=None, description="The pool's model's release at the time.")
 
 
 class CostKind(StrEnum):
@@ -123,7 +142,14 @@ class CostRecord(WithGenAi):
     record_id: str = Field(
         default="",
         description="Dedupe key: the request's key `<tenant>:<request id>` (unique across tenants), "
-        "or idle:<worker>:<interval start>.",
+        "`<request key>#leg<n>` for leg n of a continued answer billed apart, or idle:<worker>:<interval start>.",
+    )
+    leg: int | None = Field(
+        default=None,
+        ge=0,
+        description="A continued answer is billed per leg (InferenceResult.legs): this record prices its leg `leg` "
+        "(0-based) alone, one of the legs before its last; None: the answer's own record (its last leg, or the "
+        "whole answer), the one that counts the request.",
     )
     kind: CostKind = CostKind.HOSTED
     booked_to: BookedTo = BookedTo.TENANT
@@ -131,7 +157,8 @@ class CostRecord(WithGenAi):
     cold_start_micro_usd: int = Field(default=0, description="Part of cost_micro_usd that amortises cold start.")
     cold_start_phases_s: dict[str, float] = Field(
         default_factory=dict,
-        description="cold_start_waste: the instance's cold start by phase, as its heartbeat reported it.",
+        description="cold_start_waste: the instance's cold start by phase, as its heartbeat reported it"
+        " (WorkerStatus.cold_start_phases_s: weights, kv_pool, kernels, warmup, ...).",
     )
     saving_micro_usd: int = Field(default=0, description="Cache hits: what the model would have cost.")
     output_cap_saving_micro_usd: int = Field(
@@ -161,6 +188,7 @@ class CostRecord(WithGenAi):
     trimmed_prompt_tokens: int = 0
     gpu_busy_ms: float = 0.0
     booked_at_ms: int = Field(default_factory=now_ms, description="When the cost happened (result or interval).")
+    release: ReleaseContext | None = Field(default=None, description="As on the result.")
 
     @property
     def prices_a_result(self) -> bool:

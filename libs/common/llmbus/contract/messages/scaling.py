@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from llmbus.contract.messages.base import Message, now_ms
+from llmbus.contract.messages.release import ReleaseContext
 
 
 class PoolStats(Message):
@@ -13,6 +14,9 @@ class PoolStats(Message):
     Counts are over the window [window_start_ms, sent_at_ms); gauges are the state at sent_at_ms.
     Queue wait is routed → placed on a worker: the scheduler places a request only when a
     worker has a free batch slot and KV room, so placement is when the worker starts it.
+    What a request waits inside the engine (behind other prompts' prefill) is not queue wait:
+    the latency fields (TTFT, time per output token, over the last `latency_window_s`) and the
+    prefill backlog (from the workers' heartbeats) see it.
     """
 
     pool: str
@@ -34,4 +38,24 @@ class PoolStats(Message):
     workers_warming: int = Field(default=0, description="starting or warming up")
     workers_draining: int = 0
     kv_cache_usage_perc_mean: float = 0.0
+    kv_cache_usage_perc_max: float = Field(default=0.0, ge=0.0, le=1.0, description="the fullest ready worker's")
+    # Latency seen by the requests, as their results report it (received → first token; the mean time
+    # per output token after the first), over a sliding window so one quiet 5 s does not blank it.
+    latency_window_s: float = Field(default=0.0, ge=0.0, description="the window of the ttft_* and tpot_* fields")
+    ttft_samples: int = Field(default=0, ge=0, description="first attempts finished in the latency window")
+    ttft_ms_p50: float | None = Field(default=None, description="None: nothing finished in the latency window")
+    ttft_ms_p90: float | None = None
+    ttft_ms_p99: float | None = None
+    tpot_ms_p50: float | None = None
+    tpot_ms_p99: float | None = None
+    # Work in the engines, in tokens: what TTFT will pay before it shows in the latency window.
+    prefill_backlog_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="prompt tokens admitted to the pool's engines and not yet prefilled: the workers' own"
+        " counts (heartbeats) plus the uncached prompt tokens placed since each heartbeat was sent",
+    )
+    arrival_prompt_tokens: int = Field(default=0, ge=0, description="prompt tokens of the window's arrivals")
+    completion_tokens: int = Field(default=0, ge=0, description="output tokens of the window's completions")
     sent_at_ms: int = Field(default_factory=now_ms)
+    release: ReleaseContext | None = Field(default=None, description="The pool's model's release (llm.models).")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from llmbus.tokens import prefix_block_hashes, pseudo_tokens
+from llmbus.tokens import cache_scope, prefix_block_hashes, pseudo_tokens
 from llmbus_services.engine_worker.adapters.engines.sim.kv_cache import BlockPool, HostKvTier
 from llmbus_services.engine_worker.adapters.engines.sim.profiles import SimProfile
 from llmbus_services.engine_worker.adapters.engines.sim.text import content_key
@@ -46,16 +46,23 @@ class SimRequest:
         seed: int | None = None,
         block_size: int = 16,
         prompt_tokens: int | None = None,
+        cache_salt: str = "",
+        adapter: str | None = None,
     ) -> SimRequest:
-        """`prompt_tokens`: a real tokenizer's count; None: the sim's own pseudo-tokens (4 characters)."""
+        """`prompt_tokens`: a real tokenizer's count; None: the sim's own pseudo-tokens (4 characters).
+        `cache_salt`: as vLLM's, its blocks are shared only with requests of the same salt (a tenant's);
+        `adapter`: a LoRA adapter's blocks are its own too (its KV is not its base model's, as in vLLM)."""
+        scope = cache_scope(cache_salt, adapter)
         tokens = max(1, pseudo_tokens(prompt) if prompt_tokens is None else prompt_tokens)  # BOS at least
         return cls(
             request_id=request_id,
             prompt_tokens=tokens,
             max_tokens=max_tokens,
             # never more hashed blocks than the prompt's tokens fill
-            prompt_block_hashes=tuple(prefix_block_hashes(prompt, block_size, tokens // block_size)),
-            content_key=content_key(prompt, seed),
+            prompt_block_hashes=tuple(
+                prefix_block_hashes(prompt, block_size, tokens // block_size, cache_salt, adapter)
+            ),
+            content_key=content_key(f"{scope}|{prompt}" if scope else prompt, seed),
         )
 
 
@@ -223,6 +230,17 @@ class SimCore:
 
     def has_work(self) -> bool:
         return bool(self._seqs)
+
+    def prefill_backlog_tokens(self) -> int:
+        """Prompt tokens admitted and not yet computed: the waiting (and loading) requests' whole
+        remainder, and running requests still in a chunked prefill (a decode has one token left)."""
+        backlog = sum(seq.num_tokens - seq.num_computed for seq in self.waiting)
+        backlog += sum(seq.num_tokens - seq.num_computed for seq in self.loading)
+        for seq in self.running:
+            left = seq.num_tokens - seq.num_computed
+            if left > 1 or seq.num_output == 0:
+                backlog += left
+        return backlog
 
     def advance_to(self, t_us: float) -> None:
         """Let idle virtual time pass (the clock never goes back)."""

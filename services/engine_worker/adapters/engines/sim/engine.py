@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from llmbus.tokens import pseudo_tokens, try_load
+from llmbus.contract.messages import LoraAdapter, tools_text
+from llmbus.tokens import count_tokens
 from llmbus_services.engine_worker.adapters.engines.sim.core import RequestOutput, SimCore, SimRequest
 from llmbus_services.engine_worker.adapters.engines.sim.profiles import DEFAULT_PROFILE, SimProfile, get_profile
-from llmbus_services.engine_worker.adapters.engines.sim.text import AnswerText
+from llmbus_services.engine_worker.adapters.engines.sim.text import AnswerText, content_key, natural_answer_tokens
 from llmbus_services.engine_worker.core.engine import (
     AdmissionError,
     EngineDead,
@@ -24,7 +27,11 @@ from llmbus_services.engine_worker.core.engine import (
     EngineOutput,
     EngineRequest,
     EngineStats,
+    RequestRejected,
+    answer_room,
 )
+from llmbus_services.engine_worker.core.lora_slots import AdapterRefused, AdapterSlots
+from llmbus_services.engine_worker.core.stops import first_stop
 
 # Falling further behind the simulated clock than this (a busy event loop) resets the
 # pacing instead of bursting steps to catch up.
@@ -76,11 +83,24 @@ class SimConfig:
     kv_offloading_gib: float = 0.0  # host-memory KV tier, as vLLM's --kv-offloading-size (0: none)
     speedup: float = 1.0  # 0 = take no time
     divergence: float = 0.0  # answer quality: share of tokens that differ from the reference answer
-    tokenizer: str | None = None  # a real tokenizer to count prompts with (llmbus.tokens); None: 4-char pseudo-tokens
+    # A request without max_tokens ends where a chat model's answer would (finish "stop"), at a length drawn
+    # around this median (text.natural_answer_tokens), instead of writing the whole window.
+    natural_answer_median_tokens: int = 129  # data/traces/azure-llm-2023-conv.csv's median answer
+    # A request sampled without a seed (temperature > 0) draws a fresh answer on every run, as a model samples;
+    # False: the same prompt (and seed) gives the same answer whatever the temperature (reproducible tests,
+    # shadow comparisons between sim models).
+    sample_unseeded: bool = False
+    # The model's tokenizer (llmbus.tokens); None: the request's (the catalog's), else llmbus.tokens' estimate.
+    tokenizer: str | None = None
     # Overrides of the profile's step-time coefficients (None: the profile's).
     step_base_us: float | None = None
     prefill_us_per_token: float | None = None
     decode_us_per_seq: float | None = None
+    # LoRA adapters: slots (0: none), their largest rank, and the time loading one takes (its files read,
+    # its weights copied to the GPU), at `speedup` like the steps.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    lora_load_ms: float = 50.0
 
     def resolve_profile(self) -> SimProfile:
         base = get_profile(self.profile)
@@ -121,6 +141,8 @@ class SimEngine:
             admit_full_prompt=self.config.admit_full_prompt,
             host_kv_blocks=self.profile.host_kv_blocks(self.config.kv_offloading_gib),
         )
+        cfg = self.config
+        self.lora = AdapterSlots(cfg.max_loras, cfg.max_lora_rank, cfg.model) if cfg.max_loras > 0 else None
         self._outboxes: dict[str, _Outbox] = {}
         self._step_task: asyncio.Task[None] | None = None
         self._clock_origin_s: float | None = None
@@ -149,40 +171,69 @@ class SimEngine:
 
     # ---- requests ----------------------------------------------------------------
 
-    def count_tokens(self, text: str) -> int:
-        tokenizer = try_load(self.config.tokenizer)
-        return tokenizer.count(text) if tokenizer is not None else pseudo_tokens(text)
+    def count_tokens(self, text: str, tokenizer: str | None = None) -> int:
+        """With the worker's tokenizer, else the catalog's for the model (the router's), else the router's
+        estimate: the sim's usage is the count the router made of the same prompt."""
+        return count_tokens(text, self.config.tokenizer or tokenizer)
 
     def check_admission(self, prompt_tokens: int, max_tokens: int) -> None:
         reason = self.core.refusal(max(1, prompt_tokens), max_tokens)
         if reason is not None:
             raise AdmissionError(reason)
 
+    def can_continue(self, request: EngineRequest) -> bool:
+        return True  # a cut answer's next leg goes on with the answer's token stream
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
         if self._stopped:
             raise EngineDead("sim engine is stopped")
         # A fill-in-the-middle suffix is prompt like the prefix: it costs prefill and KV the same.
         prompt = request.prompt + (request.suffix or "")
-        prompt_tokens = self.count_tokens(prompt) if self.config.tokenizer else None
+        prompt_tokens = self.count_tokens(prompt, request.tokenizer)
+        if request.tools:
+            prompt_tokens += self.count_tokens(tools_text(request.tools), request.tokenizer)
+        seed = request.seed
+        if seed is None and self.config.sample_unseeded and (request.temperature or 0.0) > 0.0:
+            seed = random.getrandbits(63)  # sampled: this run's own answer
+        continuation, read = request.continuation, prompt
+        so_far = continuation.completion_tokens if continuation is not None else 0
+        if continuation is not None:  # the answer so far is prompt now: prefill and KV like the rest
+            read, prompt_tokens = prompt + continuation.text, prompt_tokens + so_far
+        max_tokens = answer_room(prompt_tokens, request.max_tokens, request.max_tokens_auto, self.max_model_len)
+        adapter = request.adapter.name if request.adapter is not None else None
         sim_request = SimRequest.from_text(
             request.request_id,
-            prompt,
-            request.max_tokens,
-            request.seed,
+            read,
+            max_tokens,
+            seed,
             self.config.kv_block_size,
             prompt_tokens,
+            request.cache_salt,
+            adapter,  # an adapter's KV is its own (as in vLLM)
         )
-        self.check_admission(sim_request.prompt_tokens, request.max_tokens)
+        self.check_admission(sim_request.prompt_tokens, max_tokens)
+        # The text, and where it ends, follow the prompt alone (the same for every tenant); the KV blocks
+        # follow the salt too (sim_request.content_key); with a sampled seed, the same stream whichever leg this is.
+        text_key = content_key(prompt, seed)
+        ends_on_its_own = False  # the answer stops before max_tokens, as a model's end-of-sequence token ends it
+        if request.max_tokens_auto:
+            natural = natural_answer_tokens(text_key, self.config.natural_answer_median_tokens) - so_far
+            if natural < max_tokens:
+                sim_request, ends_on_its_own = dataclasses.replace(sim_request, max_tokens=max(1, natural)), True
         if request.request_id in self.core:
             raise EngineError(f"request {request.request_id!r} is already running")
+        if request.adapter is not None:
+            await self._load_adapter(request.adapter)
         outbox = _Outbox(asyncio.get_running_loop())
         self._outboxes[request.request_id] = outbox
         self._sync_idle_clock()
         self.core.add(sim_request)
         self._ensure_stepping()
-        answer = AnswerText(
-            request.prompt, request.seed, self.config.divergence, self.model, reference_key=sim_request.content_key
-        )
+        # An adapter answers its own text (a fine-tune of the base), the same for every tenant too.
+        model_key = adapter or self.model
+        answer = AnswerText(request.prompt, seed, self.config.divergence, model_key, reference_key=text_key)
+        if continuation is not None and seed == request.seed:
+            answer.next_tokens(so_far)  # the same stream, past the tokens already sent: one answer either way
         stops = request.stop
         text = ""  # what was returned so far, kept only to look for stop strings in
         completion_tokens = 0  # as delivered: an abort can land after the core ran a step not yet delivered
@@ -194,8 +245,10 @@ class SimEngine:
                         raise item
                     delta = answer.next_tokens(item.new_tokens)
                     finish_reason = item.finish_reason
+                    if finish_reason == "length" and ends_on_its_own:
+                        finish_reason = "stop"
                     if stops:
-                        stop_at = _first_stop(text + delta, stops, len(text))
+                        stop_at = first_stop(text + delta, stops, len(text))
                         if stop_at is not None:
                             # Like vLLM: the answer ends before the stop string, which is not returned.
                             delta = (text + delta)[len(text) : stop_at]
@@ -221,6 +274,16 @@ class SimEngine:
             if not done:
                 self.core.abort(request.request_id)  # the consumer went away mid-stream
 
+    async def _load_adapter(self, adapter: LoraAdapter) -> None:
+        if self.lora is None:
+            raise RequestRejected(f"{self.model!r} is served without LoRA adapters ({adapter.name!r} asked)")
+        try:
+            use = self.lora.use(adapter)
+        except AdapterRefused as refused:
+            raise RequestRejected(str(refused)) from refused
+        if use.loads and self.config.speedup > 0:
+            await asyncio.sleep(self.config.lora_load_ms / 1000 / self.config.speedup)
+
     async def abort(self, request_id: str) -> None:
         final = self.core.abort(request_id)
         outbox = self._outboxes.get(request_id)
@@ -233,6 +296,7 @@ class SimEngine:
         return EngineStats(
             num_requests_running=len(core.running),
             num_requests_waiting=len(core.waiting),
+            prefill_backlog_tokens=core.prefill_backlog_tokens(),
             kv_block_size=pool.block_size,
             kv_blocks_total=pool.num_blocks,
             kv_blocks_free=pool.num_free,
@@ -282,15 +346,3 @@ class SimEngine:
                 outbox.put(EngineDead(f"sim engine step failed: {exc!r}"))
         finally:
             self._step_task = None
-
-
-def _first_stop(text: str, stops: tuple[str, ...], new_from: int) -> int | None:
-    """Index where the earliest stop string starts, if one ends in the new part of `text`."""
-    positions = []
-    for stop in stops:
-        if not stop:
-            continue
-        at = text.find(stop, max(0, new_from - len(stop) + 1))
-        if at != -1:
-            positions.append(at)
-    return min(positions) if positions else None

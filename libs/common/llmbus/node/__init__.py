@@ -1,0 +1,1 @@
+"""The node's hardware: the NVML probe with its CPU fallback (probe.py) and its Prometheus gauges (gauges.py)."""

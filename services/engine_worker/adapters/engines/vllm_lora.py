@@ -1,0 +1,80 @@
+"""LoRA adapters on the vLLM engine: enable_lora with bounded slots, an adapter loaded on its first request.
+
+vLLM loads an adapter when a request carries its LoRARequest and keeps up to max_cpu_loras of them (max_loras
+per batch), evicting the least recently used (its LRUCacheWorkerLoRAManager). The worker mirrors that order
+in AdapterSlots (core/lora_slots.py) and, after each adapter request, keeps only what vLLM lists as loaded
+(`AsyncLLM.list_loras`), so the heartbeat says what is in vLLM's slots.
+
+An adapter's files come from its `source`: a local directory or `file:///dir/`. An object-store artifact
+(`s3://…`) is fetched to the node's cache by llmbus.artifacts where that library is installed; here it is
+refused with that reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from llmbus.contract.messages import LoraAdapter
+from llmbus_services.engine_worker.adapters.engines.vllm_engine_config import VllmConfig
+from llmbus_services.engine_worker.core.engine import RequestRejected
+from llmbus_services.engine_worker.core.lora_slots import AdapterRefused, AdapterSlots
+
+log = logging.getLogger(__name__)
+
+
+def lora_engine_args(config: VllmConfig) -> dict[str, Any]:
+    """The engine arguments that enable adapters (none when max_loras is 0)."""
+    if config.max_loras <= 0:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_loras": config.max_loras,
+        "max_lora_rank": config.max_lora_rank,
+        "max_cpu_loras": config.max_cpu_loras or config.max_loras,
+    }
+
+
+def adapter_slots(config: VllmConfig) -> AdapterSlots | None:
+    """The mirror of vLLM's adapter cache: as many slots as vLLM keeps adapters loaded (max_cpu_loras)."""
+    if config.max_loras <= 0:
+        return None
+    return AdapterSlots(config.max_cpu_loras or config.max_loras, config.max_lora_rank, config.model)
+
+
+def local_dir(source: str) -> str:
+    """The adapter's directory on this node from its source (a path or file:// URI)."""
+    if source.startswith("file://"):
+        source = source.removeprefix("file://")
+    elif "://" in source:
+        raise RequestRejected(f"adapter source {source!r}: only local directories and file:// are served here")
+    if not (Path(source) / "adapter_config.json").is_file():
+        raise RequestRejected(f"adapter source {source!r} has no adapter_config.json")
+    return source
+
+
+class VllmAdapters:
+    """The LoRARequest of each request's adapter, and the slots' mirror kept in step with vLLM."""
+
+    def __init__(self, slots: AdapterSlots) -> None:
+        self.slots = slots
+
+    def request_for(self, adapter: LoraAdapter) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        path = local_dir(adapter.source)
+        try:
+            use = self.slots.use(adapter)
+        except AdapterRefused as refused:
+            raise RequestRejected(str(refused)) from refused
+        if use.loads:
+            log.info("loading LoRA adapter %s (id %d); evicting %s", adapter.name, use.adapter_id, list(use.evicted))
+        return LoRARequest(adapter.name, use.adapter_id, path, base_model_name=self.slots.base_model)
+
+    async def reconcile(self, llm: Any) -> None:
+        """vLLM's own list of loaded adapters wins over the mirror (an adapter that failed to load, an eviction)."""
+        try:
+            self.slots.keep_only(set(await llm.list_loras()))
+        except Exception:  # a report only: the next adapter request tries again
+            log.warning("could not list vLLM's loaded LoRA adapters", exc_info=True)

@@ -1,0 +1,1 @@
+"""The node agent's I/O: the NVML probe (off the event loop)."""
