@@ -7,7 +7,9 @@ set -euo pipefail
 VERSION=${COMPOSE_VERSION:-v2.29.7}
 CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
 OUT=$CACHE/bin/docker-compose
-command -v go >/dev/null || { echo "[compose-v2] go not found (Debian: apt-get install golang-go, 1.21+)" >&2; exit 1; }
+# shellcheck source=../lib/go.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../lib/go.sh"
+use_go compose-v2
 mkdir -p "$CACHE/bin"
 go mod download "github.com/docker/compose/v2@$VERSION"
 cd "$(go env GOMODCACHE)/github.com/docker/compose/v2@$VERSION"

@@ -9,7 +9,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
 OUT=$CACHE/otelcol
 [ -x "$OUT/otelcol-llmbus" ] && exit 0
-command -v go >/dev/null || { echo "[otelcol] go not found (Debian: apt-get install golang-go, 1.22+)" >&2; exit 1; }
+# shellcheck source=../lib/go.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../lib/go.sh"
+use_go otelcol
 mkdir -p "$OUT"
 cp "$HERE/builder-config.yaml" "$OUT/builder-config.yaml"
 cd "$OUT"

@@ -12,7 +12,9 @@ MODULE_VERSION=v0.$(echo "$VERSION" | awk -F. '{printf "%d%02d.%d", $1, $2, $3}'
 CACHE=${LLMBUS_CACHE:-$HOME/.cache/llmbus}
 OUT=$CACHE/prometheus-$VERSION
 [ -x "$OUT/prometheus" ] && exit 0
-command -v go >/dev/null || { echo "[prometheus-3] go not found (Debian: apt-get install golang-go, 1.22+)" >&2; exit 1; }
+# shellcheck source=../lib/go.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../lib/go.sh"
+use_go prometheus-3
 mkdir -p "$OUT"
 go mod download "github.com/prometheus/prometheus@$MODULE_VERSION"
 SRC=$(mktemp -d /tmp/llmbus-prometheus-src.XXXXXX)

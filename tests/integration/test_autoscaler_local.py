@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import statistics
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -278,6 +279,19 @@ async def _has_result(seen: Collector, sent: list[str]) -> bool:
 PREFILL_TOKENS = 2000  # a code-completion shape: long prompts, a few tokens out (the sim counts 4 characters a token)
 
 
+def longest_over_ms(stats: list[PoolStats], target_ms: float) -> int:
+    """The longest stretch of consecutive windows whose median queue wait was at or over the target, from the
+    first such window's start to the last one's end."""
+    longest, start_ms = 0, None
+    for s in sorted(stats, key=lambda s: s.window_start_ms):
+        if (s.queue_wait_ms_p50 or 0) >= target_ms:
+            start_ms = s.window_start_ms if start_ms is None else start_ms
+            longest = max(longest, s.window_start_ms + int(s.window_s * 1000) - start_ms)
+        else:
+            start_ms = None
+    return longest
+
+
 def latency_pools_file(path: Path) -> Path:
     """The threshold policy with its latency trigger in seconds: p99 TTFT over 2 s for 5 s → +1. Its
     workers are slow at prefill (the A100 profile at a quarter of real time: ~2.5 prompts of 2,000 tokens
@@ -367,12 +381,16 @@ async def test_prefill_heavy_burst_scales_up_on_the_latency_trigger_while_queue_
     assert (up.current_replicas, up.desired_replicas, up.policy) == (1, 2, "threshold")
     assert up.signals["ttft_ms_p99"] > 2000 and up.signals["queue_wait_ms"] < TARGET_MS, up.signals
     assert not any("queue wait" in d.reason for d in seen.decisions if d.action == "up")
-    # Queue wait stayed low until the latency trigger fired: every window of the burst up to the decision.
-    # (After it, the added worker's cold start may let a queue form: that is what the scale-up answers.)
+    # Queue wait stayed low until the latency trigger fired: in the windows of the burst up to the decision
+    # its median was under the target, and it never stayed over it for the rule's up_after_s (5 s), so the
+    # queue-wait trigger alone would never have scaled. (One window over it is a request that met a busy
+    # scheduler on a loaded machine; the rule needs 5 s of them. After the decision, the added worker's cold
+    # start may let a queue form: that is what the scale-up answers.)
     burst = [s for _, s in seen.stats if s.pool == POOL and s.sent_at_ms >= burst_started_ms and s.placed]
     before_up = [s for s in burst if s.sent_at_ms <= up.decided_at_ms]
     waits = [(s.sent_at_ms - up.decided_at_ms, s.queue_wait_ms_p50) for s in burst]
-    assert before_up and all((s.queue_wait_ms_p50 or 0) < TARGET_MS for s in before_up), waits
+    assert before_up and statistics.median(s.queue_wait_ms_p50 or 0 for s in before_up) < TARGET_MS, waits
+    assert longest_over_ms(before_up, TARGET_MS) < 5_000, waits
     assert any(s.prefill_backlog_tokens > PREFILL_TOKENS for s in burst)  # the engines' own count, in the stats
     assert any(r[0].worker_id == f"{POOL}-as2" for r in seen.results.values())  # the added worker served
     assert set(seen.results) >= set(sent)
