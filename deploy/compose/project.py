@@ -74,19 +74,22 @@ def install_compose_plugin(built: Path) -> bool:
 def compose_binary() -> list[str]:
     """LLMBUS_COMPOSE if set; else compose v2 (`docker compose`: the engine's plugin, or built from its Go module
     into the cache and linked in as the Docker CLI's plugin), else Debian's docker-compose 1.29 (installed when
-    nothing else is there and we are root)."""
+    compose v2 cannot be built and we are root)."""
     if chosen := os.environ.get("LLMBUS_COMPOSE"):
         return chosen.split()
     if _docker_has_compose():
         return ["docker", "compose"]
     built = CACHE / "bin" / "docker-compose"
-    if not built.exists() and shutil.which("go"):
-        with step("compose v2 from its Go module (once)"):
-            run([str(HERE / "compose-v2.sh")], timeout_s=900, show=True)
+    if not built.exists():
+        try:  # compose-v2.sh finds a Go toolchain, or fetches one from the Go module proxy (deploy/lib/go.sh)
+            with step("compose v2 from its Go module (once)"):
+                run([str(HERE / "compose-v2.sh")], timeout_s=1200, show=True)
+        except StepFailed as failed:
+            say(f"    compose v2 could not be built ({failed}); trying Debian's docker-compose 1.29")
     if built.exists():
         return ["docker", "compose"] if install_compose_plugin(built) else [str(built)]
     if not shutil.which("docker-compose") and os.geteuid() == 0:
-        with step("Debian's docker-compose (no Go toolchain for compose v2)"):
+        with step("Debian's docker-compose (compose v2 could not be built)"):
             run(
                 ["apt-get", "install", "-y", "-qq", "docker-compose"],
                 env=os.environ | {"DEBIAN_FRONTEND": "noninteractive"},
