@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from llmbus.cli.fleet_view import cold_start_table, fleet_table, state_reasons
+from llmbus.cli.fleet_view import cold_start_table, fleet_table, heard_recently, state_reasons
 from llmbus.contract.messages import WorkerState, WorkerStatus
 
 
@@ -76,3 +76,15 @@ def test_a_failed_start_shows_its_reason_and_a_start_its_phases() -> None:
     ]
     assert "fetch 4.20  verify 1.30" in text
     assert cold_start_table([failed]) is None  # no worker started: no table
+
+
+def test_workers_not_heard_from_for_ten_minutes_are_left_out() -> None:
+    now = 1_800_000_000_000
+    live = WorkerStatus(
+        worker_id="w-live", node_id="n", state=WorkerState.READY, engine="sim", models=["m"], sent_at_ms=now - 2_000
+    )
+    gone = live.model_copy(update={"worker_id": "w-gone", "state": WorkerState.FAILED, "sent_at_ms": now - 601_000})
+    edge = live.model_copy(update={"worker_id": "w-edge", "sent_at_ms": now - 600_000})
+    recent, left_out = heard_recently([live, gone, edge], now)
+    assert [s.worker_id for s in recent] == ["w-live", "w-edge"]
+    assert left_out == 1

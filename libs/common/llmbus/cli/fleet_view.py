@@ -10,6 +10,18 @@ from rich.table import Table
 from llmbus.contract.messages import NodeHealth, NodeProfile, WorkerState, WorkerStatus
 
 GIB = 1 << 30
+# A worker not heard from for this long has gone (SIGKILLed, its node lost, a failed start long ago): llm.workers
+# is compacted, so its last heartbeat stays on the topic; `llmbus status` leaves it out unless asked (--all).
+GONE_AFTER_S = 600.0
+
+
+def heard_recently(
+    fleet: list[WorkerStatus], now_ms: int, gone_after_s: float = GONE_AFTER_S
+) -> tuple[list[WorkerStatus], int]:
+    """The workers whose last heartbeat is newer than `gone_after_s`, and how many are older."""
+    cutoff_ms = now_ms - int(gone_after_s * 1000)
+    recent = [s for s in fleet if s.sent_at_ms >= cutoff_ms]
+    return recent, len(fleet) - len(recent)
 
 
 def fleet_table(fleet: list[WorkerStatus]) -> Table:

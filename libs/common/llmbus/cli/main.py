@@ -18,7 +18,15 @@ from llmbus.cli.chat_view import show_stream
 from llmbus.cli.experiments import experiments_app
 from llmbus.cli.export import export_app
 from llmbus.cli.feedback import feedback as feedback_command
-from llmbus.cli.fleet_view import cold_start_table, fleet_table, metrics_table, nodes_table, state_reasons
+from llmbus.cli.fleet_view import (
+    GONE_AFTER_S,
+    cold_start_table,
+    fleet_table,
+    heard_recently,
+    metrics_table,
+    nodes_table,
+    state_reasons,
+)
 from llmbus.cli.gc import gc as gc_command
 from llmbus.cli.models import models_app
 from llmbus.cli.router_cmds import router_app
@@ -26,7 +34,7 @@ from llmbus.cli.tools import TOOL_COMMAND
 from llmbus.cli.workers import workers_app
 from llmbus.client import LlmbusClient, ready_workers
 from llmbus.contract import topics as t
-from llmbus.contract.messages import AUTO_MODEL, ChatMessage, InferenceRequest, NodeProfile, WorkerStatus
+from llmbus.contract.messages import AUTO_MODEL, ChatMessage, InferenceRequest, NodeProfile, WorkerStatus, now_ms
 from llmbus.process import detached
 from llmbus.settings import BusSettings
 
@@ -139,9 +147,18 @@ def stream_answer(request: InferenceRequest) -> bool:
 @app.command()
 def status(
     nodes: bool = typer.Option(False, "--nodes", help="The nodes by hardware class: GPUs, memory, peak, ECC, health."),
+    all_workers: bool = typer.Option(
+        False, "--all", help=f"Also the workers not heard from for over {GONE_AFTER_S / 60:.0f} min (gone)."
+    ),
 ) -> None:
     """The fleet as its latest heartbeats describe it."""
     fleet = asyncio.run(_read_fleet(BusSettings()))
+    if not all_workers:
+        recent, gone = heard_recently(list(fleet.values()), now_ms())
+        fleet = {s.worker_id: s for s in recent}
+        if gone:
+            minutes = f"{GONE_AFTER_S / 60:.0f}"
+            console.print(f"{gone} worker(s) not heard from for over {minutes} min left out (llmbus status --all)")
     if nodes:
         profiles = asyncio.run(_read_nodes(BusSettings()))
         console.print(nodes_table(list(profiles.values()), list(fleet.values())))
