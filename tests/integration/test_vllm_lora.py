@@ -1,6 +1,8 @@
 """LoRA adapters on the real vLLM CPU engine: two tiny random-weight adapters made with `peft` on the tiny Llama,
 loaded on demand, a second one evicting the first under a slot limit of 1, and both served through the gateway
 (router, scheduler, engine-worker) with the official `openai` SDK, named as the model or beside the base model.
+A third adapter is pushed to the object store and registered from its manifest by the CLI's own functions, then
+served: the worker fetches it into its node's cache and verifies it; one corrupted in the store is refused.
 
 Greedy answers (temperature 0, EOS ignored) are compared: each adapter's answer differs from the base model's
 and from the other's, and the gateway's answer for an adapter is the engine's own answer with that adapter.
@@ -14,8 +16,11 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
 
+from llmbus.artifacts import ObjectStore
 from llmbus.bus.tables import read_table
+from llmbus.cli import models as models_cli
 from llmbus.contract import topics as t
 from llmbus.contract.messages import ChatMessage, InferenceRequest, LoraAdapter, ModelSpec, WorkerStatus
 from llmbus_services.engine_worker.adapters.engines.vllm_engine import VllmEngine
@@ -30,6 +35,7 @@ pytestmark = [
     pytest.mark.kafka,
     pytest.mark.redis,
     pytest.mark.vllm,
+    pytest.mark.objectstore,
     pytest.mark.slow,
     pytest.mark.timeout(900),
     pytest.mark.asyncio(loop_scope="session"),
@@ -175,3 +181,114 @@ async def test_an_adapter_the_catalog_lacks_is_refused_with_a_clear_error(gatewa
             extra_body={"adapter": "tiny-unknown"},
         )
     assert "tiny-unknown" in refused.value.message and "not in the catalog" in refused.value.message
+
+
+def adapter_manifest(path: Path, name: str, seed: int) -> Path:
+    body = {
+        "name": name,
+        "version": "1",
+        "owner": "ml-platform",
+        "adapter": {"base_model": BASE, "rank": 8},
+        "context_length_tokens": 512,
+        "max_output_tokens": 64,
+        "lineage": {
+            "training_data_version": "none (random weights)",
+            "training_code_commit": "llmbus_tools/harness/tiny_lora.py",
+            "hyperparameters": {"r": 8, "lora_alpha": 16, "seed": seed},
+        },
+    }
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+def push(adapter_dir: Path, manifest: Path, bucket: str) -> None:
+    """`llmbus models push DIR --manifest M --to s3://BUCKET/`: the CLI's command function (run in a thread: it
+    runs its own event loop), under the namespace LLMBUS_TOPIC_PREFIX names."""
+    models_cli.models_push(adapter_dir, manifest, to=f"s3://{bucket}/", format=None, quantization=None, overrides=[])
+
+
+def release_and_show(ref: str) -> str:
+    """`llmbus models release NAME@1` (a first version serves at once), then what `llmbus models show` prints."""
+    models_cli.models_release(ref, salt="")
+    with models_cli.console.capture() as shown:
+        models_cli.models_show(ref)
+    return shown.get()
+
+
+async def served(gw: VllmGateway, name: str, timeout_s: float = 30) -> None:
+    """Until the gateway lists the newly registered model (it reads llm.models as it goes)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while name not in {m.id for m in (await gw.sdk().models.list()).data}:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{name} not listed by the gateway within {timeout_s}s")
+        await asyncio.sleep(0.5)
+
+
+async def test_an_adapter_pushed_to_the_object_store_and_registered_from_its_manifest_is_served(
+    gateway: VllmGateway,
+    lora_engine: VllmEngine,
+    bucket: str,
+    object_store: ObjectStore,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import openai
+
+    monkeypatch.setenv("LLMBUS_TOPIC_PREFIX", gateway.settings.topic_prefix)
+    models_cli.console.width = 220
+    ops_dir = build_tiny_lora(build_tiny_llama(), tmp_path / "tiny-ops", seed=3, rank=8)
+    manifest = adapter_manifest(tmp_path / "tiny-ops.yaml", "tiny-ops", seed=3)
+    await asyncio.to_thread(push, ops_dir, manifest, bucket)
+    shown = await asyncio.to_thread(release_and_show, "tiny-ops@1")
+    assert "LoRA adapter of tiny-llama" in shown and f"s3://{bucket}/tiny-ops/1/lora/" in shown, shown
+    assert "adapter_model.safetensors" in shown and "llmbus_tools/harness/tiny_lora.py" in shown
+
+    record = (await read_table(gateway.settings, t.Topics(gateway.settings.topic_prefix).name(t.MODELS), ModelSpec))[
+        "tiny-ops"
+    ]
+    assert record.record == "serving" and record.lora is not None
+    assert record.lora.source == f"s3://{bucket}/tiny-ops/1/lora/" and record.lora.base_model == BASE
+    assert record.lineage is not None and record.lineage.base_model == BASE
+    assert {f.path for f in record.artifacts[0].files} >= {"adapter_config.json", "adapter_model.safetensors"}
+
+    await served(gateway, "tiny-ops")
+    client = gateway.sdk()
+    answered = await client.chat.completions.create(
+        model="tiny-ops",
+        messages=CHAT,  # type: ignore[arg-type]
+        max_tokens=ANSWER_TOKENS,
+        temperature=0,
+    )
+    assert answered.model == "tiny-ops"
+    await heartbeat_adapters(gateway, ["tiny-ops"])
+    # The same weights loaded from their local directory, as another adapter: the fetched copy's answer.
+    local = LoraAdapter(name="tiny-ops-local", base_model=BASE, source=f"file://{ops_dir}", rank=8)
+    assert answered.choices[0].message.content == await answer(lora_engine, local, "direct-ops")
+    assert answered.choices[0].message.content != await answer(lora_engine, None, "direct-base-ops")
+
+    # A second adapter whose weights are damaged in the store after the push: the request ends with a clear,
+    # final error; the worker lives on and serves the first adapter again.
+    broken_dir = build_tiny_lora(build_tiny_llama(), tmp_path / "tiny-broken", seed=4, rank=8)
+    broken = adapter_manifest(tmp_path / "tiny-broken.yaml", "tiny-broken", seed=4)
+    await asyncio.to_thread(push, broken_dir, broken, bucket)
+    key = "tiny-broken/1/lora/adapter_model.safetensors"
+    weights = object_store.get_bytes(bucket, key)
+    object_store.put_bytes(bucket, key, weights[:-1] + bytes([weights[-1] ^ 1]))  # same size, another digest
+    await asyncio.to_thread(release_and_show, "tiny-broken@1")
+    await served(gateway, "tiny-broken")
+    with pytest.raises(openai.APIStatusError) as refused:
+        await client.chat.completions.create(
+            model="tiny-broken",
+            messages=CHAT,  # type: ignore[arg-type]
+            max_tokens=ANSWER_TOKENS,
+        )
+    assert refused.value.status_code == 503, refused.value.message
+    assert "artifact_digest_mismatch" in refused.value.message and "tiny-broken" in refused.value.message
+    again = await client.chat.completions.create(
+        model="tiny-ops",
+        messages=[{"role": "user", "content": "which consumer group reads the topic?"}],  # not a cached answer
+        max_tokens=ANSWER_TOKENS,
+        temperature=0,
+    )
+    assert again.model == "tiny-ops" and again.choices[0].message.content
+    await heartbeat_adapters(gateway, ["tiny-ops"])  # loaded again, from the cache entry fetched before

@@ -91,6 +91,8 @@ def version_tree(record: ModelSpec, model: ModelVersions) -> Tree:
     serving = model.serving is not None and model.serving.version == record.version
     title = f"[bold]{record.name}@{record.version}[/bold] {state_label(record)}{' (serving)' if serving else ''}"
     tree = Tree(f"{title}, owner {record.owner or '-'}, registered {_when(record.registered_at_ms)}")
+    if (lora := record.lora) is not None:
+        tree.add(f"LoRA adapter of {lora.base_model}, rank {lora.rank}, from {escape(lora.source)}")
     _lineage(tree.add("lineage"), record, model)
     artifacts = tree.add(f"artifacts ({len(record.artifacts)})")
     for artifact in record.artifacts:

@@ -61,7 +61,11 @@ def _register_version(settings: BusSettings, manifest: ModelManifest, reason: st
     model = _registry(settings).get(manifest.name)
     if model is not None and manifest.version in model.versions:
         _fail(f"{manifest.name}@{manifest.version} is registered already: a version never changes, register a new one")
-    record = registered(manifest.spec(), by=operator(), reason=reason)
+    try:
+        spec = manifest.spec()
+    except ValueError as exc:  # an adapter without files, a record the manifest's fields cannot make
+        _fail(f"{manifest.name}@{manifest.version}: {exc}")
+    record = registered(spec, by=operator(), reason=reason)
     asyncio.run(publish_record(settings, t.MODELS, record.key, record))
     return record
 
@@ -91,7 +95,9 @@ def models_register(
     if manifest is not None:
         described = _load_manifest(manifest, overrides)
         record = _register_version(settings, described, f"registered from {manifest.name}")
-        console.print(f"registered {record.key} ({len(record.artifacts)} artifacts), state registered")
+        console.print(
+            f"registered {record.key} ({len(record.artifacts)} artifacts){_adapter_of(record)}, state registered"
+        )
         return
     if name is None:
         _fail("give a model name, or a manifest with -f")
@@ -114,13 +120,21 @@ def models_push(
     directory: Path = typer.Argument(..., exists=True, file_okay=False, help="the model's files"),
     manifest: Path = typer.Option(..., "--manifest", "-f", help="the version's manifest"),
     to: str = typer.Option(..., help="repository root: file:///dir/ or s3://bucket/prefix/"),
-    format: str = typer.Option("bf16", "--format", help="the files' format (bf16, fp16, awq, gptq, ...)"),
+    format: str | None = typer.Option(
+        None, "--format", help="the files' format (bf16, fp16, awq, gptq, ...; default bf16, lora for an adapter)"
+    ),
     quantization: str | None = typer.Option(None, help="e.g. awq-int4; none for full precision"),
     overrides: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
-    """Upload DIR with a sha256 and size per file, then register the version with that artifact."""
+    """Upload DIR with a sha256 and size per file, then register the version with that artifact.
+
+    An adapter's manifest (its `adapter` section): DIR holds adapter_config.json and its weights, pushed as
+    format lora; the registered record's LoRA adapter is served from the uploaded root."""
     settings = BusSettings()
     described = _load_manifest(manifest, overrides)
+    format = format or described.default_format
+    if described.adapter is not None and not (directory / "adapter_config.json").is_file():
+        _fail(f"{directory}: an adapter's directory holds adapter_config.json (peft's save_pretrained writes it)")
     if (known := _registry(settings).get(described.name)) is not None and described.version in known.versions:
         _fail(f"{described.name}@{described.version} is registered already: a version never changes")
     uri = f"{to.rstrip('/')}/{described.name}/{described.version}/{format}/"
@@ -132,7 +146,11 @@ def models_push(
     kept = [a for a in described.artifacts if (a.format, a.quantization) != (format, quantization)]
     with_files = described.model_copy(update={"artifacts": [*kept, artifact]})
     record = _register_version(settings, with_files, f"pushed from {directory} with {manifest.name}")
-    console.print(f"registered {record.key}, state registered")
+    console.print(f"registered {record.key}{_adapter_of(record)}, state registered")
+
+
+def _adapter_of(record: ModelSpec) -> str:
+    return f", a LoRA adapter of {record.lora.base_model}" if record.lora is not None else ""
 
 
 @models_app.command("list")

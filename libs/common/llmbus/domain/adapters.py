@@ -1,10 +1,10 @@
 """Which records of llm.models are LoRA adapters, and what a request names (pure).
 
 The one place that reads an adapter out of a model record: the router (what a request's `model` or
-`adapter` resolves to) and the gateway (what /v1/models lists, which workers serve it) ask here. Today
-an adapter's record is a ModelSpec with `lora` set (`llmbus models register` with an adapter manifest
-writes one); a registry that keeps a version's artifacts and lineage on the record answers through the
-same function (an artifact of format `lora` and the lineage's base model).
+`adapter` resolves to) and the gateway (what /v1/models lists, which workers serve it) ask here. An
+adapter's record is a ModelSpec with `lora` set: `llmbus models push` / `register -f` with an adapter
+manifest (llmbus.contract.manifest, its `adapter` section) writes one, its source the root of the version's
+artifact of format `lora`, its base model in the lineage too.
 """
 
 from __future__ import annotations

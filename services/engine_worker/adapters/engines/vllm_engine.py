@@ -435,7 +435,7 @@ class VllmEngine:
             return None
         if self._adapters is None:
             raise RequestRejected(f"{self.model!r} is served without LoRA adapters ({request.adapter.name!r} asked)")
-        return self._adapters.request_for(request.adapter)
+        return await self._adapters.request_for(request.adapter)
 
     def _decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))

@@ -5,18 +5,18 @@ per batch), evicting the least recently used (its LRUCacheWorkerLoRAManager). Th
 in AdapterSlots (core/lora_slots.py) and, after each adapter request, keeps only what vLLM lists as loaded
 (`AsyncLLM.list_loras`), so the heartbeat says what is in vLLM's slots.
 
-An adapter's files come from its `source`: a local directory or `file:///dir/`. An object-store artifact
-(`s3://…`) is fetched to the node's cache by llmbus.artifacts where that library is installed; here it is
-refused with that reason.
+An adapter's files come from its `source`: a local directory or `file:///dir/` as it is, an object-store
+artifact root (`s3://…`, what `llmbus models push` uploads for an adapter manifest) fetched into the node's
+artifact cache and verified first (adapters/adapter_files.py), in a thread, on the adapter's first request.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from llmbus.contract.messages import LoraAdapter
+from llmbus_services.engine_worker.adapters.adapter_files import AdapterFiles
 from llmbus_services.engine_worker.adapters.engines.vllm_engine_config import VllmConfig
 from llmbus_services.engine_worker.core.engine import RequestRejected
 from llmbus_services.engine_worker.core.lora_slots import AdapterRefused, AdapterSlots
@@ -43,27 +43,17 @@ def adapter_slots(config: VllmConfig) -> AdapterSlots | None:
     return AdapterSlots(config.max_cpu_loras or config.max_loras, config.max_lora_rank, config.model)
 
 
-def local_dir(source: str) -> str:
-    """The adapter's directory on this node from its source (a path or file:// URI)."""
-    if source.startswith("file://"):
-        source = source.removeprefix("file://")
-    elif "://" in source:
-        raise RequestRejected(f"adapter source {source!r}: only local directories and file:// are served here")
-    if not (Path(source) / "adapter_config.json").is_file():
-        raise RequestRejected(f"adapter source {source!r} has no adapter_config.json")
-    return source
-
-
 class VllmAdapters:
     """The LoRARequest of each request's adapter, and the slots' mirror kept in step with vLLM."""
 
-    def __init__(self, slots: AdapterSlots) -> None:
+    def __init__(self, slots: AdapterSlots, files: AdapterFiles | None = None) -> None:
         self.slots = slots
+        self.files = files or AdapterFiles()
 
-    def request_for(self, adapter: LoraAdapter) -> Any:
+    async def request_for(self, adapter: LoraAdapter) -> Any:
         from vllm.lora.request import LoRARequest
 
-        path = local_dir(adapter.source)
+        path = await self.files.directory(adapter)  # fetched from the object store first, where it is there
         try:
             use = self.slots.use(adapter)
         except AdapterRefused as refused:
