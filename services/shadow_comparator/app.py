@@ -46,7 +46,8 @@ def build(runtime: ServiceRuntime, cfg: ComparatorSettings) -> ComparatorHandler
         )
 
     runtime.on_stop(store.close)
-    comparator = Comparator(store, ExperimentView(), publish_comparison, max_text_chars=cfg.max_text_chars)
+    view = ExperimentView(linger_ms=cfg.pair_ttl_s * 1000)  # a pair mirrored before a promote may still complete
+    comparator = Comparator(store, view, publish_comparison, max_text_chars=cfg.max_text_chars)
     handlers = ComparatorHandlers(
         comparator, runtime.publisher, topics, ExperimentVersions(client, settings.topic_prefix)
     )

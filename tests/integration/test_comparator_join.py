@@ -21,7 +21,7 @@ from llmbus.contract.messages import (
     Usage,
     now_ms,
 )
-from llmbus.domain.lifecycle import create, to_step
+from llmbus.domain.lifecycle import create, next_version, to_step
 from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
 from llmbus_services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
 from llmbus_services.shadow_comparator.core.comparator import Comparator, ExperimentView
@@ -131,6 +131,25 @@ async def test_primaries_no_shadow_experiment_covers_are_not_held(client: redis.
     h = Harness(client, namespace, ExperimentView())
     await h.comparator.on_result(res("a"))
     assert not await redis_keys(client, h.store.key("pair", "*"))
+
+
+async def test_a_pair_mirrored_before_a_promote_is_still_compared_after_it(client: redis.Redis, namespace: str) -> None:
+    """The ramp leaves its shadow step (the experiment becomes an A/B one) between a shadow's arrival and its
+    primary's: that pair is compared all the same. A primary whose shadow is not waiting is not held after
+    the promote; once the linger (the pairs' TTL) has passed, primaries are not even offered."""
+    view = shadow_view()
+    h = Harness(client, namespace, view)
+    shadowed = view.by_id["exp"]
+    await h.comparator.on_result(res("in-flight.shadow.exp", shadow=True))  # mirrored while it was a shadow one
+    view.apply(next_version(shadowed, to_step(shadowed, 1)))  # promoted: no shadow model any more
+    assert not view.may_be_shadowed("ctrl") and view.recently_shadowed("ctrl", now_ms())
+    await h.comparator.on_result(res("in-flight"))
+    await h.comparator.on_result(res("after-the-promote"))  # never mirrored
+    assert [c.comparison_id for c in h.published] == ["t:in-flight:exp"]
+    assert (await pair_stats(h)).n == 1
+    held = await redis_keys(client, h.store.key("pair", "*"))
+    assert held and all("in-flight" in str(key) for key in held), held  # the never-mirrored primary is not held
+    assert not view.recently_shadowed("ctrl", now_ms() + view.linger_ms + 1)
 
 
 async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: redis.Redis, namespace: str) -> None:

@@ -30,10 +30,11 @@ from llmbus.state.text import text_of
 from llmbus_services.shadow_comparator.core.aggregates import Increments
 from llmbus_services.shadow_comparator.core.ports import RequestLink
 
-# KEYS: pair, pending, gone, done ; ARGV: field, value, ttl_s, deadline_ms, primary id
+# KEYS: pair, pending, gone, done ; ARGV: field, value, ttl_s, deadline_ms, primary id, only if a side waits (1|0)
 _OFFER = """
 if redis.call('EXISTS', KEYS[4]) == 1 then return {'done'} end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'late'} end
+if ARGV[6] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then return {'skip'} end
 local status = 'new'
 if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then status = 'dup' end
 redis.call('EXPIRE', KEYS[1], ARGV[3])
@@ -74,9 +75,16 @@ class ComparatorStore:
         return ":".join([self._ns, *map(str, parts)])
 
     async def offer(
-        self, primary_key: str, field: str, value: bytes, now_ms: int, done_id: str | None
+        self,
+        primary_key: str,
+        field: str,
+        value: bytes,
+        now_ms: int,
+        done_id: str | None,
+        only_if_waiting: bool = False,
     ) -> tuple[str, dict[str, bytes]]:
-        """Store one side; returns (new | dup | late | done, every side now held for this primary)."""
+        """Store one side; returns (new | dup | late | done | skip, every side now held for this primary).
+        `only_if_waiting`: stored only when a side of its pair is held already, else `skip`."""
         reply = await self._offer(
             keys=[
                 self.key("pair", primary_key),
@@ -84,7 +92,7 @@ class ComparatorStore:
                 self.key("gone", primary_key),
                 self.key("done", "pair", done_id) if done_id else self.key("done", "never"),
             ],
-            args=[field, value, self.pair_ttl_s, now_ms + self.pair_ttl_s * 1000, primary_key],
+            args=[field, value, self.pair_ttl_s, now_ms + self.pair_ttl_s * 1000, primary_key, int(only_if_waiting)],
         )
         status = text_of(reply[0])
         fields = {text_of(reply[i]): reply[i + 1] for i in range(1, len(reply) - 1, 2)}

@@ -52,32 +52,67 @@ PublishComparison = Callable[[Comparison], Awaitable[None]]
 
 
 class ExperimentView:
-    """The experiments as llm.experiments last described them."""
+    """The experiments as llm.experiments last described them.
 
-    def __init__(self) -> None:
+    A shadow experiment that stops mirroring (its ramp promoted past 0 %: it becomes an A/B one; stopped;
+    deleted) still has pairs in flight: shadows sent before the change whose primaries come after it. Its
+    models stay `recently_shadowed` for `linger_ms` (the pairs' TTL), so those primaries still complete them.
+    """
+
+    def __init__(self, linger_ms: int = 600_000) -> None:
         self.by_id: dict[str, Experiment] = {}
+        self.linger_ms = linger_ms
+        self.unshadowed_until: dict[str | None, int] = {}  # model (None: every model) → until when
+        self.mirrored_at_step: dict[str, int] = {}  # an experiment that stopped mirroring → its last shadow step
 
     def apply(self, experiment: Experiment | None, experiment_id: str | None = None) -> None:
         if experiment is None:
-            if experiment_id:
-                self.by_id.pop(experiment_id, None)
+            if experiment_id and (gone := self.by_id.pop(experiment_id, None)) is not None:
+                self._stopped_mirroring(gone)
             return
-        if supersedes(experiment, self.by_id.get(experiment.experiment_id)):  # the highest version
+        before = self.by_id.get(experiment.experiment_id)
+        if supersedes(experiment, before):  # the highest version
             self.by_id[experiment.experiment_id] = experiment
+            if before is not None and _mirrors(before) and not _mirrors(experiment):
+                self._stopped_mirroring(before)
+
+    def _stopped_mirroring(self, experiment: Experiment) -> None:
+        if not _mirrors(experiment):
+            return
+        until = now_ms() + self.linger_ms
+        self.mirrored_at_step[experiment.experiment_id] = experiment.step
+        models: list[str | None] = list(experiment.match_models) or [None]
+        for model in models:
+            self.unshadowed_until[model] = max(until, self.unshadowed_until.get(model, 0))
+
+    def recently_shadowed(self, model: str | None, at_ms: int) -> bool:
+        """A shadow experiment covered the model less than `linger_ms` ago: a primary may complete a pair."""
+        for key in [k for k, until in self.unshadowed_until.items() if until <= at_ms]:
+            del self.unshadowed_until[key]
+        return model in self.unshadowed_until or None in self.unshadowed_until
 
     def step_of(self, experiment_id: str) -> int:
         experiment = self.by_id.get(experiment_id)
         return experiment.step if experiment is not None else 0
 
+    def pair_step(self, experiment_id: str) -> int:
+        """The step a pair's aggregates belong to: the experiment's own, or, once it stopped mirroring, the last
+        step it mirrored at (a pair completed after a promote was mirrored then)."""
+        experiment = self.by_id.get(experiment_id)
+        if experiment is not None and _mirrors(experiment):
+            return experiment.step
+        return self.mirrored_at_step.get(experiment_id, self.step_of(experiment_id))
+
     def may_be_shadowed(self, model: str | None) -> bool:
         """A primary is worth holding when an enabled shadow experiment covers its model."""
-        return any(
-            e.enabled and e.kind == "shadow" and e.shadow_model and (not e.match_models or model in e.match_models)
-            for e in self.by_id.values()
-        )
+        return any(_mirrors(e) and (not e.match_models or model in e.match_models) for e in self.by_id.values())
 
     def lifecycle(self) -> list[Experiment]:
         return [e for e in self.by_id.values() if e.ramp is not None and e.candidate_model and e.control_model]
+
+
+def _mirrors(experiment: Experiment) -> bool:
+    return bool(experiment.enabled and experiment.kind == "shadow" and experiment.shadow_model)
 
 
 @dataclass
@@ -105,11 +140,17 @@ class Comparator:
         if ref is None:
             await self.store.count(unjoinable=1)
             return
-        if not ref.is_shadow and not self.experiments.may_be_shadowed(result.model):
+        held = ref.is_shadow or self.experiments.may_be_shadowed(result.model)
+        if not held and not self.experiments.recently_shadowed(result.model, now_ms()):
             return
         stored = result.model_copy(update={"text": result.text[: self.max_text_chars]})
         done_id = f"{ref.primary_key}:{ref.experiment_id}" if ref.is_shadow else None
-        status, sides = await self.store.offer(ref.primary_key, ref.field, stored.to_bytes(), now_ms(), done_id)
+        # A primary of a model that was shadowed until lately joins only a shadow already waiting for it.
+        status, sides = await self.store.offer(
+            ref.primary_key, ref.field, stored.to_bytes(), now_ms(), done_id, only_if_waiting=not held
+        )
+        if status == "skip":
+            return
         if status in ("done", "dup"):
             await self.store.count(duplicate=1)
         if status == "late":
@@ -130,7 +171,7 @@ class Comparator:
         counted = await self.store.apply_once(
             "pair",
             comparison.comparison_id,
-            self.store.agg_key(experiment_id, self.experiments.step_of(experiment_id), PAIRS),
+            self.store.agg_key(experiment_id, self.experiments.pair_step(experiment_id), PAIRS),
             pair_increments(comparison),
             settle=(primary.request_key, f"s:{experiment_id}"),
         )

@@ -22,7 +22,13 @@ class RequestLink(NamedTuple):
 
 class PairStore(Protocol):
     async def offer(
-        self, primary_key: str, field: str, value: bytes, now_ms: int, done_id: str | None
+        self,
+        primary_key: str,
+        field: str,
+        value: bytes,
+        now_ms: int,
+        done_id: str | None,
+        only_if_waiting: bool = False,
     ) -> tuple[str, dict[str, bytes]]: ...
 
     async def apply_once(
