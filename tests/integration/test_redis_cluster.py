@@ -94,6 +94,22 @@ async def test_concurrent_claims_of_many_requests_share_pipelines_across_nodes(
         await _clean(cluster, namespace)
 
 
+async def test_concurrent_reads_of_a_fence_batch_into_cluster_pipelines(cluster: redis.Redis, namespace: str) -> None:
+    """`superseded` and `lapsed_claim_ms` read two keys with MGET: called at once by many requests (a worker or
+    scheduler under load) they share a cluster pipeline, where redis-py refuses a pipelined mget() even for
+    keys of one slot ("Calling pipelined function mget is blocked"): every dispatch of the batch failed."""
+    fence = RequestFence(cluster, namespace, final_ttl_s=3600, claim_lease_s=5)
+    ids = [f"req-{i}" for i in range(200)]
+    try:
+        fenced = await asyncio.gather(*(fence.supersede(i, 2) for i in ids[:100]))
+        assert set(fenced) == {Superseded.FENCED}
+        superseded = await asyncio.gather(*(fence.superseded(i, 1) for i in ids))
+        assert superseded == [True] * 100 + [False] * 100
+        assert await asyncio.gather(*(fence.lapsed_claim_ms(i) for i in ids)) == [None] * 200
+    finally:
+        await _clean(cluster, namespace)
+
+
 async def test_a_script_the_nodes_forgot_is_loaded_again(cluster: redis.Redis, namespace: str) -> None:
     """After SCRIPT FLUSH on every node, a lone call and a batch of calls still run (NOSCRIPT → load)."""
     batch = RedisBatcher(cluster)

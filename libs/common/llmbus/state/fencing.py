@@ -35,7 +35,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 import redis.asyncio as redis
 
@@ -160,7 +160,7 @@ class RequestFence:
     async def superseded(self, key: RequestKey, attempt: int) -> bool:
         """True when this attempt may no longer run: a later one was placed, or another owns the result."""
         keys = self._keys(key)
-        final, fence = await self._batch.call(lambda pipe: pipe.mget(keys))
+        final, fence = await self._batch.call(lambda pipe: _mget(pipe, keys))
         if fence is not None and int(fence) > attempt:
             return True
         return final is not None and final != f"pending:{attempt}".encode()
@@ -196,7 +196,7 @@ class RequestFence:
         claimant died or stalled between claiming and marking done, so its result may be out. None
         when there is none (no claim yet, a claim held now, or the result marked)."""
         keys = [self._keys(key)[0], self._claimed_key(key)]
-        final, claimed = await self._batch.call(lambda pipe: pipe.mget(keys))
+        final, claimed = await self._batch.call(lambda pipe: _mget(pipe, keys))
         return int(claimed) if final is None and claimed is not None else None
 
     async def restart(self, key: RequestKey) -> bool:
@@ -259,3 +259,11 @@ class _ClaimKept(contextlib.AbstractAsyncContextManager[None]):
             except Exception:  # Redis away too: try again while the lease lasts
                 log.warning("%s:%d: could not renew the claim", key, attempt, exc_info=True)
             await asyncio.sleep(fence.claim_lease_ms / 3000)
+
+
+def _mget(pipe: Any, keys: list[str]) -> Any:
+    """MGET queued on a batch's pipeline. execute_command, not mget(): a cluster pipeline refuses the named
+    method (redis-py blocks it even for keys of one slot), yet routes MGET by its keys like any command (a
+    request's keys share a hash tag: one node answers). A lone call runs on the client, where mget() works,
+    so the refusal showed only when calls overlapped, under load."""
+    return pipe.execute_command("MGET", *keys)
