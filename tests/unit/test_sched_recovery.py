@@ -76,6 +76,17 @@ def test_retry_goes_to_another_worker_then_max_attempts() -> None:
     assert second.placement.worker_id != first.placement.worker_id and second.placement.attempt == 2
     [final] = c.on_outcome(request_key("default", "r1"), 2, OutcomeStatus.RETRYABLE, failed, NOW_MS + 20)
     assert isinstance(final, FinalError) and final.error.code == ErrorCode.MAX_ATTEMPTS
+    # Attempt 2 ran (it may have streamed): its error is published as the next attempt (placement flow).
+    assert final.ran and final.request.attempt == 2
+
+
+def test_an_error_of_a_request_that_never_ran_keeps_its_attempt() -> None:
+    c = core()
+    c.on_heartbeat(hb("w1", max_num_seqs=1), NOW_MS)
+    c.submit(req(request_id="r1"), NOW_MS)
+    c.submit(req(request_id="r2", deadline_ms=NOW_MS + 100), NOW_MS)
+    [late] = c.tick(NOW_MS + 100)
+    assert isinstance(late, FinalError) and late.error.code == ErrorCode.DEADLINE_EXCEEDED and not late.ran
 
 
 def test_full_fleet_queues_then_releases_when_capacity_frees() -> None:

@@ -44,6 +44,10 @@ class PlaceAction:
 class FinalError:
     request: SchedRequest
     error: ErrorInfo
+    # The request's attempt ran on a worker (it gave up after it, or its worker was lost) and may have
+    # streamed: the error goes out as the next attempt, so that its final chunk (seq 0) cannot collide with
+    # a chunk that attempt sent, and every reader drops the attempt's text and ends on the error.
+    ran: bool = False
 
 
 Action = PlaceAction | FinalError
@@ -369,8 +373,10 @@ class SchedulerCore:
         return actions
 
     def _follow(self, decision: Retry | GiveUp, now_ms: int) -> list[Action]:
-        if isinstance(decision, GiveUp):
-            return [self._final(decision.request, decision.error)]
+        if isinstance(decision, GiveUp):  # after an attempt that ran: max attempts, an error no retry helps, lost
+            final = self._final(decision.request, decision.error)
+            final.ran = True
+            return [final]
         self.stats.retried += 1
         if decision.request.not_before_ms > now_ms:
             self.delay(decision.request, decision.request.not_before_ms)

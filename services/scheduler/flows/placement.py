@@ -319,7 +319,7 @@ class PlacementFlow:
             reply_topic=reply_topic_of(self.bus.topics, routed.request.reply_topic),
             model=routed.model,
             shadow=routed.shadow,
-            attempt=request.attempt,
+            attempt=request.attempt + 1 if action.ran else request.attempt,
             experiment_id=routed.experiment_id,
             variant=routed.variant,
             **routed.facts(),
