@@ -233,7 +233,7 @@ wait_ready() {
     if port_open && grep -q "Kafka Server started\|started (kafka.server" "$LOG_FILE" 2>/dev/null; then
       log "ready on 127.0.0.1:$PORT"; return 0
     fi
-    if ! running_pid >/dev/null; then log "broker exited; see $LOG_FILE"; tail -20 "$LOG_FILE" >&2 || true; return 1; fi
+    if ! pid_alive "$PID_FILE"; then log "broker exited; see $LOG_FILE"; tail -20 "$LOG_FILE" >&2 || true; return 1; fi
     sleep 0.5
   done
   log "not ready after ${READY_TIMEOUT_S}s; see $LOG_FILE"; return 1

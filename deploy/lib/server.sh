@@ -22,6 +22,15 @@ pid_running() {
   [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q -- "$2" && echo "$pid"
 }
 
+# pid_alive PID_FILE: the pid file's process still exists. What a start waits on: a broker just started may
+# show no command line for a moment while its shell execs the JVM (seen under load: `pid_running` said
+# "exited" at once while the broker went on to start), and a pid is not reused within a start's wait.
+pid_alive() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
 # stop_pid PID GRACE_S: SIGTERM, SIGKILL after GRACE_S seconds; returns 1 when it had to kill.
 stop_pid() {
   local pid=$1 grace_s=$2 i  # not `_`: bash sets $_ to each command's last argument

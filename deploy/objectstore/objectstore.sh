@@ -96,7 +96,7 @@ wait_ready() {
   local deadline=$((SECONDS + READY_TIMEOUT_S))
   while [ $SECONDS -lt $deadline ]; do
     if port_open "$PORT" && port_open "$METRICS_PORT"; then log "ready on 127.0.0.1:$PORT (metrics :$METRICS_PORT)"; return 0; fi
-    if ! running_pid >/dev/null; then log "server exited; see $LOG_FILE"; tail -20 "$LOG_FILE" >&2 || true; return 1; fi
+    if ! pid_alive "$PID_FILE"; then log "server exited; see $LOG_FILE"; tail -20 "$LOG_FILE" >&2 || true; return 1; fi
     sleep 0.1
   done
   log "not ready after ${READY_TIMEOUT_S}s; see $LOG_FILE"; return 1
