@@ -6,9 +6,10 @@ the test sent and those the service published) to the bindings that read its top
 same decoding, retries and error paths as the real runtime (ServiceRuntime.record_handler, a
 subscription's `on_error` or Bus.dead_letter). Its start runs the service's start-up jobs of every
 phase (a start-up table is read from the log) and consumes nothing: records are delivered by
-`drain`; timers and tasks do not run (a test calls what they would). For fast unit tests of
-handlers; partitions, groups, offsets and redelivery after a crash are the real broker's and are
-tested against it.
+`drain`; timers and tasks do not run (a test calls what they would). A tail (`tail`: a gateway's
+reply topic) gets every record written to its topic after its start, as it is written. For fast
+unit tests of handlers; partitions, groups, offsets and redelivery after a crash are the real
+broker's and are tested against it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from llmbus.bus.consumer import StopService
 from llmbus.bus.producer import Delivery, Publisher
 from llmbus.bus.runtime import Bus
 from llmbus.bus.service import Binding, Phase, ServiceRuntime, transient
+from llmbus.bus.tail import TopicTail
 from llmbus.contract.declarations import Contract
 from llmbus.contract.messages import Message
 from llmbus.contract.topics import Topics, TopicSpec
@@ -41,6 +43,7 @@ class MemoryLog:
     records: list[ConsumerRecord] = field(default_factory=list)
     waiting: list[ConsumerRecord] = field(default_factory=list)
     spies: dict[str, list[tuple[type[Message], list[Any]]]] = field(default_factory=dict)
+    tails: dict[str, list[asyncio.Queue[ConsumerRecord]]] = field(default_factory=dict)
     _offsets: dict[str, int] = field(default_factory=dict)
 
     def append(self, topic: str, value: bytes | None, key: str | None, headers: hdr.KafkaHeaders) -> None:
@@ -65,6 +68,37 @@ class MemoryLog:
         self.waiting.append(record)
         for model, seen in self.spies.get(topic, ()):
             seen.append(decode(record, model))
+        for tail in self.tails.get(topic, ()):
+            tail.put_nowait(record)
+
+
+class MemoryTail(TopicTail):
+    """TopicTail on the in-memory log: every record written to its topic after `start`, nothing committed."""
+
+    def __init__(self, log: MemoryLog, settings: BusSettings, topic: str) -> None:  # no consumer
+        self.log = log
+        self.settings = settings
+        self.topic = topic
+        self.written: asyncio.Queue[ConsumerRecord] = asyncio.Queue()
+
+    async def start(self) -> TopicTail:
+        self.log.tails.setdefault(self.topic, []).append(self.written)
+        return self
+
+    async def records(self, timeout_s: float) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while (remaining := deadline - loop.time()) > 0:
+            try:
+                record = await asyncio.wait_for(self.written.get(), remaining)
+            except TimeoutError:
+                return
+            yield record  # type: ignore[misc]  # as TopicTail's: the record
+
+    async def stop(self) -> None:
+        tails = self.log.tails.get(self.topic, [])
+        if self.written in tails:
+            tails.remove(self.written)
 
 
 class MemoryPublisher(Publisher):
@@ -147,6 +181,9 @@ class MemoryRuntime(ServiceRuntime):
 
     async def ensure_topics(self, topics: list[tuple[str, TopicSpec]]) -> None:
         return None  # every topic exists in memory
+
+    def tail(self, name: str, **names: str) -> TopicTail:
+        return MemoryTail(self.log, self.settings, self._tail_topic(name, names))
 
     async def read_since(self, name: str, since_ms: int, timeout_s: float) -> list[Any]:
         reads = self._at_start(name)

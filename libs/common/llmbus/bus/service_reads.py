@@ -58,12 +58,15 @@ class ServiceReads:
     def tail(self, name: str, **names: str) -> TopicTail:
         """The declared group-less read from the log's end `name` (a reply topic), not yet started:
         every record written after its start, nothing committed; its owner starts and stops it."""
+        return TopicTail(self.settings, self._tail_topic(name, names))
+
+    def _tail_topic(self, name: str, names: dict[str, str]) -> str:
         reads = self.contract.subscription(name)
         binding = Binding(reads, unbound, names=names)
         if reads.group is not None or reads.from_earliest:
             raise ValueError(f"{name!r} is not a group-less read from the log's end")
         [topic] = binding.topic_names(self.topics)
-        return TopicTail(self.settings, topic)
+        return topic
 
     def _at_start(self, name: str) -> Reads:
         reads = self.contract.subscription(name)
