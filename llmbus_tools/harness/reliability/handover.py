@@ -65,7 +65,7 @@ class HandoverRun:
     handover_grace_s: float
     gaps_ms: list[int] = field(default_factory=list)  # the client's wait at each handover
     drain_s: dict[str, float] = field(default_factory=dict)  # scaled-down worker -> SIGTERM to exit
-    handed_over: int = 0  # answers continued after a drain
+    handed_over: int = 0  # answers cut on a scaled-down worker and continued elsewhere
 
 
 @contextlib.contextmanager
@@ -160,12 +160,22 @@ async def scale_down_under_load(
                 )
             finally:
                 await answers.stop()
-            run.gaps_ms = streams.gaps_ms.get("drained", [])
-            run.handed_over = streams.legs.get("drained", 0)
+            # Counted by the worker the cut leg ran on, not by the cause its result records: the drained worker's
+            # handed_back outcomes and its STOPPED heartbeat (sent after them) come to the scheduler on two topics,
+            # and when it reads STOPPED first (seen with the stack on one loaded core: 21 of 22 cuts) it places the
+            # answers again as worker_lost; each is still cut mid-stream by the drain and continued elsewhere.
+            # That the workers drained rather than died is their exit: by themselves, before the SIGKILL.
+            drained = set(exits)
+            run.gaps_ms = [gap for name in sorted(drained) for gap in streams.gaps_on.get(name, [])]
+            run.handed_over = sum(streams.cut_on.get(name, 0) for name in drained)
             run.drain_s = {name: round(seconds, 2) for name, seconds in zip(exits, drains, strict=True)}
             if not run.handed_over:
                 run.outcome.effect_problems.append(
                     "no answer was handed over mid-stream: the scale-down tested nothing"
+                )
+            if killed := sorted(name for name, seconds in run.drain_s.items() if seconds >= spec.stop_grace_s):
+                run.outcome.effect_problems.append(
+                    f"{killed} did not exit within the stop grace ({spec.stop_grace_s:.0f} s): SIGKILLed, not drained"
                 )
         finally:
             supervisor.cancel()

@@ -65,6 +65,8 @@ class Streams:
     # why a leg ended → the client's wait at each such cut: its next leg's first chunk less the cut leg's last
     # chunk (record timestamps, ms)
     gaps_ms: dict[str, list[int]] = field(default_factory=dict)
+    cut_on: dict[str, int] = field(default_factory=dict)  # the worker a cut leg ran on → how many
+    gaps_on: dict[str, list[int]] = field(default_factory=dict)  # the waits of gaps_ms by the cut leg's worker
 
     async def settle(self, result_ids: set[str], timeout_s: float) -> None:
         return None  # judged on what the audit read: the answers are in
@@ -94,10 +96,13 @@ class Streams:
                 self.continued += 1
                 for leg, after in zip(result.legs, result.legs[1:], strict=False):
                     self.legs[leg.ended.value] = self.legs.get(leg.ended.value, 0) + 1
+                    worker = leg.worker_id or "unknown"
+                    self.cut_on[worker] = self.cut_on.get(worker, 0) + 1
                     last = written_ms.get((*key, leg.attempt, after.first_seq - 1))
                     first = written_ms.get((*key, after.attempt, after.first_seq))
                     if last is not None and first is not None:
                         self.gaps_ms.setdefault(leg.ended.value, []).append(first - last)
+                        self.gaps_on.setdefault(worker, []).append(first - last)
         if not self.continued:
             problems.append("no answer was continued: the faults cut none mid-stream, the scenario tested nothing")
         notes = [
