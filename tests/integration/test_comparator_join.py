@@ -13,6 +13,7 @@ from llmbus.contract.messages import (
     ErrorCode,
     ErrorInfo,
     Experiment,
+    ExperimentState,
     Feedback,
     InferenceResult,
     RampPlan,
@@ -21,7 +22,7 @@ from llmbus.contract.messages import (
     Usage,
     now_ms,
 )
-from llmbus.domain.lifecycle import create, next_version, to_step
+from llmbus.domain.lifecycle import create, next_version, to_step, with_state
 from llmbus_services.shadow_comparator.adapters.store import ComparatorStore
 from llmbus_services.shadow_comparator.core.aggregates import PAIRS, PairStats, VariantStats
 from llmbus_services.shadow_comparator.core.comparator import Comparator, ExperimentView
@@ -150,6 +151,44 @@ async def test_a_pair_mirrored_before_a_promote_is_still_compared_after_it(clien
     held = await redis_keys(client, h.store.key("pair", "*"))
     assert held and all("in-flight" in str(key) for key in held), held  # the never-mirrored primary is not held
     assert not view.recently_shadowed("ctrl", now_ms() + view.linger_ms + 1)
+
+
+async def test_a_pair_the_router_mirrored_is_compared_once_in_either_order_after_a_rollback_and_restarts(
+    client: redis.Redis, namespace: str
+) -> None:
+    """The comparator reads llm.results behind llm.experiments: the rollback it decided is applied at once,
+    while results of requests mirrored before it are still to be read, primary or shadow first, and it may
+    restart in between (its view then rebuilt from llm.experiments alone). A primary whose result says the
+    router mirrored it is held whatever the view: each such pair is compared once; a primary not mirrored
+    is not held."""
+    view = shadow_view()
+    first = Harness(client, namespace, view)
+    shadowed = view.by_id["exp"]
+    rolled_back = next_version(shadowed, with_state(shadowed, ExperimentState.ROLLED_BACK))
+    mirrored: dict[str, Any] = {"shadowed_by": ["exp"]}
+    await first.comparator.on_result(res("before", **mirrored))  # read before the rollback
+    view.apply(rolled_back)
+    assert not view.may_be_shadowed("ctrl")
+    await first.comparator.on_result(res("primary-first", **mirrored))
+    await first.comparator.on_result(res("shadow-first.shadow.exp", shadow=True))
+    await first.comparator.on_result(res("not-mirrored", shadowed_by=[]))
+    # SIGKILL; the new process knows the experiment only as rolled back (no linger), and reads again
+    # what was not committed.
+    restarted = ExperimentView()
+    restarted.apply(rolled_back)
+    second = Harness(client, namespace, restarted)
+    await second.comparator.on_result(res("primary-first", **mirrored))  # redelivered
+    await second.comparator.on_result(res("primary-first.shadow.exp", shadow=True))
+    await second.comparator.on_result(res("shadow-first", **mirrored))
+    await second.comparator.on_result(res("before.shadow.exp", shadow=True))
+    third = Harness(client, namespace, restarted)
+    for record in [res("primary-first.shadow.exp", shadow=True), res("shadow-first", **mirrored)]:
+        await third.comparator.on_result(record)  # redelivered once more after another crash
+    published = [c.comparison_id for c in first.published + second.published + third.published]
+    assert sorted(published) == ["t:before:exp", "t:primary-first:exp", "t:shadow-first:exp"]
+    assert (await pair_stats(first)).n == 3
+    held = await redis_keys(client, first.store.key("pair", "*"))
+    assert not any("not-mirrored" in str(key) for key in held), held
 
 
 async def test_ab_results_costs_and_feedback_join_by_request_id_once(client: redis.Redis, namespace: str) -> None:

@@ -74,6 +74,7 @@ async def test_a_routed_request_carries_its_tier_and_user() -> None:
         "tier": "strong",
         "route_reason": "rule:complexity_high",
         "release": None,
+        "shadowed_by": [],  # no shadow experiment mirrored it
     }
 
 
@@ -126,6 +127,9 @@ async def test_a_shadow_copy_carries_the_shadow_models_tier() -> None:
     out = await core(experiments=book).route(ask())
     [shadow] = out.shadows
     assert shadow.tier == "sim" and shadow.user_ref == "alice" and shadow.facts()["session_id"] == "s-1"
+    # the primary's result says it was mirrored (the comparator holds it for the copy's result)
+    assert out.routed is not None and out.routed.facts()["shadowed_by"] == ["sh"]
+    assert shadow.shadowed_by is None
 
 
 def test_coalesced_followers_carry_their_own_facts() -> None:
@@ -147,7 +151,12 @@ def dispatch_record(routed: RoutedRequest) -> ConsumerRecord:
 
 
 ROUTED = RoutedRequest(
-    request=ask(request_id="r1", max_tokens=4), model="m", route_reason="rule:x", tier="small", user_ref="h"
+    request=ask(request_id="r1", max_tokens=4),
+    model="m",
+    route_reason="rule:x",
+    tier="small",
+    user_ref="h",
+    shadowed_by=["sh"],
 )
 
 
@@ -156,13 +165,13 @@ async def test_the_workers_result_and_error_result_carry_the_facts() -> None:
     await handlers.on_dispatch(dispatch_record(ROUTED))
     [ok] = publisher.of(InferenceResult)
     assert ok.status == ResultStatus.OK and facts_of(ok) == ("s-1", "h", "chat", "small")
-    assert ok.route_reason == "rule:x"
+    assert ok.route_reason == "rule:x" and ok.shadowed_by == ["sh"]
 
     handlers, publisher = worker(ScriptedEngine(upstream_error(400, "bad request")))
     await handlers.on_dispatch(dispatch_record(ROUTED))
     [failed] = publisher.of(InferenceResult)
     assert failed.status == ResultStatus.ERROR and facts_of(failed) == ("s-1", "h", "chat", "small")
-    assert failed.route_reason == "rule:x"
+    assert failed.route_reason == "rule:x" and failed.shadowed_by == ["sh"]
 
 
 async def test_the_routers_unroutable_and_refused_answers_carry_the_facts() -> None:

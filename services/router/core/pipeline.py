@@ -299,7 +299,12 @@ class RouterCore:
                 leader_id = await self.coalescer.join(key, routed)
                 if leader_id is not None:
                     return RouteOutcome(parked_behind=leader_id)
-        return RouteOutcome(routed=routed, shadows=self._shadows(routed))
+        shadows = self._shadows(routed)
+        # The primary's result names the experiments that mirrored it, so the comparator holds it for their
+        # copies whatever it has read of those experiments since (a copy whose id was hashed joins nothing).
+        joinable = [e for s in shadows if (e := s.experiment_id) and s.request_id.endswith(f".shadow.{e}")]
+        routed = routed.model_copy(update={"shadowed_by": joinable})
+        return RouteOutcome(routed=routed, shadows=shadows)
 
     def _adapter_as_model(self, request: InferenceRequest) -> InferenceRequest:
         """`model` = base and `adapter` = a LoRA adapter of it is the same request as `model` = the adapter."""

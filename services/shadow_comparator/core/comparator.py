@@ -1,12 +1,13 @@
 """The comparator's work per record, over its store (core/ports.py); publishing is the caller's (no broker here).
 
-- results: a shadow result or a primary the shadow experiments may have mirrored is offered
-  to the join; each completed pair becomes a Comparison and counts once in its experiment's
-  pair aggregates. An A/B result counts once in its variant's aggregates and is linked to its
-  (experiment, step, variant) and its tenant, so costs and feedback arriving later join it by
-  request key (tenant and request id, llmbus.contract.request_key: two tenants' requests with the same id
-  are two requests, two pairs); feedback counts only when it comes from that tenant (a tenant that
-  learns another's request id cannot pre-empt its feedback: the foreign one takes no once-only mark).
+- results: a shadow result or a primary the router mirrored (its `shadowed_by`; a result that does not
+  say: one the shadow experiments may have mirrored) is offered to the join; each completed pair becomes a
+  Comparison and counts once in its experiment's pair aggregates. An A/B result counts once in its
+  variant's aggregates and is linked to its (experiment, step, variant) and its tenant, so costs and
+  feedback arriving later join it by request key (tenant and request id, llmbus.contract.request_key:
+  two tenants' requests with the same id are two requests, two pairs); feedback counts only when it
+  comes from that tenant (a tenant that learns another's request id cannot pre-empt its feedback: the
+  foreign one takes no once-only mark).
 - sweep: pairs past their TTL are removed and counted (missing primary, unshadowed primary).
 - decide: one verdict per lifecycle experiment from its current step's aggregates.
 """
@@ -56,7 +57,8 @@ class ExperimentView:
 
     A shadow experiment that stops mirroring (its ramp promoted past 0 %: it becomes an A/B one; stopped;
     deleted) still has pairs in flight: shadows sent before the change whose primaries come after it. Its
-    models stay `recently_shadowed` for `linger_ms` (the pairs' TTL), so those primaries still complete them.
+    models stay `recently_shadowed` for `linger_ms` (the pairs' TTL), so those primaries still complete them
+    (a primary whose result names the experiments that mirrored it, `shadowed_by`, is held whatever this says).
     """
 
     def __init__(self, linger_ms: int = 600_000) -> None:
@@ -140,12 +142,12 @@ class Comparator:
         if ref is None:
             await self.store.count(unjoinable=1)
             return
-        held = ref.is_shadow or self.experiments.may_be_shadowed(result.model)
-        if not held and not self.experiments.recently_shadowed(result.model, now_ms()):
+        held = ref.is_shadow or self._held(result)
+        if not held and not self._may_complete(result):
             return
         stored = result.model_copy(update={"text": result.text[: self.max_text_chars]})
         done_id = f"{ref.primary_key}:{ref.experiment_id}" if ref.is_shadow else None
-        # A primary of a model that was shadowed until lately joins only a shadow already waiting for it.
+        # A primary not held (not mirrored, or shadowed until lately) joins only a shadow already waiting for it.
         status, sides = await self.store.offer(
             ref.primary_key, ref.field, stored.to_bytes(), now_ms(), done_id, only_if_waiting=not held
         )
@@ -162,6 +164,21 @@ class Comparator:
         for name, raw in sides.items():
             if name.startswith("s:"):
                 await self._pair(name.removeprefix("s:"), primary, InferenceResult.model_validate_json(raw))
+
+    def _held(self, primary: InferenceResult) -> bool:
+        """A primary is held until its shadows' results join it: the router said it mirrored it (exact, whenever
+        it is read: the experiment may have stopped mirroring since, this comparator may have restarted), or,
+        when its result does not say (a router from before `shadowed_by`), an enabled shadow experiment covers
+        its model as this comparator reads llm.experiments now."""
+        if primary.shadowed_by is not None:
+            return bool(primary.shadowed_by)
+        return self.experiments.may_be_shadowed(primary.model)
+
+    def _may_complete(self, primary: InferenceResult) -> bool:
+        """A primary not held may still complete a shadow already waiting for it: one its model's experiment
+        mirrors now, or mirrored until lately."""
+        model = primary.model
+        return self.experiments.may_be_shadowed(model) or self.experiments.recently_shadowed(model, now_ms())
 
     async def _pair(self, experiment_id: str, primary: InferenceResult, shadow: InferenceResult) -> None:
         comparison = compare(experiment_id, primary, shadow)

@@ -209,6 +209,7 @@ class RequestFacts(TypedDict):
     tier: str | None
     route_reason: str | None
     release: ReleaseContext | None
+    shadowed_by: list[str] | None
 
 
 class RoutedRequest(Message):
@@ -261,6 +262,12 @@ class RoutedRequest(Message):
         description="Attempts it had under earlier models of its chain (a fallback): its first placement here is "
         "attempt attempts_before + 1, so attempt numbers stay unique on its reply topic.",
     )
+    shadowed_by: list[str] | None = Field(
+        default=None,
+        description="The shadow experiments the router mirrored this request to (its result carries them: the "
+        "shadow-comparator holds that result for their copies); [] none; None: not said (a cache hit, a router "
+        "from before this field).",
+    )
 
     @property
     def request_id(self) -> str:
@@ -297,6 +304,7 @@ class RoutedRequest(Message):
             tier=self.tier,
             route_reason=route_reason or self.route_reason,
             release=self.release,
+            shadowed_by=self.shadowed_by,
         )
 
 
@@ -420,6 +428,11 @@ class InferenceResult(WithGenAi):
     tier: str | None = Field(default=None, description="Tier of the model the router chose; None if none was.")
     release: ReleaseContext | None = Field(
         default=None, description="The release it ran under: upgrade id, version, previous version, stage."
+    )
+    shadowed_by: list[str] | None = Field(
+        default=None,
+        description="The shadow experiments its request was mirrored to (RoutedRequest.shadowed_by): the "
+        "shadow-comparator holds this result until their copies' results join it; [] none; None: not said.",
     )
 
     @property
