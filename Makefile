@@ -18,7 +18,7 @@ export KAFKA_DATA_DIR := $(HOME)/.cache/llmbus/kafka-data-secured
 export LLMBUS_STACK_AUTH := 1
 endif
 .PHONY: help setup infra up down demo test test-unit test-integration lint schemas schemas-check schemas-release bench plan \
-        readme-check compose-check compose-up compose-smoke compose-down clean reliability reliability-cluster soak test-long test-analytics bench-autoscaler bench-peer test-security gpu-check
+        readme-check compose-check compose-up compose-smoke compose-down clean reliability reliability-cluster soak test-long test-analytics bench-autoscaler bench-peer bench-hops test-security gpu-check
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -134,6 +134,11 @@ bench-autoscaler: setup ## the autoscaler's benchmark alone: three traces on tid
 PEER_ARGS ?=
 bench-peer: setup ## llmbus vs TensorZero, LiteLLM and the upstream itself (own broker+Redis; peers in venvs under ~/.cache/llmbus/peer) → bench/reports/peer.*
 	@$(PY) -m bench.peer_bench $(PEER_ARGS)
+
+# HOPS_ARGS: e.g. --requests 1000, --infra private (a broker and Redis of its own instead of the running ones).
+HOPS_ARGS ?=
+bench-hops: infra ## the llmbus path's first token at c=1 hop by hop, from Kafka record timestamps → bench/reports/peer_hops.*
+	@$(PY) -m bench.peer_hops $(HOPS_ARGS)
 
 # Not on `setup`: that installs the CPU build of vLLM. scripts/gpu_check.sh checks for a GPU first (exit 2 without
 # one, nothing installed), installs vLLM's GPU build at the tested release (LLMBUS_VLLM=gpu scripts/setup.sh), then

@@ -93,14 +93,17 @@ class Connection:
             self._writer.close()
             self._writer = None
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str], timeout_s: float) -> tuple[float, _Response]:
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str], timeout_s: float, response: _Response | None = None
+    ) -> tuple[float, _Response]:
+        """(perf_counter at the send, the response); `response`: one of a subclass (its own callbacks)."""
         if self._writer is None or self._writer.is_closing():
             await self._open()
         assert self._reader is not None and self._writer is not None
         head = f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\ncontent-type: application/json\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
         head += f"content-length: {len(body)}\r\n\r\n"
-        response = _Response()
+        response = _Response() if response is None else response
         parser = httptools.HttpResponseParser(response)
         started = time.perf_counter()
         self._writer.write(head.encode() + body)

@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 
-from bench import peer_profile, peer_upstream, peer_venvs
+from bench import peer_hops, peer_profile, peer_upstream, peer_venvs
 from bench.peer_inference_perf import config as inference_perf_config
 from bench.peer_inference_perf import summarise as summarise_inference_perf
 from bench.peer_load import Sample, closed_loop
@@ -313,3 +313,29 @@ def test_monitor_lines_are_counted_by_the_service_that_sent_them() -> None:
         "router evalsha llmbus:<ns>router:bucket:acme": 1,
         "lua hmget llmbus:<ns>router:bucket:acme": 1,
     }
+
+
+def test_hops_are_record_times_less_the_last_stage_s_over_the_requests_every_stage_saw() -> None:
+    stages = ("requests", "routed", "dispatch", "chunk", "result")
+    sent = [peer_hops.Sent(f"r{i}", 1000.0 * i, 1000.0 * i + 20.0, None) for i in range(3)]
+    sent.append(peer_hops.Sent("r3", 3000.0, None, "HTTP 503"))
+    times = {stage: {f"r{i}": 1000.0 * i + 3.0 * (k + 1) + i for i in range(4)} for k, stage in enumerate(stages)}
+    del times["routed"]["r2"]  # a request a stage missed is left out
+    rows, end_to_end, matched = peer_hops.hop_table(sent, times)
+    assert matched == 2 and end_to_end == [20.0, 20.0]
+    assert [(r["hop"], r["p50"]) for r in rows] == [
+        ("gateway", 3.0),  # nearest rank of [3, 4]
+        ("router", 3.0),
+        ("scheduler", 3.0),
+        ("worker", 3.0),
+        ("gateway reply", 7.0),  # 20 - 12 - i
+        ("(after: result)", 3.0),
+    ]
+
+
+async def test_the_hops_client_keeps_wall_clock_times_in_order(upstream_url: str) -> None:
+    target = Target("upstream direct", upstream_url, "det", {})
+    before_ms = time.time() * 1000
+    sent = await peer_hops.one_at_a_time(target, 5, 16, "t")
+    assert all(s.error is None and s.request_id is None for s in sent)  # the upstream sends no x-request-id
+    assert all(before_ms <= s.sent_ms < s.first_token_ms <= time.time() * 1000 for s in sent)  # type: ignore[operator]
