@@ -73,9 +73,6 @@ class MemoryFence:
     def __init__(self) -> None:
         self.final: dict[str, str] = {}
 
-    async def mark_started(self, request_id: str, attempt: int) -> None:
-        await asyncio.sleep(0)
-
     async def superseded(self, request_id: str, attempt: int) -> bool:
         await asyncio.sleep(0)
         return request_id in self.final and self.final[request_id] != f"pending:{attempt}"

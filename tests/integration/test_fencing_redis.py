@@ -69,12 +69,3 @@ async def test_markers_are_bounded_in_time(client: redis.Redis, fence: RequestFe
     assert 0 < await client.ttl(final_key) <= 3600 and 0 < await client.ttl(fence_key) <= 3600
     # The shared markers take their TTL from settings (LLMBUS_FINAL_MARKER_TTL_S), a day by default.
     assert dispatch_markers(client, "x.").final_ttl_s == BusSettings().final_marker_ttl_s <= 24 * 3600
-
-
-async def test_start_markers_say_which_retries_a_worker_started(client: redis.Redis, fence: RequestFence) -> None:
-    assert await fence.started_attempts("r7") == set()
-    for attempt in (2, 3, 9):
-        await fence.mark_started("r7", attempt)
-    await fence.mark_started("r7", 3)  # a redelivered Dispatch of attempt 3 started again
-    assert await fence.started_attempts("r7") == {2, 3, 9}
-    assert 0 < await client.ttl(fence._started_key("r7")) <= 3600  # bounded like the fence

@@ -17,7 +17,6 @@ from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from llmbus.contract.messages import (
     Dispatch,
-    EarlierAttempt,
     ErrorCode,
     ErrorInfo,
     InferenceRequest,
@@ -37,7 +36,7 @@ from llmbus_services.scheduler.adapters.store import PlacementStore
 from llmbus_services.scheduler.app import build_core
 from llmbus_services.scheduler.config import SchedulerSettings
 from llmbus_services.scheduler.core.scheduler import FinalError
-from llmbus_services.scheduler.core.types import Placement, SchedRequest
+from llmbus_services.scheduler.core.types import SchedRequest
 from llmbus_services.scheduler.flows import SchedulerHandlers
 from llmbus_services.scheduler.flows.placement import RETRY_PLACE_MS
 from tests.support import redis_keys, until
@@ -387,49 +386,3 @@ async def test_final_errors_go_out_together_outside_the_lock(client: redis.Redis
     assert sorted(r.request_id for r in slow.of(InferenceResult)) == sorted(f"q{i}" for i in range(20))
     assert locked_s < ack_s, f"the lock was held {locked_s:.2f} s while the errors were sent"
     assert took_s < 10 * ack_s, f"{took_s:.2f} s for 20 errors: sent one after another"
-
-
-async def _lost_third_attempt(handlers: SchedulerHandlers, request_id: str) -> FinalError:
-    """The core's max_attempts error for `request_id`: attempt 1 on w1, 2 on w2 and 3 on w3, each lost with its
-    worker (SIGKILLed one after another); attempt 3 the last one `max_attempts` (3) allows."""
-    await add_worker(handlers, "w1")
-    request = SchedRequest.from_routed(RoutedRequest.model_validate_json(routed_record(request_id).value), 1, 16, 0)
-    request.attempt = 3
-    request.excluded_workers = {"w1", "w2"}
-    request.earlier = [EarlierAttempt(attempt=n, worker_id=f"w{n}", ended=ErrorCode.WORKER_LOST) for n in (1, 2)]
-    lost = Placement(request_id, 3, "w3", "m", 1, now_ms(), request)
-    error = ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, "3 attempts failed; last on w3: worker_lost no heartbeat")
-    return FinalError(request, error, ran=True, lost=lost)
-
-
-async def test_a_max_attempts_error_after_a_retry_lost_unstarted_places_the_request_again(
-    client: redis.Redis, namespace: str
-) -> None:
-    """sigkill_sampled_workers (long): attempt 3's worker was SIGKILLed while the attempt still waited there (its
-    answer so far being read back). It never ran, so it does not count: attempt 4 goes out, no error."""
-    handlers = make_handlers(client, namespace)
-    await handlers.fence.mark_started("default:r9", 2)  # attempt 2 ran on w2 (its start marker)
-    final = await _lost_third_attempt(handlers, "r9")
-    async with handlers._lock:
-        await handlers._publish([final])
-    while handlers._later:  # the error's task, then the Dispatch's it starts
-        await asyncio.wait_for(asyncio.gather(*handlers._later), 10)
-    assert not publisher(handlers).of(InferenceResult)
-    [dispatch] = publisher(handlers).of(Dispatch)
-    assert (dispatch.attempt, dispatch.worker_id) == (4, "w1")
-    assert [e.attempt for e in dispatch.earlier] == [1, 2, 3]
-    assert await handlers.fence.superseded("default:r9", 3), "attempt 3 fenced off before attempt 4 went out"
-
-
-async def test_a_max_attempts_error_after_retries_that_ran_stands(client: redis.Redis, namespace: str) -> None:
-    handlers = make_handlers(client, namespace)
-    for attempt in (2, 3):
-        await handlers.fence.mark_started("default:r10", attempt)
-    final = await _lost_third_attempt(handlers, "r10")
-    async with handlers._lock:
-        await handlers._publish([final])
-    while handlers._later:
-        await asyncio.wait_for(asyncio.gather(*handlers._later), 10)
-    assert not publisher(handlers).of(Dispatch)
-    [result] = publisher(handlers).of(InferenceResult)
-    assert result.error is not None and result.error.code == ErrorCode.MAX_ATTEMPTS and result.attempt == 4

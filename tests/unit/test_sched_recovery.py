@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from llmbus.contract.messages import EarlierAttempt, ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
+from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
 from llmbus.contract.request_key import request_key
-from llmbus.state.fencing import attempts_of
 from llmbus_services.scheduler.core.pipeline import Pipeline
 from llmbus_services.scheduler.core.recovery import Done, GiveUp, RecoveryPolicy, Retry
 from llmbus_services.scheduler.core.scheduler import CoreConfig, FinalError, PlaceAction, SchedulerCore
@@ -244,83 +243,3 @@ def test_a_restarted_worker_ids_earlier_requests_are_placed_again_at_once() -> N
     assert (earlier.attempt, earlier.worker_id, earlier.ended) == (1, lost_on, ErrorCode.WORKER_LOST)
     # a heartbeat of the same process, or one replayed at the scheduler's start, changes nothing
     assert c.on_heartbeat(hb(lost_on, started_at_ms=NOW_MS + 500, sent_at_ms=NOW_MS + 700), NOW_MS + 700) == []
-
-
-def _restart(c: SchedulerCore, worker: str, at_ms: int) -> list:
-    """`worker` SIGKILLed and started again: its new process's first heartbeat."""
-    return c.on_heartbeat(hb(worker, started_at_ms=at_ms - 100, sent_at_ms=at_ms), at_ms)
-
-
-def test_retries_lost_before_their_workers_started_them_do_not_use_up_max_attempts() -> None:
-    """sigkill_sampled_workers (long): attempt 1 streamed on w1 and was cut by its SIGKILL; attempt 2 went to w2
-    and attempt 3 to w3, each still queued there (its answer so far being read back) when that worker was
-    SIGKILLed too. Only attempt 1 ran: the request is placed again, not ended with max_attempts."""
-    c = core(max_attempts=3, heartbeat_timeout_ms=5000)
-    c.tick(NOW_MS)
-    for worker in ("w1", "w2", "w3"):
-        c.on_heartbeat(hb(worker), NOW_MS)
-    [first] = c.submit(req(request_id="r1"), NOW_MS)
-    assert isinstance(first, PlaceAction)
-    order = [first.placement.worker_id]
-    at = NOW_MS
-    for attempt in (2, 3):
-        at += 1000
-        [again] = [a for a in _restart(c, order[-1], at) if isinstance(a, PlaceAction)]
-        assert again.placement.attempt == attempt and again.placement.worker_id not in order
-        order.append(again.placement.worker_id)
-    at += 1000
-    [final] = _restart(c, order[-1], at)
-    assert isinstance(final, FinalError) and final.error.code == ErrorCode.MAX_ATTEMPTS
-    assert final.lost is not None and final.lost.attempt == 3  # the flow asks whether its worker started it
-    # The start markers: attempts 2 and 3 never started (attempt 1 is never marked, and always counts).
-    actions = c.retry_unstarted(final.lost, {2, 3}, at)
-    assert actions is not None
-    [placed] = actions
-    assert isinstance(placed, PlaceAction) and placed.placement.attempt == 4
-    assert placed.request.unstarted_losses == 2
-    # A worker that never started it did not fail it: not excluded (w3, restarted, may take it again).
-    assert placed.request.excluded_workers == {order[0], order[1]}
-    assert [e.attempt for e in placed.request.earlier] == [1, 2, 3]
-    assert c.stats.final_errors.get(ErrorCode.MAX_ATTEMPTS.value, 0) == 0
-    # Attempt 4's worker is lost too: 2 attempts counted (1 and 4) of 3, so it goes on as attempt 5.
-    at += 1000
-    [fifth] = [a for a in _restart(c, placed.placement.worker_id, at) if isinstance(a, PlaceAction)]
-    assert fifth.placement.attempt == 5
-
-
-def test_a_lost_retry_that_its_worker_started_still_ends_with_max_attempts() -> None:
-    c = core(max_attempts=2, heartbeat_timeout_ms=5000)
-    c.tick(NOW_MS)
-    for worker in ("w1", "w2"):
-        c.on_heartbeat(hb(worker), NOW_MS)
-    [first] = c.submit(req(request_id="r1"), NOW_MS)
-    assert isinstance(first, PlaceAction)
-    [again] = [a for a in _restart(c, first.placement.worker_id, NOW_MS + 1000) if isinstance(a, PlaceAction)]
-    [final] = _restart(c, again.placement.worker_id, NOW_MS + 2000)
-    assert isinstance(final, FinalError) and final.lost is not None
-    assert c.retry_unstarted(final.lost, set(), NOW_MS + 2000) is None  # attempt 2 started: the error stands
-    assert c.stats.final_errors[ErrorCode.MAX_ATTEMPTS.value] == 1
-
-
-def test_unstarted_losses_are_forgiven_at_most_max_attempts_times() -> None:
-    policy = RecoveryPolicy(max_attempts=2)
-    request = req(attempt=5)
-    request.unstarted_losses = 2
-    request.earlier = [EarlierAttempt(attempt=n, worker_id="w1", ended=ErrorCode.WORKER_LOST) for n in range(1, 5)]
-    lost = Placement("r1", 5, "w2", "m", 10, NOW_MS, request)
-    decision = policy.retry_unstarted(lost, {2, 3, 4, 5})
-    assert isinstance(decision, GiveUp) and decision.error.code == ErrorCode.MAX_ATTEMPTS
-
-
-def test_a_give_up_after_an_outcome_names_no_lost_placement() -> None:
-    decision = RecoveryPolicy(max_attempts=1).on_outcome(
-        placement(1), OutcomeStatus.RETRYABLE, ErrorInfo.of(ErrorCode.ENGINE_FAILED, "x")
-    )
-    assert isinstance(decision, GiveUp) and decision.lost is None
-
-
-def test_started_markers_read_as_attempts() -> None:
-    # SETBIT numbers bits from the high end of each byte: attempts 2 and 3 → 0b0011_0000; 9 → second byte.
-    assert attempts_of(bytes([0b0011_0000])) == {2, 3}
-    assert attempts_of(bytes([0, 0b0100_0000])) == {9}
-    assert attempts_of(b"") == set()

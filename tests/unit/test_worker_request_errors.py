@@ -67,10 +67,6 @@ class MemoryFence:
         self.final: dict[str, str] = {}
         self.fence: dict[str, int] = {}
         self.claimed: dict[str, int] = {}  # when a claim was first taken, until the result is marked done
-        self.started: dict[str, set[int]] = {}  # the attempts a worker started
-
-    async def mark_started(self, request_id: str, attempt: int) -> None:
-        self.started.setdefault(request_id, set()).add(attempt)
 
     async def superseded(self, request_id: str, attempt: int) -> bool:
         if self.fence.get(request_id, 0) > attempt:
@@ -258,21 +254,6 @@ async def test_a_dispatch_sent_to_an_earlier_process_of_this_worker_is_handed_ba
     handlers.started_at_ms = Dispatch.model_validate_json(after.value).dispatched_at_ms
     await handlers.on_dispatch(after)
     assert engine.calls == 1 and publisher.of(DispatchOutcome)[-1].status == OutcomeStatus.COMPLETED
-
-
-async def test_a_retry_is_marked_started_just_before_the_engine_runs_it() -> None:
-    """The scheduler counts a retry lost with its worker toward max_attempts only if its start marker is set:
-    set when the engine takes it, not for one handed back before (a first attempt is never marked)."""
-    fence = MemoryFence()
-    engine = ScriptedEngine()
-    handlers, _ = worker(engine, fence)
-    await handlers.on_dispatch(record(attempt=1, request_id="r1"))
-    await handlers.on_dispatch(record(attempt=2, request_id="r2"))
-    assert engine.calls == 2 and fence.started == {"default:r2": {2}}
-    handed_back = record(attempt=2, request_id="r3")
-    handlers.started_at_ms = Dispatch.model_validate_json(handed_back.value).dispatched_at_ms + 1
-    await handlers.on_dispatch(handed_back)  # sent to an earlier process of this worker: never started
-    assert engine.calls == 2 and "default:r3" not in fence.started
 
 
 async def test_a_dead_engine_is_restarted() -> None:

@@ -181,11 +181,6 @@ class DispatchFlow(AnswerFlow):
                 len(continuation.legs),
                 continuation.ended.value,
             )
-        if dispatch.attempt > 1:
-            # Started from here on: lost with this worker now, the retry counts toward the scheduler's
-            # max_attempts; one lost before this point (queued, reading back) does not (llmbus.state.fencing).
-            # A first attempt is not marked (no write per request): it always counts.
-            await self.fence.mark_started(dispatch.request_key, dispatch.attempt)
         started_ms = time.time() * 1000
         key = request.request_key
         self.engine_started_ms[key] = started_ms

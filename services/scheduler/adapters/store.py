@@ -54,7 +54,6 @@ def encode(placement: Placement, instance_id: str) -> str:
             "excluded_workers": sorted(request.excluded_workers),
             "earlier": [attempt.model_dump(mode="json") for attempt in request.earlier],
             "oom_retries": request.oom_retries,
-            "unstarted_losses": request.unstarted_losses,
             "kv_blocks_free_over": request.kv_blocks_free_over,
             "arrived_at_ms": request.arrived_at_ms,
             "routed": request.routed.model_dump(mode="json") if request.routed is not None else None,
@@ -72,7 +71,6 @@ def decode_placement(raw: bytes | str, prefix_block_tokens: int, max_prefix_bloc
     request.excluded_workers = set(data["excluded_workers"])
     request.earlier = [EarlierAttempt.model_validate(attempt) for attempt in data.get("earlier", [])]
     request.oom_retries = data.get("oom_retries", 0)  # .get: claims written before these fields existed
-    request.unstarted_losses = data.get("unstarted_losses", 0)
     request.kv_blocks_free_over = data.get("kv_blocks_free_over")
     return Placement(
         data["request_id"],

@@ -8,11 +8,6 @@ When the worker's upstream was busy (429/503, `retry_after_ms`), the retry waits
 that doubles per attempt. An OOM is retried once at most (`max_oom_retries`), and only on a
 worker with more free KV than the failed one had (the core sets that bound): the same request on
 an equally full worker would run out of memory again, and a second OOM ends it as `engine_oom`.
-A retry (attempt 2 on) lost with its worker before the worker started it (its Dispatch still in the
-worker's topic, or its answer so far being read back) is not counted: the request never ran there, so it
-cannot have been what killed the worker. The flow reads the request's start markers (llmbus.state.fencing)
-only when such a loss would end the request (`GiveUp.lost`), and the core places it again
-(`retry_unstarted`); at most `max_attempts` losses are forgiven per request, so its placements stay bounded.
 Every path ends in a placement or a final result, so no request is left without an answer.
 """
 
@@ -34,9 +29,6 @@ class Retry:
 class GiveUp:
     request: SchedRequest
     error: ErrorInfo
-    # The placement lost with its worker that used up the last attempt: if its worker never started it, it is
-    # placed again instead (`RecoveryPolicy.retry_unstarted`).
-    lost: Placement | None = None
 
 
 @dataclass
@@ -62,7 +54,7 @@ class RecoveryPolicy:
 
     def retry(self, placement: Placement, reason: ErrorCode, message: str = "") -> Retry | GiveUp:
         request = placement.request
-        if request.attempts_here - request.unstarted_losses >= self.max_attempts:
+        if request.attempts_here >= self.max_attempts:
             detail = f"{placement.attempt} attempts failed; last on {placement.worker_id}: {reason.value} {message}"
             return GiveUp(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, detail.strip()))
         ended = EarlierAttempt(attempt=placement.attempt, worker_id=placement.worker_id, ended=reason)
@@ -73,21 +65,6 @@ class RecoveryPolicy:
             earlier=[*request.earlier, ended],
         )
         return Retry(again, reason)
-
-    def retry_unstarted(self, placement: Placement, unstarted: set[int]) -> Retry | GiveUp:
-        """The request's last attempt was lost with its worker (`placement`, a GiveUp's `lost`); `unstarted`
-        are its attempts no worker started (what the start markers say). Each attempt lost with its worker
-        before it started there is not counted (at most `max_attempts` of them): place the request again if
-        that leaves an attempt, else give up as before. A worker that never started it is not excluded."""
-        request = placement.request
-        first_here = request.attempt - request.attempts_here  # attempts under an earlier model are not these
-        lost = {e.attempt for e in request.earlier if e.ended == ErrorCode.WORKER_LOST} | {placement.attempt}
-        forgiven = min(self.max_attempts, len({a for a in lost & unstarted if a > first_here}))
-        counted = replace(request, unstarted_losses=max(request.unstarted_losses, forgiven))
-        decision = self.retry(replace(placement, request=counted), ErrorCode.WORKER_LOST, "no heartbeat")
-        if isinstance(decision, Retry) and placement.attempt in unstarted:
-            decision.request.excluded_workers = set(request.excluded_workers)
-        return decision
 
     def on_outcome(self, placement: Placement, status: OutcomeStatus, error: ErrorInfo | None) -> RecoveryDecision:
         if status == OutcomeStatus.RETRYABLE:
@@ -113,8 +90,4 @@ class RecoveryPolicy:
         return decision
 
     def on_worker_lost(self, placements: list[Placement]) -> list[Retry | GiveUp]:
-        decisions = [self.retry(p, ErrorCode.WORKER_LOST, "no heartbeat") for p in placements]
-        for placement, decision in zip(placements, decisions, strict=True):
-            if isinstance(decision, GiveUp):
-                decision.lost = placement  # unless its worker never started it (the flow asks)
-        return decisions
+        return [self.retry(p, ErrorCode.WORKER_LOST, "no heartbeat") for p in placements]

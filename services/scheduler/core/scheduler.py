@@ -48,10 +48,6 @@ class FinalError:
     # streamed: the error goes out as the next attempt, so that its final chunk (seq 0) cannot collide with
     # a chunk that attempt sent, and every reader drops the attempt's text and ends on the error.
     ran: bool = False
-    # The attempt lost with its worker that used up the request's last attempt: before publishing, the flow asks
-    # which of the request's attempts their workers started, and one never started is placed again instead
-    # (`retry_unstarted`).
-    lost: Placement | None = None
 
 
 Action = PlaceAction | FinalError
@@ -129,17 +125,6 @@ class SchedulerCore:
             for decision in self.recovery.on_worker_lost(lost):
                 actions += self._follow(decision, now_ms)
         return actions + self._release(now_ms)
-
-    def retry_unstarted(self, lost: Placement, unstarted: set[int], now_ms: int) -> list[Action] | None:
-        """A final max_attempts error about to go out for `lost` (a FinalError's `lost`), and `unstarted`: the
-        request's attempts no worker started. Those lost with their workers are not counted: the request goes on
-        (placed again, queued, or another final error) when that leaves it an attempt; None: its error stands."""
-        decision = self.recovery.retry_unstarted(lost, unstarted)
-        if not isinstance(decision, Retry):
-            return None
-        code = ErrorCode.MAX_ATTEMPTS.value  # counted when it was decided: not an error after all
-        self.stats.final_errors[code] = max(0, self.stats.final_errors.get(code, 0) - 1)
-        return self._follow(decision, now_ms) + self._release(now_ms)
 
     def on_node(self, profile: NodeProfile) -> None:
         self.fleet.on_node(profile)
@@ -391,7 +376,6 @@ class SchedulerCore:
         if isinstance(decision, GiveUp):  # after an attempt that ran: max attempts, an error no retry helps, lost
             final = self._final(decision.request, decision.error)
             final.ran = True
-            final.lost = decision.lost
             return [final]
         self.stats.retried += 1
         if decision.request.not_before_ms > now_ms:

@@ -37,8 +37,6 @@ class SchedRequest:
     # After an OOM: its one retry goes only to a worker with more free KV blocks than the one that failed it had.
     oom_retries: int = 0
     kv_blocks_free_over: int | None = None
-    # Retries lost with their worker before it started them, not counted toward max_attempts (docs/delivery.md).
-    unstarted_losses: int = 0
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
     engine_features: frozenset[str] = frozenset()  # what its engine must honour (JSON, tools, suffix)
     adapter: LoraAdapter | None = None  # a LoRA adapter of `model` (then the base model) that its worker loads

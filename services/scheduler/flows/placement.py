@@ -152,8 +152,7 @@ class PlacementFlow:
         try:
             async with self._finals_in_flight:
                 with trace.use_span(span, end_on_exit=False):
-                    if not await self._placed_again(action):
-                        await self._fail(action)
+                    await self._fail(action)
         except Exception as exc:  # its record's handler raises it (DLQ, answer)
             log.warning("final error of %s not published", key, exc_info=True)
             self._answering.discard(key)
@@ -161,11 +160,6 @@ class PlacementFlow:
         else:
             self._answering.discard(key)
             self._resolve(key)
-
-    async def _placed_again(self, action: FinalError) -> bool:
-        """True when the request was placed again instead of answered with `action`'s error (OutcomeFlow: a
-        max_attempts error whose attempts were lost before their workers started them)."""
-        return False
 
     async def _deliver(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
         """The placement claimed (when `claim`), its Dispatch sent and acknowledged, outside the lock;

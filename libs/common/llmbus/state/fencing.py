@@ -23,11 +23,6 @@ and every worker together once `llm.dispatch` is drained. The old markers expire
   A claim that finds it took over from a claimant that never marked `done`: one that died, or whose
   lease lapsed, between its claim and its mark, so its result may be out. `claim_first` says so,
   and the worker reads `llm.results` from that time before it publishes (engine_worker's ending).
-- `started:<request id>` — which of its retries (attempt 2 on) a worker started, a bit per attempt, set
-  just before the engine runs one (a first attempt is not marked: no write per request). When a lost
-  worker's attempt would end the request with max attempts, the scheduler reads it: a retry its worker
-  never started (its Dispatch still queued, its answer so far being read back) is not counted
-  (docs/delivery.md).
 
 The one window left: an attempt whose pending claim is older than the lease may be superseded
 while its (very late) publish is still under way.
@@ -114,13 +109,6 @@ redis.call('DEL', KEYS[2])
 return 1
 """
 
-# KEYS: started. ARGV: attempt, ttl_s. The attempt's bit set: its worker starts running it.
-_STARTED = """
-redis.call('SETBIT', KEYS[1], ARGV[1], 1)
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
 _EVERY_ATTEMPT = 2**31
 
 
@@ -158,7 +146,6 @@ class RequestFence:
         self._supersede = self._batch.script(_SUPERSEDE)
         self._claim_for_error = self._batch.script(_CLAIM_FOR_ERROR)
         self._restart = self._batch.script(_RESTART)
-        self._started = self._batch.script(_STARTED)
 
     def _keys(self, key: RequestKey) -> list[str]:
         # One hash tag for both ({r:<tenant>:<request id>}), so each script's keys share a Redis Cluster
@@ -169,19 +156,6 @@ class RequestFence:
 
     def _claimed_key(self, key: RequestKey) -> str:
         return f"llmbus:{self._namespace}:{{r:{key}}}:claimed"
-
-    def _started_key(self, key: RequestKey) -> str:
-        return f"llmbus:{self._namespace}:{{r:{key}}}:started"
-
-    async def mark_started(self, key: RequestKey, attempt: int) -> None:
-        """A worker starts running `attempt` (its engine takes it now)."""
-        await self._started([self._started_key(key)], [attempt, self.final_ttl_s])
-
-    async def started_attempts(self, key: RequestKey) -> set[int]:
-        """The request's attempts that a worker started."""
-        started_key = self._started_key(key)
-        bits = await self._batch.call(lambda pipe: pipe.get(started_key))
-        return set() if bits is None else attempts_of(bytes(bits))
 
     async def superseded(self, key: RequestKey, attempt: int) -> bool:
         """True when this attempt may no longer run: a later one was placed, or another owns the result."""
@@ -285,11 +259,6 @@ class _ClaimKept(contextlib.AbstractAsyncContextManager[None]):
             except Exception:  # Redis away too: try again while the lease lasts
                 log.warning("%s:%d: could not renew the claim", key, attempt, exc_info=True)
             await asyncio.sleep(fence.claim_lease_ms / 3000)
-
-
-def attempts_of(bits: bytes) -> set[int]:
-    """The attempts whose bits are set in a `started` value (SETBIT numbers bits from each byte's high end)."""
-    return {8 * i + b for i, byte in enumerate(bits) for b in range(8) if byte & (0x80 >> b)}
 
 
 def _mget(pipe: Any, keys: list[str]) -> Any:
