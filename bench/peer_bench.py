@@ -68,6 +68,18 @@ def versions() -> dict[str, str]:
     return out
 
 
+def run_facts(command: str, started: str, loadavg_start: list[float]) -> dict:
+    """What every bench report of this family opens with: the command, when, where, and the load around it."""
+    return {
+        "command": command,
+        "started": started,
+        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(),
+        "loadavg_start": loadavg_start,
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 def machine() -> str:
     model = next(
         (
@@ -270,12 +282,7 @@ async def amain(args: argparse.Namespace, work: Path) -> tuple[dict, dict | None
     baseline = f"llmbus baseline ({args.baseline_tree.name})" if args.baseline_tree is not None else None
     comparisons = compare(rows)
     report = {
-        "command": args.command,
-        "started": started,
-        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": machine(),
-        "loadavg_start": loadavg_start,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **run_facts(args.command, started, loadavg_start),
         "requests": args.requests,
         "tokens": args.tokens,
         "concurrency": args.concurrency,

@@ -35,8 +35,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench import peer_llmbus, peer_targets
-from bench.peer_bench import machine, versions, warnings
+from bench.peer_bench import run_facts, versions, warnings
 from bench.peer_load import Connection, _Response, chat_body, closed_loop
+from bench.peer_report import closing_lines
 from bench.peer_targets import Target
 from bench.pipeline_queued import percentiles
 from llmbus.bus.admin import topics_matching
@@ -195,12 +196,7 @@ async def amain(args: argparse.Namespace, work: Path) -> dict:
     direct = percentiles(direct_first, (50, 90), 3)
     tensorzero = tensorzero_added_ms()
     return {
-        "command": args.command,
-        "started": started,
-        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": machine(),
-        "loadavg_start": loadavg_start,
-        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        **run_facts(args.command, started, loadavg_start),
         "requests": args.requests,
         "warmup": args.warmup,
         "tokens": args.tokens,
@@ -260,11 +256,7 @@ def markdown(report: dict, png_name: str) -> str:
             f"{round(3 * added, 2)} ms added; llmbus is {round(report['added_over_direct_p50_ms'] - 3 * added, 2)} "
             "ms over it."
         )
-    lines += ["", "## Path", "", *[f"- {n}" for n in report["notes"]], ""]
-    lines += ["## Versions", "", "| what | version |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in report["versions"].items()]
-    lines += ["", f"![hops]({png_name})", ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *closing_lines(report, "Path", png_name, "hops")])
 
 
 def plot(report: dict, path: Path) -> None:

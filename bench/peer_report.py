@@ -189,6 +189,14 @@ def _cpu_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def closing_lines(report: dict, paths_heading: str, png_name: str, alt: str) -> list[str]:
+    """The paths measured, every version, and the plot: how each report of this family ends."""
+    lines = [f"## {paths_heading}", "", *[f"- {n}" for n in report["notes"]], ""]
+    lines += ["## Versions", "", "| what | version |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in report["versions"].items()]
+    return [*lines, "", f"![{alt}]({png_name})", ""]
+
+
 def markdown(report: dict, png_name: str = "peer.png") -> str:
     rows, comparisons = report["rows"], report["comparisons"]
     lines = [
@@ -239,11 +247,7 @@ def markdown(report: dict, png_name: str = "peer.png") -> str:
         lines += ["## Idle CPU (cores: CPU-seconds per second with no requests)", ""]
         lines += [f"- {r['target']}: " + ", ".join(f"{k} {v}" for k, v in r["idle_cores"].items()) for r in idle]
         lines.append("")
-    lines += ["## Paths", "", *[f"- {n}" for n in report["notes"]], ""]
-    lines += ["## Versions", "", "| what | version |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in report["versions"].items()]
-    lines += ["", f"![peer]({png_name})", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + closing_lines(report, "Paths", png_name, "peer"))
 
 
 def plot(report: dict, path: Path) -> None:
