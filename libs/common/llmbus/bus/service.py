@@ -12,8 +12,8 @@ Start, in phases (`Phase`); a phase that fails stops everything started before i
   FOLLOWED  the followed state (group-less subscriptions from the log's start: models, experiments,
             the fleet) read to its end as of the start, `catch_up_s` at most; then `caught_up` is set
             (later, by a watcher, if that time ran out) and `replayed` tells those records apart
-  SERVING   every other subscription runs (from-latest ones placed in their group first); then the
-            readiness jobs, and `ready` is set
+  SERVING   every other subscription runs (from-latest and per-instance ones placed in their group
+            first); then the readiness jobs, and `ready` is set
 Every consumer starts at once after TABLES: group joins, the slow part of a start, overlap the catch-up.
 
 Stop (SIGTERM, or a loop or task that failed): the drain jobs run (a worker says it is draining),

@@ -39,6 +39,11 @@ class Reads:
     on_demand: bool = False
     notes: str = ""
 
+    @property
+    def per_instance(self) -> bool:
+        """A group named per instance (`<worker_id>`): one process is its only member."""
+        return self.group is not None and "<" in self.group
+
     def group_id(self, topics: t.Topics, service: str, **names: str) -> str | None:
         """The consumer group; `names` fill the declaration's placeholders (`<worker_id>`: worker_id=…)."""
         if self.group is None:
