@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 
+from llmbus.contract.request_key import request_key
 from llmbus.settings import BusSettings
-from llmbus.state.fencing import RequestFence, Superseded
+from llmbus.state.fencing import FirstClaim, RequestFence, Superseded
 from llmbus.state.store import dispatch_markers
 from tests.support import redis_keys
 
@@ -44,6 +45,31 @@ async def test_a_later_attempt_fences_off_the_earlier_ones(fence: RequestFence) 
     assert await fence.supersede("r2", 3) == Superseded.RESULT_PENDING  # attempt 2 is publishing
     await fence.final_published("r2", 2)
     assert await fence.supersede("r2", 3) == Superseded.RESULT_OUT
+
+
+async def test_a_claim_that_lapsed_unmarked_is_looked_up_before_it_is_fenced(
+    client: redis.Redis, fence: RequestFence
+) -> None:
+    """A claimant that died between its claim and its `done` leaves only `claimed` once its lease runs out:
+    its result may be out, so nothing is fenced until the caller has looked for it (and found none)."""
+    r7, r8 = request_key("acme", "r7"), request_key("acme", "r8")
+    assert (await fence.claim_first(r7, 1, 1_000)).claimed
+    await client.delete(fence._keys(r7)[0])  # the pending claim's lease runs out
+    assert await fence.supersede(r7, 2) == Superseded.LAPSED
+    assert not await fence.superseded(r7, 1), "nothing fenced yet"
+    assert await fence.lapsed_claim_ms(r7) == 1_000
+    assert await fence.supersede(r7, 2, looked_up=True) == Superseded.FENCED
+    assert await fence.superseded(r7, 1) and not await fence.superseded(r7, 2)
+    # The next claimant still learns of the earlier claim (and looks for its result itself).
+    assert await fence.claim_first(r7, 2, 2_000) == FirstClaim(True, after_earlier=True, earlier_claim_ms=1_000)
+    assert await fence.supersede(r7, 3) == Superseded.RESULT_PENDING, "a claim held now has not lapsed"
+    await fence.final_published(r7, 2)
+    assert await fence.supersede(r7, 3) == Superseded.RESULT_OUT
+    # Control: a claim marked done leaves no claim time, so a later placement is fenced at once.
+    assert (await fence.claim_first(r8, 1, 1_000)).claimed
+    await fence.final_published(r8, 1)
+    await client.delete(fence._keys(r8)[0])
+    assert await fence.supersede(r8, 2) == Superseded.FENCED
 
 
 async def test_the_schedulers_final_error_and_an_attempt_exclude_each_other(fence: RequestFence) -> None:

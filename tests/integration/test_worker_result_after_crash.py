@@ -19,11 +19,14 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import pytest
 import redis.asyncio as redis
+from aiokafka.structs import ConsumerRecord
 
 from llmbus.bus import Bus
+from llmbus.bus.catch_up import NotReadToEnd
 from llmbus.bus.tables import read_log
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
@@ -36,6 +39,9 @@ from llmbus.contract.messages import (
     OutcomeStatus,
     ResultStatus,
     RoutedRequest,
+    WorkerState,
+    WorkerStatus,
+    now_ms,
 )
 from llmbus.settings import BusSettings
 from llmbus.state.fencing import RequestFence, Superseded
@@ -43,9 +49,13 @@ from llmbus.state.text import text_of
 from llmbus_services.engine_worker.adapters.ending import AttemptEnd
 from llmbus_services.router.config import RouterSettings
 from llmbus_services.router.flows.requests import ROUTER_ATTEMPT, RequestFlow
+from llmbus_services.scheduler.adapters.store import PlacementStore
+from llmbus_services.scheduler.app import build_core
 from llmbus_services.scheduler.config import SchedulerSettings
 from llmbus_services.scheduler.flows import SchedulerHandlers
-from tests.support import redis_keys
+from llmbus_services.scheduler.flows import placement as placement_flow
+from llmbus_services.scheduler.flows.placement import RETRY_PLACE_MS
+from tests.support import redis_keys, until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
 LEASE_S = 1.0
@@ -113,7 +123,9 @@ async def test_a_later_attempt_after_the_lease_lapsed_finds_the_result_out(bus: 
     first = dispatch_of(f"lapse-{uuid.uuid4().hex[:8]}", attempt=1)
     await died_after_writing(bus, fence, first)
     await asyncio.sleep(LEASE_S + 0.3)  # the pending claim's lease runs out: the scheduler may place attempt 2
-    assert await fence.supersede(first.request_key, 2) == Superseded.FENCED
+    assert await fence.supersede(first.request_key, 2) == Superseded.LAPSED
+    # As if the scheduler's look-up had missed the result (written after its read): the worker's finds it.
+    assert await fence.supersede(first.request_key, 2, looked_up=True) == Superseded.FENCED
     second = dispatch_of(first.request_id, attempt=2)
     await AttemptEnd(bus, fence, "w2").publish_final(
         second, result_of(second, "second"), bus.topics.name(t.TOKENS), -1, OutcomeStatus.COMPLETED
@@ -183,3 +195,139 @@ async def test_a_worker_after_a_routers_lapsed_claim_finds_the_routers_answer_ou
     results, outcomes = await answers(bus.settings, dispatch.request_id)
     assert [(r.produced_by, r.attempt) for r in results] == [("router", ROUTER_ATTEMPT)]
     assert [o.status for o in outcomes] == [OutcomeStatus.DUPLICATE]
+
+
+@dataclass
+class Recorded:
+    sent: list[object] = field(default_factory=list)
+
+    async def publish(self, topic: str, value: object, **_: object) -> None:
+        self.sent.append(value)
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [v for v in self.sent if isinstance(v, kind)]
+
+
+@dataclass
+class SchedulerBus:
+    """The scheduler's bus on the real broker's namespace (llm.results is read for real); what it
+    publishes (Dispatches, errors) is recorded instead."""
+
+    settings: BusSettings
+    topics: t.Topics
+    publisher: Recorded = field(default_factory=Recorded)
+    service: str = t.SCHEDULER
+
+
+async def scheduler_of(bus_settings: BusSettings, fence: RequestFence, client: redis.Redis) -> SchedulerHandlers:
+    settings = SchedulerSettings(instance_id="s1", heartbeat_stale_s=60)
+    handlers = SchedulerHandlers(
+        SchedulerBus(bus_settings, t.Topics(bus_settings.topic_prefix)),  # type: ignore[arg-type]
+        settings,
+        build_core(settings),
+        PlacementStore(client, f"{bus_settings.topic_prefix}scheduler", "s1", ttl_s=600),
+        fence,
+    )
+    for worker_id in ("w1", "w2"):
+        await heartbeat(handlers, worker_id, WorkerState.READY)
+    return handlers
+
+
+async def heartbeat(handlers: SchedulerHandlers, worker_id: str, state: WorkerState) -> None:
+    status = WorkerStatus(
+        worker_id=worker_id,
+        node_id="n1",
+        state=state,
+        engine="sim",
+        models=["m"],
+        max_model_len=8192,
+        kv_blocks_total=1000,
+        kv_blocks_free=1000,
+    )
+    topic = handlers.bus.topics.name(t.WORKERS)
+    raw = status.to_bytes()
+    await handlers.on_fleet(ConsumerRecord(topic, 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
+
+
+async def first_attempt_lapsed(
+    bus: Bus, handlers: SchedulerHandlers, fence: RequestFence, request_id: str, written: bool
+) -> Dispatch:
+    """Attempt 1 placed; its worker claims the result, writes it (when `written`) and is SIGKILLed before
+    `done`; its claim's lease lapses. Returns attempt 1's Dispatch."""
+    routed = dispatch_of(request_id, attempt=1).routed
+    raw = routed.to_bytes()
+    record = ConsumerRecord(bus.topics.name(t.ROUTED), 0, 0, 0, 0, b"m", raw, None, 1, len(raw), [])
+    await asyncio.wait_for(handlers.on_routed(record), 10)
+    [first] = sent(handlers).of(Dispatch)
+    if written:
+        await died_after_writing(bus, fence, first)
+    else:
+        assert (await fence.claim_first(first.request_key, 1, int(time.time() * 1000))).claimed
+    await asyncio.sleep(LEASE_S + 0.3)
+    assert await fence.holder(first.request_key) is None and await fence.lapsed_claim_ms(first.request_key)
+    return first
+
+
+def sent(handlers: SchedulerHandlers) -> Recorded:
+    return handlers.bus.publisher  # type: ignore[return-value]
+
+
+async def test_a_later_attempt_is_not_placed_over_a_lapsed_claims_result(
+    bus: Bus, fence: RequestFence, client: redis.Redis, bus_settings: BusSettings
+) -> None:
+    """The worker died after writing its result, before `done`; once its lease lapsed the scheduler declares
+    it lost: attempt 2 would have been sent (its worker, if its look-up timed out, streams the answer again
+    after the result). The result is found on llm.results instead, marked done, and nothing is sent."""
+    handlers = await scheduler_of(bus_settings, fence, client)
+    first = await first_attempt_lapsed(bus, handlers, fence, f"lapsed-{uuid.uuid4().hex[:8]}", written=True)
+    await heartbeat(handlers, first.worker_id, WorkerState.STOPPED)  # lost: the core places attempt 2
+    assert not handlers._delivering
+    assert [d.attempt for d in sent(handlers).of(Dispatch)] == [1], "no attempt 2"
+    assert sent(handlers).of(InferenceResult) == [], "and no error over the result"
+    assert await fence.holder(first.request_key) == "done:1"
+    assert await client.get(fence._keys(first.request_key)[1]) is None, "nothing fenced"
+    assert handlers.core.fleet.placement_of(first.request_key) is None and not handlers.core.delayed
+    results, _ = await answers(bus.settings, first.request_id)
+    assert [(r.text, r.attempt) for r in results] == [("first", 1)]
+
+
+async def test_control_a_lapsed_claim_with_no_result_out_gets_its_later_attempt(
+    bus: Bus, fence: RequestFence, client: redis.Redis, bus_settings: BusSettings
+) -> None:
+    handlers = await scheduler_of(bus_settings, fence, client)
+    first = await first_attempt_lapsed(bus, handlers, fence, f"unwritten-{uuid.uuid4().hex[:8]}", written=False)
+    await heartbeat(handlers, first.worker_id, WorkerState.STOPPED)
+    await until(lambda: len(sent(handlers).of(Dispatch)) == 2)
+    assert [d.attempt for d in sent(handlers).of(Dispatch)] == [1, 2]
+    assert await fence.superseded(first.request_key, 1) and not await fence.superseded(first.request_key, 2)
+    assert await fence.holder(first.request_key) is None
+    assert sent(handlers).of(InferenceResult) == []
+
+
+async def test_a_lapsed_claims_look_up_that_fails_puts_the_placement_off_not_sent_blind(
+    bus: Bus, fence: RequestFence, client: redis.Redis, bus_settings: BusSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llm.results not read to its end (a loaded broker): attempt 2 is neither sent nor answered; it is
+    placed again RETRY_PLACE_MS later, when the look-up answers."""
+    handlers = await scheduler_of(bus_settings, fence, client)
+    first = await first_attempt_lapsed(bus, handlers, fence, f"lookup-{uuid.uuid4().hex[:8]}", written=True)
+    real = placement_flow.result_out_since
+    looked: list[bool] = []
+
+    async def times_out_once(*args: object, **kwargs: object) -> int | None:
+        if not looked:
+            looked.append(False)
+            raise NotReadToEnd(set(), 10)
+        looked.append(True)
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(placement_flow, "result_out_since", times_out_once)
+    await heartbeat(handlers, first.worker_id, WorkerState.STOPPED)
+    assert first.request_key in handlers.core.delayed, "put off"
+    assert [d.attempt for d in sent(handlers).of(Dispatch)] == [1] and sent(handlers).of(InferenceResult) == []
+    assert await fence.holder(first.request_key) is None and not await fence.superseded(first.request_key, 1)
+    async with handlers._lock:
+        await handlers._publish(handlers.core.tick(now_ms() + RETRY_PLACE_MS))
+    assert looked == [False, True]
+    assert [d.attempt for d in sent(handlers).of(Dispatch)] == [1] and sent(handlers).of(InferenceResult) == []
+    assert await fence.holder(first.request_key) == "done:1"

@@ -2,7 +2,8 @@
 request's final error (the part every scheduling flow ends in: llmbus_services.scheduler.flows).
 
 Every PlaceAction is claimed in Redis (PlacementStore) before its Dispatch is published; a
-later attempt first fences off the earlier ones (llmbus.state.fencing). If the claim or the
+later attempt first fences off the earlier ones (llmbus.state.fencing), and is not sent where one
+of them claimed the result, lapsed unmarked, and its result is on llm.results. If the claim or the
 publish fails, the placement is rolled back and the request gets a final error; a final
 error is published only by whoever claims the request's final marker.
 """
@@ -240,7 +241,16 @@ class PlacementFlow:
     async def _supersede(self, action: PlaceAction) -> bool:
         """Fence off the earlier attempts before sending this one; False when it must not go out now."""
         placement = action.placement
-        verdict = await self.fence.supersede(placement.request_key, placement.attempt)
+        key, attempt = placement.request_key, placement.attempt
+        verdict = await self.fence.supersede(key, attempt)
+        if verdict == Superseded.LAPSED:
+            # An earlier claim lapsed unmarked (its claimant died or stalled mid-publish): its result may be
+            # out. Looked up under the lock, a Kafka read of up to admin_timeout_s, as it is rare; a look-up
+            # that fails raises (placed again later, `_publish`): never sent blind.
+            if await self._lapsed_result_marked(key):
+                verdict = Superseded.RESULT_OUT
+            else:
+                verdict = await self.fence.supersede(key, attempt, looked_up=True)
         if verdict == Superseded.FENCED:
             return True
         self.core.forget(placement.request_key, placement.attempt)
@@ -350,19 +360,23 @@ class PlacementFlow:
 
     async def _claim_for_error(self, key: RequestKey) -> bool:
         try:
-            if (since_ms := await self.fence.lapsed_claim_ms(key)) is not None:
-                # An attempt claimed the result and its lease lapsed before it marked it done: if its
-                # result is out, that is the answer (marked now), not this error.
-                bus = self.bus
-                if (
-                    attempt := await result_out_since(bus.settings, bus.topics, key, since_ms, service=bus.service)
-                ) is not None:
-                    await self.fence.final_published(key, attempt)
-                    return False
-            return await self.fence.claim_for_error(key)
+            # If a lapsed claim's result is out, that is the answer (marked now), not this error.
+            return not await self._lapsed_result_marked(key) and await self.fence.claim_for_error(key)
         except Exception:  # better a (rare) second answer than none: no worker can claim either
             log.warning("final marker of %s unreachable; publishing its error anyway", key, exc_info=True)
             return True
+
+    async def _lapsed_result_marked(self, key: RequestKey) -> bool:
+        """An attempt claimed the result and its lease lapsed before it marked it done: True if its result
+        is on llm.results (marked done now). Raises when llm.results could not be read to its end."""
+        if (since_ms := await self.fence.lapsed_claim_ms(key)) is None:
+            return False
+        bus = self.bus
+        attempt = await result_out_since(bus.settings, bus.topics, key, since_ms, service=bus.service)
+        if attempt is None:
+            return False
+        await self.fence.final_published(key, attempt)
+        return True
 
     def _resolve(self, key: RequestKey, error: Exception | None = None) -> None:
         self._spans.pop(key, None)

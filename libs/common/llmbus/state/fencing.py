@@ -23,6 +23,8 @@ and every worker together once `llm.dispatch` is drained. The old markers expire
   A claim that finds it took over from a claimant that never marked `done`: one that died, or whose
   lease lapsed, between its claim and its mark, so its result may be out. `claim_first` says so,
   and the worker reads `llm.results` from that time before it publishes (engine_worker's ending).
+  `supersede` says so too (LAPSED, nothing fenced): the scheduler reads `llm.results` from that time
+  and sends no later attempt where the result is out.
 
 The one window left: an attempt whose pending claim is older than the lease may be superseded
 while its (very late) publish is still under way.
@@ -80,14 +82,16 @@ redis.call('DEL', KEYS[2])
 return 1
 """
 
-# KEYS: final, fence. ARGV: attempt, ttl_s. 1: the fence stands at `attempt`; 0: the result is out;
-# 2: an earlier attempt holds a pending claim (it is publishing, or died doing so: its lease will tell).
+# KEYS: final, fence, claimed. ARGV: attempt, ttl_s, looked_up. 1: the fence stands at `attempt`; 0: the
+# result is out; 2: an earlier attempt holds a pending claim (it is publishing, or died doing so: its lease
+# will tell); 3: nothing fenced, a claim lapsed unmarked (its result may be out), unless `looked_up` is 1.
 _SUPERSEDE = """
 local cur = redis.call('GET', KEYS[1])
 if cur then
   if string.sub(cur, 1, 8) == 'pending:' then return 2 end
   return 0
 end
+if ARGV[3] ~= '1' and redis.call('EXISTS', KEYS[3]) == 1 then return 3 end
 local fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 if fence < tonumber(ARGV[1]) then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2]) end
 return 1
@@ -127,6 +131,7 @@ class Superseded(IntEnum):
     RESULT_OUT = 0  # an earlier attempt (or the scheduler) published the result: nothing to place
     FENCED = 1  # earlier attempts are fenced off: send the new one
     RESULT_PENDING = 2  # an earlier attempt claimed the result and has not marked it done: ask again later
+    LAPSED = 3  # an earlier claim lapsed before it was marked done: look for its result, then supersede again
 
 
 class RequestFence:
@@ -182,9 +187,11 @@ class RequestFence:
     async def final_published(self, key: RequestKey, attempt: int) -> None:
         await self._done([self._keys(key)[0], self._claimed_key(key)], [f"done:{attempt}", self.final_ttl_s])
 
-    async def supersede(self, key: RequestKey, attempt: int) -> Superseded:
-        """Before sending `attempt` (> 1): fence off the earlier ones, unless one owns the result."""
-        return Superseded(int(await self._supersede(self._keys(key), [attempt, self.final_ttl_s])))
+    async def supersede(self, key: RequestKey, attempt: int, looked_up: bool = False) -> Superseded:
+        """Before sending `attempt` (> 1): fence off the earlier ones, unless one owns the result, or (LAPSED)
+        one claimed it and lapsed unmarked. `looked_up`: that claim's result was looked for and is not out."""
+        keys = [*self._keys(key), self._claimed_key(key)]
+        return Superseded(int(await self._supersede(keys, [attempt, self.final_ttl_s, int(looked_up)])))
 
     async def claim_for_error(self, key: RequestKey) -> bool:
         """The scheduler's final error: True if it is the result (no attempt claimed one first)."""
