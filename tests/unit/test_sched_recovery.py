@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmbus.contract.messages import ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
+from llmbus.contract.messages import EarlierAttempt, ErrorCode, ErrorInfo, OutcomeStatus, WorkerState
 from llmbus.contract.request_key import request_key
 from llmbus_services.scheduler.core.pipeline import Pipeline
 from llmbus_services.scheduler.core.recovery import Done, GiveUp, RecoveryPolicy, Retry
@@ -243,3 +243,75 @@ def test_a_restarted_worker_ids_earlier_requests_are_placed_again_at_once() -> N
     assert (earlier.attempt, earlier.worker_id, earlier.ended) == (1, lost_on, ErrorCode.WORKER_LOST)
     # a heartbeat of the same process, or one replayed at the scheduler's start, changes nothing
     assert c.on_heartbeat(hb(lost_on, started_at_ms=NOW_MS + 500, sent_at_ms=NOW_MS + 700), NOW_MS + 700) == []
+
+
+def _restart(c: SchedulerCore, worker: str, at_ms: int) -> list:
+    """`worker` SIGKILLed and started again: its new process's first heartbeat."""
+    return c.on_heartbeat(hb(worker, started_at_ms=at_ms - 100, sent_at_ms=at_ms), at_ms)
+
+
+def test_attempts_whose_text_the_answer_continues_do_not_use_up_max_attempts() -> None:
+    """sigkill_sampled_workers (long): an answer cut on w1, continued on w2, cut by w2's SIGKILL, continued on w3
+    and cut by w3's: three attempts, each a leg of the answer. Legs are bounded by the answer's migration_limit
+    (its next worker enforces it), not by max_attempts: the request goes on as attempt 4."""
+    c = core(max_attempts=3, heartbeat_timeout_ms=5000)
+    c.tick(NOW_MS)
+    for worker in ("w1", "w2", "w3", "w4"):
+        c.on_heartbeat(hb(worker), NOW_MS)
+    [first] = c.submit(req(request_id="r1"), NOW_MS)
+    assert isinstance(first, PlaceAction)
+    order, at = [first.placement.worker_id], NOW_MS
+    for attempt in (2, 3):
+        at += 1000
+        [again] = [a for a in _restart(c, order[-1], at) if isinstance(a, PlaceAction)]
+        assert again.placement.attempt == attempt
+        order.append(again.placement.worker_id)
+    at += 1000
+    [final] = _restart(c, order[-1], at)
+    assert isinstance(final, FinalError) and final.error.code == ErrorCode.MAX_ATTEMPTS
+    assert final.gave_up is not None and final.gave_up.failed is not None and final.gave_up.failed.attempt == 3
+    # The flow read the reply topic: attempts 1-3 each streamed text the answer so far is made of.
+    actions = c.retry_legs(final, {1, 2, 3}, at)
+    assert actions is not None
+    [placed] = actions
+    assert isinstance(placed, PlaceAction) and placed.placement.attempt == 4
+    assert placed.request.legs_forgiven == 3
+    assert placed.request.excluded_workers == set(order)
+    assert [e.attempt for e in placed.request.earlier] == [1, 2, 3]
+    assert c.stats.final_errors.get(ErrorCode.MAX_ATTEMPTS.value, 0) == 0
+
+
+def test_attempts_that_streamed_nothing_still_end_with_max_attempts() -> None:
+    c = core(max_attempts=2, heartbeat_timeout_ms=5000)
+    c.tick(NOW_MS)
+    for worker in ("w1", "w2"):
+        c.on_heartbeat(hb(worker), NOW_MS)
+    [first] = c.submit(req(request_id="r1"), NOW_MS)
+    assert isinstance(first, PlaceAction)
+    [again] = [a for a in _restart(c, first.placement.worker_id, NOW_MS + 1000) if isinstance(a, PlaceAction)]
+    [final] = _restart(c, again.placement.worker_id, NOW_MS + 2000)
+    assert isinstance(final, FinalError) and final.gave_up is not None
+    assert c.retry_legs(final, set(), NOW_MS + 2000) is None  # no text: both attempts count
+    assert c.stats.final_errors[ErrorCode.MAX_ATTEMPTS.value] == 1
+
+
+def test_only_legs_under_the_model_now_are_forgiven_and_failures_without_text_still_count() -> None:
+    policy = RecoveryPolicy(max_attempts=2)
+    request = req(attempt=5)
+    request.earlier = [EarlierAttempt(attempt=n, worker_id="w1", ended=ErrorCode.WORKER_LOST) for n in range(1, 5)]
+    failed = Placement("r1", 5, "w2", "m", 10, NOW_MS, request)
+    decision = policy.retry(failed, ErrorCode.WORKER_LOST, "no heartbeat")
+    assert isinstance(decision, GiveUp) and decision.failed is failed
+    # Attempts 2 and 5 streamed text the answer continues; 1, 3 and 4 failed without: 3 counted of 2.
+    assert isinstance(policy.retry_legs(decision, {2, 5}), GiveUp)
+    # 4 legs: 1 counted, attempt 6 goes out; a leg number beyond the failed attempt is not one of its.
+    again = policy.retry_legs(decision, {1, 2, 3, 5, 9})
+    assert isinstance(again, Retry) and again.request.attempt == 6 and again.request.legs_forgiven == 4
+
+
+def test_a_give_up_that_is_not_max_attempts_names_nothing_to_decide_again() -> None:
+    oom = ErrorInfo.of(ErrorCode.ENGINE_OOM, "oom")
+    policy = RecoveryPolicy(max_attempts=3, max_oom_retries=0)
+    decision = policy.on_outcome(placement(1), OutcomeStatus.RETRYABLE, oom)
+    assert isinstance(decision, GiveUp) and decision.error.code == ErrorCode.ENGINE_OOM and decision.failed is None
+    assert policy.retry_legs(decision, {1}) is decision

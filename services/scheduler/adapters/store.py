@@ -54,6 +54,7 @@ def encode(placement: Placement, instance_id: str) -> str:
             "excluded_workers": sorted(request.excluded_workers),
             "earlier": [attempt.model_dump(mode="json") for attempt in request.earlier],
             "oom_retries": request.oom_retries,
+            "legs_forgiven": request.legs_forgiven,
             "kv_blocks_free_over": request.kv_blocks_free_over,
             "arrived_at_ms": request.arrived_at_ms,
             "routed": request.routed.model_dump(mode="json") if request.routed is not None else None,
@@ -72,6 +73,7 @@ def decode_placement(raw: bytes | str, prefix_block_tokens: int, max_prefix_bloc
     request.earlier = [EarlierAttempt.model_validate(attempt) for attempt in data.get("earlier", [])]
     request.oom_retries = data.get("oom_retries", 0)  # .get: claims written before these fields existed
     request.kv_blocks_free_over = data.get("kv_blocks_free_over")
+    request.legs_forgiven = data.get("legs_forgiven", 0)
     return Placement(
         data["request_id"],
         data["attempt"],

@@ -8,6 +8,10 @@ When the worker's upstream was busy (429/503, `retry_after_ms`), the retry waits
 that doubles per attempt. An OOM is retried once at most (`max_oom_retries`), and only on a
 worker with more free KV than the failed one had (the core sets that bound): the same request on
 an equally full worker would run out of memory again, and a second OOM ends it as `engine_oom`.
+An attempt whose text the answer so far continues (a leg of it) is not counted: legs are bounded by the
+answer's `migration_limit`, which its next worker enforces. The scheduler does not see chunks, so a GiveUp
+of max_attempts carries what failed (`failed`), and the flow, having read the request's reply topic, asks
+again with the legs it found (`retry_legs`) before the error goes out.
 Every path ends in a placement or a final result, so no request is left without an answer.
 """
 
@@ -29,6 +33,10 @@ class Retry:
 class GiveUp:
     request: SchedRequest
     error: ErrorInfo
+    # A max_attempts GiveUp: the attempt that failed, and how (`retry_legs` decides again from them).
+    failed: Placement | None = None
+    reason: ErrorCode | None = None
+    message: str = ""
 
 
 @dataclass
@@ -54,9 +62,10 @@ class RecoveryPolicy:
 
     def retry(self, placement: Placement, reason: ErrorCode, message: str = "") -> Retry | GiveUp:
         request = placement.request
-        if request.attempts_here >= self.max_attempts:
+        if request.attempts_here - request.legs_forgiven >= self.max_attempts:
             detail = f"{placement.attempt} attempts failed; last on {placement.worker_id}: {reason.value} {message}"
-            return GiveUp(request, ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, detail.strip()))
+            error = ErrorInfo.of(ErrorCode.MAX_ATTEMPTS, detail.strip())
+            return GiveUp(request, error, failed=placement, reason=reason, message=message)
         ended = EarlierAttempt(attempt=placement.attempt, worker_id=placement.worker_id, ended=reason)
         again = replace(
             request,
@@ -65,6 +74,19 @@ class RecoveryPolicy:
             earlier=[*request.earlier, ended],
         )
         return Retry(again, reason)
+
+    def retry_legs(self, gave_up: GiveUp, legs: set[int]) -> Retry | GiveUp:
+        """`gave_up` (max_attempts) again, knowing `legs`: the attempts whose text the answer so far continues
+        (read from its reply topic). Those under the request's model now are not counted: it is retried if that
+        leaves it an attempt, else it gives up as before."""
+        placement = gave_up.failed
+        if placement is None or gave_up.reason is None:
+            return gave_up
+        request = placement.request
+        first_here = request.attempt - request.attempts_here  # attempts under an earlier model are not these
+        forgiven = len({attempt for attempt in legs if first_here < attempt <= placement.attempt})
+        counted = replace(request, legs_forgiven=max(request.legs_forgiven, forgiven))
+        return self.retry(replace(placement, request=counted), gave_up.reason, gave_up.message)
 
     def on_outcome(self, placement: Placement, status: OutcomeStatus, error: ErrorInfo | None) -> RecoveryDecision:
         if status == OutcomeStatus.RETRYABLE:

@@ -48,6 +48,9 @@ class FinalError:
     # streamed: the error goes out as the next attempt, so that its final chunk (seq 0) cannot collide with
     # a chunk that attempt sent, and every reader drops the attempt's text and ends on the error.
     ran: bool = False
+    # A max_attempts error: the decision, which the flow takes again (`retry_legs`) once it has read which
+    # attempts' text the answer so far continues, before the error goes out.
+    gave_up: GiveUp | None = None
 
 
 Action = PlaceAction | FinalError
@@ -376,12 +379,26 @@ class SchedulerCore:
         if isinstance(decision, GiveUp):  # after an attempt that ran: max attempts, an error no retry helps, lost
             final = self._final(decision.request, decision.error)
             final.ran = True
+            final.gave_up = decision if decision.failed is not None else None
             return [final]
         self.stats.retried += 1
         if decision.request.not_before_ms > now_ms:
             self.delay(decision.request, decision.request.not_before_ms)
             return []
         return self._admit(decision.request, now_ms, force=True)
+
+    def retry_legs(self, final: FinalError, legs: set[int], now_ms: int) -> list[Action] | None:
+        """A max_attempts error about to go out (`final.gave_up`), and `legs`: the attempts whose text the answer
+        so far continues. Not counted, they may leave the request an attempt: it goes on (placed, queued, or
+        another final error); None: its error stands."""
+        if final.gave_up is None:
+            return None
+        decision = self.recovery.retry_legs(final.gave_up, legs)
+        if not isinstance(decision, Retry):
+            return None
+        code = final.error.code.value  # counted when it was decided: not an error after all
+        self.stats.final_errors[code] = max(0, self.stats.final_errors.get(code, 0) - 1)
+        return self._follow(decision, now_ms) + self._release(now_ms)
 
     def _final(self, request: SchedRequest, error: ErrorInfo) -> FinalError:
         self.stats.final_errors[error.code.value] = self.stats.final_errors.get(error.code.value, 0) + 1

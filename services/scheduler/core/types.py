@@ -37,6 +37,9 @@ class SchedRequest:
     # After an OOM: its one retry goes only to a worker with more free KV blocks than the one that failed it had.
     oom_retries: int = 0
     kv_blocks_free_over: int | None = None
+    # Its attempts whose text the answer so far continues (its legs): bounded by the answer's migration_limit,
+    # not counted toward max_attempts (docs/delivery.md, "What counts toward max_attempts").
+    legs_forgiven: int = 0
     routed: RoutedRequest | None = None  # what a Dispatch carries; None in pure tests and benches
     engine_features: frozenset[str] = frozenset()  # what its engine must honour (JSON, tools, suffix)
     adapter: LoraAdapter | None = None  # a LoRA adapter of `model` (then the base model) that its worker loads

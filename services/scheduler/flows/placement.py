@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from llmbus.bus import Bus
 from llmbus.bus.failures import transient
-from llmbus.bus.replies import publish_error, reply_topic_of, result_out_since
+from llmbus.bus.replies import publish_error, reply_topic_of
 from llmbus.contract import topics as t
 from llmbus.contract.messages import (
     Dispatch,
@@ -33,6 +33,7 @@ from llmbus.contract.messages import (
 from llmbus.contract.request_key import RequestKey
 from llmbus.domain.fallback import fall_back
 from llmbus.state.fencing import RequestFence, Superseded
+from llmbus_services.scheduler.adapters.answers import lapsed_result_marked
 from llmbus_services.scheduler.adapters.pool_stats import PoolStatsRecorder
 from llmbus_services.scheduler.adapters.store import PlacementStore
 from llmbus_services.scheduler.config import SchedulerSettings
@@ -153,7 +154,8 @@ class PlacementFlow:
         try:
             async with self._finals_in_flight:
                 with trace.use_span(span, end_on_exit=False):
-                    await self._fail(action)
+                    if not await self._placed_again(action):
+                        await self._fail(action)
         except Exception as exc:  # its record's handler raises it (DLQ, answer)
             log.warning("final error of %s not published", key, exc_info=True)
             self._answering.discard(key)
@@ -161,6 +163,10 @@ class PlacementFlow:
         else:
             self._answering.discard(key)
             self._resolve(key)
+
+    async def _placed_again(self, action: FinalError) -> bool:
+        """True when the request was placed again instead of answered with `action`'s error (OutcomeFlow)."""
+        return False
 
     async def _deliver(self, action: PlaceAction, routed: RoutedRequest, claim: bool) -> None:
         """The placement claimed (when `claim`), its Dispatch sent and acknowledged, outside the lock;
@@ -247,7 +253,7 @@ class PlacementFlow:
             # An earlier claim lapsed unmarked (its claimant died or stalled mid-publish): its result may be
             # out. Looked up under the lock, a Kafka read of up to admin_timeout_s, as it is rare; a look-up
             # that fails raises (placed again later, `_publish`): never sent blind.
-            if await self._lapsed_result_marked(key):
+            if await lapsed_result_marked(self.bus, self.fence, key):
                 verdict = Superseded.RESULT_OUT
             else:
                 verdict = await self.fence.supersede(key, attempt, looked_up=True)
@@ -361,22 +367,10 @@ class PlacementFlow:
     async def _claim_for_error(self, key: RequestKey) -> bool:
         try:
             # If a lapsed claim's result is out, that is the answer (marked now), not this error.
-            return not await self._lapsed_result_marked(key) and await self.fence.claim_for_error(key)
+            return not await lapsed_result_marked(self.bus, self.fence, key) and await self.fence.claim_for_error(key)
         except Exception:  # better a (rare) second answer than none: no worker can claim either
             log.warning("final marker of %s unreachable; publishing its error anyway", key, exc_info=True)
             return True
-
-    async def _lapsed_result_marked(self, key: RequestKey) -> bool:
-        """An attempt claimed the result and its lease lapsed before it marked it done: True if its result
-        is on llm.results (marked done now). Raises when llm.results could not be read to its end."""
-        if (since_ms := await self.fence.lapsed_claim_ms(key)) is None:
-            return False
-        bus = self.bus
-        attempt = await result_out_since(bus.settings, bus.topics, key, since_ms, service=bus.service)
-        if attempt is None:
-            return False
-        await self.fence.final_published(key, attempt)
-        return True
 
     def _resolve(self, key: RequestKey, error: Exception | None = None) -> None:
         self._spans.pop(key, None)

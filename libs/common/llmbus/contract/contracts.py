@@ -104,6 +104,16 @@ ROUTER = Contract(
     ),
     writes=(Writes(t.ROUTED, m.RoutedRequest), Writes(t.RESULTS, m.InferenceResult), *_replies(), DLQ),
 )
+# A cut answer's chunks read back by request id: by its next worker, to continue it; by the scheduler, before a
+# max_attempts error, to count its legs (llmbus.bus.read_back).
+REPLY_LOOKUP = Reads(
+    "replies",
+    REPLY_TOPICS,
+    m.TokenChunk,
+    group=None,
+    on_demand=True,
+    notes="a cut answer's chunks, read back to continue it or count its legs (docs/delivery.md)",
+)
 
 SCHEDULER = Contract(
     t.SCHEDULER,
@@ -125,6 +135,7 @@ SCHEDULER = Contract(
         Reads("models", (t.MODELS,), m.ModelSpec, group=None, max_in_flight=64, raw=True),
         Reads("control", (t.CONTROL,), m.Control, group=None, max_in_flight=64, raw=True),
         RESULT_LOOKUP,
+        REPLY_LOOKUP,
     ),
     writes=(
         Writes(t.DISPATCH_SPEC.name, m.Dispatch),
@@ -152,14 +163,7 @@ WORKER = Contract(
         ),
         Reads("models", (t.MODELS,), m.ModelSpec, group=None, at_start=True, notes="read once at start, as a table"),
         RESULT_LOOKUP,
-        Reads(
-            "replies",
-            REPLY_TOPICS,
-            m.TokenChunk,
-            group=None,
-            on_demand=True,
-            notes="a cut answer's chunks, read back to continue it (docs/delivery.md)",
-        ),
+        REPLY_LOOKUP,
         Reads(
             "nodes",
             (t.NODES,),
