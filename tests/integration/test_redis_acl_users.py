@@ -34,8 +34,9 @@ from llmbus.state.keys import cost_key_root
 from llmbus.state.store import dispatch_markers, redis_client
 from llmbus_services.cost_accounting.app import CostService
 from llmbus_services.cost_accounting.config import CostSettings
+from llmbus_services.router.adapters.limits import LIMITER_ERRORS, RedisRateLimiter
 from llmbus_services.router.app import build_core
-from llmbus_services.router.core.config import load_policy
+from llmbus_services.router.core.config import TenantPolicy, load_policy
 from llmbus_services.scheduler.adapters.store import PlacementStore
 from llmbus_services.shadow_comparator.app import build as build_comparator
 from llmbus_services.shadow_comparator.config import ComparatorSettings
@@ -158,6 +159,22 @@ async def test_the_router_scheduler_and_workers_stores_work_under_their_own_user
         for client in (router_markers, worker_markers):
             await client._client.aclose()
         await scheduler.aclose()
+
+
+async def test_the_routers_rate_limits_decide_under_its_user(acl_redis: str) -> None:
+    """The limits' script reads Redis's clock (TIME): refused it, every check would fail open (and let
+    every request through) instead of holding a tenant to its burst."""
+    router = client_of(acl_redis, t.ROUTER)
+    limiter = RedisRateLimiter(router, f"{PREFIX}router")
+    failed_open = LIMITER_ERRORS._value.get()
+    try:
+        limits = TenantPolicy(requests_per_s=0.1, burst_requests=1)
+        assert (await limiter.take("acme", limits, 1)).allowed
+        refused = await limiter.take("acme", limits, 1)
+        assert (refused.allowed, refused.limit) == (False, "requests")
+        assert LIMITER_ERRORS._value.get() == failed_open
+    finally:
+        await router.aclose()
 
 
 async def test_cost_accountings_handlers_bill_under_their_own_user(acl_redis: str) -> None:

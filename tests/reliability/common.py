@@ -17,6 +17,7 @@ from pathlib import Path
 from llmbus.contract import topics as t
 from llmbus_tools.harness.reliability.deployment import Deployment
 from llmbus_tools.harness.reliability.effects import Billing, Effect, group_members
+from llmbus_tools.harness.reliability.infra import PrivateRedis
 from llmbus_tools.harness.reliability.load import Answers, Load
 from llmbus_tools.harness.reliability.stack import Stack
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome, dispose, finish
@@ -48,15 +49,34 @@ def sized(size: Size, requests: str | None) -> Size:
 @dataclass
 class Run:
     """One scenario's run: its size, where its logs go, the session's secured broker (None for a scenario
-    that starts and breaks its own)."""
+    that starts and breaks its own), the Redis servers it started (`close` stops them)."""
 
     size: Size
     log_dir: Path
     broker: SecuredBroker | None
+    redises: list[PrivateRedis] = field(default_factory=list)
 
-    def deployment(self, **overrides: object) -> Deployment:
-        assert self.broker is not None, "a scenario with its own broker makes its own deployment"
-        return Deployment.on(self.broker, **overrides)
+    def deployment(self, broker: SecuredBroker | None = None, **overrides: object) -> Deployment:
+        """A fresh namespace on `broker` (the session's unless the scenario started its own), on a Redis of
+        its own with the namespace's ACL users as deployed (`deployment.redis`: a scenario may break it),
+        unless `overrides` name another Redis (`redis_url`: a Redis Cluster, without ACL users)."""
+        on = broker or self.broker
+        assert on is not None, "a scenario with its own broker passes it"
+        deployment = Deployment.on(on, **overrides)
+        return deployment if "redis_url" in overrides else deployment.with_redis(self.redis(deployment))
+
+    def redis(self, deployment: Deployment, name: str = "redis") -> PrivateRedis:
+        """Another Redis with `deployment`'s ACL users, started; stopped by `close`."""
+        redis = deployment.own_redis(self.log_dir / name)
+        self.redises.append(redis)
+        redis.start()
+        return redis
+
+    def close(self) -> None:
+        """Stops the Redis servers the run started."""
+        for redis in self.redises:
+            with contextlib.suppress(Exception):
+                redis.stop()
 
 
 def at(size: Size, fraction: float) -> int:

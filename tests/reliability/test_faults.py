@@ -12,6 +12,7 @@ per scenario (the report says so).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -61,11 +62,14 @@ async def test_no_request_lost_or_doubled_and_every_result_billed_once(
     chosen = SCENARIOS[scenario]
     broker: SecuredBroker | None = None if chosen.own_broker else request.getfixturevalue("deployed_broker")
     started = time.monotonic()
+    run = Run(SIZE, tmp_path, broker)
     try:
-        outcome = await chosen.run(Run(SIZE, tmp_path, broker))
+        outcome = await chosen.run(run)
     except Exception as exc:  # the report shows a scenario that could not even finish
         error = f"{type(exc).__name__}: {exc}"
         reliability_outcomes.append(Outcome(scenario, AuditReport(), time.monotonic() - started, error=error))
         raise
+    finally:
+        await asyncio.to_thread(run.close)
     reliability_outcomes.append(outcome)
     assert outcome.passed, outcome.verdict() + "\n" + "\n".join(outcome.notes)

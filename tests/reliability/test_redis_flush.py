@@ -36,13 +36,10 @@ from llmbus.audit.bills import check_bills
 from llmbus.contract import topics as t
 from llmbus.contract.messages import BookedTo, CostKind, CostRecord
 from llmbus.contract.request_key import request_key
-from llmbus.state.store import redis_client
-from llmbus_tools.harness.reliability.deployment import Deployment
 from llmbus_tools.harness.reliability.effects import costs_in, results_in
-from llmbus_tools.harness.reliability.infra import PrivateRedis
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
 from llmbus_tools.harness.secured import SecuredBroker
-from tests.reliability.common import SHORT, Faults, at, deployed, run_scenario
+from tests.reliability.common import SHORT, Faults, Run, at, deployed, run_scenario
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -82,14 +79,15 @@ async def flush_run(
 ) -> tuple[Outcome, list[str], list[Seen], t.Topics]:
     """The stack as deployed on a private Redis, the load, two FLUSHALLs (the second followed by a cost
     SIGKILL when `kill_cost`); returns the outcome, the services' own exits and the records."""
-    redis = PrivateRedis(tmp_path / "redis")
-    await asyncio.to_thread(redis.start)
-    deployment = Deployment.on(broker, redis_url=redis.url)
+    run = Run(SIZE, tmp_path, broker)
+    deployment = await asyncio.to_thread(run.deployment)  # on a Redis of its own, with its ACL users
+    redis = deployment.redis
+    assert redis is not None
     prefix = deployment.prefix
     faults = Faults()
 
     async def flush() -> None:
-        client = redis_client(redis.url)
+        client = await redis.client()  # Redis's `default` user: FLUSHALL is no service's command
         try:
             kinds = Counter[str]()
             async for key in client.scan_iter(count=1000):
@@ -120,7 +118,7 @@ async def flush_run(
             outcome = await run_scenario("redis_flushall", running, size, hooks, faults, budget)
             return outcome, stack.crashes, await read_namespace(deployment.operator), deployment.topics
     finally:
-        await asyncio.to_thread(redis.stop)
+        await asyncio.to_thread(run.close)
 
 
 def judge(outcome: Outcome, crashes: list[str]) -> None:

@@ -176,7 +176,9 @@ class Billing:
 
     async def redis_totals(self, dimension: str) -> dict[str, dict[str, int]]:
         """value -> metric -> the sum over every month of cost-accounting's `dimension` aggregate."""
-        client = redis_client(self.settings.redis_url, cluster=self.settings.redis_cluster)
+        client = redis_client(
+            self.settings.redis_url, password=self.settings.redis_password, cluster=self.settings.redis_cluster
+        )
         out: dict[str, Counter[str]] = {}
         try:
             pattern = f"{cost_key_root(self.settings.topic_prefix)}agg:m*:{dimension}"
@@ -317,7 +319,9 @@ class Comparing:
     async def pair_count(self) -> int:
         """`n` of the experiment's pair aggregates in the comparator's Redis store, over its steps (with
         decisions on, a ramp moves it to the next step)."""
-        client = redis_client(self.settings.redis_url, cluster=self.settings.redis_cluster)
+        client = redis_client(
+            self.settings.redis_url, password=self.settings.redis_password, cluster=self.settings.redis_cluster
+        )
         store = ComparatorStore(client, f"{self.settings.topic_prefix}comparator")  # as the service names it
         n = 0
         try:

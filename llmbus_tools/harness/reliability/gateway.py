@@ -13,7 +13,7 @@ from llmbus.state.store import redis_client
 
 async def api_keys(settings: BusSettings, tenants: list[str]) -> dict[str, str]:
     """One gateway API key per load tenant (the tenant is the key's, never the body's)."""
-    redis = redis_client(settings.redis_url, cluster=settings.redis_cluster)
+    redis = redis_client(settings.redis_url, password=settings.redis_password, cluster=settings.redis_cluster)
     try:
         store = ApiKeyStore(redis, gateway_key_namespace(settings.topic_prefix))
         return {tenant: (await store.create(tenant))[0] for tenant in tenants}

@@ -74,14 +74,22 @@ class PrivateKafka:
 @dataclass
 class PrivateRedis:
     """A Redis of our own (append-only file, fsync every second, as deploy/redis/redis.sh runs it) that a
-    test may stop, SIGKILL, or make refuse writes for a while."""
+    test may stop, SIGKILL, or make refuse writes for a while. With `acl` (an ACL file's text,
+    llmbus.security.redis_acls), its users are those and `password` is its `default` user's: the one
+    `client()` and the script's own calls log in with."""
 
     run_dir: Path
     port: int = field(default_factory=free_port)
+    acl: str | None = None
+    password: str | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def url_as(self, user: str) -> str:
+        """`url` naming the ACL user a client logs in as (its password is given apart)."""
+        return f"redis://{user}@127.0.0.1:{self.port}/0"
 
     @property
     def name(self) -> str:
@@ -94,6 +102,14 @@ class PrivateRedis:
             "REDIS_NAME": self.name,
             "REDIS_APPENDONLY": "yes",
         }
+        if self.acl is not None:
+            acl_file = self.run_dir / f"{self.name}.acl"
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            acl_file.write_text(self.acl)
+            acl_file.chmod(0o600)
+            env |= {"REDIS_ACLFILE": str(acl_file)}
+        if self.password is not None:
+            env |= {"REDIS_PASSWORD": self.password}
         subprocess.run([str(REPO / "deploy/redis/redis.sh"), action], check=True, env=env, timeout=60)
 
     def start(self) -> None:
@@ -117,7 +133,7 @@ class PrivateRedis:
         (self.run_dir / f"{self.name}.pid").unlink(missing_ok=True)
 
     async def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
+        return redis.Redis.from_url(self.url, password=self.password)
 
 
 async def refuse_writes(client: redis.Redis, how: str, unreachable_port: int | None = None) -> None:

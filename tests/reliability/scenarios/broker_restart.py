@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from llmbus_tools.harness.reliability.deployment import TENANTS, Deployment
+from llmbus_tools.harness.reliability.deployment import TENANTS
 from llmbus_tools.harness.reliability.infra import PrivateKafka
 from llmbus_tools.harness.reliability.load import Load
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
@@ -53,7 +53,7 @@ async def run(run: Run) -> Outcome:
     await asyncio.to_thread(kafka.start)
     try:
         faults = Faults()
-        deployment = Deployment.on(kafka.secured)
+        deployment = run.deployment(kafka.secured)
         size = run.size
         budget = ErrorBudget()  # filled in by the outage, with the requests it met
         async with deployed(deployment, run.log_dir, keep_namespace=True) as running:

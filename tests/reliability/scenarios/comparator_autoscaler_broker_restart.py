@@ -16,7 +16,7 @@ import signal
 from dataclasses import replace
 
 from llmbus.contract import topics as t
-from llmbus_tools.harness.reliability.deployment import TENANTS, Deployment
+from llmbus_tools.harness.reliability.deployment import TENANTS
 from llmbus_tools.harness.reliability.effects import Comparing, Scaling, live_pids
 from llmbus_tools.harness.reliability.infra import PrivateKafka
 from llmbus_tools.harness.reliability.load import MODEL, Load
@@ -35,7 +35,7 @@ async def run(run: Run) -> Outcome:
     prefix = f"{MODEL}-as"
     try:
         faults = Faults()
-        deployment = Deployment.on(kafka.secured)
+        deployment = run.deployment(kafka.secured)
         size = replace(run.size, rate_per_s=min(run.size.rate_per_s, 10.0))
 
         def beside(stack: Stack) -> None:

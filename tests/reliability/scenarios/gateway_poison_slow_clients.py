@@ -137,7 +137,7 @@ async def run(run: Run) -> Outcome:
     deployment = run.deployment()
     async with deployed(deployment, run.log_dir) as running:
         stack = running.stack
-        keys = await api_keys(deployment.base, deployment.tenants)
+        keys = await api_keys(deployment.operator, deployment.tenants)
         stack.gateway(port, INSTANCE)
         await wait_ready(base_url)
         load = HttpLoad(base_url, keys, size.requests, min(size.rate_per_s, size.requests / 16), deployment.tenants)

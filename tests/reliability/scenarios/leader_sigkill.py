@@ -20,7 +20,7 @@ from llmbus.bus.admin import open_admin
 from llmbus.bus.security import kafka_auth
 from llmbus.contract import topics as t
 from llmbus.settings import BusSettings
-from llmbus_tools.harness.reliability.deployment import TENANTS, Deployment
+from llmbus_tools.harness.reliability.deployment import TENANTS
 from llmbus_tools.harness.reliability.load import Load
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
 from tests.fixtures.kafka_cluster import MIN_INSYNC_REPLICAS, REPLICATION_FACTOR, kafka_cluster
@@ -63,7 +63,7 @@ async def leader_load(admin: BusSettings, reply_topics: list[str]) -> tuple[Coun
 
 async def run(run: Run) -> Outcome:
     with kafka_cluster(run.log_dir / "kafka-cluster", tenants=TENANTS) as cluster:
-        deployment = Deployment.on(
+        deployment = run.deployment(
             cluster.secured, replication_factor=REPLICATION_FACTOR, min_insync_replicas=MIN_INSYNC_REPLICAS
         )
         faults = Faults()

@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from llmbus.contract import topics as t
-from llmbus_tools.harness.reliability.infra import PrivateRedis, refuse_writes, take_writes
+from llmbus_tools.harness.reliability.infra import refuse_writes, take_writes
 from llmbus_tools.harness.reliability.load import Load
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
 from tests.reliability.common import Faults, Run, Scenario, at, deployed, run_scenario
@@ -24,9 +24,9 @@ REFUSE_S = 5
 
 
 async def run(run: Run) -> Outcome:
-    redis = PrivateRedis(run.log_dir / "redis")
-    await asyncio.to_thread(redis.start)
-    deployment = run.deployment(redis_url=redis.url)
+    deployment = run.deployment()
+    redis = deployment.redis
+    assert redis is not None
     faults = Faults()
     budget = ErrorBudget()
     size = run.size
@@ -48,16 +48,13 @@ async def run(run: Run) -> Outcome:
 
         return action
 
-    try:
-        async with deployed(deployment, run.log_dir) as running:
-            hooks = {at(size, 0.25): faults.spawn(refusing("oom")), at(size, 0.6): faults.spawn(refusing("readonly"))}
-            outcome = await run_scenario("redis_refuses_writes", running, size, hooks, faults, budget, load)
-            letters = {by: n for by, n in outcome.report.dead_letters_by.items() if by.startswith(f"{t.COST}/")}
-            if letters:
-                outcome.effect_problems.append(f"cost-accounting dead-lettered records: {letters}")
-            return outcome
-    finally:
-        await asyncio.to_thread(redis.stop)
+    async with deployed(deployment, run.log_dir) as running:
+        hooks = {at(size, 0.25): faults.spawn(refusing("oom")), at(size, 0.6): faults.spawn(refusing("readonly"))}
+        outcome = await run_scenario("redis_refuses_writes", running, size, hooks, faults, budget, load)
+        letters = {by: n for by, n in outcome.report.dead_letters_by.items() if by.startswith(f"{t.COST}/")}
+        if letters:
+            outcome.effect_problems.append(f"cost-accounting dead-lettered records: {letters}")
+        return outcome
 
 
 SCENARIO = Scenario("redis_refuses_writes", run, "the shared Redis refuses writes: OOM for 5 s, later READONLY 5 s")

@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from llmbus.contract import topics as t
 from llmbus_tools.harness.reliability.infra import PrivateRedis
 from llmbus_tools.harness.reliability.load import Load
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
@@ -29,11 +30,10 @@ def exposed_to(load: Load, before: int) -> list[str]:
 
 
 async def run(run: Run) -> Outcome:
-    router_redis = PrivateRedis(run.log_dir / "redis-router")
-    shared_redis = PrivateRedis(run.log_dir / "redis-shared")
-    for instance in (router_redis, shared_redis):
-        await asyncio.to_thread(instance.start)
-    deployment = run.deployment(redis_url=shared_redis.url)
+    deployment = run.deployment()
+    shared_redis = deployment.redis
+    assert shared_redis is not None
+    router_redis = await asyncio.to_thread(run.redis, deployment, "redis-router")
     faults = Faults()
     budget = ErrorBudget()
     size = run.size
@@ -53,17 +53,15 @@ async def run(run: Run) -> Outcome:
 
         return action
 
-    router_env = {"LLMBUS_ROUTER_STATE_REDIS_URL": router_redis.url}
-    try:
-        async with deployed(deployment, run.log_dir, env={"router": router_env}) as running:
-            hooks = {
-                at(size, 0.25): faults.spawn(outage(router_redis, "router", False)),
-                at(size, 0.6): faults.spawn(outage(shared_redis, "final markers (every service)", True)),
-            }
-            return await run_scenario("redis_restart", running, size, hooks, faults, budget, load)
-    finally:
-        for instance in (router_redis, shared_redis):
-            await asyncio.to_thread(instance.stop)
+    # The router's own user on its state Redis too: the user is named in the URL (LLMBUS_REDIS_USERNAME
+    # goes into the bus's redis_url only), the password is its LLMBUS_REDIS_PASSWORD.
+    router_env = {"LLMBUS_ROUTER_STATE_REDIS_URL": router_redis.url_as(t.ROUTER)}
+    async with deployed(deployment, run.log_dir, env={"router": router_env}) as running:
+        hooks = {
+            at(size, 0.25): faults.spawn(outage(router_redis, "router", False)),
+            at(size, 0.6): faults.spawn(outage(shared_redis, "final markers (every service)", True)),
+        }
+        return await run_scenario("redis_restart", running, size, hooks, faults, budget, load)
 
 
 SCENARIO = Scenario("redis_restart", run, "the router's Redis stopped 4 s, later the shared Redis 4 s")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from llmbus_tools.harness.reliability.infra import PrivateRedis
 from llmbus_tools.harness.reliability.load import Load
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
 from tests.reliability.common import Faults, Run, Scenario, at, deployed, run_scenario
@@ -27,9 +26,9 @@ LOST_WRITES = "Redis lost writes made after tick"  # cost-accounting's log line 
 
 
 async def run(run: Run) -> Outcome:
-    redis = PrivateRedis(run.log_dir / "redis")
-    await asyncio.to_thread(redis.start)
-    deployment = run.deployment(redis_url=redis.url)
+    deployment = run.deployment()
+    redis = deployment.redis
+    assert redis is not None
     faults = Faults()
     budget = ErrorBudget()
     size = run.size
@@ -58,19 +57,16 @@ async def run(run: Run) -> Outcome:
             f"with {keys_after} from its append-only file (everysec)"
         )
 
-    try:
-        async with deployed(deployment, run.log_dir) as running:
-            hooks = {at(size, 0.4): faults.spawn(crash)}
-            outcome = await run_scenario("redis_sigkill", running, size, hooks, faults, budget, load)
-            cost_log = running.stack.procs["cost"].log_tail(100_000)
-            made_good = [line for line in cost_log.splitlines() if LOST_WRITES in line]
-            outcome.notes.append(
-                f"cost-accounting found lost writes {len(made_good)} time(s): "
-                + ("; ".join(line.split(": ", 1)[-1][:200] for line in made_good) or "none lost")
-            )
-            return outcome
-    finally:
-        await asyncio.to_thread(redis.stop)
+    async with deployed(deployment, run.log_dir) as running:
+        hooks = {at(size, 0.4): faults.spawn(crash)}
+        outcome = await run_scenario("redis_sigkill", running, size, hooks, faults, budget, load)
+        cost_log = running.stack.procs["cost"].log_tail(100_000)
+        made_good = [line for line in cost_log.splitlines() if LOST_WRITES in line]
+        outcome.notes.append(
+            f"cost-accounting found lost writes {len(made_good)} time(s): "
+            + ("; ".join(line.split(": ", 1)[-1][:200] for line in made_good) or "none lost")
+        )
+        return outcome
 
 
 SCENARIO = Scenario("redis_sigkill", run, "the shared Redis SIGKILLed (AOF everysec), started again 1 s later")

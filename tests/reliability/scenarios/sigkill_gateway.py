@@ -24,7 +24,7 @@ async def run(run: Run) -> Outcome:
     deployment = run.deployment()
     async with deployed(deployment, run.log_dir) as running:
         stack = running.stack
-        keys = await api_keys(deployment.base, deployment.tenants)
+        keys = await api_keys(deployment.operator, deployment.tenants)
         stack.gateway(port, "gw-rel")
         await wait_ready(base_url)
 

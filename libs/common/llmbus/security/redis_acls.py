@@ -30,8 +30,10 @@ from llmbus.state.keys import (
 
 DEFAULT_USER = "default"
 # What a service's stores send: reads, writes, key expiry and scans, scripts, MULTI, connection
-# commands, and the slot map a cluster client reads. Never a dangerous command (KEYS, FLUSHALL, CONFIG,
-# DEBUG, ...), nor one that drops or stops every script (they are other services' too).
+# commands, the server's clock (TIME, in no category but @fast: the router's rate limits read it inside
+# their script, and fail open without it), and the slot map a cluster client reads. Never a dangerous
+# command (KEYS, FLUSHALL, CONFIG, DEBUG, ...), nor one that drops or stops every script (they are other
+# services' too).
 SERVICE_COMMANDS = (
     "-@all",
     "+@read",
@@ -41,6 +43,7 @@ SERVICE_COMMANDS = (
     "+@transaction",
     "+@connection",
     "-@dangerous",
+    "+time",
     "-script|flush",
     "-script|kill",
     "-function|flush",
