@@ -84,7 +84,7 @@ def build(runtime: ServiceRuntime, router_settings: RouterSettings) -> RouterHan
     core, budgets, cache, coalescer, semantic = build_core(
         policy,
         f"{settings.topic_prefix}router",
-        router_settings.state_redis_url or settings.redis_url,
+        settings.redis_url_of(router_settings.state_redis_url),
         settings.redis_password,
         router_settings.user_id_salt,
         redis_cluster=settings.redis_cluster,

@@ -28,5 +28,6 @@ class RouterSettings(BaseSettings):
     # 0: fetched as every other subscription is (each result as it comes).
     results_fetch_wait_ms: int = Field(default=100, ge=0, le=1000)
     # Redis for the limits and the cache; None: the bus's redis_url. The final markers (who
-    # answers a request) are always in the bus's redis_url, shared with scheduler and workers.
+    # answers a request) are always in the bus's redis_url, shared with scheduler and workers. Logged in
+    # to as the router's Redis user (LLMBUS_REDIS_USERNAME) where the URL names none.
     state_redis_url: str | None = None

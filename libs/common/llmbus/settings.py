@@ -124,6 +124,12 @@ class BusSettings(BaseSettings):
             self.redis_url = _with_user(self.redis_url, self.redis_username)
         return self
 
+    def redis_url_of(self, url: str | None) -> str:
+        """A Redis of this service's own (`url`; None: `redis_url`), logged in to as its Redis user."""
+        if url is None:
+            return self.redis_url
+        return _with_user(url, self.redis_username) if self.redis_username else url
+
     @property
     def auth_enabled(self) -> bool:
         """The broker authenticates this client: tenants follow from topics, not from message bodies."""

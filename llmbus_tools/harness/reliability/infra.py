@@ -87,10 +87,6 @@ class PrivateRedis:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def url_as(self, user: str) -> str:
-        """`url` naming the ACL user a client logs in as (its password is given apart)."""
-        return f"redis://{user}@127.0.0.1:{self.port}/0"
-
     @property
     def name(self) -> str:
         return f"redis-{self.port}"

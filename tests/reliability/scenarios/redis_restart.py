@@ -13,7 +13,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from llmbus.contract import topics as t
 from llmbus_tools.harness.reliability.infra import PrivateRedis
 from llmbus_tools.harness.reliability.load import Load
 from llmbus_tools.harness.reliability.verdict import ErrorBudget, Outcome
@@ -53,9 +52,8 @@ async def run(run: Run) -> Outcome:
 
         return action
 
-    # The router's own user on its state Redis too: the user is named in the URL (LLMBUS_REDIS_USERNAME
-    # goes into the bus's redis_url only), the password is its LLMBUS_REDIS_PASSWORD.
-    router_env = {"LLMBUS_ROUTER_STATE_REDIS_URL": router_redis.url_as(t.ROUTER)}
+    # The router logs in to its state Redis as its own user too (LLMBUS_REDIS_USERNAME, BusSettings.redis_url_of).
+    router_env = {"LLMBUS_ROUTER_STATE_REDIS_URL": router_redis.url}
     async with deployed(deployment, run.log_dir, env={"router": router_env}) as running:
         hooks = {
             at(size, 0.25): faults.spawn(outage(router_redis, "router", False)),
