@@ -58,6 +58,7 @@ def test_report_has_a_row_per_scenario_and_service_judged_by_its_own_check(tmp_p
         "producers_renewed": 0,
         "retried_in_place": 0,
         "placed_again": 0,
+        "redis_refused": 0,
     }
     assert by_service["cost"]["judged_by"] == "Billing" and by_service["cost"]["passed"] is False
     assert by_service["cost"]["exits"] == 1 and by_service["w1"]["memberships_lost"] == 0
@@ -65,6 +66,23 @@ def test_report_has_a_row_per_scenario_and_service_judged_by_its_own_check(tmp_p
     outcome = Outcome("leader_sigkill", AuditReport(sent=1, answered=1), 1.0, services=rows)
     write_report([outcome], tmp_path / "cluster", "make reliability-cluster", "long")
     md = (tmp_path / "cluster.md").read_text()
-    assert "| leader_sigkill | scheduler | delivery audit | pass | 0 | 1 | 1 | 1 | 0 | 0 | 0 | 0 |" in md
-    assert "| leader_sigkill | cost | Billing | **FAIL** | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |" in md
+    assert "| leader_sigkill | scheduler | delivery audit | pass | 0 | 1 | 1 | 1 | 0 | 0 | 0 | 0 | 0 |" in md
+    assert "| leader_sigkill | cost | Billing | **FAIL** | 1 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |" in md
     assert json.loads((tmp_path / "cluster.json").read_text())["scenarios"][0]["services"] == rows
+
+
+def test_redis_refusing_a_service_a_command_fails_its_scenario(tmp_path: Path) -> None:
+    """Under per-service Redis ACL users a command the user lacks fails, in a script or not; the router's rate
+    limits then fail open, and the scenario would pass unless the log is judged."""
+    from llmbus_tools.harness.reliability.service_rows import refusals, service_rows
+
+    router_log = tmp_path / "router.log"
+    router_log.write_text(
+        "x WARNING llmbus_services.router.adapters.limits: rate limit check failed; letting rel-1 through\n"
+        "redis.exceptions.ResponseError: The user executing the script can't run this command or subcommand\n"
+        "redis.exceptions.NoPermissionError: NOPERM User router has no permissions to run the 'time' command\n"
+    )
+    rows = service_rows({"router": router_log}, [], True, {})
+    assert rows[0]["redis_refused"] == 2 and rows[0]["passed"] is False
+    assert refusals(rows) == ["router: Redis refused its ACL user 2 command(s) (see its log)"]
+    assert refusals(service_rows({"w1": tmp_path / "none.log"}, [], True, {})) == []

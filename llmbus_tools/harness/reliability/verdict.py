@@ -16,7 +16,7 @@ from llmbus.audit import AuditReport, audit, read_namespace
 from llmbus.settings import BusSettings
 from llmbus_tools.harness.reliability.effects import Effect
 from llmbus_tools.harness.reliability.load import Answers
-from llmbus_tools.harness.reliability.service_rows import service_rows
+from llmbus_tools.harness.reliability.service_rows import refusals, service_rows
 from llmbus_tools.harness.reliability.stack import Stack
 from llmbus_tools.harness.service_procs import drop_namespace
 
@@ -180,5 +180,6 @@ async def finish(
     logs = {name: proc.log_path for name, proc in stack.procs.items()}
     delivery_passed = report.passed and not outcome.errors_over_budget
     outcome.services = service_rows(logs, stack.crashes, delivery_passed, effects_passed)
+    outcome.effect_problems += refusals(outcome.services)
     print(f"{scenario}: {outcome.verdict()}\n  " + "\n  ".join(notes), file=sys.stderr)
     return outcome
