@@ -50,7 +50,11 @@ async def test_a_worker_started_again_after_a_sigkill_is_ready_and_reads_its_dis
     bus_settings: BusSettings, services: list[ServiceProc]
 ) -> None:
     topics = t.Topics(bus_settings.topic_prefix)
-    env = {"LLMBUS_WORKER_WORKER_ID": "w1", "LLMBUS_WORKER_SIM_SPEEDUP": "50", "LLMBUS_SESSION_TIMEOUT_MS": str(SESSION_MS)}
+    env = {
+        "LLMBUS_WORKER_WORKER_ID": "w1",
+        "LLMBUS_WORKER_SIM_SPEEDUP": "50",
+        "LLMBUS_SESSION_TIMEOUT_MS": str(SESSION_MS),
+    }
     worker = ServiceProc("llmbus_services.engine_worker", bus_settings, name="w1", env=env).start()
     services.append(worker)
     await wait_workers_ready(bus_settings, {"w1"})
