@@ -49,11 +49,11 @@ from llmbus.state.text import text_of
 from llmbus_services.engine_worker.adapters.ending import AttemptEnd
 from llmbus_services.router.config import RouterSettings
 from llmbus_services.router.flows.requests import ROUTER_ATTEMPT, RequestFlow
+from llmbus_services.scheduler.adapters import answers as answer_lookups
 from llmbus_services.scheduler.adapters.store import PlacementStore
 from llmbus_services.scheduler.app import build_core
 from llmbus_services.scheduler.config import SchedulerSettings
 from llmbus_services.scheduler.flows import SchedulerHandlers
-from llmbus_services.scheduler.flows import placement as placement_flow
 from llmbus_services.scheduler.flows.placement import RETRY_PLACE_MS
 from tests.support import redis_keys, until
 
@@ -311,7 +311,7 @@ async def test_a_lapsed_claims_look_up_that_fails_puts_the_placement_off_not_sen
     placed again RETRY_PLACE_MS later, when the look-up answers."""
     handlers = await scheduler_of(bus_settings, fence, client)
     first = await first_attempt_lapsed(bus, handlers, fence, f"lookup-{uuid.uuid4().hex[:8]}", written=True)
-    real = placement_flow.result_out_since
+    real = answer_lookups.result_out_since
     looked: list[bool] = []
 
     async def times_out_once(*args: object, **kwargs: object) -> int | None:
@@ -321,7 +321,7 @@ async def test_a_lapsed_claims_look_up_that_fails_puts_the_placement_off_not_sen
         looked.append(True)
         return await real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(placement_flow, "result_out_since", times_out_once)
+    monkeypatch.setattr(answer_lookups, "result_out_since", times_out_once)
     await heartbeat(handlers, first.worker_id, WorkerState.STOPPED)
     assert first.request_key in handlers.core.delayed, "put off"
     assert [d.attempt for d in sent(handlers).of(Dispatch)] == [1] and sent(handlers).of(InferenceResult) == []
