@@ -103,19 +103,20 @@ def routed_record(request_id: str, partition: int = 0, deadline_ms: int | None =
     return ConsumerRecord(f"{PREFIX}llm.routed", partition, 0, 0, 0, b"m", raw, None, 1, len(raw), [])
 
 
-async def add_worker(handlers: SchedulerHandlers, worker_id: str = "w1") -> None:
+async def heartbeat(handlers: SchedulerHandlers, worker_id: str = "w1", state: WorkerState = WorkerState.READY) -> None:
+    """`worker_id`'s heartbeat read by the scheduler (READY: a worker of model m it may place on; STOPPED: gone)."""
     status = WorkerStatus(
         worker_id=worker_id,
         node_id="n1",
-        state=WorkerState.READY,
+        state=state,
         engine="sim",
         models=["m"],
         max_model_len=8192,
         kv_blocks_total=1000,
         kv_blocks_free=1000,
     )
-    raw = status.to_bytes()
-    await handlers.on_fleet(ConsumerRecord(f"{PREFIX}llm.workers", 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
+    raw, topic = status.to_bytes(), handlers.bus.topics.name("llm.workers")
+    await handlers.on_fleet(ConsumerRecord(topic, 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
 
 
 def publisher(handlers: SchedulerHandlers) -> FlakyPublisher:
@@ -162,7 +163,7 @@ async def test_a_transient_failure_of_a_claim_or_dispatch_is_rolled_back_and_pla
     client: redis.Redis, namespace: str, failing: str, error: Exception
 ) -> None:
     handlers = make_handlers(client, namespace)
-    await add_worker(handlers)
+    await heartbeat(handlers)
     fail_once(handlers, failing, error)
     handling = asyncio.create_task(handlers.on_routed(routed_record("r1")))
     key = request_key("default", "r1")
@@ -185,7 +186,7 @@ async def test_a_permanent_failure_of_a_claim_or_dispatch_is_rolled_back_and_ans
     client: redis.Redis, namespace: str, failing: str, error: Exception
 ) -> None:
     handlers = make_handlers(client, namespace)
-    await add_worker(handlers)
+    await heartbeat(handlers)
     fail_once(handlers, failing, error)
     await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
     # The client is answered: final chunk on its reply topic and one error result.
@@ -232,7 +233,7 @@ async def test_revoked_partitions_are_handed_over_and_the_old_owner_never_answer
     with pytest.raises(asyncio.CancelledError):
         await waiting  # cancelled, so its offset stays uncommitted for the new owner
     assert not other.done() and old.core.queues.holds("m", request_key("default", "r4"))  # partition 1 stays here
-    await add_worker(new)
+    await heartbeat(new)
     await asyncio.wait_for(new.on_routed(routed_record("r3", partition=0)), 5)
     assert await client.get(new.store.key(request_key("default", "r3"), 1)) is not None
     # Past r3's deadline the old owner's timer finds nothing of r3: no DEADLINE_EXCEEDED, claim intact.
@@ -280,7 +281,7 @@ async def test_the_next_request_is_placed_while_a_dispatch_awaits_its_ack(client
     """The lock covers decisions and claims, not the broker's ack: a slow ack does not hold up the
     next placement, and the request's record is resolved (committable) only once its ack is in."""
     handlers = make_handlers(client, namespace)
-    await add_worker(handlers)
+    await heartbeat(handlers)
     ack = asyncio.Event()
     real_publish = publisher(handlers).publish
 
@@ -311,7 +312,7 @@ async def test_the_next_request_is_placed_while_a_first_attempts_claim_is_at_red
     (placements decided close together share a Redis round trip), and its record stays open until
     its claim and Dispatch are through."""
     handlers = make_handlers(client, namespace)
-    await add_worker(handlers)
+    await heartbeat(handlers)
     claimed = asyncio.Event()
     real_claim = handlers.store.claim
 
@@ -344,7 +345,7 @@ async def test_a_first_attempt_another_instance_claimed_is_forgotten_without_an_
     """The claim lost to another instance (a rebalance delivered the record to both): this one sends
     nothing, answers nothing, counts nothing, and its record is done."""
     handlers = make_handlers(client, namespace)
-    await add_worker(handlers)
+    await heartbeat(handlers)
     await client.set(handlers.store.key(request_key("default", "r1"), 1), '{"instance": "s2"}')
     await asyncio.wait_for(handlers.on_routed(routed_record("r1")), 5)
     assert not publisher(handlers).of(Dispatch) and not publisher(handlers).of(InferenceResult)

@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as redis
 from aiokafka import AIOKafkaProducer
-from aiokafka.structs import ConsumerRecord
 
 from llmbus.contract.messages import (
     ContinuedFrom,
@@ -31,8 +30,6 @@ from llmbus.contract.messages import (
     InferenceResult,
     RoutedRequest,
     TokenChunk,
-    WorkerState,
-    WorkerStatus,
     now_ms,
 )
 from llmbus.contract.topics import Topics
@@ -43,7 +40,7 @@ from llmbus_services.scheduler.app import build_core
 from llmbus_services.scheduler.config import SchedulerSettings
 from llmbus_services.scheduler.core.types import Placement, SchedRequest
 from llmbus_services.scheduler.flows import SchedulerHandlers
-from tests.integration.test_scheduler_handler_faults import FakeBus, FlakyPublisher
+from tests.integration.test_scheduler_handler_faults import FakeBus, FlakyPublisher, heartbeat
 from tests.support import redis_keys
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -96,25 +93,14 @@ def legs(request_id: str) -> list[TokenChunk]:
 
 async def third_attempt_lost(handlers: SchedulerHandlers, request_id: str) -> list[object]:
     """Attempts 1-3 each lost with its worker (w1-w3); w4 is live. What the scheduler publishes after."""
-    status = WorkerStatus(
-        worker_id="w4",
-        node_id="n1",
-        state=WorkerState.READY,
-        engine="sim",
-        models=["m"],
-        max_model_len=8192,
-        kv_blocks_total=1000,
-        kv_blocks_free=1000,
-    )
-    raw, topic = status.to_bytes(), handlers.bus.topics.name("llm.workers")
-    await handlers.on_fleet(ConsumerRecord(topic, 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
+    await heartbeat(handlers, "w4")
     routed = RoutedRequest(request=InferenceRequest(request_id=request_id, prompt="hi", max_tokens=64), model="m")
     routed.received_at_ms = now_ms()
     request = SchedRequest.from_routed(routed, now_ms(), 16, 0)
     request.attempt, request.excluded_workers = 3, {"w1", "w2", "w3"}
     request.earlier = [EarlierAttempt(attempt=n, worker_id=f"w{n}", ended=ErrorCode.WORKER_LOST) for n in (1, 2)]
     lost = Placement(request_id, 3, "w3", "m", 1, now_ms(), request)
-    [final] = [a for a in handlers.core._follow(handlers.core.recovery.retry(lost, ErrorCode.WORKER_LOST), now_ms())]
+    [final] = handlers.core._follow(handlers.core.recovery.retry(lost, ErrorCode.WORKER_LOST), now_ms())
     async with handlers._lock:
         await handlers._publish([final])
     while handlers._later:  # the error's task, then the Dispatch's it starts

@@ -40,7 +40,6 @@ from llmbus.contract.messages import (
     ResultStatus,
     RoutedRequest,
     WorkerState,
-    WorkerStatus,
     now_ms,
 )
 from llmbus.settings import BusSettings
@@ -55,6 +54,7 @@ from llmbus_services.scheduler.app import build_core
 from llmbus_services.scheduler.config import SchedulerSettings
 from llmbus_services.scheduler.flows import SchedulerHandlers
 from llmbus_services.scheduler.flows.placement import RETRY_PLACE_MS
+from tests.integration.test_scheduler_handler_faults import heartbeat
 from tests.support import redis_keys, until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis]
@@ -231,22 +231,6 @@ async def scheduler_of(bus_settings: BusSettings, fence: RequestFence, client: r
     for worker_id in ("w1", "w2"):
         await heartbeat(handlers, worker_id, WorkerState.READY)
     return handlers
-
-
-async def heartbeat(handlers: SchedulerHandlers, worker_id: str, state: WorkerState) -> None:
-    status = WorkerStatus(
-        worker_id=worker_id,
-        node_id="n1",
-        state=state,
-        engine="sim",
-        models=["m"],
-        max_model_len=8192,
-        kv_blocks_total=1000,
-        kv_blocks_free=1000,
-    )
-    topic = handlers.bus.topics.name(t.WORKERS)
-    raw = status.to_bytes()
-    await handlers.on_fleet(ConsumerRecord(topic, 0, 0, 0, 0, None, raw, None, 0, len(raw), []))
 
 
 async def first_attempt_lapsed(

@@ -49,8 +49,10 @@ class OutcomeFlow(PlacementFlow):
         except Exception:  # noqa: BLE001 - unread, every attempt counts: the error goes out as decided
             log.warning("%s: its answer so far could not be read back; max_attempts stands", action.request.key)
             return False
+        if not legs:
+            return False  # no text the next attempt continues: every attempt counts
         async with self._lock:
-            if not legs or (actions := self.core.retry_legs(action, legs, now_ms())) is None:
+            if (actions := self.core.retry_legs(action, legs, now_ms())) is None:
                 return False  # still out of attempts: the error stands
             log.info(
                 "%s: attempts %s are legs of its answer, not counted; placed again", action.request.key, sorted(legs)
